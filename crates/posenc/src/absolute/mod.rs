@@ -1,0 +1,2 @@
+//! Absolute encodings: a vector per position, added to the token embeddings
+//! at the input ([`Hook::Input`](crate::Hook::Input)).

@@ -1,0 +1,1 @@
+//! Measured properties of encodings (distinctness, similarity against distance, linear maps, decay bounds).

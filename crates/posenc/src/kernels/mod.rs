@@ -1,0 +1,1 @@
+//! CPU kernels (SIMD, threads) beneath the tensor API, each beside a reference path.

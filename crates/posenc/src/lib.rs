@@ -1,0 +1,37 @@
+//! # posenc — positional encodings for transformers
+//!
+//! Attention is permutation-equivariant: without position information a
+//! transformer sees a bag of tokens. posenc implements every way of putting
+//! positions back, exactly and fast:
+//!
+//! - **absolute** encodings added to the input embeddings ([`absolute`]):
+//!   sinusoidal (Vaswani et al. 2017, both layouts), learned, FLOATER
+//!   (Liu et al. 2020);
+//! - **relative** encodings inside attention ([`relative`]): Shaw et al.
+//!   (2018), T5 buckets (Raffel et al. 2020), ALiBi (Press et al. 2022);
+//! - **rotary** encodings on queries and keys ([`rope`]): RoPE (Su et al.
+//!   2021) with every Hugging Face scaling (linear, dynamic NTK, YaRN,
+//!   LongRoPE, Llama 3, ...), read straight from a model's `config.json`,
+//!   and xPos;
+//! - **NoPE** ([`nope`]): none at all.
+//!
+//! The place where each one acts is part of its type: see [`encoding`].
+//!
+//! Formulas are plain Rust, in `f64` where precision matters; the candle
+//! tensor API sits on top of them ([`tensor`]).
+#![warn(missing_docs)]
+
+pub mod absolute;
+pub mod analysis;
+pub mod encoding;
+pub mod error;
+pub mod kernels;
+pub mod nope;
+pub mod relative;
+pub mod rope;
+pub mod tensor;
+
+pub use encoding::{
+    AbsoluteEncoding, AttentionBias, Hook, Hooks, PositionalEncoding, RotaryEncoding,
+};
+pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! Absolute encodings as candle modules (sinusoidal, learned, FLOATER).

@@ -1,0 +1,1 @@
+//! Attention biases as candle tensors (ALiBi, T5, Shaw).

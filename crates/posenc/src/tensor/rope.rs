@@ -1,0 +1,1 @@
+//! Rotary embeddings on candle tensors.
