@@ -1,0 +1,31 @@
+//! # posenc-lab — tiny transformers that show what each positional encoding does
+//!
+//! Encoder and decoder transformers small enough to train on a laptop CPU,
+//! with any positional encoding of [`posenc`] plugged in at its hook, and the
+//! built-in tasks that test the seeds' claims ([`tasks`]).
+#![warn(missing_docs)]
+
+pub mod tasks;
+
+/// Errors of the lab: bad arguments, corrupt checkpoints, candle failures.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// An invalid argument or configuration, with the reason.
+    #[error("{0}")]
+    Invalid(String),
+    /// An error from posenc.
+    #[error(transparent)]
+    Posenc(#[from] posenc::Error),
+    /// An error from candle.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,551 @@
+//! Seeded task generators, built in (no download).
+//!
+//! Every decoder task produces a token sequence `full` of `length + 1`
+//! tokens; the model reads `full[..length]` and is scored on predicting
+//! `full[1..]` at the *answer* positions only (the other targets are
+//! [`IGNORE`]). Every example of one length has exactly that length (short
+//! answers are padded with [`PAD`], ignored), so batches need no masks.
+//!
+//! | task | sequence (before padding) | seed claim it serves |
+//! |---|---|---|
+//! | copy | `BOS x₁…xₙ SEP x₁…xₙ` | copying pieces of context (seed 001) |
+//! | reverse | `BOS x₁…xₙ SEP xₙ…x₁` | order |
+//! | sort | `BOS x₁…xₙ SEP sort(x)` | |
+//! | count | `BOS x₁…xₙ QUERY q EQ c₂c₁c₀` | counting tokens (seed 001) |
+//! | addition | `BOS a PLUS b EQ (a+b)`, every number least-significant digit first | arithmetic (seed 001) |
+//! | order | encoder: one `A`, one `B` among fillers; label = A before B | "the mother loves the daughter" (seed 000) |
+//! | lm | characters of a corpus (built-in grammar or a file) | language modelling |
+
+use posenc::analysis::SplitMix64;
+use serde::{Deserialize, Serialize};
+
+use crate::LabError;
+
+/// Padding; never predicted.
+pub const PAD: u32 = 0;
+/// Beginning of sequence.
+pub const BOS: u32 = 1;
+/// Separates the input from the answer.
+pub const SEP: u32 = 2;
+/// `=` in addition and count.
+pub const EQ: u32 = 3;
+/// `+` in addition.
+pub const PLUS: u32 = 4;
+/// Introduces the queried token in count.
+pub const QUERY: u32 = 5;
+/// Token of digit 0 (digits are `DIGIT0..DIGIT0 + 10`).
+pub const DIGIT0: u32 = 6;
+/// Token of the first content symbol.
+pub const SYMBOL0: u32 = 16;
+/// Target value of positions that are not scored.
+pub const IGNORE: i64 = -100;
+
+/// One training or evaluation example.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Example {
+    /// Model input, `length` tokens.
+    pub input: Vec<u32>,
+    /// Next-token targets (decoder tasks), `length` entries, [`IGNORE`] where
+    /// not scored; empty for classification.
+    pub target: Vec<i64>,
+    /// Class label (classification tasks).
+    pub label: Option<u32>,
+}
+
+/// The built-in tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    /// Copy the content after the separator.
+    Copy,
+    /// Reverse it.
+    Reverse,
+    /// Sort it.
+    Sort,
+    /// Count occurrences of a queried token.
+    Count,
+    /// Multi-digit addition.
+    Addition,
+    /// Order-sensitive classification (encoder).
+    Order,
+    /// Character-level language modelling.
+    Lm,
+}
+
+impl TaskKind {
+    /// Every task, in a fixed order.
+    pub const ALL: [TaskKind; 7] = [
+        TaskKind::Copy,
+        TaskKind::Reverse,
+        TaskKind::Sort,
+        TaskKind::Count,
+        TaskKind::Addition,
+        TaskKind::Order,
+        TaskKind::Lm,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskKind::Copy => "copy",
+            TaskKind::Reverse => "reverse",
+            TaskKind::Sort => "sort",
+            TaskKind::Count => "count",
+            TaskKind::Addition => "addition",
+            TaskKind::Order => "order",
+            TaskKind::Lm => "lm",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(s: &str) -> Result<Self, LabError> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| {
+                LabError::Invalid(format!(
+                    "unknown task {s:?}; known tasks: {}",
+                    Self::ALL.map(|t| t.name()).join(", ")
+                ))
+            })
+    }
+
+    /// Whether the task is a sequence classification (encoder) task.
+    pub fn is_classification(self) -> bool {
+        matches!(self, TaskKind::Order)
+    }
+}
+
+/// A task with its vocabulary and data.
+#[derive(Debug, Clone)]
+pub struct Task {
+    /// Which task.
+    pub kind: TaskKind,
+    /// Number of content symbols (copy, reverse, sort, count, order).
+    pub n_symbols: u32,
+    corpus: Option<Corpus>,
+}
+
+impl Task {
+    /// A synthetic task with `n_symbols` content symbols (≥ 3).
+    pub fn new(kind: TaskKind, n_symbols: u32) -> Result<Self, LabError> {
+        if n_symbols < 3 {
+            return Err(LabError::Invalid(format!(
+                "n_symbols = {n_symbols}: need at least 3"
+            )));
+        }
+        let corpus = if kind == TaskKind::Lm {
+            Some(Corpus::synthetic(400_000, 1234))
+        } else {
+            None
+        };
+        Ok(Task {
+            kind,
+            n_symbols,
+            corpus,
+        })
+    }
+
+    /// Character-level language modelling on a given text.
+    pub fn lm_from_text(text: &str) -> Result<Self, LabError> {
+        Ok(Task {
+            kind: TaskKind::Lm,
+            n_symbols: 0,
+            corpus: Some(Corpus::from_text(text)?),
+        })
+    }
+
+    /// The corpus, for language modelling.
+    pub fn corpus(&self) -> Option<&Corpus> {
+        self.corpus.as_ref()
+    }
+
+    /// Size of the token vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        match &self.corpus {
+            Some(c) => c.vocab.len(),
+            None => (SYMBOL0 + self.n_symbols) as usize,
+        }
+    }
+
+    /// Number of classes (classification) or `vocab_size` (decoder tasks).
+    pub fn num_outputs(&self) -> usize {
+        if self.kind.is_classification() {
+            2
+        } else {
+            self.vocab_size()
+        }
+    }
+
+    /// The smallest length this task can produce an example for.
+    pub fn min_length(&self) -> usize {
+        match self.kind {
+            TaskKind::Copy | TaskKind::Reverse | TaskKind::Sort => 3,
+            TaskKind::Count => 7,
+            TaskKind::Addition => 7,
+            TaskKind::Order => 2,
+            TaskKind::Lm => 1,
+        }
+    }
+
+    /// One example of exactly `length` input tokens.
+    pub fn sample(&self, rng: &mut SplitMix64, length: usize) -> Result<Example, LabError> {
+        if length < self.min_length() {
+            return Err(LabError::Invalid(format!(
+                "length {length} is too short for task {} (minimum {})",
+                self.kind.name(),
+                self.min_length()
+            )));
+        }
+        let sym = |rng: &mut SplitMix64, n: u32| SYMBOL0 + rng.below(n as u64) as u32;
+        // Full sequence of length + 1 tokens, and the index where scoring starts.
+        let (full, answer_from): (Vec<u32>, usize) = match self.kind {
+            TaskKind::Copy | TaskKind::Reverse | TaskKind::Sort => {
+                // BOS x SEP y: 2n + 2 ≤ length + 1 tokens.
+                let n = (length - 1) / 2;
+                let x: Vec<u32> = (0..n).map(|_| sym(rng, self.n_symbols)).collect();
+                let mut y = x.clone();
+                match self.kind {
+                    TaskKind::Reverse => y.reverse(),
+                    TaskKind::Sort => y.sort_unstable(),
+                    _ => {}
+                }
+                let mut f = vec![BOS];
+                f.extend(&x);
+                f.push(SEP);
+                f.extend(&y);
+                (f, n + 2)
+            }
+            TaskKind::Count => {
+                // BOS x_1..x_n QUERY q EQ c c c: n + 7 tokens = length + 1.
+                let n = length - 6;
+                let x: Vec<u32> = (0..n).map(|_| sym(rng, self.n_symbols)).collect();
+                let q = x[rng.below(n as u64) as usize];
+                let c = x.iter().filter(|&&t| t == q).count();
+                let mut f = vec![BOS];
+                f.extend(&x);
+                f.extend([QUERY, q, EQ]);
+                f.extend(digits(c as u64, 3).into_iter().rev());
+                (f, n + 4)
+            }
+            TaskKind::Addition => {
+                // BOS a PLUS b EQ s (k, k and k + 1 digits): 3k + 4 ≤ length + 1 tokens.
+                let k = ((length - 3) / 3).clamp(1, 18);
+                let hi = 10u64.pow(k as u32);
+                let (a, b) = (rng.below(hi), rng.below(hi));
+                let mut f = vec![BOS];
+                // Every number least-significant digit first, so that digit i
+                // of the sum lines up with digit i of each operand.
+                f.extend(digits(a, k));
+                f.push(PLUS);
+                f.extend(digits(b, k));
+                f.push(EQ);
+                let start = f.len();
+                f.extend(digits(a + b, k + 1));
+                (f, start)
+            }
+            TaskKind::Order => {
+                let n = length;
+                let fill = self.n_symbols - 2;
+                let mut x: Vec<u32> = (0..n).map(|_| SYMBOL0 + 2 + rng.below(fill as u64) as u32).collect();
+                let i = rng.below(n as u64) as usize;
+                let mut j = rng.below(n as u64 - 1) as usize;
+                if j >= i {
+                    j += 1;
+                }
+                x[i] = SYMBOL0; // A
+                x[j] = SYMBOL0 + 1; // B
+                return Ok(Example {
+                    input: x,
+                    target: Vec::new(),
+                    label: Some(u32::from(i < j)),
+                });
+            }
+            TaskKind::Lm => {
+                let c = self.corpus.as_ref().expect("lm task has a corpus");
+                let f = c.window(rng, length + 1)?;
+                (f, 1)
+            }
+        };
+        let mut full = full;
+        full.resize(length + 1, PAD);
+        let input = full[..length].to_vec();
+        let target = (0..length)
+            .map(|t| {
+                let y = full[t + 1];
+                if t + 1 >= answer_from && y != PAD {
+                    y as i64
+                } else {
+                    IGNORE
+                }
+            })
+            .collect();
+        Ok(Example {
+            input,
+            target,
+            label: None,
+        })
+    }
+}
+
+/// `width` decimal digit tokens of `v`, least-significant first.
+fn digits(mut v: u64, width: usize) -> Vec<u32> {
+    (0..width)
+        .map(|_| {
+            let d = (v % 10) as u32;
+            v /= 10;
+            DIGIT0 + d
+        })
+        .collect()
+}
+
+/// A character corpus and its vocabulary.
+#[derive(Debug, Clone)]
+pub struct Corpus {
+    /// The characters of the vocabulary; token `i` is `vocab[i]`.
+    pub vocab: Vec<char>,
+    /// The text as tokens.
+    pub tokens: Vec<u32>,
+}
+
+impl Corpus {
+    /// Builds a corpus from text: one token per distinct character (at most
+    /// 256 distinct characters; rarer ones map to the first token, `'\u{FFFD}'`).
+    pub fn from_text(text: &str) -> Result<Self, LabError> {
+        let mut counts = std::collections::BTreeMap::new();
+        for ch in text.chars() {
+            *counts.entry(ch).or_insert(0usize) += 1;
+        }
+        if text.chars().count() < 16 {
+            return Err(LabError::Invalid(
+                "corpus is too short (need at least 16 characters)".into(),
+            ));
+        }
+        let mut by_freq: Vec<(char, usize)> = counts.into_iter().collect();
+        by_freq.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut vocab = vec!['\u{FFFD}'];
+        vocab.extend(by_freq.iter().take(255).map(|(c, _)| *c));
+        let index: std::collections::HashMap<char, u32> = vocab
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (*c, i as u32))
+            .collect();
+        let tokens = text
+            .chars()
+            .map(|c| index.get(&c).copied().unwrap_or(0))
+            .collect();
+        Ok(Corpus { vocab, tokens })
+    }
+
+    /// A synthetic corpus of about `chars` characters with long-range
+    /// structure: paragraphs introduce two names and refer back to them,
+    /// subjects agree with their verbs across nested relative clauses, and
+    /// paragraphs end by repeating their first name.
+    pub fn synthetic(chars: usize, seed: u64) -> Self {
+        let mut rng = SplitMix64::new(seed);
+        let names = [
+            "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy",
+        ];
+        let nouns = [("cat", "cats"), ("dog", "dogs"), ("bird", "birds"), ("fox", "foxes")];
+        let verbs = [("sees", "see"), ("likes", "like"), ("chases", "chase"), ("helps", "help")];
+        let pick = |rng: &mut SplitMix64, n: usize| rng.below(n as u64) as usize;
+        let mut text = String::new();
+        while text.len() < chars {
+            let a = names[pick(&mut rng, names.len())];
+            let mut b = names[pick(&mut rng, names.len())];
+            if a == b {
+                b = names[(names.iter().position(|n| *n == a).unwrap_or(0) + 1) % names.len()];
+            }
+            text.push_str(&format!("{a} met {b}. "));
+            for _ in 0..(2 + pick(&mut rng, 3)) {
+                let plural = rng.below(2) == 1;
+                let (ns, np) = nouns[pick(&mut rng, nouns.len())];
+                let (vs, vp) = verbs[pick(&mut rng, verbs.len())];
+                let subj = if plural { np } else { ns };
+                let verb = if plural { vp } else { vs };
+                let who = if rng.below(2) == 0 { a } else { b };
+                if rng.below(2) == 0 {
+                    // Agreement across a nested relative clause.
+                    let other_plural = rng.below(2) == 1;
+                    let (os, op) = nouns[pick(&mut rng, nouns.len())];
+                    let (ivs, ivp) = verbs[pick(&mut rng, verbs.len())];
+                    let (o, iv) = if other_plural { (op, ivp) } else { (os, ivs) };
+                    text.push_str(&format!("the {subj} that the {o} {iv} {verb} {who}. "));
+                } else {
+                    text.push_str(&format!("the {subj} {verb} {who}. "));
+                }
+            }
+            text.push_str(&format!("then {b} thanked {a}.\n"));
+        }
+        Corpus::from_text(&text).expect("synthetic corpus is long enough")
+    }
+
+    /// A random window of `n` tokens.
+    pub fn window(&self, rng: &mut SplitMix64, n: usize) -> Result<Vec<u32>, LabError> {
+        if n > self.tokens.len() {
+            return Err(LabError::Invalid(format!(
+                "window of {n} tokens is longer than the corpus ({} tokens)",
+                self.tokens.len()
+            )));
+        }
+        let start = rng.below((self.tokens.len() - n + 1) as u64) as usize;
+        Ok(self.tokens[start..start + n].to_vec())
+    }
+
+    /// Unigram entropy of the corpus in nats (the loss of a model that
+    /// ignores context).
+    pub fn unigram_entropy(&self) -> f64 {
+        let mut counts = vec![0usize; self.vocab.len()];
+        for &t in &self.tokens {
+            counts[t as usize] += 1;
+        }
+        let n = self.tokens.len() as f64;
+        counts
+            .iter()
+            .filter(|&&c| c > 0)
+            .map(|&c| {
+                let p = c as f64 / n;
+                -p * p.ln()
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(e: &Example) -> Vec<u32> {
+        e.target
+            .iter()
+            .filter(|&&t| t != IGNORE)
+            .map(|&t| t as u32)
+            .collect()
+    }
+
+    fn content(e: &Example) -> Vec<u32> {
+        let sep = e.input.iter().position(|&t| t == SEP).unwrap();
+        e.input[1..sep].to_vec()
+    }
+
+    #[test]
+    fn copy_reverse_sort_invariants() {
+        let mut rng = SplitMix64::new(1);
+        for len in [3usize, 4, 5, 16, 31, 64, 129] {
+            for kind in [TaskKind::Copy, TaskKind::Reverse, TaskKind::Sort] {
+                let t = Task::new(kind, 8).unwrap();
+                let e = t.sample(&mut rng, len).unwrap();
+                assert_eq!(e.input.len(), len);
+                assert_eq!(e.target.len(), len);
+                assert_eq!(e.input[0], BOS);
+                let x = content(&e);
+                let mut want = x.clone();
+                match kind {
+                    TaskKind::Reverse => want.reverse(),
+                    TaskKind::Sort => want.sort(),
+                    _ => {}
+                }
+                assert_eq!(answer(&e), want, "{kind:?} len {len}");
+                assert!(x.iter().all(|&s| (SYMBOL0..SYMBOL0 + 8).contains(&s)));
+                // Targets are next tokens of the input where scored.
+                for t in 0..len - 1 {
+                    if e.target[t] != IGNORE {
+                        assert_eq!(e.target[t], e.input[t + 1] as i64);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn count_answer_is_the_count() {
+        let mut rng = SplitMix64::new(2);
+        let t = Task::new(TaskKind::Count, 4).unwrap();
+        for len in [7usize, 8, 20, 100, 300] {
+            let e = t.sample(&mut rng, len).unwrap();
+            assert_eq!(e.input.len(), len);
+            let qpos = e.input.iter().position(|&t| t == QUERY).unwrap();
+            let q = e.input[qpos + 1];
+            let c = e.input[1..qpos].iter().filter(|&&t| t == q).count();
+            let a = answer(&e);
+            assert_eq!(a.len(), 3);
+            let got: usize = a.iter().fold(0, |acc, d| acc * 10 + (d - DIGIT0) as usize);
+            assert_eq!(got, c);
+            assert!(c >= 1);
+        }
+    }
+
+    #[test]
+    fn addition_answer_is_the_sum() {
+        let mut rng = SplitMix64::new(3);
+        let t = Task::new(TaskKind::Addition, 4).unwrap();
+        for len in [7usize, 10, 13, 31, 64] {
+            let e = t.sample(&mut rng, len).unwrap();
+            assert_eq!(e.input.len(), len);
+            let full: Vec<u32> = e.input.iter().copied().chain(std::iter::once(0)).collect();
+            let plus = full.iter().position(|&t| t == PLUS).unwrap();
+            let eq = full.iter().position(|&t| t == EQ).unwrap();
+            let num = |ds: &[u32]| ds.iter().rev().fold(0u64, |acc, d| acc * 10 + (d - DIGIT0) as u64);
+            let a = num(&full[1..plus]);
+            let b = num(&full[plus + 1..eq]);
+            let s = num(&answer(&e));
+            assert_eq!(s, a + b, "len {len}");
+        }
+    }
+
+    #[test]
+    fn order_labels_depend_only_on_order() {
+        let mut rng = SplitMix64::new(4);
+        let t = Task::new(TaskKind::Order, 6).unwrap();
+        let mut ones = 0;
+        for _ in 0..400 {
+            let e = t.sample(&mut rng, 12).unwrap();
+            let ia = e.input.iter().position(|&t| t == SYMBOL0).unwrap();
+            let ib = e.input.iter().position(|&t| t == SYMBOL0 + 1).unwrap();
+            assert_eq!(e.input.iter().filter(|&&t| t == SYMBOL0).count(), 1);
+            assert_eq!(e.input.iter().filter(|&&t| t == SYMBOL0 + 1).count(), 1);
+            assert_eq!(e.label, Some(u32::from(ia < ib)));
+            ones += e.label.unwrap();
+            // Swapping A and B keeps the bag and flips the label.
+            let mut sw = e.input.clone();
+            sw.swap(ia, ib);
+            let mut b1 = e.input.clone();
+            let mut b2 = sw.clone();
+            b1.sort();
+            b2.sort();
+            assert_eq!(b1, b2);
+        }
+        assert!((150..250).contains(&ones), "labels balanced: {ones}");
+    }
+
+    #[test]
+    fn lm_windows_and_corpus() {
+        let t = Task::new(TaskKind::Lm, 4).unwrap();
+        let c = t.corpus().unwrap();
+        assert!(c.vocab.len() > 20 && c.vocab.len() < 40, "{}", c.vocab.len());
+        let h = c.unigram_entropy();
+        assert!(h > 1.5 && h < (c.vocab.len() as f64).ln());
+        let mut rng = SplitMix64::new(5);
+        let e = t.sample(&mut rng, 64).unwrap();
+        assert_eq!(e.input.len(), 64);
+        assert!(e.target.iter().all(|&y| y != IGNORE));
+        for i in 0..63 {
+            assert_eq!(e.target[i], e.input[i + 1] as i64);
+        }
+        let f = Task::lm_from_text("hello world, hello posenc! hello again.").unwrap();
+        assert_eq!(f.corpus().unwrap().tokens.len(), 39);
+        assert!(Task::lm_from_text("short").is_err());
+    }
+
+    #[test]
+    fn generators_are_deterministic_and_reject_bad_lengths() {
+        let t = Task::new(TaskKind::Copy, 8).unwrap();
+        let a = t.sample(&mut SplitMix64::new(9), 20).unwrap();
+        let b = t.sample(&mut SplitMix64::new(9), 20).unwrap();
+        assert_eq!(a, b);
+        assert!(t.sample(&mut SplitMix64::new(9), 2).is_err());
+        assert!(Task::new(TaskKind::Copy, 2).is_err());
+        assert!(TaskKind::parse("nope").is_err());
+        assert_eq!(TaskKind::parse("sort").unwrap(), TaskKind::Sort);
+    }
+}
