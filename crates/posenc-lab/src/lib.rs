@@ -5,6 +5,8 @@
 //! built-in tasks that test the seeds' claims ([`tasks`]).
 #![warn(missing_docs)]
 
+pub mod config;
+pub mod optim;
 pub mod tasks;
 
 /// Errors of the lab: bad arguments, corrupt checkpoints, candle failures.

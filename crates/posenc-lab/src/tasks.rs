@@ -247,7 +247,9 @@ impl Task {
             TaskKind::Order => {
                 let n = length;
                 let fill = self.n_symbols - 2;
-                let mut x: Vec<u32> = (0..n).map(|_| SYMBOL0 + 2 + rng.below(fill as u64) as u32).collect();
+                let mut x: Vec<u32> = (0..n)
+                    .map(|_| SYMBOL0 + 2 + rng.below(fill as u64) as u32)
+                    .collect();
                 let i = rng.below(n as u64) as usize;
                 let mut j = rng.below(n as u64 - 1) as usize;
                 if j >= i {
@@ -346,8 +348,18 @@ impl Corpus {
         let names = [
             "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy",
         ];
-        let nouns = [("cat", "cats"), ("dog", "dogs"), ("bird", "birds"), ("fox", "foxes")];
-        let verbs = [("sees", "see"), ("likes", "like"), ("chases", "chase"), ("helps", "help")];
+        let nouns = [
+            ("cat", "cats"),
+            ("dog", "dogs"),
+            ("bird", "birds"),
+            ("fox", "foxes"),
+        ];
+        let verbs = [
+            ("sees", "see"),
+            ("likes", "like"),
+            ("chases", "chase"),
+            ("helps", "help"),
+        ];
         let pick = |rng: &mut SplitMix64, n: usize| rng.below(n as u64) as usize;
         let mut text = String::new();
         while text.len() < chars {
@@ -485,7 +497,11 @@ mod tests {
             let full: Vec<u32> = e.input.iter().copied().chain(std::iter::once(0)).collect();
             let plus = full.iter().position(|&t| t == PLUS).unwrap();
             let eq = full.iter().position(|&t| t == EQ).unwrap();
-            let num = |ds: &[u32]| ds.iter().rev().fold(0u64, |acc, d| acc * 10 + (d - DIGIT0) as u64);
+            let num = |ds: &[u32]| {
+                ds.iter()
+                    .rev()
+                    .fold(0u64, |acc, d| acc * 10 + (d - DIGIT0) as u64)
+            };
             let a = num(&full[1..plus]);
             let b = num(&full[plus + 1..eq]);
             let s = num(&answer(&e));
@@ -522,7 +538,11 @@ mod tests {
     fn lm_windows_and_corpus() {
         let t = Task::new(TaskKind::Lm, 4).unwrap();
         let c = t.corpus().unwrap();
-        assert!(c.vocab.len() > 20 && c.vocab.len() < 40, "{}", c.vocab.len());
+        assert!(
+            c.vocab.len() > 20 && c.vocab.len() < 40,
+            "{}",
+            c.vocab.len()
+        );
         let h = c.unigram_entropy();
         assert!(h > 1.5 && h < (c.vocab.len() as f64).ln());
         let mut rng = SplitMix64::new(5);
