@@ -284,23 +284,25 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<Vec<f64>>) -> Result<Vec<Vec<f64>>> {
         }
         a.swap(col, piv);
         b.swap(col, piv);
-        for r in 0..n {
-            if r != col {
-                let f = a[r][col] / a[col][col];
-                if f != 0.0 {
-                    for c in col..n {
-                        a[r][c] -= f * a[col][c];
-                    }
-                    for c in 0..b[r].len() {
-                        b[r][c] -= f * b[col][c];
-                    }
+        let (prow, pb) = (a[col].clone(), b[col].clone());
+        for (r, (arow, brow)) in a.iter_mut().zip(b.iter_mut()).enumerate() {
+            if r == col {
+                continue;
+            }
+            let f = arow[col] / prow[col];
+            if f != 0.0 {
+                for (x, p) in arow[col..].iter_mut().zip(&prow[col..]) {
+                    *x -= f * p;
+                }
+                for (x, p) in brow.iter_mut().zip(&pb) {
+                    *x -= f * p;
                 }
             }
         }
     }
-    for r in 0..n {
+    for (r, brow) in b.iter_mut().enumerate() {
         let p = a[r][r];
-        for v in b[r].iter_mut() {
+        for v in brow.iter_mut() {
             *v /= p;
         }
     }
@@ -523,7 +525,7 @@ mod tests {
     #[test]
     fn solver_recovers_a_known_matrix() {
         let a = vec![vec![4.0, 1.0], vec![2.0, 3.0]];
-        let x = vec![vec![1.0, -2.0], vec![0.5, 3.0]];
+        let x = [vec![1.0, -2.0], vec![0.5, 3.0]];
         let b: Vec<Vec<f64>> = (0..2)
             .map(|i| {
                 (0..2)
