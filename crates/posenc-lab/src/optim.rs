@@ -188,7 +188,7 @@ mod tests {
         let a = Var::from_tensor(&Tensor::new(&[3.0f32, 4.0], &dev).unwrap()).unwrap();
         let loss = (a.as_tensor().sqr().unwrap().sum_all().unwrap() * 0.5).unwrap();
         let mut g = loss.backward().unwrap();
-        let n = clip_grad_norm(&mut g, &[a.clone()], 1.0).unwrap();
+        let n = clip_grad_norm(&mut g, std::slice::from_ref(&a), 1.0).unwrap();
         assert!((n - 5.0).abs() < 1e-6);
         let gv = g.get(a.as_tensor()).unwrap().to_vec1::<f32>().unwrap();
         assert!(
