@@ -81,13 +81,19 @@ fn causal_and_bidirectional_bias_matrices() {
         }
     }
     // Only the distance matters.
-    assert_eq!(causal.bias(3, 1000, 990).unwrap(), causal.bias(3, 10, 0).unwrap());
+    assert_eq!(
+        causal.bias(3, 1000, 990).unwrap(),
+        causal.bias(3, 10, 0).unwrap()
+    );
 }
 
 #[test]
 fn bad_input_is_a_typed_error() {
     assert!(matches!(alibi_slopes(0), Err(Error::ZeroHeads)));
-    assert!(matches!(Alibi::new(0, AlibiMode::Causal), Err(Error::ZeroHeads)));
+    assert!(matches!(
+        Alibi::new(0, AlibiMode::Causal),
+        Err(Error::ZeroHeads)
+    ));
     assert!(matches!(
         Alibi::with_slopes(vec![], AlibiMode::Causal),
         Err(Error::ZeroHeads)

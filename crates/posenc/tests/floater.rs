@@ -14,8 +14,17 @@ use posenc::{AbsoluteEncoding, Error, Hooks, PositionalEncoding};
 fn linear_field_matches_exponential() {
     let lambdas = [-1.5, 0.3, 2.0];
     let y0 = [1.0, -2.0, 0.5];
-    let f = |_t: f64, y: &[f64]| y.iter().zip(&lambdas).map(|(y, l)| l * y).collect::<Vec<_>>();
-    let exact: Vec<f64> = y0.iter().zip(&lambdas).map(|(y, l)| y * (l * 1.0f64).exp()).collect();
+    let f = |_t: f64, y: &[f64]| {
+        y.iter()
+            .zip(&lambdas)
+            .map(|(y, l)| l * y)
+            .collect::<Vec<_>>()
+    };
+    let exact: Vec<f64> = y0
+        .iter()
+        .zip(&lambdas)
+        .map(|(y, l)| y * (l * 1.0f64).exp())
+        .collect();
     let rk4 = integrate(f, &y0, 0.0, 1.0, 100, Integrator::Rk4);
     let euler = integrate(f, &y0, 0.0, 1.0, 100_000, Integrator::Euler);
     for i in 0..3 {
@@ -52,13 +61,18 @@ fn floater_euler_converges_to_rk4() {
     let rk4 = Floater::random(base.with_steps(8), 3).unwrap();
     let params = rk4.params().clone();
     let reference = rk4.table_f64(20);
-    let fine = Floater::new(base.with_steps(64), params.clone()).unwrap().table_f64(20);
+    let fine = Floater::new(base.with_steps(64), params.clone())
+        .unwrap()
+        .table_f64(20);
     let mut prev = f64::INFINITY;
     let mut errors = vec![];
     for steps in [16usize, 64, 256, 1024] {
-        let euler = Floater::new(base.with_steps(steps).with_integrator(Integrator::Euler), params.clone())
-            .unwrap()
-            .table_f64(20);
+        let euler = Floater::new(
+            base.with_steps(steps).with_integrator(Integrator::Euler),
+            params.clone(),
+        )
+        .unwrap()
+        .table_f64(20);
         let e = euler
             .iter()
             .flatten()
@@ -97,7 +111,9 @@ fn module(config: FloaterConfig, dtype: DType) -> (VarMap, FloaterEmbedding) {
 #[test]
 fn candle_path_equals_f64_path() {
     for integ in [Integrator::Euler, Integrator::Rk4] {
-        let config = FloaterConfig::new(5, 7).with_steps(3).with_integrator(integ);
+        let config = FloaterConfig::new(5, 7)
+            .with_steps(3)
+            .with_integrator(integ);
         let (_vm, m) = module(config, DType::F64);
         let plain = m.to_plain().unwrap();
         let want = plain.table_f64(9);
@@ -118,7 +134,9 @@ fn candle_path_equals_f64_path() {
 #[test]
 fn gradients_reach_every_parameter() {
     for integ in [Integrator::Euler, Integrator::Rk4] {
-        let config = FloaterConfig::new(4, 8).with_steps(2).with_integrator(integ);
+        let config = FloaterConfig::new(4, 8)
+            .with_steps(2)
+            .with_integrator(integ);
         let (vm, m) = module(config, DType::F32);
         let x = Tensor::zeros((2, 6, 4), DType::F32, &Device::Cpu).unwrap();
         let y = m.forward(&x, Positions::Offset(1)).unwrap();
@@ -129,7 +147,11 @@ fn gradients_reach_every_parameter() {
         for p in m.parameters() {
             let g = grads.get(p).expect("parameter has a gradient");
             let n: f32 = g.abs().unwrap().sum_all().unwrap().to_scalar().unwrap();
-            assert!(n > 0.0 && n.is_finite(), "zero gradient for a parameter of shape {:?}", p.dims());
+            assert!(
+                n > 0.0 && n.is_finite(),
+                "zero gradient for a parameter of shape {:?}",
+                p.dims()
+            );
         }
     }
 }
@@ -147,7 +169,12 @@ fn gradient_matches_finite_differences() {
     let grads = loss.backward().unwrap();
     let plain = m.to_plain().unwrap();
     let loss_of = |f: &Floater| -> f64 {
-        f.table_f64(n).iter().flatten().zip(&weights).map(|(a, b)| a * b).sum()
+        f.table_f64(n)
+            .iter()
+            .flatten()
+            .zip(&weights)
+            .map(|(a, b)| a * b)
+            .sum()
     };
     let eps = 1e-6;
     // w1[1][3] (the time column), p0[2], b2[0].
@@ -168,18 +195,33 @@ fn gradient_matches_finite_differences() {
         let fd = (loss_of(&Floater::new(config, plus).unwrap())
             - loss_of(&Floater::new(config, minus).unwrap()))
             / (2.0 * eps);
-        assert!((fd - auto).abs() < 1e-6 * auto.abs().max(1.0), "fd {fd} vs autograd {auto}");
+        assert!(
+            (fd - auto).abs() < 1e-6 * auto.abs().max(1.0),
+            "fd {fd} vs autograd {auto}"
+        );
     }
 }
 
 #[test]
 fn bad_input_is_a_typed_error() {
     let c = FloaterConfig::new(4, 8);
-    assert!(matches!(Floater::random(FloaterConfig::new(0, 8), 0), Err(Error::InvalidDimension { what: "dim", .. })));
-    assert!(matches!(Floater::random(FloaterConfig::new(4, 0), 0), Err(Error::InvalidDimension { what: "hidden", .. })));
-    assert!(matches!(Floater::random(c.with_steps(0), 0), Err(Error::InvalidDimension { .. })));
+    assert!(matches!(
+        Floater::random(FloaterConfig::new(0, 8), 0),
+        Err(Error::InvalidDimension { what: "dim", .. })
+    ));
+    assert!(matches!(
+        Floater::random(FloaterConfig::new(4, 0), 0),
+        Err(Error::InvalidDimension { what: "hidden", .. })
+    ));
+    assert!(matches!(
+        Floater::random(c.with_steps(0), 0),
+        Err(Error::InvalidDimension { .. })
+    ));
     for dt in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-        assert!(matches!(Floater::random(c.with_delta_t(dt), 0), Err(Error::InvalidFactor { .. })));
+        assert!(matches!(
+            Floater::random(c.with_delta_t(dt), 0),
+            Err(Error::InvalidFactor { .. })
+        ));
     }
     let mut p = Floater::random(c, 0).unwrap().params().clone();
     p.w1[0].pop();
@@ -189,12 +231,21 @@ fn bad_input_is_a_typed_error() {
     assert!(matches!(Floater::new(c, p), Err(Error::NotFinite { .. })));
     let vm = VarMap::new();
     let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
-    assert!(matches!(FloaterEmbedding::new(c.with_steps(0), vb), Err(Error::InvalidDimension { .. })));
+    assert!(matches!(
+        FloaterEmbedding::new(c.with_steps(0), vb),
+        Err(Error::InvalidDimension { .. })
+    ));
     let (_vm, m) = module(c, DType::F32);
     let x = Tensor::zeros((1, 3, 5), DType::F32, &Device::Cpu).unwrap();
-    assert!(matches!(m.forward(&x, Positions::Offset(0)), Err(Error::Shape { .. })));
+    assert!(matches!(
+        m.forward(&x, Positions::Offset(0)),
+        Err(Error::Shape { .. })
+    ));
     let x = Tensor::zeros((1, 2, 4), DType::F32, &Device::Cpu).unwrap();
     let ids = Tensor::new(&[[0i64, -1]], &Device::Cpu).unwrap();
-    assert!(matches!(m.forward(&x, Positions::Ids(&ids)), Err(Error::NegativePosition(-1))));
+    assert!(matches!(
+        m.forward(&x, Positions::Ids(&ids)),
+        Err(Error::NegativePosition(-1))
+    ));
     assert_eq!(Floater::random(c, 0).unwrap().name(), "FLOATER");
 }

@@ -27,7 +27,10 @@ fn lookup_returns_the_row() {
     for p in 0..3u64 {
         assert_eq!(t.encode(p).unwrap(), rows[p as usize]);
     }
-    assert_eq!(t.table(&[2, 0]).unwrap(), vec![rows[2].clone(), rows[0].clone()]);
+    assert_eq!(
+        t.table(&[2, 0]).unwrap(),
+        vec![rows[2].clone(), rows[0].clone()]
+    );
 }
 
 #[test]
@@ -36,13 +39,18 @@ fn position_past_the_table_is_an_error() {
         let t = LearnedTable::new(n, 4, 0).unwrap();
         assert!(t.encode(n as u64 - 1).is_ok());
         match t.encode(n as u64) {
-            Err(Error::PositionOutOfRange { position, limit, .. }) => {
+            Err(Error::PositionOutOfRange {
+                position, limit, ..
+            }) => {
                 assert_eq!(position, n as u64);
                 assert_eq!(limit, n as u64);
             }
             other => panic!("expected PositionOutOfRange, got {other:?}"),
         }
-        assert!(matches!(t.encode(u64::MAX), Err(Error::PositionOutOfRange { .. })));
+        assert!(matches!(
+            t.encode(u64::MAX),
+            Err(Error::PositionOutOfRange { .. })
+        ));
     }
 }
 
@@ -50,13 +58,19 @@ fn position_past_the_table_is_an_error() {
 fn bad_input_is_a_typed_error() {
     assert!(matches!(
         LearnedTable::new(0, 4, 0),
-        Err(Error::InvalidDimension { what: "max_positions", .. })
+        Err(Error::InvalidDimension {
+            what: "max_positions",
+            ..
+        })
     ));
     assert!(matches!(
         LearnedTable::new(4, 0, 0),
         Err(Error::InvalidDimension { what: "dim", .. })
     ));
-    assert!(matches!(LearnedTable::from_rows(vec![]), Err(Error::Shape { .. })));
+    assert!(matches!(
+        LearnedTable::from_rows(vec![]),
+        Err(Error::Shape { .. })
+    ));
     assert!(matches!(
         LearnedTable::from_rows(vec![vec![1.0], vec![1.0, 2.0]]),
         Err(Error::Shape { .. })
@@ -70,5 +84,8 @@ fn bad_input_is_a_typed_error() {
         Err(Error::NotFinite { .. })
     ));
     let t = LearnedTable::new(2, 3, 0).unwrap();
-    assert!(matches!(t.encode_into(0, &mut [0.0; 2]), Err(Error::Shape { .. })));
+    assert!(matches!(
+        t.encode_into(0, &mut [0.0; 2]),
+        Err(Error::Shape { .. })
+    ));
 }

@@ -29,7 +29,8 @@ fn clipping_and_index_matrix() {
                     assert_eq!(r as i64, c + k as i64);
                     assert!(r < 2 * k + 1);
                     assert_eq!(
-                        shaw.clipped_distance(q_off + i as u64, k_off + j as u64).unwrap(),
+                        shaw.clipped_distance(q_off + i as u64, k_off + j as u64)
+                            .unwrap(),
                         c
                     );
                 }
@@ -111,7 +112,10 @@ fn causal_attention_ignores_future_keys() {
 fn bad_input_is_a_typed_error() {
     assert!(matches!(
         Shaw::new(2, 0, 0),
-        Err(Error::InvalidDimension { what: "head_dim", .. })
+        Err(Error::InvalidDimension {
+            what: "head_dim",
+            ..
+        })
     ));
     assert!(matches!(
         Shaw::from_tables(1, mat(2, 4, 0.0), mat(3, 4, 0.0)),
@@ -133,7 +137,14 @@ fn bad_input_is_a_typed_error() {
         Err(Error::Shape { .. })
     ));
     assert!(matches!(
-        shaw.attend(&mat(2, 4, 0.0), &mat(2, 4, 0.0), &mat(3, 4, 0.0), 0, 0, false),
+        shaw.attend(
+            &mat(2, 4, 0.0),
+            &mat(2, 4, 0.0),
+            &mat(3, 4, 0.0),
+            0,
+            0,
+            false
+        ),
         Err(Error::Shape { .. })
     ));
     assert!(matches!(

@@ -19,7 +19,10 @@ fn runner(cases: u32) -> TestRunner {
 }
 
 fn fixture() -> serde_json::Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sinusoidal.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/sinusoidal.json"
+    );
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -31,7 +34,10 @@ fn apply(m: &[Vec<f64>], v: &[f64]) -> Vec<f64> {
 
 fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
 #[test]
@@ -65,7 +71,10 @@ fn hooks_and_name() {
 #[test]
 fn linear_map_property() {
     let dims = [2usize, 4, 6, 16, 64, 126, 128, 130];
-    let layouts = [SinusoidalLayout::Interleaved, SinusoidalLayout::Concatenated];
+    let layouts = [
+        SinusoidalLayout::Interleaved,
+        SinusoidalLayout::Concatenated,
+    ];
     let spacings = [FrequencySpacing::Paper, FrequencySpacing::Endpoint];
     let strategy = (
         prop::sample::select(dims.to_vec()),
@@ -138,7 +147,11 @@ fn positions_are_distinct() {
                 min = min.min(d2);
             }
         }
-        assert!(min.sqrt() > 1e-3, "dim {dim}: closest pair at distance {}", min.sqrt());
+        assert!(
+            min.sqrt() > 1e-3,
+            "dim {dim}: closest pair at distance {}",
+            min.sqrt()
+        );
     }
 }
 
@@ -227,7 +240,11 @@ fn base_changes_frequencies() {
 fn bad_input_is_a_typed_error() {
     assert!(matches!(
         Sinusoidal::new(0),
-        Err(Error::InvalidDimension { what: "dim", value: 0, .. })
+        Err(Error::InvalidDimension {
+            what: "dim",
+            value: 0,
+            ..
+        })
     ));
     for base in [1.0, 0.5, 0.0, -3.0, f64::NAN, f64::INFINITY] {
         assert!(matches!(
@@ -249,8 +266,14 @@ fn bad_input_is_a_typed_error() {
     ));
     let pe = Sinusoidal::new(8).unwrap();
     let mut short = vec![0.0; 7];
-    assert!(matches!(pe.encode_into(0, &mut short), Err(Error::Shape { .. })));
+    assert!(matches!(
+        pe.encode_into(0, &mut short),
+        Err(Error::Shape { .. })
+    ));
     let far = pe.with_offset(u64::MAX);
-    assert!(matches!(far.encode(1), Err(Error::PositionOutOfRange { .. })));
+    assert!(matches!(
+        far.encode(1),
+        Err(Error::PositionOutOfRange { .. })
+    ));
     assert!(far.encode(0).is_ok());
 }

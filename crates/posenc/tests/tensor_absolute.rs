@@ -14,7 +14,10 @@ fn ramp(b: usize, t: usize, d: usize) -> Tensor {
 #[test]
 fn sinusoidal_module_matches_plain_rows() {
     for dim in [1usize, 2, 3, 127, 128, 129] {
-        for layout in [SinusoidalLayout::Interleaved, SinusoidalLayout::Concatenated] {
+        for layout in [
+            SinusoidalLayout::Interleaved,
+            SinusoidalLayout::Concatenated,
+        ] {
             if dim == 1 && layout == SinusoidalLayout::Concatenated {
                 continue;
             }
@@ -22,8 +25,11 @@ fn sinusoidal_module_matches_plain_rows() {
             let emb = SinusoidalEmbedding::new(enc.clone(), &Device::Cpu).unwrap();
             for offset in [0usize, 1, 37] {
                 let x = ramp(2, 5, dim);
-                let y: Vec<Vec<Vec<f32>>> =
-                    emb.forward(&x, Positions::Offset(offset)).unwrap().to_vec3().unwrap();
+                let y: Vec<Vec<Vec<f32>>> = emb
+                    .forward(&x, Positions::Offset(offset))
+                    .unwrap()
+                    .to_vec3()
+                    .unwrap();
                 let xv: Vec<Vec<Vec<f32>>> = x.to_vec3().unwrap();
                 for b in 0..2 {
                     for t in 0..5 {
@@ -64,7 +70,11 @@ fn sinusoidal_ids_and_half_precision() {
     let emb = SinusoidalEmbedding::new(enc.clone(), &Device::Cpu).unwrap();
     let ids = Tensor::new(&[[3u32, 0, 9], [100, 100, 2]], &Device::Cpu).unwrap();
     let x = Tensor::zeros((2, 3, 8), DType::F32, &Device::Cpu).unwrap();
-    let y: Vec<Vec<Vec<f32>>> = emb.forward(&x, Positions::Ids(&ids)).unwrap().to_vec3().unwrap();
+    let y: Vec<Vec<Vec<f32>>> = emb
+        .forward(&x, Positions::Ids(&ids))
+        .unwrap()
+        .to_vec3()
+        .unwrap();
     let idv: Vec<Vec<u32>> = ids.to_vec2().unwrap();
     for b in 0..2 {
         for t in 0..3 {
@@ -78,7 +88,13 @@ fn sinusoidal_ids_and_half_precision() {
         let x = Tensor::zeros((1, 4, 8), dt, &Device::Cpu).unwrap();
         let y = emb.forward(&x, Positions::Offset(2)).unwrap();
         assert_eq!(y.dtype(), dt);
-        let y: Vec<Vec<f32>> = y.to_dtype(DType::F32).unwrap().get(0).unwrap().to_vec2().unwrap();
+        let y: Vec<Vec<f32>> = y
+            .to_dtype(DType::F32)
+            .unwrap()
+            .get(0)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
         let want = enc.encode(3).unwrap();
         for c in 0..8 {
             assert!((y[1][c] as f64 - want[c]).abs() < 1e-2);
@@ -109,7 +125,10 @@ fn learned_module_adds_rows_and_trains() {
     for (p, row) in g.iter().enumerate() {
         // Each used row is summed over 2 batch entries: gradient 2.
         let want = if (5..8).contains(&p) { 2.0 } else { 0.0 };
-        assert!(row.iter().all(|v| (*v - want).abs() < 1e-6), "row {p}: {row:?}");
+        assert!(
+            row.iter().all(|v| (*v - want).abs() < 1e-6),
+            "row {p}: {row:?}"
+        );
     }
     let ids = Tensor::new(&[[7i64, 0, 7]], &Device::Cpu).unwrap();
     let y = emb.forward(&ramp(1, 3, 4), Positions::Ids(&ids)).unwrap();
@@ -124,7 +143,11 @@ fn learned_module_errors_past_the_table() {
     assert!(emb.forward(&ramp(1, 8, 4), Positions::Offset(0)).is_ok());
     assert!(matches!(
         emb.forward(&ramp(1, 3, 4), Positions::Offset(6)),
-        Err(Error::PositionOutOfRange { position: 8, limit: 8, .. })
+        Err(Error::PositionOutOfRange {
+            position: 8,
+            limit: 8,
+            ..
+        })
     ));
     let ids = Tensor::new(&[[1u32, 8, 2]], &Device::Cpu).unwrap();
     assert!(matches!(
@@ -142,9 +165,15 @@ fn bad_input_is_a_typed_error() {
     ));
     let x = ramp(2, 3, 8);
     let wrong = Tensor::new(&[[0u32, 1, 2]], &Device::Cpu).unwrap();
-    assert!(matches!(emb.forward(&x, Positions::Ids(&wrong)), Err(Error::Shape { .. })));
+    assert!(matches!(
+        emb.forward(&x, Positions::Ids(&wrong)),
+        Err(Error::Shape { .. })
+    ));
     let floats = Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
-    assert!(matches!(emb.forward(&x, Positions::Ids(&floats)), Err(Error::DType { .. })));
+    assert!(matches!(
+        emb.forward(&x, Positions::Ids(&floats)),
+        Err(Error::DType { .. })
+    ));
     let neg = Tensor::new(&[[0i64, 1, 2], [3, -4, 5]], &Device::Cpu).unwrap();
     assert!(matches!(
         emb.forward(&x, Positions::Ids(&neg)),

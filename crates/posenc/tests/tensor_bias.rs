@@ -43,13 +43,19 @@ fn alibi_tensor_equals_plain() {
 
 #[test]
 fn t5_tensor_equals_plain() {
-    for (nb, md, bi) in [(32usize, 128usize, true), (32, 128, false), (4, 8, true), (2, 3, false)] {
+    for (nb, md, bi) in [
+        (32usize, 128usize, true),
+        (32, 128, false),
+        (4, 8, true),
+        (2, 3, false),
+    ] {
         let buckets = T5Buckets::new(nb, md, bi).unwrap();
         let plain = T5Bias::random(buckets, 3, 11).unwrap();
         let module = T5RelativeBias::from_plain(&plain, &Device::Cpu).unwrap();
         for (tq, tk) in SIZES {
             for (qo, ko) in OFFSETS {
-                let b: Vec<Vec<Vec<f32>>> = module.forward(tq, tk, qo, ko).unwrap().to_vec3().unwrap();
+                let b: Vec<Vec<Vec<f32>>> =
+                    module.forward(tq, tk, qo, ko).unwrap().to_vec3().unwrap();
                 for h in 0..3 {
                     for i in 0..tq {
                         for j in 0..tk {
@@ -72,9 +78,16 @@ fn t5_gradient_reaches_the_table() {
     let module = T5RelativeBias::new(buckets, 2, vb).unwrap();
     let (tq, tk, qo, ko) = (7usize, 40usize, 30u64, 0u64);
     let w = det(2 * tq * tk, 0.3);
-    let wt = Tensor::from_vec(w.iter().map(|&v| v as f32).collect::<Vec<_>>(), (2, tq, tk), &Device::Cpu)
+    let wt = Tensor::from_vec(
+        w.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+        (2, tq, tk),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let loss = (module.forward(tq, tk, qo, ko).unwrap() * wt)
+        .unwrap()
+        .sum_all()
         .unwrap();
-    let loss = (module.forward(tq, tk, qo, ko).unwrap() * wt).unwrap().sum_all().unwrap();
     let grads = loss.backward().unwrap();
     let g: Vec<Vec<f32>> = grads.get(module.table()).unwrap().to_vec2().unwrap();
     let mut want = vec![vec![0.0f64; 2]; 8];
@@ -89,7 +102,10 @@ fn t5_gradient_reaches_the_table() {
     let mut nonzero = 0;
     for b in 0..8 {
         for h in 0..2 {
-            assert!((g[b][h] as f64 - want[b][h]).abs() < 1e-4, "bucket {b} head {h}");
+            assert!(
+                (g[b][h] as f64 - want[b][h]).abs() < 1e-4,
+                "bucket {b} head {h}"
+            );
             nonzero += usize::from(want[b][h] != 0.0);
         }
     }
@@ -110,9 +126,12 @@ fn shaw_tensor_equals_plain() {
         let module = ShawRelative::from_plain(&shaw, DType::F64, &Device::Cpu).unwrap();
         for (tq, tk) in [(1usize, 1usize), (2, 3), (3, 2), (129, 3), (2, 129)] {
             for (qo, ko) in OFFSETS {
-                let q = Tensor::from_vec(det(2 * 2 * tq * d, 0.1), (2, 2, tq, d), &Device::Cpu).unwrap();
-                let kk = Tensor::from_vec(det(2 * 2 * tk * d, 0.9), (2, 2, tk, d), &Device::Cpu).unwrap();
-                let a = Tensor::from_vec(det(2 * 2 * tq * tk, 1.7), (2, 2, tq, tk), &Device::Cpu).unwrap();
+                let q = Tensor::from_vec(det(2 * 2 * tq * d, 0.1), (2, 2, tq, d), &Device::Cpu)
+                    .unwrap();
+                let kk = Tensor::from_vec(det(2 * 2 * tk * d, 0.9), (2, 2, tk, d), &Device::Cpu)
+                    .unwrap();
+                let a = Tensor::from_vec(det(2 * 2 * tq * tk, 1.7), (2, 2, tq, tk), &Device::Cpu)
+                    .unwrap();
                 let logits = module.logits(&q, &kk, qo, ko).unwrap();
                 let rel = module.key_logits(&q, tk, qo, ko).unwrap();
                 let vals = module.relative_values(&a, qo, ko).unwrap();
@@ -127,7 +146,9 @@ fn shaw_tensor_equals_plain() {
                         for i in 0..tq {
                             for j in 0..tk {
                                 assert!((gl[i][j] - want_logits[i][j]).abs() < 1e-12);
-                                let qa: f64 = (0..d).map(|c| qs[i][c] * shaw.key_table()[idx[i][j]][c]).sum();
+                                let qa: f64 = (0..d)
+                                    .map(|c| qs[i][c] * shaw.key_table()[idx[i][j]][c])
+                                    .sum();
                                 assert!((gr[i][j] - qa).abs() < 1e-12);
                             }
                             for c in 0..d {
@@ -158,10 +179,13 @@ fn shaw_gradients_reach_both_tables() {
         .unwrap()
         .sum_all()
         .unwrap();
-    let l2 = (module.relative_values(&t(&alpha, (tq, tk)), qo, ko).unwrap() * t(&wv, (tq, d)))
+    let l2 = (module
+        .relative_values(&t(&alpha, (tq, tk)), qo, ko)
         .unwrap()
-        .sum_all()
-        .unwrap();
+        * t(&wv, (tq, d)))
+    .unwrap()
+    .sum_all()
+    .unwrap();
     let grads = (l1 + l2).unwrap().backward().unwrap();
     let gk = rows(grads.get(module.key_table()).unwrap());
     let gv = rows(grads.get(module.value_table()).unwrap());
@@ -191,21 +215,33 @@ fn bad_input_is_a_typed_error() {
     let vm = VarMap::new();
     let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
     let buckets = T5Buckets::new(8, 16, true).unwrap();
-    assert!(matches!(T5RelativeBias::new(buckets, 0, vb.pp("t5")), Err(Error::ZeroHeads)));
+    assert!(matches!(
+        T5RelativeBias::new(buckets, 0, vb.pp("t5")),
+        Err(Error::ZeroHeads)
+    ));
     assert!(matches!(
         ShawRelative::new(2, 0, vb.pp("shaw0")),
         Err(Error::InvalidDimension { .. })
     ));
     let shaw = ShawRelative::new(2, 4, vb.pp("shaw")).unwrap();
     let q = Tensor::zeros((3, 5), DType::F32, &Device::Cpu).unwrap();
-    assert!(matches!(shaw.key_logits(&q, 3, 0, 0), Err(Error::Shape { .. })));
+    assert!(matches!(
+        shaw.key_logits(&q, 3, 0, 0),
+        Err(Error::Shape { .. })
+    ));
     let w = Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap();
-    assert!(matches!(shaw.relative_values(&w, 0, 0), Err(Error::Shape { .. })));
+    assert!(matches!(
+        shaw.relative_values(&w, 0, 0),
+        Err(Error::Shape { .. })
+    ));
     let alibi = Alibi::new(2, AlibiMode::Causal).unwrap();
     assert!(matches!(
         alibi_bias(&alibi, 2, 2, u64::MAX, 0, &Device::Cpu),
         Err(Error::PositionOutOfRange { .. })
     ));
     let t5 = T5RelativeBias::new(buckets, 2, vb.pp("t5b")).unwrap();
-    assert!(matches!(t5.forward(1, 1, 0, u64::MAX), Err(Error::PositionOutOfRange { .. })));
+    assert!(matches!(
+        t5.forward(1, 1, 0, u64::MAX),
+        Err(Error::PositionOutOfRange { .. })
+    ));
 }

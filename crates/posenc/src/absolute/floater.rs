@@ -152,11 +152,26 @@ impl Floater {
     pub fn new(config: FloaterConfig, params: FloaterParams) -> Result<Self> {
         config.validate()?;
         let (d, h) = (config.dim, config.hidden);
-        super::check_matrix("floater p0", std::slice::from_ref(&params.p0), None, Some(d))?;
+        super::check_matrix(
+            "floater p0",
+            std::slice::from_ref(&params.p0),
+            None,
+            Some(d),
+        )?;
         super::check_matrix("floater W1", &params.w1, Some(h), Some(d + 1))?;
-        super::check_matrix("floater b1", std::slice::from_ref(&params.b1), None, Some(h))?;
+        super::check_matrix(
+            "floater b1",
+            std::slice::from_ref(&params.b1),
+            None,
+            Some(h),
+        )?;
         super::check_matrix("floater W2", &params.w2, Some(d), Some(h))?;
-        super::check_matrix("floater b2", std::slice::from_ref(&params.b2), None, Some(d))?;
+        super::check_matrix(
+            "floater b2",
+            std::slice::from_ref(&params.b2),
+            None,
+            Some(d),
+        )?;
         Ok(Self { config, params })
     }
 
@@ -204,7 +219,8 @@ impl Floater {
             .iter()
             .zip(&self.params.b1)
             .map(|(row, b)| {
-                let z: f64 = row[..d].iter().zip(p).map(|(w, x)| w * x).sum::<f64>() + row[d] * t + b;
+                let z: f64 =
+                    row[..d].iter().zip(p).map(|(w, x)| w * x).sum::<f64>() + row[d] * t + b;
                 z.tanh()
             })
             .collect();

@@ -119,7 +119,10 @@ pub(crate) fn check_matrix(
             });
         }
         if let Some(&bad) = row.iter().find(|x| !x.is_finite()) {
-            return Err(crate::Error::NotFinite { name: what, value: bad });
+            return Err(crate::Error::NotFinite {
+                name: what,
+                value: bad,
+            });
         }
     }
     Ok(width)

@@ -314,13 +314,11 @@ impl Sinusoidal {
     pub fn table_range(&self, start: u64, count: usize) -> Result<Vec<Vec<f64>>> {
         (0..count as u64)
             .map(|i| {
-                let p = start
-                    .checked_add(i)
-                    .ok_or(Error::PositionOutOfRange {
-                        position: start,
-                        limit: u64::MAX,
-                        what: "sinusoidal table",
-                    })?;
+                let p = start.checked_add(i).ok_or(Error::PositionOutOfRange {
+                    position: start,
+                    limit: u64::MAX,
+                    what: "sinusoidal table",
+                })?;
                 self.encode(p)
             })
             .collect()

@@ -69,7 +69,11 @@ fn shape_err(what: &'static str, expected: String, got: String) -> Error {
 fn check_rows(what: &'static str, m: &[Vec<f64>], rows: Option<usize>, cols: usize) -> Result<()> {
     if let Some(r) = rows {
         if m.len() != r {
-            return Err(shape_err(what, format!("{r} rows"), format!("{} rows", m.len())));
+            return Err(shape_err(
+                what,
+                format!("{r} rows"),
+                format!("{} rows", m.len()),
+            ));
         }
     }
     for (i, row) in m.iter().enumerate() {

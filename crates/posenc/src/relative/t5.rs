@@ -225,8 +225,12 @@ impl T5Bias {
         if table.first().is_some_and(|r| r.is_empty()) {
             return Err(Error::ZeroHeads);
         }
-        let num_heads =
-            crate::absolute::check_matrix("t5 bias table", &table, Some(buckets.num_buckets), None)?;
+        let num_heads = crate::absolute::check_matrix(
+            "t5 bias table",
+            &table,
+            Some(buckets.num_buckets),
+            None,
+        )?;
         Ok(Self {
             buckets,
             num_heads,

@@ -73,7 +73,9 @@ fn read_ids(ids: &Tensor, b: usize, t: usize) -> Result<Vec<u64>> {
         });
     }
     let v: Vec<i64> = match ids.dtype() {
-        DType::U8 | DType::U32 | DType::I64 => ids.to_dtype(DType::I64)?.flatten_all()?.to_vec1()?,
+        DType::U8 | DType::U32 | DType::I64 => {
+            ids.to_dtype(DType::I64)?.flatten_all()?.to_vec1()?
+        }
         other => {
             return Err(Error::DType {
                 what: "position ids (need u8, u32 or i64)",
@@ -170,7 +172,9 @@ impl SinusoidalEmbedding {
             Positions::Ids(ids) => {
                 let ids = read_ids(ids, b, t)?;
                 let rows = self.encoding.table(&ids)?;
-                let rows = self.rows_tensor(rows)?.reshape((b, t, self.encoding.dim()))?;
+                let rows = self
+                    .rows_tensor(rows)?
+                    .reshape((b, t, self.encoding.dim()))?;
                 add_rows(x, &rows)
             }
         }
@@ -248,7 +252,10 @@ impl LearnedEmbedding {
                 if t > 0 && offset.saturating_add(t) > self.max_positions {
                     return Err(self.out_of_range(offset.saturating_add(t - 1) as u64));
                 }
-                add_rows(x, &self.weight.narrow(0, offset.min(self.max_positions), t)?)
+                add_rows(
+                    x,
+                    &self.weight.narrow(0, offset.min(self.max_positions), t)?,
+                )
             }
             Positions::Ids(ids) => {
                 let ids = read_ids(ids, b, t)?;
@@ -256,7 +263,10 @@ impl LearnedEmbedding {
                     return Err(self.out_of_range(bad));
                 }
                 let idx = id_tensor(&ids, self.weight.device())?;
-                let rows = self.weight.index_select(&idx, 0)?.reshape((b, t, self.dim))?;
+                let rows = self
+                    .weight
+                    .index_select(&idx, 0)?
+                    .reshape((b, t, self.dim))?;
                 add_rows(x, &rows)
             }
         }
@@ -401,7 +411,9 @@ impl FloaterEmbedding {
                 let n = ids.iter().max().map_or(0, |m| m + 1) as usize;
                 let table = self.table(n)?;
                 let idx = id_tensor(&ids, table.device())?;
-                let rows = table.index_select(&idx, 0)?.reshape((b, t, self.config.dim))?;
+                let rows = table
+                    .index_select(&idx, 0)?
+                    .reshape((b, t, self.config.dim))?;
                 add_rows(x, &rows)
             }
         }

@@ -292,7 +292,10 @@ impl ShawRelative {
         let qa = q.broadcast_matmul(&self.keys.t()?)?; // (…, Tq, 2k+1)
         let idx = self.relative_index(q_len, k_len, q_offset, k_offset, q.device())?;
         let idx = Self::expand_index(&idx, lead)?;
-        Ok(qa.contiguous()?.gather(&idx, D::Minus1)?.to_dtype(in_dtype)?)
+        Ok(qa
+            .contiguous()?
+            .gather(&idx, D::Minus1)?
+            .to_dtype(in_dtype)?)
     }
 
     /// The full logits `e_ij = (q_i · k_j + q_i · a^K_ij) / √d`, `(…, Tq,
@@ -314,7 +317,12 @@ impl ShawRelative {
     /// # Errors
     /// [`Error::Shape`] for weights of rank < 2; [`Error::PositionOutOfRange`];
     /// candle errors.
-    pub fn relative_values(&self, weights: &Tensor, q_offset: u64, k_offset: u64) -> Result<Tensor> {
+    pub fn relative_values(
+        &self,
+        weights: &Tensor,
+        q_offset: u64,
+        k_offset: u64,
+    ) -> Result<Tensor> {
         let dims = weights.dims().to_vec();
         if dims.len() < 2 {
             return Err(Error::Shape {
@@ -331,11 +339,8 @@ impl ShawRelative {
         let idx = Self::expand_index(&idx, lead)?;
         let mut sums_shape = dims.clone();
         *sums_shape.last_mut().expect("rank ≥ 2") = 2 * self.max_relative + 1;
-        let sums = Tensor::zeros(sums_shape, w.dtype(), w.device())?.scatter_add(
-            &idx,
-            &w,
-            D::Minus1,
-        )?; // (…, Tq, 2k+1)
+        let sums =
+            Tensor::zeros(sums_shape, w.dtype(), w.device())?.scatter_add(&idx, &w, D::Minus1)?; // (…, Tq, 2k+1)
         Ok(sums.broadcast_matmul(&self.values)?.to_dtype(in_dtype)?)
     }
 }
