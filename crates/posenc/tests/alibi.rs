@@ -1,5 +1,8 @@
 //! ALiBi: reference slopes, geometric structure, bias matrices, bad input.
 
+// Naive reference loops index by position on purpose.
+#![allow(clippy::needless_range_loop)]
+
 use posenc::relative::{alibi_slopes, Alibi, AlibiMode};
 use posenc::{AttentionBias, Error, Hooks, PositionalEncoding};
 

@@ -2,6 +2,9 @@
 //! candle path, gradients reaching every parameter (and matching finite
 //! differences), bad input.
 
+// Naive reference loops index by position on purpose.
+#![allow(clippy::needless_range_loop)]
+
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use posenc::absolute::floater::{integrate, solve_grid};

@@ -1,5 +1,8 @@
 //! Learned table: initialisation statistics, lookup, out-of-range errors.
 
+// Naive reference loops index by position on purpose.
+#![allow(clippy::needless_range_loop)]
+
 use posenc::absolute::LearnedTable;
 use posenc::{AbsoluteEncoding, Error, Hooks, PositionalEncoding};
 

@@ -1,6 +1,9 @@
 //! Shaw et al.: clipping, index matrix, logits and values against explicit
 //! formulas, bad input. (The tensor path is checked in tensor_bias.rs.)
 
+// Naive reference loops index by position on purpose.
+#![allow(clippy::needless_range_loop)]
+
 use posenc::relative::Shaw;
 use posenc::{Error, Hooks, PositionalEncoding};
 

@@ -1,6 +1,9 @@
 //! Sinusoidal encoding: reference fixture, the linear map M_k, the seed's
 //! four-number example, distinctness, offsets, layouts and bad input.
 
+// Naive reference loops index by position on purpose.
+#![allow(clippy::needless_range_loop)]
+
 use posenc::absolute::{FrequencySpacing, Sinusoidal, SinusoidalLayout};
 use posenc::{AbsoluteEncoding, Error, Hooks, PositionalEncoding};
 use proptest::prelude::*;

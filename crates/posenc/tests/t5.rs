@@ -1,5 +1,8 @@
 //! T5 buckets: transformers fixture, monotonicity, range, bias, bad input.
 
+// Naive reference loops index by position on purpose.
+#![allow(clippy::needless_range_loop)]
+
 use posenc::relative::{relative_position_bucket, T5Bias, T5Buckets};
 use posenc::{AttentionBias, Error, Hooks, PositionalEncoding};
 use proptest::prelude::*;

@@ -1,5 +1,8 @@
 //! Candle absolute-encoding modules against the plain f64 encodings.
 
+// Naive reference loops index by position on purpose.
+#![allow(clippy::needless_range_loop)]
+
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use posenc::absolute::{Sinusoidal, SinusoidalLayout};

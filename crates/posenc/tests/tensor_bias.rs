@@ -2,6 +2,9 @@
 //! table) and Shaw (efficient gather/scatter path, with gradients to both
 //! tables).
 
+// Naive reference loops index by position on purpose.
+#![allow(clippy::needless_range_loop)]
+
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use posenc::relative::{Alibi, AlibiMode, Shaw, T5Bias, T5Buckets};

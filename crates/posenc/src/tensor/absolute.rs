@@ -396,7 +396,12 @@ impl FloaterEmbedding {
         let (b, t) = check_x(x, self.config.dim)?;
         match positions {
             Positions::Offset(offset) => {
-                let table = self.table(offset + t)?;
+                let end = offset.checked_add(t).ok_or(Error::PositionOutOfRange {
+                    position: offset as u64,
+                    limit: usize::MAX as u64,
+                    what: "FLOATER positions",
+                })?;
+                let table = self.table(end)?;
                 add_rows(x, &table.narrow(0, offset, t)?)
             }
             Positions::Ids(ids) => {
