@@ -1,3 +1,48 @@
 //! Relative encodings: terms inside attention that depend on the distance
 //! between query and key ([`Hook::Logits`](crate::Hook::Logits),
 //! [`Hook::Values`](crate::Hook::Values)).
+//!
+//! - [`alibi`]: ALiBi (Press et al. 2022), a fixed linear penalty per head;
+//! - [`t5`]: T5's bucketed relative attention bias (Raffel et al. 2020);
+//! - [`shaw`]: Shaw et al. (2018), learned relative key and value vectors.
+//!
+//! The tensor versions live in [`tensor::bias`](crate::tensor::bias).
+
+pub mod alibi;
+pub mod shaw;
+pub mod t5;
+
+pub use alibi::{alibi_slopes, Alibi, AlibiMode};
+pub use shaw::Shaw;
+pub use t5::{relative_position_bucket, T5Bias, T5Buckets};
+
+use crate::error::{Error, Result};
+
+/// `key − query` as an `i64`.
+///
+/// # Errors
+/// [`Error::PositionOutOfRange`] if a position exceeds `i64::MAX`.
+pub(crate) fn signed_distance(query: u64, key: u64) -> Result<i64> {
+    let limit = i64::MAX as u64;
+    for p in [query, key] {
+        if p > limit {
+            return Err(Error::PositionOutOfRange {
+                position: p,
+                limit,
+                what: "relative encodings (positions are subtracted as i64)",
+            });
+        }
+    }
+    Ok(key as i64 - query as i64)
+}
+
+/// Checks `head < num_heads`.
+pub(crate) fn check_head(head: usize, num_heads: usize) -> Result<()> {
+    if head >= num_heads {
+        return Err(Error::invalid(
+            "head",
+            format!("head {head} is out of range for {num_heads} heads"),
+        ));
+    }
+    Ok(())
+}
