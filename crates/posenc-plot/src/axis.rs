@@ -50,7 +50,15 @@ pub(crate) fn auto_cell_ticks(n: usize, max: usize) -> Vec<usize> {
     let mut candidates = vec![1usize, 2, 4, 5, 8];
     let mut p = 10usize;
     while p < n.max(10) * 10 {
-        candidates.extend([p, p * 16 / 10, p * 2, p * 25 / 10, p * 32 / 10, p * 5, p * 64 / 10]);
+        candidates.extend([
+            p,
+            p * 16 / 10,
+            p * 2,
+            p * 25 / 10,
+            p * 32 / 10,
+            p * 5,
+            p * 64 / 10,
+        ]);
         p *= 10;
     }
     candidates.sort_unstable();
@@ -115,7 +123,11 @@ impl Ranged for ValueAxis {
 
     fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
         let f = self.fraction(*v);
-        let f = if f.is_finite() { f.clamp(-1.0, 2.0) } else { 0.0 };
+        let f = if f.is_finite() {
+            f.clamp(-1.0, 2.0)
+        } else {
+            0.0
+        };
         limit.0 + (f * (limit.1 - limit.0) as f64).round() as i32
     }
 

@@ -57,7 +57,12 @@ impl Fonts {
 }
 
 pub(crate) fn regular(size: f64) -> TextStyle<'static> {
-    TextStyle::from(FontDesc::new(FontFamily::SansSerif, size, FontStyle::Normal)).color(&INK)
+    TextStyle::from(FontDesc::new(
+        FontFamily::SansSerif,
+        size,
+        FontStyle::Normal,
+    ))
+    .color(&INK)
 }
 
 pub(crate) fn bold(size: f64) -> TextStyle<'static> {

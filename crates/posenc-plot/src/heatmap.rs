@@ -393,11 +393,14 @@ impl Heatmap {
         };
         let xf = |v: &f64| label_of(&xt, *v);
         let yf = |v: &f64| label_of(&yt, *v);
-        chart
-            .configure_mesh()
-            .disable_mesh()
-            .x_desc(self.x_label.clone())
-            .y_desc(self.y_label.clone())
+        let mut mesh = chart.configure_mesh();
+        if !self.x_label.is_empty() {
+            mesh.x_desc(self.x_label.clone());
+        }
+        if !self.y_label.is_empty() {
+            mesh.y_desc(self.y_label.clone());
+        }
+        mesh.disable_mesh()
             .x_label_formatter(&xf)
             .y_label_formatter(&yf)
             .label_style(fonts::regular(f.tick))
@@ -487,7 +490,11 @@ fn draw_colorbar<DB: DrawingBackend>(
     let (aw, _) = area.dim_in_pixel();
     let gap = (f.tick * 1.2) as i32;
     let bar_w = (f.tick * 1.3) as i32;
-    let desc = if label.is_empty() { 0 } else { (f.label * 1.7) as i32 };
+    let desc = if label.is_empty() {
+        0
+    } else {
+        (f.label * 1.7) as i32
+    };
     let right = (aw as i32 - gap - bar_w).max(1);
     let mut chart = ChartBuilder::on(area)
         .margin_top(vmargin.0)
