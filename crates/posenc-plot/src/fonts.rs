@@ -68,3 +68,43 @@ pub(crate) fn regular(size: f64) -> TextStyle<'static> {
 pub(crate) fn bold(size: f64) -> TextStyle<'static> {
     TextStyle::from(FontDesc::new(FontFamily::SansSerif, size, FontStyle::Bold)).color(&INK)
 }
+
+/// Draws `title` (bold, centred) in a band at the top of `area` and returns
+/// the area below it; returns `area` itself for an empty title.
+pub(crate) fn title_band<DB: plotters::backend::DrawingBackend>(
+    area: &plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    f: &Fonts,
+) -> Result<plotters::drawing::DrawingArea<DB, plotters::coord::Shift>> {
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
+    if title.is_empty() {
+        return Ok(area.clone());
+    }
+    let band = (f.title * 2.0).round();
+    let (w, _) = area.dim_in_pixel();
+    let (top, rest) = area.split_vertically(band as i32);
+    top.draw_text(
+        title,
+        &bold(f.title).pos(Pos::new(HPos::Center, VPos::Center)),
+        (w as i32 / 2, (band * 0.55) as i32),
+    )
+    .map_err(PlotError::backend)?;
+    Ok(rest)
+}
+
+/// matplotlib's "tab10" colour cycle.
+pub(crate) const PALETTE: [crate::colormap::Rgb; 10] = [
+    crate::colormap::Rgb::hex(0x1f77b4),
+    crate::colormap::Rgb::hex(0xff7f0e),
+    crate::colormap::Rgb::hex(0x2ca02c),
+    crate::colormap::Rgb::hex(0xd62728),
+    crate::colormap::Rgb::hex(0x9467bd),
+    crate::colormap::Rgb::hex(0x8c564b),
+    crate::colormap::Rgb::hex(0xe377c2),
+    crate::colormap::Rgb::hex(0x7f7f7f),
+    crate::colormap::Rgb::hex(0xbcbd22),
+    crate::colormap::Rgb::hex(0x17becf),
+];
+
+/// Light grey for grid lines and legend frames.
+pub(crate) const GRID: plotters::style::RGBColor = plotters::style::RGBColor(0xdd, 0xdd, 0xdd);

@@ -339,23 +339,10 @@ impl Heatmap {
     ) -> Result<()> {
         let scale = self.scale()?;
         let l = self.layout(f);
-        let (w, h) = area.dim_in_pixel();
         let be = PlotError::backend;
 
         // Title, centred over the whole panel.
-        let area = if l.title > 0.0 {
-            let (top, rest) = area.split_vertically(l.title as i32);
-            top.draw_text(
-                &self.title,
-                &fonts::bold(f.title).pos(Pos::new(HPos::Center, VPos::Center)),
-                (w as i32 / 2, (l.title * 0.55) as i32),
-            )
-            .map_err(be)?;
-            rest
-        } else {
-            area.clone()
-        };
-        let _ = h;
+        let area = fonts::title_band(area, &self.title, f)?;
         let (aw, _) = area.dim_in_pixel();
         let split = (aw as i32 - l.colorbar as i32).max(1);
         let (main, bar) = area.split_horizontally(split);

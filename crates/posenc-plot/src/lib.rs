@@ -41,16 +41,23 @@
 #![warn(missing_docs)]
 
 mod axis;
+mod bar;
 mod colormap;
 mod error;
 mod figure;
 mod fonts;
 mod format;
 mod heatmap;
+mod legend;
+mod line;
+mod panels;
 pub mod terminal;
 
+pub use bar::{BarChart, BarSeries};
 pub use colormap::{Colormap, Rgb, ValueRange};
 pub use error::{PlotError, Result};
 pub use figure::{Figure, RgbImage, MAX_SIDE, MIN_SIZE};
 pub use format::format_value;
 pub use heatmap::{Heatmap, Orientation, Ticks};
+pub use line::{LinePlot, Series};
+pub use panels::{binary_analogy, Panels};
