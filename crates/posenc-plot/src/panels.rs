@@ -57,7 +57,7 @@ impl Panels {
     fn check(&self) -> Result<()> {
         self.panels
             .iter()
-            .try_for_each(|p| crate::figure::private::Draw::validate(p))
+            .try_for_each(crate::figure::private::Draw::validate)
     }
 
     fn draw<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Result<()> {

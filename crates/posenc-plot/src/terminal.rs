@@ -112,7 +112,7 @@ pub fn render_with(
     colormap: Colormap,
     range: ValueRange,
 ) -> Result<String> {
-    let (rows, cols) = check_matrix(data, "matrix")?;
+    let (_, cols) = check_matrix(data, "matrix")?;
     let (min, max) = extremes(data);
     let scale = Scale::resolve(range, min, max)?;
     let mut out = String::new();
@@ -131,11 +131,11 @@ pub fn render_with(
         }
         TerminalMode::TrueColor | TerminalMode::Ansi256 => {
             let colour = |v: f64| colormap.at(scale.t(v));
-            for r in (0..rows).step_by(2) {
+            for pair in data.chunks(2) {
                 for c in 0..cols {
-                    fg(&mut out, mode, colour(data[r][c]));
-                    if r + 1 < rows {
-                        bg(&mut out, mode, colour(data[r + 1][c]));
+                    fg(&mut out, mode, colour(pair[0][c]));
+                    if let Some(lower) = pair.get(1) {
+                        bg(&mut out, mode, colour(lower[c]));
                     }
                     out.push('▀');
                 }
