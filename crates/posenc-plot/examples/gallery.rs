@@ -114,6 +114,10 @@ fn main() -> Result<()> {
     let (w, h) = fig.default_size();
     fig.to_png(format!("{dir}/binary_analogy.png"), w, h)?;
     fig.to_svg(format!("{dir}/binary_analogy.svg"), w, h)?;
+    // Small and large renderings of the same figures, to check the layout.
+    map.to_png(format!("{dir}/heatmap_small.png"), 360, 240)?;
+    lines.to_png(format!("{dir}/lines_small.png"), 360, 240)?;
+    bars.to_png(format!("{dir}/bars_large.png"), 1600, 900)?;
     println!("wrote {dir}/{{heatmap,lines,loglog,bars,binary_analogy}}.{{png,svg}}");
     Ok(())
 }

@@ -82,10 +82,16 @@ pub(crate) fn title_band<DB: plotters::backend::DrawingBackend>(
     }
     let band = (f.title * 2.0).round();
     let (w, _) = area.dim_in_pixel();
+    // Shrink a title that would not fit (down to 60 % of the size).
+    let room = w as f64 * 0.96;
+    let size = match area.estimate_text_size(title, &bold(f.title)) {
+        Ok((tw, _)) if tw as f64 > room => f.title * (room / tw as f64).max(0.6),
+        _ => f.title,
+    };
     let (top, rest) = area.split_vertically(band as i32);
     top.draw_text(
         title,
-        &bold(f.title).pos(Pos::new(HPos::Center, VPos::Center)),
+        &bold(size).pos(Pos::new(HPos::Center, VPos::Center)),
         (w as i32 / 2, (band * 0.55) as i32),
     )
     .map_err(PlotError::backend)?;

@@ -522,14 +522,27 @@ fn draw_colorbar<DB: DrawingBackend>(
     ))
     .map_err(be)?;
     if desc > 0 {
+        // The label sits just right of the widest tick label.
+        let style = fonts::regular(f.tick);
+        let widest = axis
+            .ticks()
+            .iter()
+            .map(|&v| {
+                area.estimate_text_size(&axis.label(v), &style)
+                    .map_or(0, |(tw, _)| tw as i32)
+            })
+            .max()
+            .unwrap_or(0);
         let (bw, bh) = area.dim_in_pixel();
         let y_mid = vmargin.0 + (bh as i32 - vmargin.0 - vmargin.1) / 2;
+        let x = (gap + bar_w + (f.tick * 0.9) as i32 + widest + (f.label * 0.9) as i32)
+            .min(bw as i32 - desc / 2);
         area.draw_text(
             label,
             &fonts::regular(f.label)
                 .transform(plotters::style::FontTransform::Rotate270)
                 .pos(Pos::new(HPos::Center, VPos::Center)),
-            (bw as i32 - desc / 2 - (f.tick * 0.4) as i32, y_mid),
+            (x, y_mid),
         )
         .map_err(be)?;
     }
