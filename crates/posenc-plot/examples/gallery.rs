@@ -114,6 +114,25 @@ fn main() -> Result<()> {
     let (w, h) = fig.default_size();
     fig.to_png(format!("{dir}/binary_analogy.png"), w, h)?;
     fig.to_svg(format!("{dir}/binary_analogy.svg"), w, h)?;
+    // An attention-like square map (ALiBi-style distance bias), viridis.
+    let n = 64;
+    let bias: Vec<Vec<f64>> = (0..n)
+        .map(|i| {
+            (0..n)
+                .map(|j| -((i as f64) - (j as f64)).abs() / 8.0)
+                .collect()
+        })
+        .collect();
+    Heatmap::new(bias)?
+        .title("Distance bias −|i − j| / 8")
+        .x_label("key position j")
+        .y_label("query position i")
+        .colorbar_label("bias")
+        .colormap(posenc_plot::Colormap::Viridis)
+        .orientation(posenc_plot::Orientation::RowsAsRows)
+        .cell_size(8)
+        .render_png(format!("{dir}/bias.png"))?;
+
     // Small and large renderings of the same figures, to check the layout.
     map.to_png(format!("{dir}/heatmap_small.png"), 360, 240)?;
     lines.to_png(format!("{dir}/lines_small.png"), 360, 240)?;
