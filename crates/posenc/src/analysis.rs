@@ -72,6 +72,42 @@ pub fn cosine(a: &[f64], b: &[f64]) -> f64 {
     }
 }
 
+/// Ranks (1-based, ties get their average rank).
+fn ranks(v: &[f64]) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+    let mut r = vec![0.0; v.len()];
+    let mut i = 0;
+    while i < idx.len() {
+        let mut j = i;
+        while j + 1 < idx.len() && v[idx[j + 1]] == v[idx[i]] {
+            j += 1;
+        }
+        let avg = (i + j) as f64 / 2.0 + 1.0;
+        for &k in &idx[i..=j] {
+            r[k] = avg;
+        }
+        i = j + 1;
+    }
+    r
+}
+
+/// Spearman's rank correlation of two equally long samples (−1: one
+/// decreases whenever the other increases). NaN for fewer than 2 values or a
+/// constant sample.
+pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
+    if a.len() != b.len() || a.len() < 2 {
+        return f64::NAN;
+    }
+    let (ra, rb) = (ranks(a), ranks(b));
+    let n = a.len() as f64;
+    let (ma, mb) = (ra.iter().sum::<f64>() / n, rb.iter().sum::<f64>() / n);
+    let cov: f64 = ra.iter().zip(&rb).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let va: f64 = ra.iter().map(|x| (x - ma) * (x - ma)).sum();
+    let vb: f64 = rb.iter().map(|y| (y - mb) * (y - mb)).sum();
+    cov / (va * vb).sqrt()
+}
+
 /// Similarity of the encodings of `p` and `p + k`, for each `k` in `ks`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimilarityCurve {
@@ -520,6 +556,15 @@ mod tests {
             mean.abs() < 0.03 && (var - 1.0).abs() < 0.05,
             "{mean} {var}"
         );
+    }
+
+    #[test]
+    fn spearman_of_monotone_and_reversed_samples() {
+        let a = [1.0, 2.0, 3.0, 4.0];
+        assert!((spearman(&a, &[10.0, 20.0, 30.0, 41.0]) - 1.0).abs() < 1e-12);
+        assert!((spearman(&a, &[4.0, 3.0, 2.0, 1.0]) + 1.0).abs() < 1e-12);
+        assert!((spearman(&a, &[1.0, 1.0, 2.0, 2.0]) - 0.894_427_190_999_915_9).abs() < 1e-12);
+        assert!(spearman(&a, &[1.0]).is_nan());
     }
 
     #[test]

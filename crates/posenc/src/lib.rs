@@ -35,3 +35,8 @@ pub use encoding::{
     AbsoluteEncoding, AttentionBias, Hook, Hooks, PositionalEncoding, RotaryEncoding,
 };
 pub use error::{Error, Result};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
