@@ -5,7 +5,26 @@
 //! position `m` is rotated by the angle `m · θ_i`, with
 //! `θ_i = base^(−2i/d)` before scaling. Because rotations compose,
 //! `⟨R(m)q, R(n)k⟩ = ⟨q, R(n − m)k⟩` depends only on the distance.
+//!
+//! - [`RopeConfig`]: a validated configuration, read from a Hugging Face
+//!   `config.json` ([`RopeConfig::from_hf_file`]) or built by hand;
+//!   [`RopeConfig::frequencies`] gives the [`RopeFrequencies`] transformers
+//!   computes for it.
+//! - [`RopeScaling`]: every transformers scaling (linear, dynamic NTK, YaRN,
+//!   LongRoPE, Llama 3, proportional) plus fixed NTK, one module each in
+//!   [`scaling`].
+//! - [`Rope`] and [`xpos::XPos`]: the encodings, on `f64` head vectors.
 
+pub mod config;
 pub mod frequencies;
+pub mod rotary;
+pub mod scaling;
+pub mod xpos;
 
-pub use frequencies::{PairLayout, RopeFrequencies};
+pub use config::{
+    HfRopeConfig, HfRopeParameters, HfRopeParametersField, RopeConfig, INTERLEAVED_MODEL_TYPES,
+};
+pub use frequencies::{default_inv_freq, PairLayout, RopeFrequencies};
+pub use rotary::Rope;
+pub use scaling::{RopeScaling, KNOWN_ROPE_TYPES};
+pub use xpos::XPos;

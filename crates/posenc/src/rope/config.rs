@@ -1,0 +1,594 @@
+//! RoPE configuration: a serde mirror of Hugging Face's `config.json`
+//! ([`HfRopeConfig`]) and the validated runtime configuration it converts to
+//! ([`RopeConfig`]).
+//!
+//! # How a `config.json` is read
+//!
+//! transformers 5.x rules, as in `RotaryEmbeddingConfigMixin`
+//! (`convert_rope_params_to_dict`, `standardize_rope_params`) and the model
+//! configs:
+//!
+//! - **scaling parameters**: `rope_scaling` if present and non-empty, else
+//!   `rope_parameters` (transformers 5 name). The type is `rope_type`, or the
+//!   legacy `type`, default `"default"`. A `rope_parameters` nested by layer
+//!   type (`{"full_attention": {...}, "sliding_attention": {...}}`) uses its
+//!   `full_attention` entry.
+//! - **base**: `rope_theta` inside the parameters, else the top-level
+//!   `rope_theta`, else GPT-NeoX's `rotary_emb_base`, else 10000
+//!   (transformers' `default_theta`).
+//! - **head dimension**: DeepSeek's `qk_rope_head_dim` (the rotated part of
+//!   MLA heads; transformers sets `head_dim` to it), else `head_dim` (when
+//!   non-zero), else `hidden_size / num_attention_heads` (floor, as Python's
+//!   `//`).
+//! - **rotary dimension**: GPT-J/CodeGen `rotary_dim` if given, else
+//!   `int(head_dim · partial_rotary_factor)` with `partial_rotary_factor` from
+//!   the parameters, the top level, or GPT-NeoX `rotary_pct`; its default is 1,
+//!   except 0.25 for `gpt_neox` and 0.5 for `phi` (their config classes'
+//!   defaults). `proportional` always rotates over the whole head.
+//! - **`original_max_position_embeddings`** (llama3, yarn, longrope): the
+//!   top-level key first (the Phi-3 exception transformers honours), then the
+//!   parameters' own, then `max_position_embeddings`.
+//! - **layout**: `rope_interleave` if present; else interleaved for
+//!   `model_type` in [`INTERLEAVED_MODEL_TYPES`] (GPT-J and CodeGen rotate
+//!   `rotate_every_two`; DeepSeek-V2 uses complex pairs and DeepSeek-V3's
+//!   `rope_interleave` defaults to true); half-split (`rotate_half`) for
+//!   everything else.
+//!
+//! Every other key of the file is ignored.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::frequencies::{PairLayout, RopeFrequencies};
+use super::scaling::{RopeScaling, KNOWN_ROPE_TYPES};
+use crate::error::{check_dim, Error, Result};
+
+/// `model_type`s whose rotary pairs are interleaved `(x[2i], x[2i+1])`
+/// unless the config says `rope_interleave: false`.
+pub const INTERLEAVED_MODEL_TYPES: &[&str] = &["gptj", "codegen", "deepseek_v2", "deepseek_v3"];
+
+/// The RoPE-related keys of a Hugging Face `config.json`. Every field is
+/// optional; unknown keys are ignored. Defaults are applied by
+/// [`RopeConfig::from_hf`], as documented in [the module](self).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HfRopeConfig {
+    /// `model_type` (`llama`, `gpt_neox`, `deepseek_v3`, ...): selects the
+    /// layout and a few defaults.
+    pub model_type: Option<String>,
+    /// `hidden_size` (GPT-J: `n_embd`).
+    #[serde(alias = "n_embd")]
+    pub hidden_size: Option<usize>,
+    /// `num_attention_heads` (GPT-J: `n_head`).
+    #[serde(alias = "n_head")]
+    pub num_attention_heads: Option<usize>,
+    /// `head_dim`; default `hidden_size / num_attention_heads`.
+    pub head_dim: Option<usize>,
+    /// DeepSeek MLA: the rotated part of each head, used as the head dimension.
+    pub qk_rope_head_dim: Option<usize>,
+    /// GPT-J / CodeGen: number of rotated dimensions.
+    pub rotary_dim: Option<usize>,
+    /// `rope_theta`, the RoPE base; default 10000.
+    pub rope_theta: Option<f64>,
+    /// GPT-NeoX name of the base.
+    pub rotary_emb_base: Option<f64>,
+    /// Fraction of the head that rotates, in (0, 1]; default 1.
+    pub partial_rotary_factor: Option<f64>,
+    /// GPT-NeoX name of `partial_rotary_factor` (default 0.25 for `gpt_neox`).
+    pub rotary_pct: Option<f64>,
+    /// Context length the model is configured for.
+    #[serde(alias = "n_positions")]
+    pub max_position_embeddings: Option<usize>,
+    /// Pre-training context length at the top level (Phi-3); takes priority
+    /// over the one in `rope_scaling`.
+    pub original_max_position_embeddings: Option<usize>,
+    /// Legacy (transformers ≤ 4) scaling parameters.
+    pub rope_scaling: Option<HfRopeParametersField>,
+    /// transformers 5 parameters (may hold `rope_theta` and the scaling keys).
+    pub rope_parameters: Option<HfRopeParametersField>,
+    /// DeepSeek: whether the rotary pairs are interleaved.
+    pub rope_interleave: Option<bool>,
+}
+
+/// `rope_scaling` / `rope_parameters`: one dict, or one per layer type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HfRopeParametersField {
+    /// `{"full_attention": {...}, "sliding_attention": {...}}` (Gemma 3 style).
+    /// A `null` entry is a layer type without RoPE.
+    PerLayerType(BTreeMap<String, Option<HfRopeParameters>>),
+    /// A single dict for every layer.
+    Flat(HfRopeParameters),
+}
+
+/// The keys of `rope_scaling` / `rope_parameters` (transformers'
+/// `RopeParameters`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HfRopeParameters {
+    /// `rope_type`: one of [`KNOWN_ROPE_TYPES`]; default `default`.
+    pub rope_type: Option<String>,
+    /// Legacy name of `rope_type`.
+    #[serde(rename = "type")]
+    pub legacy_type: Option<String>,
+    /// Base, transformers 5 location.
+    pub rope_theta: Option<f64>,
+    /// Partial rotary fraction, transformers 5 location.
+    pub partial_rotary_factor: Option<f64>,
+    /// Scaling factor (all scalings but `default`).
+    pub factor: Option<f64>,
+    /// Pre-training context length (llama3, yarn, longrope).
+    pub original_max_position_embeddings: Option<usize>,
+    /// Explicit attention factor (yarn, longrope).
+    pub attention_factor: Option<f64>,
+    /// YaRN `beta_fast` (default 32).
+    pub beta_fast: Option<f64>,
+    /// YaRN `beta_slow` (default 1).
+    pub beta_slow: Option<f64>,
+    /// YaRN/DeepSeek `mscale`.
+    pub mscale: Option<f64>,
+    /// YaRN/DeepSeek `mscale_all_dim`.
+    pub mscale_all_dim: Option<f64>,
+    /// YaRN: round the correction range (default true).
+    pub truncate: Option<bool>,
+    /// LongRoPE short factors (`rotary_dim / 2` of them).
+    pub short_factor: Option<Vec<f64>>,
+    /// LongRoPE long factors (`rotary_dim / 2` of them).
+    pub long_factor: Option<Vec<f64>>,
+    /// Llama 3 `low_freq_factor`.
+    pub low_freq_factor: Option<f64>,
+    /// Llama 3 `high_freq_factor`.
+    pub high_freq_factor: Option<f64>,
+}
+
+impl HfRopeParameters {
+    fn is_empty(&self) -> bool {
+        *self == HfRopeParameters::default()
+    }
+}
+
+impl HfRopeParametersField {
+    /// The parameters that apply to full-attention layers.
+    fn resolve(&self, key: &str) -> Result<Option<HfRopeParameters>> {
+        match self {
+            HfRopeParametersField::Flat(p) => Ok(Some(p.clone())),
+            HfRopeParametersField::PerLayerType(m) if m.is_empty() => Ok(None),
+            HfRopeParametersField::PerLayerType(m) => match m.get("full_attention") {
+                Some(p) => Ok(p.clone()),
+                None => Err(Error::invalid(
+                    key,
+                    format!(
+                        "nested by layer type ({}) without a `full_attention` entry",
+                        m.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                )),
+            },
+        }
+    }
+}
+
+/// A validated RoPE configuration: base, head and rotary dimensions, pair
+/// layout and scaling.
+///
+/// Build it from a model's `config.json` ([`from_hf_file`](Self::from_hf_file),
+/// [`from_hf_json_str`](Self::from_hf_json_str)) or by hand:
+///
+/// ```
+/// use posenc::rope::{PairLayout, RopeConfig, RopeScaling};
+/// let cfg = RopeConfig::new(500000.0, 128)?
+///     .with_scaling(RopeScaling::Llama3 {
+///         factor: 8.0,
+///         low_freq_factor: 1.0,
+///         high_freq_factor: 4.0,
+///         original_max_position_embeddings: 8192,
+///     })?
+///     .with_max_position_embeddings(131072);
+/// assert_eq!(cfg.rope_type(), "llama3");
+/// let f = cfg.frequencies(None)?;
+/// assert_eq!(f.inv_freq.len(), 64);
+/// assert_eq!(f.inv_freq[0], 1.0);
+/// // the lowest frequency is divided by the factor
+/// assert!((f.inv_freq[63] as f64 / (500000f64.powf(-126.0 / 128.0) / 8.0) - 1.0).abs() < 1e-6);
+///
+/// let json = r#"{"hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 10000.0,
+///                "rope_scaling": {"type": "linear", "factor": 2.0}, "torch_dtype": "float16"}"#;
+/// let cfg = RopeConfig::from_hf_json_str(json)?;
+/// assert_eq!((cfg.head_dim(), cfg.rotary_dim(), cfg.layout()), (128, 128, PairLayout::HalfSplit));
+/// assert_eq!(cfg.frequencies(None)?.inv_freq[0], 0.5);
+/// # Ok::<(), posenc::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeConfig {
+    theta: f64,
+    head_dim: usize,
+    rotary_dim: usize,
+    layout: PairLayout,
+    scaling: RopeScaling,
+    max_position_embeddings: Option<usize>,
+    original_max_position_embeddings: Option<usize>,
+    model_type: Option<String>,
+}
+
+impl RopeConfig {
+    /// Plain RoPE with base `theta` over `rotary_dim` dimensions (head
+    /// dimension = `rotary_dim`, half-split layout, no scaling).
+    ///
+    /// # Errors
+    /// [`Error::InvalidTheta`] if `theta` is not finite and > 0;
+    /// [`Error::InvalidDimension`] if `rotary_dim` is zero or odd.
+    pub fn new(theta: f64, rotary_dim: usize) -> Result<Self> {
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(Error::InvalidTheta(theta));
+        }
+        check_dim("rotary_dim", rotary_dim, true)?;
+        Ok(RopeConfig {
+            theta,
+            head_dim: rotary_dim,
+            rotary_dim,
+            layout: PairLayout::HalfSplit,
+            scaling: RopeScaling::Default,
+            max_position_embeddings: None,
+            original_max_position_embeddings: None,
+            model_type: None,
+        })
+    }
+
+    /// Sets the pair layout.
+    pub fn with_layout(mut self, layout: PairLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// Sets the scaling, after checking it against the base and the rotary
+    /// dimension ([`RopeScaling::validate`]).
+    ///
+    /// # Errors
+    /// Those of [`RopeScaling::validate`].
+    pub fn with_scaling(mut self, scaling: RopeScaling) -> Result<Self> {
+        scaling.validate(self.theta, self.rotary_dim)?;
+        self.scaling = scaling;
+        Ok(self)
+    }
+
+    /// Sets the head dimension (the rotary dimension is unchanged: the rest of
+    /// the head passes through). A head narrower than the rotary dimension is
+    /// reported by [`validate`](Self::validate), which
+    /// [`frequencies`](Self::frequencies) and [`Rope::new`](super::Rope::new) call.
+    pub fn with_head_dim(mut self, head_dim: usize) -> Self {
+        self.head_dim = head_dim;
+        self
+    }
+
+    /// Records the model's `max_position_embeddings` (informational; the
+    /// scalings that need a length carry their own).
+    pub fn with_max_position_embeddings(mut self, max_position_embeddings: usize) -> Self {
+        self.max_position_embeddings = Some(max_position_embeddings);
+        self
+    }
+
+    /// Checks the whole configuration.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTheta`], [`Error::InvalidDimension`] (zero or odd
+    /// dimensions, a head narrower than the rotary dimension) and those of
+    /// [`RopeScaling::validate`].
+    pub fn validate(&self) -> Result<()> {
+        check_dim("head_dim", self.head_dim, false)?;
+        if self.head_dim < self.rotary_dim {
+            return Err(Error::InvalidDimension {
+                what: "head_dim",
+                value: self.head_dim,
+                reason: "smaller than the rotary dimension",
+            });
+        }
+        self.scaling.validate(self.theta, self.rotary_dim)
+    }
+
+    /// The RoPE base `rope_theta`.
+    pub fn theta(&self) -> f64 {
+        self.theta
+    }
+    /// The head dimension.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+    /// The number of rotated dimensions (even, ≤ `head_dim`).
+    pub fn rotary_dim(&self) -> usize {
+        self.rotary_dim
+    }
+    /// The pair layout.
+    pub fn layout(&self) -> PairLayout {
+        self.layout
+    }
+    /// The scaling.
+    pub fn scaling(&self) -> &RopeScaling {
+        &self.scaling
+    }
+    /// The `rope_type` (one of [`KNOWN_ROPE_TYPES`]).
+    pub fn rope_type(&self) -> &'static str {
+        self.scaling.rope_type()
+    }
+    /// The model's `max_position_embeddings`, if known.
+    pub fn max_position_embeddings(&self) -> Option<usize> {
+        match &self.scaling {
+            RopeScaling::Dynamic {
+                max_position_embeddings,
+                ..
+            } => Some(*max_position_embeddings),
+            _ => self.max_position_embeddings,
+        }
+    }
+    /// The pre-training context length, if the scaling has one (llama3,
+    /// yarn, longrope) or the config gave it.
+    pub fn original_max_position_embeddings(&self) -> Option<usize> {
+        match &self.scaling {
+            RopeScaling::Yarn {
+                original_max_position_embeddings,
+                ..
+            }
+            | RopeScaling::LongRope {
+                original_max_position_embeddings,
+                ..
+            }
+            | RopeScaling::Llama3 {
+                original_max_position_embeddings,
+                ..
+            } => Some(*original_max_position_embeddings),
+            _ => self.original_max_position_embeddings,
+        }
+    }
+    /// The `model_type` of the config it was read from, if any.
+    pub fn model_type(&self) -> Option<&str> {
+        self.model_type.as_deref()
+    }
+
+    /// The frequencies at sequence length `seq_len`, as transformers'
+    /// `ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len)`; `None` is
+    /// the table built at load time. Only `dynamic` (base grows past
+    /// `max_position_embeddings`) and `longrope` (long factors past
+    /// `original_max_position_embeddings`) depend on it.
+    ///
+    /// # Errors
+    /// Those of [`validate`](Self::validate).
+    pub fn frequencies(&self, seq_len: Option<usize>) -> Result<RopeFrequencies> {
+        self.validate()?;
+        let (inv_freq, attention_factor) =
+            self.scaling
+                .inv_freq(self.theta, self.rotary_dim, seq_len)?;
+        Ok(RopeFrequencies {
+            rope_type: self.rope_type().to_string(),
+            rotary_dim: self.rotary_dim,
+            layout: self.layout,
+            inv_freq,
+            attention_factor,
+        })
+    }
+
+    /// Reads a Hugging Face `config.json` file.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the file cannot be read; [`Error::Json`] (with the
+    /// path) if it is not JSON of the expected shape; then those of
+    /// [`from_hf`](Self::from_hf).
+    pub fn from_hf_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let hf: HfRopeConfig = serde_json::from_str(&text).map_err(|source| Error::Json {
+            path: Some(path.to_path_buf()),
+            source,
+        })?;
+        Self::from_hf(&hf)
+    }
+
+    /// Reads the text of a Hugging Face `config.json`.
+    ///
+    /// # Errors
+    /// [`Error::Json`] (without a path) if it is not JSON of the expected
+    /// shape; then those of [`from_hf`](Self::from_hf).
+    pub fn from_hf_json_str(s: &str) -> Result<Self> {
+        let hf: HfRopeConfig =
+            serde_json::from_str(s).map_err(|source| Error::Json { path: None, source })?;
+        Self::from_hf(&hf)
+    }
+
+    /// Validates a parsed `config.json` into a runtime configuration, with
+    /// the rules of [the module docs](self).
+    ///
+    /// # Errors
+    /// [`Error::UnknownRopeType`] (listing [`KNOWN_ROPE_TYPES`]);
+    /// [`Error::MissingKey`] naming the key (`factor`, `short_factor`,
+    /// `low_freq_factor`, `max_position_embeddings`, `head_dim`, ...);
+    /// [`Error::ZeroHeads`]; [`Error::PartialRotaryFactor`] outside (0, 1];
+    /// [`Error::InvalidValue`] for a per-layer `rope_parameters` without
+    /// `full_attention`; and those of [`validate`](Self::validate).
+    pub fn from_hf(hf: &HfRopeConfig) -> Result<Self> {
+        let model_type = hf.model_type.as_deref().unwrap_or("");
+        // rope_scaling wins over rope_parameters (convert_rope_params_to_dict)
+        let mut params = None;
+        if let Some(f) = &hf.rope_scaling {
+            params = f.resolve("rope_scaling")?.filter(|p| !p.is_empty());
+        }
+        if params.is_none() {
+            if let Some(f) = &hf.rope_parameters {
+                params = f.resolve("rope_parameters")?;
+            }
+        }
+        let p = params.unwrap_or_default();
+
+        let rope_type = p
+            .rope_type
+            .clone()
+            .or_else(|| p.legacy_type.clone())
+            .unwrap_or_else(|| "default".to_string());
+        if !KNOWN_ROPE_TYPES.contains(&rope_type.as_str()) {
+            return Err(Error::UnknownRopeType {
+                name: rope_type,
+                known: KNOWN_ROPE_TYPES,
+            });
+        }
+
+        let theta = p
+            .rope_theta
+            .or(hf.rope_theta)
+            .or(hf.rotary_emb_base)
+            .unwrap_or(10000.0);
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(Error::InvalidTheta(theta));
+        }
+
+        let head_dim = match (hf.qk_rope_head_dim, hf.head_dim) {
+            (Some(d), _) => d,
+            (None, Some(d)) if d > 0 => d,
+            _ => {
+                let hidden = hf.hidden_size.ok_or_else(|| {
+                    Error::missing(
+                        "head_dim",
+                        Some(
+                            "or hidden_size and num_attention_heads, to derive the head dimension",
+                        ),
+                    )
+                })?;
+                let heads = hf.num_attention_heads.ok_or_else(|| {
+                    Error::missing(
+                        "num_attention_heads",
+                        Some("needed with hidden_size to derive head_dim"),
+                    )
+                })?;
+                if heads == 0 {
+                    return Err(Error::ZeroHeads);
+                }
+                hidden / heads
+            }
+        };
+        check_dim("head_dim", head_dim, false)?;
+
+        let default_prf = match model_type {
+            "gpt_neox" => 0.25,
+            "phi" => 0.5,
+            _ => 1.0,
+        };
+        let prf = p
+            .partial_rotary_factor
+            .or(hf.partial_rotary_factor)
+            .or(hf.rotary_pct)
+            .unwrap_or(default_prf);
+        if !(prf > 0.0 && prf <= 1.0) {
+            return Err(Error::PartialRotaryFactor(prf));
+        }
+
+        let rotary_dim = if rope_type == "proportional" {
+            head_dim
+        } else if let Some(r) = hf.rotary_dim {
+            r
+        } else {
+            (head_dim as f64 * prf) as usize
+        };
+        check_dim("rotary_dim", rotary_dim, true)?;
+        if rotary_dim > head_dim {
+            return Err(Error::InvalidDimension {
+                what: "rotary_dim",
+                value: rotary_dim,
+                reason: "larger than head_dim",
+            });
+        }
+
+        let ctx = format!("rope_scaling of type {rope_type}");
+        let need_f = |v: Option<f64>, key: &str| v.ok_or_else(|| Error::missing(key, Some(&ctx)));
+        let original = || {
+            hf.original_max_position_embeddings
+                .or(p.original_max_position_embeddings)
+                .or(hf.max_position_embeddings)
+                .ok_or_else(|| Error::missing("original_max_position_embeddings", Some(&ctx)))
+        };
+        let scaling = match rope_type.as_str() {
+            "default" => RopeScaling::Default,
+            "linear" => RopeScaling::Linear {
+                factor: need_f(p.factor, "factor")?,
+            },
+            "ntk" => RopeScaling::Ntk {
+                alpha: need_f(p.factor, "factor")?,
+            },
+            "dynamic" => RopeScaling::Dynamic {
+                factor: need_f(p.factor, "factor")?,
+                max_position_embeddings: hf
+                    .max_position_embeddings
+                    .ok_or_else(|| Error::missing("max_position_embeddings", Some(&ctx)))?,
+            },
+            "yarn" => RopeScaling::Yarn {
+                factor: need_f(p.factor, "factor")?,
+                original_max_position_embeddings: original()?,
+                attention_factor: p.attention_factor,
+                beta_fast: p.beta_fast.filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: p.beta_slow.filter(|&b| b != 0.0).unwrap_or(1.0),
+                mscale: p.mscale,
+                mscale_all_dim: p.mscale_all_dim,
+                truncate: p.truncate.unwrap_or(true),
+            },
+            "longrope" => {
+                let original = original()?;
+                let factor = match p.factor {
+                    Some(f) => f,
+                    None => {
+                        let mpe = hf.max_position_embeddings.ok_or_else(|| {
+                            Error::missing(
+                                "factor",
+                                Some("or max_position_embeddings, for longrope"),
+                            )
+                        })?;
+                        mpe as f64 / original as f64
+                    }
+                };
+                RopeScaling::LongRope {
+                    short_factor: p
+                        .short_factor
+                        .clone()
+                        .ok_or_else(|| Error::missing("short_factor", Some(&ctx)))?,
+                    long_factor: p
+                        .long_factor
+                        .clone()
+                        .ok_or_else(|| Error::missing("long_factor", Some(&ctx)))?,
+                    original_max_position_embeddings: original,
+                    factor,
+                    attention_factor: p.attention_factor,
+                }
+            }
+            "llama3" => RopeScaling::Llama3 {
+                factor: need_f(p.factor, "factor")?,
+                low_freq_factor: need_f(p.low_freq_factor, "low_freq_factor")?,
+                high_freq_factor: need_f(p.high_freq_factor, "high_freq_factor")?,
+                original_max_position_embeddings: original()?,
+            },
+            "proportional" => RopeScaling::Proportional {
+                factor: p.factor.unwrap_or(1.0),
+                partial_rotary_factor: prf,
+            },
+            other => unreachable!("rope_type {other} checked against KNOWN_ROPE_TYPES"),
+        };
+
+        let layout = match hf.rope_interleave {
+            Some(true) => PairLayout::Interleaved,
+            Some(false) => PairLayout::HalfSplit,
+            None if INTERLEAVED_MODEL_TYPES.contains(&model_type) => PairLayout::Interleaved,
+            None => PairLayout::HalfSplit,
+        };
+
+        let cfg = RopeConfig {
+            theta,
+            head_dim,
+            rotary_dim,
+            layout,
+            scaling,
+            max_position_embeddings: hf.max_position_embeddings,
+            original_max_position_embeddings: hf
+                .original_max_position_embeddings
+                .or(p.original_max_position_embeddings),
+            model_type: hf.model_type.clone(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}

@@ -1,0 +1,272 @@
+//! The RoPE scalings of Hugging Face transformers (and fixed NTK-aware
+//! scaling), one file each.
+//!
+//! Every scaling turns `(theta, rotary_dim)` — and, for the length-dependent
+//! ones, a sequence length — into the `f32` inverse frequencies and the
+//! attention factor that transformers 5.x's `ROPE_INIT_FUNCTIONS[rope_type]`
+//! returns. The arithmetic follows transformers' `float32` tensor operations
+//! step by step (base rounded to `f32`, `torch.arange(0, d, 2).float() / d`,
+//! reciprocals, ramps and comparisons in `f32`), so that the frequencies agree
+//! with transformers to a few `f32` ulps and the piecewise rules (Llama 3's
+//! wavelength bands, YaRN's ramp) take the same branch.
+//!
+//! | `rope_type` | variant | paper |
+//! |---|---|---|
+//! | `default` | [`RopeScaling::Default`] | Su et al. 2021 |
+//! | `linear` | [`RopeScaling::Linear`] | Chen et al. 2023 (position interpolation) |
+//! | `dynamic` | [`RopeScaling::Dynamic`] | bloc97 / emozilla 2023 (dynamic NTK) |
+//! | `yarn` | [`RopeScaling::Yarn`] | Peng et al. 2023 (YaRN) |
+//! | `longrope` | [`RopeScaling::LongRope`] | Ding et al. 2024 (LongRoPE) |
+//! | `llama3` | [`RopeScaling::Llama3`] | Meta 2024 (Llama 3.1) |
+//! | `proportional` | [`RopeScaling::Proportional`] | transformers 5.x (Gemma-style partial RoPE) |
+//! | `ntk` | [`RopeScaling::Ntk`] | bloc97 2023 (fixed NTK-aware base) |
+
+pub mod dynamic;
+pub mod linear;
+pub mod llama3;
+pub mod longrope;
+pub mod ntk;
+pub mod proportional;
+pub mod yarn;
+
+use crate::error::{check_dim, check_positive, Error, Result};
+
+/// Every `rope_type` posenc understands (the error for an unknown type lists
+/// them).
+pub const KNOWN_ROPE_TYPES: &[&str] = &[
+    "default",
+    "linear",
+    "dynamic",
+    "yarn",
+    "longrope",
+    "llama3",
+    "proportional",
+    "ntk",
+];
+
+/// One RoPE scaling with its parameters.
+///
+/// Build it directly and pass it to
+/// [`RopeConfig::with_scaling`](crate::rope::RopeConfig::with_scaling), which
+/// validates it against the rotary dimension, or let
+/// [`RopeConfig::from_hf_json_str`](crate::rope::RopeConfig::from_hf_json_str)
+/// read it from a `config.json`. Every variant carries what it needs (for
+/// example the pre-training context length), so a value is self-contained.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum RopeScaling {
+    /// No scaling: `θ_i = base^(−2i/d)` (`rope_type: "default"`).
+    Default,
+    /// Position interpolation (Chen et al. 2023): `θ_i / factor`. See [`linear`].
+    Linear {
+        /// Interpolation factor `s` (> 0).
+        factor: f64,
+    },
+    /// Dynamic NTK (bloc97, emozilla 2023): the base grows with the sequence
+    /// length past `max_position_embeddings`. See [`dynamic`].
+    Dynamic {
+        /// Scaling factor (> 0).
+        factor: f64,
+        /// The model's `max_position_embeddings`: lengths up to it use the
+        /// unscaled base.
+        max_position_embeddings: usize,
+    },
+    /// YaRN (Peng et al. 2023): NTK-by-parts interpolation plus an attention
+    /// factor. See [`yarn`].
+    Yarn {
+        /// Context extension factor `s` (> 0).
+        factor: f64,
+        /// Pre-training context length `L`.
+        original_max_position_embeddings: usize,
+        /// Explicit attention factor; `None` derives it from `factor`,
+        /// `mscale` and `mscale_all_dim`.
+        attention_factor: Option<f64>,
+        /// Number of rotations above which a dimension is extrapolated (default 32).
+        beta_fast: f64,
+        /// Number of rotations below which a dimension is interpolated (default 1).
+        beta_slow: f64,
+        /// DeepSeek's `mscale` (numerator of the attention factor).
+        mscale: Option<f64>,
+        /// DeepSeek's `mscale_all_dim` (denominator of the attention factor).
+        mscale_all_dim: Option<f64>,
+        /// Round the correction range outwards to whole dimensions (default `true`;
+        /// gpt-oss uses `false`).
+        truncate: bool,
+    },
+    /// LongRoPE (Ding et al. 2024): one rescale factor per frequency, a short
+    /// set up to the pre-training length and a long set beyond. See [`longrope`].
+    LongRope {
+        /// Per-frequency factors for sequences up to `original_max_position_embeddings`.
+        short_factor: Vec<f64>,
+        /// Per-frequency factors for longer sequences.
+        long_factor: Vec<f64>,
+        /// Pre-training context length.
+        original_max_position_embeddings: usize,
+        /// Context extension factor (transformers: `factor`, or
+        /// `max_position_embeddings / original_max_position_embeddings`).
+        factor: f64,
+        /// Explicit attention factor; `None` derives it from `factor`.
+        attention_factor: Option<f64>,
+    },
+    /// Llama 3.1 (Meta 2024): high frequencies kept, low frequencies divided by
+    /// `factor`, a smooth ramp in between. See [`llama3`].
+    Llama3 {
+        /// Factor for the low frequencies (8 for Llama 3.1).
+        factor: f64,
+        /// Wavelengths above `original / low_freq_factor` are fully scaled.
+        low_freq_factor: f64,
+        /// Wavelengths below `original / high_freq_factor` are kept.
+        high_freq_factor: f64,
+        /// Pre-training context length (8192 for Llama 3.1).
+        original_max_position_embeddings: usize,
+    },
+    /// transformers 5.x `proportional`: only the first
+    /// `⌊partial_rotary_factor · head_dim / 2⌋` pairs rotate, with exponents
+    /// over the full head dimension; the other pairs get frequency 0. See
+    /// [`proportional`].
+    Proportional {
+        /// Divides every frequency (default 1).
+        factor: f64,
+        /// Fraction of the pairs that rotate, in (0, 1].
+        partial_rotary_factor: f64,
+    },
+    /// Fixed NTK-aware scaling (bloc97 2023): `base' = base · α^(d/(d−2))`.
+    /// See [`ntk`].
+    Ntk {
+        /// The scale `α` (> 0); `rope_scaling.factor` in a config.
+        alpha: f64,
+    },
+}
+
+impl RopeScaling {
+    /// The `rope_type` name (one of [`KNOWN_ROPE_TYPES`]).
+    pub fn rope_type(&self) -> &'static str {
+        match self {
+            RopeScaling::Default => "default",
+            RopeScaling::Linear { .. } => "linear",
+            RopeScaling::Dynamic { .. } => "dynamic",
+            RopeScaling::Yarn { .. } => "yarn",
+            RopeScaling::LongRope { .. } => "longrope",
+            RopeScaling::Llama3 { .. } => "llama3",
+            RopeScaling::Proportional { .. } => "proportional",
+            RopeScaling::Ntk { .. } => "ntk",
+        }
+    }
+
+    /// Checks the parameters against `theta` and the rotary dimension.
+    ///
+    /// # Errors
+    /// [`Error::InvalidFactor`] for a factor (or `beta_*`, `attention_factor`,
+    /// a LongRoPE entry) that is not finite and > 0; [`Error::NotFinite`] for a
+    /// NaN `mscale`; [`Error::FreqFactorOrder`] when Llama 3's
+    /// `low_freq_factor ≥ high_freq_factor`; [`Error::FactorListLength`] for a
+    /// LongRoPE list whose length is not `rotary_dim / 2`;
+    /// [`Error::PartialRotaryFactor`] for a proportional fraction outside
+    /// (0, 1]; [`Error::InvalidDimension`] for an odd rotary dimension, a zero
+    /// context length, or `rotary_dim = 2` with dynamic/NTK scaling (their
+    /// exponent `d/(d−2)` is undefined); [`Error::InvalidTheta`] for a base that
+    /// is not finite and > 0 (or equal to 1 with YaRN, whose correction range
+    /// divides by `ln base`).
+    pub fn validate(&self, theta: f64, rotary_dim: usize) -> Result<()> {
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(Error::InvalidTheta(theta));
+        }
+        check_dim("rotary_dim", rotary_dim, true)?;
+        match self {
+            RopeScaling::Default => Ok(()),
+            RopeScaling::Linear { factor } => check_positive("factor", *factor).map(|_| ()),
+            RopeScaling::Dynamic {
+                factor,
+                max_position_embeddings,
+            } => dynamic::validate(*factor, *max_position_embeddings, rotary_dim),
+            RopeScaling::Yarn { .. } => yarn::validate(self, theta, rotary_dim),
+            RopeScaling::LongRope { .. } => longrope::validate(self, rotary_dim),
+            RopeScaling::Llama3 { .. } => llama3::validate(self),
+            RopeScaling::Proportional {
+                factor,
+                partial_rotary_factor,
+            } => proportional::validate(*factor, *partial_rotary_factor),
+            RopeScaling::Ntk { alpha } => ntk::validate(*alpha, rotary_dim),
+        }
+    }
+
+    /// The `f32` inverse frequencies and the attention factor for base
+    /// `theta` over `rotary_dim` dimensions at sequence length `seq_len`
+    /// (`None`: the table transformers builds at load time), after
+    /// [`validate`](Self::validate).
+    ///
+    /// # Errors
+    /// As [`validate`](Self::validate).
+    pub fn inv_freq(
+        &self,
+        theta: f64,
+        rotary_dim: usize,
+        seq_len: Option<usize>,
+    ) -> Result<(Vec<f32>, f64)> {
+        self.validate(theta, rotary_dim)?;
+        Ok(match self {
+            RopeScaling::Default => (default_inv_freq_f32(theta, rotary_dim), 1.0),
+            RopeScaling::Linear { factor } => (linear::inv_freq(theta, rotary_dim, *factor), 1.0),
+            RopeScaling::Dynamic {
+                factor,
+                max_position_embeddings,
+            } => (
+                dynamic::inv_freq(
+                    theta,
+                    rotary_dim,
+                    *factor,
+                    *max_position_embeddings,
+                    seq_len,
+                ),
+                1.0,
+            ),
+            RopeScaling::Yarn { .. } => yarn::inv_freq(self, theta, rotary_dim),
+            RopeScaling::LongRope { .. } => longrope::inv_freq(self, theta, rotary_dim, seq_len),
+            RopeScaling::Llama3 { .. } => (llama3::inv_freq(self, theta, rotary_dim), 1.0),
+            RopeScaling::Proportional {
+                factor,
+                partial_rotary_factor,
+            } => (
+                proportional::inv_freq(theta, rotary_dim, *factor, *partial_rotary_factor),
+                1.0,
+            ),
+            RopeScaling::Ntk { alpha } => (ntk::inv_freq(theta, rotary_dim, *alpha), 1.0),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// float32 building blocks, mirroring transformers' tensor expressions.
+// Each `f32` operation below is IEEE-correctly rounded, like torch's CPU
+// kernels for + − × ÷; `pow` is evaluated in f64 from the f32 operands and
+// rounded once (torch's own f32 pow is within about one ulp of that).
+// ---------------------------------------------------------------------------
+
+/// `torch.arange(0, dim, 2).float() / dim`: the exponents `2i/d` in `f32`.
+pub(crate) fn exponents_f32(dim: usize) -> Vec<f32> {
+    (0..dim).step_by(2).map(|i| i as f32 / dim as f32).collect()
+}
+
+/// `base ** e` for a Python-float `base` and an `f32` tensor `e`: torch casts
+/// the base to `f32`.
+#[inline]
+pub(crate) fn pow_f32(base: f64, e: f32) -> f32 {
+    ((base as f32) as f64).powf(e as f64) as f32
+}
+
+/// `base ** (torch.arange(0, dim, 2).float() / dim)` in `f32`.
+pub(crate) fn pos_freqs_f32(base: f64, dim: usize) -> Vec<f32> {
+    exponents_f32(dim)
+        .into_iter()
+        .map(|e| pow_f32(base, e))
+        .collect()
+}
+
+/// `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))`: transformers'
+/// `compute_default_rope_parameters`, in `f32`.
+pub fn default_inv_freq_f32(base: f64, dim: usize) -> Vec<f32> {
+    pos_freqs_f32(base, dim)
+        .into_iter()
+        .map(|p| 1.0f32 / p)
+        .collect()
+}

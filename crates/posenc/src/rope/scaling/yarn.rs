@@ -1,0 +1,186 @@
+//! YaRN: NTK-by-parts interpolation with an attention temperature.
+//!
+//! Peng, Quesnelle, Fan, Shippole 2023, *YaRN: Efficient Context Window
+//! Extension of Large Language Models* (arXiv:2309.00071). With the extension
+//! factor `s`, the pre-training length `L` and `d` rotary dimensions:
+//!
+//! ```text
+//! dim(r)   = d · ln(L / (2π r)) / (2 ln base)      dimension that makes r turns over L
+//! low      = max(⌊dim(β_fast)⌋, 0),  high = min(⌈dim(β_slow)⌉, d − 1)
+//!            (no ⌊ ⌋ / ⌈ ⌉ when truncate = false)
+//! ramp_i   = clamp((i − low) / (high − low), 0, 1)   for i in 0..d/2
+//! e_i      = 1 − ramp_i                               (1: extrapolate, 0: interpolate)
+//! θ_i      = base^(−2i/d)
+//! θ_i'     = θ_i / s · (1 − e_i) + θ_i · e_i
+//! ```
+//!
+//! High-frequency pairs (many turns over `L`) keep their frequency, low ones
+//! are interpolated like PI, the band in between is blended. The logits are
+//! sharpened by multiplying cos and sin by the attention factor
+//!
+//! ```text
+//! mscale(s, m) = 1                   if s ≤ 1
+//!              = 0.1 · m · ln s + 1  otherwise
+//! attention_factor = given value, or mscale(s, mscale) / mscale(s, mscale_all_dim)
+//!                    when both are given and non-zero (DeepSeek), else mscale(s, 1)
+//! ```
+//!
+//! Defaults: `β_fast = 32`, `β_slow = 1` (a 0 counts as absent, like Python's
+//! `or`), `truncate = true`. transformers: `_compute_yarn_parameters`,
+//! `get_mscale`; the ramp and the blend are `f32` tensor operations, the
+//! correction range Python floats — reproduced here in the same precision.
+
+use super::{pos_freqs_f32, RopeScaling};
+use crate::error::{check_dim, check_finite, check_positive, Error, Result};
+
+/// `get_mscale(scale, mscale)`: `0.1 · mscale · ln(scale) + 1`, or 1 when `scale ≤ 1`.
+pub fn get_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
+/// The attention factor YaRN applies when none is given explicitly.
+///
+/// ```
+/// use posenc::rope::scaling::yarn::default_attention_factor;
+/// assert!((default_attention_factor(8.0, None, None) - (0.1 * 8f64.ln() + 1.0)).abs() < 1e-15);
+/// // DeepSeek-V3: mscale = mscale_all_dim = 1 cancel out
+/// assert_eq!(default_attention_factor(40.0, Some(1.0), Some(1.0)), 1.0);
+/// ```
+pub fn default_attention_factor(
+    factor: f64,
+    mscale: Option<f64>,
+    mscale_all_dim: Option<f64>,
+) -> f64 {
+    match (mscale, mscale_all_dim) {
+        (Some(m), Some(a)) if m != 0.0 && a != 0.0 => get_mscale(factor, m) / get_mscale(factor, a),
+        _ => get_mscale(factor, 1.0),
+    }
+}
+
+/// `find_correction_dim`: the (fractional) dimension index whose frequency
+/// makes `num_rotations` turns over `max_position_embeddings` positions.
+pub fn find_correction_dim(
+    num_rotations: f64,
+    dim: usize,
+    base: f64,
+    max_position_embeddings: usize,
+) -> f64 {
+    (dim as f64
+        * (max_position_embeddings as f64 / (num_rotations * 2.0 * std::f64::consts::PI)).ln())
+        / (2.0 * base.ln())
+}
+
+/// `find_correction_range`: `(low, high)`, clamped to `[0, dim − 1]`, rounded
+/// outwards when `truncate`.
+pub fn find_correction_range(
+    beta_fast: f64,
+    beta_slow: f64,
+    dim: usize,
+    base: f64,
+    max_position_embeddings: usize,
+    truncate: bool,
+) -> (f64, f64) {
+    let mut low = find_correction_dim(beta_fast, dim, base, max_position_embeddings);
+    let mut high = find_correction_dim(beta_slow, dim, base, max_position_embeddings);
+    if truncate {
+        low = low.floor();
+        high = high.ceil();
+    }
+    (low.max(0.0), high.min(dim as f64 - 1.0))
+}
+
+/// `linear_ramp_factor(min, max, n)` in `f32`: `clamp((i − min) / (max − min), 0, 1)`.
+pub fn linear_ramp_factor(min: f64, mut max: f64, n: usize) -> Vec<f32> {
+    if min == max {
+        max += 0.001; // transformers: "Prevent singularity"
+    }
+    let (lo, span) = (min as f32, (max - min) as f32);
+    (0..n)
+        .map(|i| ((i as f32 - lo) / span).clamp(0.0, 1.0))
+        .collect()
+}
+
+pub(crate) fn validate(s: &RopeScaling, theta: f64, rotary_dim: usize) -> Result<()> {
+    let RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings,
+        attention_factor,
+        beta_fast,
+        beta_slow,
+        mscale,
+        mscale_all_dim,
+        ..
+    } = s
+    else {
+        unreachable!("yarn::validate called on another scaling")
+    };
+    check_positive("factor", *factor)?;
+    check_dim(
+        "original_max_position_embeddings",
+        *original_max_position_embeddings,
+        false,
+    )?;
+    if let Some(a) = attention_factor {
+        check_positive("attention_factor", *a)?;
+    }
+    check_positive("beta_fast", *beta_fast)?;
+    check_positive("beta_slow", *beta_slow)?;
+    if let Some(m) = mscale {
+        check_finite("mscale", *m)?;
+    }
+    if let Some(m) = mscale_all_dim {
+        check_finite("mscale_all_dim", *m)?;
+    }
+    if theta == 1.0 {
+        return Err(Error::InvalidTheta(theta));
+    }
+    let _ = rotary_dim;
+    Ok(())
+}
+
+/// The `f32` frequencies and the attention factor of a validated
+/// [`RopeScaling::Yarn`].
+pub(crate) fn inv_freq(s: &RopeScaling, base: f64, dim: usize) -> (Vec<f32>, f64) {
+    let RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings,
+        attention_factor,
+        beta_fast,
+        beta_slow,
+        mscale,
+        mscale_all_dim,
+        truncate,
+    } = s
+    else {
+        unreachable!("yarn::inv_freq called on another scaling")
+    };
+    let factor = *factor;
+    let af = attention_factor
+        .unwrap_or_else(|| default_attention_factor(factor, *mscale, *mscale_all_dim));
+    let pos_freqs = pos_freqs_f32(base, dim);
+    let fac32 = factor as f32;
+    let (low, high) = find_correction_range(
+        *beta_fast,
+        *beta_slow,
+        dim,
+        base,
+        *original_max_position_embeddings,
+        *truncate,
+    );
+    let ramp = linear_ramp_factor(low, high, dim / 2);
+    let inv = pos_freqs
+        .iter()
+        .zip(ramp)
+        .map(|(&p, r)| {
+            let extrapolation = 1.0f32 / p;
+            let interpolation = 1.0f32 / (fac32 * p);
+            let e = 1.0f32 - r; // inv_freq_extrapolation_factor
+            interpolation * (1.0f32 - e) + extrapolation * e
+        })
+        .collect();
+    (inv, af)
+}
