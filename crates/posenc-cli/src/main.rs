@@ -23,7 +23,33 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version
+            let _ = e.print();
+            return;
+        }
+        Err(e) => {
+            // One line: clap's message without its usage block.
+            let text = e.to_string();
+            let msg: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| {
+                    !l.is_empty()
+                        && !l.starts_with("Usage:")
+                        && !l.starts_with("For more information")
+                })
+                .collect();
+            let msg = msg.join(" ");
+            eprintln!(
+                "posenc: error: {}",
+                msg.strip_prefix("error: ").unwrap_or(&msg)
+            );
+            std::process::exit(2);
+        }
+    };
     let result = match cli.command {
         Command::Show(a) => viz::show(a),
         Command::Analyze(a) => viz::analyze(a),

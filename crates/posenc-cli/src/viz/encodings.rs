@@ -4,9 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use posenc::absolute::{
-    Floater, FloaterConfig, LearnedTable, Sinusoidal, SinusoidalLayout,
-};
+use posenc::absolute::{Floater, FloaterConfig, LearnedTable, Sinusoidal, SinusoidalLayout};
 use posenc::relative::{Alibi, AlibiMode, Shaw, T5Bias, T5Buckets};
 use posenc::rope::{PairLayout, Rope, RopeConfig, RopeFrequencies, RopeScaling, XPos};
 use posenc::{AbsoluteEncoding, AttentionBias};
@@ -324,9 +322,10 @@ fn sinusoidal_layout(s: Option<&str>) -> Result<SinusoidalLayout, String> {
 fn pair_layout(s: Option<&str>) -> Result<Option<PairLayout>, String> {
     match s {
         None => Ok(None),
-        Some(s) => s.parse::<PairLayout>().map(Some).map_err(|_| {
-            format!("invalid layout {s:?} for rope/xpos (half-split or interleaved)")
-        }),
+        Some(s) => s
+            .parse::<PairLayout>()
+            .map(Some)
+            .map_err(|_| format!("invalid layout {s:?} for rope/xpos (half-split or interleaved)")),
     }
 }
 
@@ -412,7 +411,11 @@ pub fn rope_config(o: &EncodingOpts, default_dim: usize) -> Result<RopeConfig, S
 
 /// Builds the encoding a spec describes (`default_dim` and
 /// `default_positions` fill what the spec leaves out).
-pub fn build(spec: &Spec, default_dim: usize, default_positions: usize) -> Result<Encoding, String> {
+pub fn build(
+    spec: &Spec,
+    default_dim: usize,
+    default_positions: usize,
+) -> Result<Encoding, String> {
     let o = &spec.opts;
     let positions = check_count(
         "positions",
@@ -425,7 +428,10 @@ pub fn build(spec: &Spec, default_dim: usize, default_positions: usize) -> Resul
     let head = |n: usize| -> Result<usize, String> {
         let h = o.head.unwrap_or(0);
         if h >= n {
-            Err(format!("invalid head = {h}: there are {n} heads (0..{})", n - 1))
+            Err(format!(
+                "invalid head = {h}: there are {n} heads (0..{})",
+                n - 1
+            ))
         } else {
             Ok(h)
         }
@@ -435,8 +441,7 @@ pub fn build(spec: &Spec, default_dim: usize, default_positions: usize) -> Resul
         if let Some(b) = o.base {
             s = s.with_base(b).map_err(e)?;
         }
-        Ok(s
-            .with_layout(sinusoidal_layout(o.layout.as_deref())?)
+        Ok(s.with_layout(sinusoidal_layout(o.layout.as_deref())?)
             .with_offset(o.offset.unwrap_or(0)))
     };
     let (built, label) = match spec.family {
@@ -528,11 +533,7 @@ pub fn build(spec: &Spec, default_dim: usize, default_positions: usize) -> Resul
             let show_bias = match o.values.as_deref().unwrap_or("buckets") {
                 "buckets" | "bucket" => false,
                 "bias" => true,
-                other => {
-                    return Err(format!(
-                        "invalid values {other:?} for t5 (buckets or bias)"
-                    ))
-                }
+                other => return Err(format!("invalid values {other:?} for t5 (buckets or bias)")),
             };
             let label = format!(
                 "T5 {}, {} buckets, max distance {}, {}",
@@ -543,7 +544,11 @@ pub fn build(spec: &Spec, default_dim: usize, default_positions: usize) -> Resul
                 },
                 b.num_buckets(),
                 b.max_distance(),
-                if bidirectional { "bidirectional" } else { "causal" }
+                if bidirectional {
+                    "bidirectional"
+                } else {
+                    "causal"
+                }
             );
             (Built::T5(b, bias, h, show_bias), label)
         }
@@ -761,18 +766,8 @@ impl Encoding {
                 Picture {
                     title,
                     panels: vec![
-                        Panel::table(
-                            "cos(m·θ_i)".into(),
-                            to_f64(c, n),
-                            "pair i",
-                            "cos",
-                        ),
-                        Panel::table(
-                            "sin(m·θ_i)".into(),
-                            to_f64(s, n),
-                            "pair i",
-                            "sin",
-                        ),
+                        Panel::table("cos(m·θ_i)".into(), to_f64(c, n), "pair i", "cos"),
+                        Panel::table("sin(m·θ_i)".into(), to_f64(s, n), "pair i", "sin"),
                     ],
                     bits: None,
                 }

@@ -74,7 +74,11 @@ pub fn check_writable(path: &Path) -> Result<(), String> {
 
 /// Writes `fig` to `path` (format from the extension) at `size`, or at the
 /// figure's natural size.
-pub fn write_figure<F: Figure>(fig: &F, path: &Path, size: Option<(u32, u32)>) -> Result<(), String> {
+pub fn write_figure<F: Figure>(
+    fig: &F,
+    path: &Path,
+    size: Option<(u32, u32)>,
+) -> Result<(), String> {
     let (w, h) = size.unwrap_or_else(|| fig.default_size());
     match format_of(path)? {
         Format::Png => fig.to_png(path, w, h),
@@ -179,7 +183,9 @@ impl Grid<'_> {
             let mut x0 = 0;
             for &(fig, fw, fh) in row {
                 let svg = fig.to_svg_string(fw, fh).map_err(|e| e.to_string())?;
-                let start = svg.find("<svg").ok_or("the SVG back end wrote no <svg> element")?;
+                let start = svg
+                    .find("<svg")
+                    .ok_or("the SVG back end wrote no <svg> element")?;
                 let body = &svg[start + 4..];
                 out.push_str(&format!("<svg x=\"{x0}\" y=\"{y0}\""));
                 out.push_str(body);
@@ -197,10 +203,7 @@ impl Grid<'_> {
     /// Writes to `path` (format from the extension).
     pub fn write(&self, path: &Path) -> Result<(), String> {
         let bytes = match format_of(path)? {
-            Format::Png => self
-                .to_rgb()?
-                .to_png_bytes()
-                .map_err(|e| e.to_string())?,
+            Format::Png => self.to_rgb()?.to_png_bytes().map_err(|e| e.to_string())?,
             Format::Svg => self.to_svg_string()?.into_bytes(),
         };
         std::fs::write(path, bytes).map_err(|err| format!("cannot write {}: {err}", path.display()))

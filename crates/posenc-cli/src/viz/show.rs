@@ -65,8 +65,8 @@ pub fn write_picture(
     size: Option<(u32, u32)>,
 ) -> Result<(), String> {
     if let Some(bits) = &pic.bits {
-        let fig = binary_analogy(bits.clone(), pic.panels[0].data.clone())
-            .map_err(|e| e.to_string())?;
+        let fig =
+            binary_analogy(bits.clone(), pic.panels[0].data.clone()).map_err(|e| e.to_string())?;
         return write_figure(&fig, path, size);
     }
     if pic.panels.len() == 1 {
