@@ -25,7 +25,8 @@
 //! from ours is checked against the bound `2e-7 + a · p · θ · δ` that its
 //! frequency difference `δ` implies (exactly equal where the bits agree).
 
-mod common;
+mod rope_common;
+use rope_common as common;
 
 use posenc::rope::{PairLayout, RopeConfig, RopeFrequencies};
 
@@ -196,7 +197,16 @@ fn real_checkpoints_resolve_dimensions_and_layout() {
     let dir = common::fixture_dir("checkpoints");
     let load = |n: &str| RopeConfig::from_hf_file(&dir.join(format!("{n}.config.json"))).unwrap();
     // (name, head_dim, rotary_dim, layout, theta, max_pos, original)
-    let table: &[(&str, usize, usize, PairLayout, f64, usize, Option<usize>)] = &[
+    type Row = (
+        &'static str,
+        usize,
+        usize,
+        PairLayout,
+        f64,
+        usize,
+        Option<usize>,
+    );
+    let table: &[Row] = &[
         (
             "llama-2-7b",
             128,

@@ -100,7 +100,7 @@ pub enum HfRopeParametersField {
     /// A `null` entry is a layer type without RoPE.
     PerLayerType(BTreeMap<String, Option<HfRopeParameters>>),
     /// A single dict for every layer.
-    Flat(HfRopeParameters),
+    Flat(Box<HfRopeParameters>),
 }
 
 /// The keys of `rope_scaling` / `rope_parameters` (transformers'
@@ -153,7 +153,7 @@ impl HfRopeParametersField {
     /// The parameters that apply to full-attention layers.
     fn resolve(&self, key: &str) -> Result<Option<HfRopeParameters>> {
         match self {
-            HfRopeParametersField::Flat(p) => Ok(Some(p.clone())),
+            HfRopeParametersField::Flat(p) => Ok(Some((**p).clone())),
             HfRopeParametersField::PerLayerType(m) if m.is_empty() => Ok(None),
             HfRopeParametersField::PerLayerType(m) => match m.get("full_attention") {
                 Some(p) => Ok(p.clone()),

@@ -81,7 +81,8 @@ pub(crate) fn inv_freq(s: &RopeScaling, base: f64, dim: usize) -> Vec<f32> {
             // smooth = (old_context_len / wavelen - low) / (high - low)
             let smooth = ((1.0f32 / wavelen) * ocl - low) / span;
             let smoothed = (1.0f32 - smooth) * inv_llama / fac + smooth * inv_llama;
-            let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+            // ~(wavelen < high) * ~(wavelen > low); frequencies are finite, never NaN
+            let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
             if medium {
                 smoothed
             } else {
