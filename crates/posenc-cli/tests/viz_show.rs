@@ -352,5 +352,9 @@ fn bad_input_is_one_line_and_exit_2() {
         "cannot be used",
     );
     fails(&["show", "learned", "--positions", "100000000"], "at most");
+    fails(
+        &["show", "learned", "--positions", "100000", "--dim", "65536"],
+        "too large",
+    );
     assert!(!Path::new(png).exists(), "a failed run leaves no file");
 }

@@ -102,7 +102,10 @@ fn e(err: posenc::Error) -> String {
 /// A curve describing an encoding along distance: cos(PE(0), PE(k)) for
 /// absolute encodings, the last query's bias against key − query distance
 /// for biases.
-fn profile(enc: &Encoding) -> Result<Option<(String, Vec<(f64, f64)>)>, String> {
+/// A named curve.
+type Curve = (String, Vec<(f64, f64)>);
+
+fn profile(enc: &Encoding) -> Result<Option<Curve>, String> {
     if let Some(pe) = enc.absolute() {
         let ks: Vec<u64> = (0..enc.positions as u64).collect();
         let c = analysis::similarity_curve(pe, 0, &ks).map_err(e)?;

@@ -27,6 +27,8 @@ pub const FAMILIES: &[&str] = &[
 pub const MAX_POSITIONS: usize = 100_000;
 /// Largest dimension accepted.
 pub const MAX_DIM: usize = 65_536;
+/// Largest table (positions × dimension) built.
+pub const MAX_CELLS: usize = 20_000_000;
 
 /// Options that describe an encoding; each can also be given inside the
 /// ENCODING spec as `NAME:KEY=VALUE,...` (the spec wins), so that `compare`
@@ -422,7 +424,15 @@ pub fn build(
         o.positions.unwrap_or(default_positions),
         MAX_POSITIONS,
     )?;
-    let dim = || check_count("dim", o.dim.unwrap_or(default_dim), MAX_DIM);
+    let dim = || -> Result<usize, String> {
+        let d = check_count("dim", o.dim.unwrap_or(default_dim), MAX_DIM)?;
+        if d.saturating_mul(positions) > MAX_CELLS {
+            return Err(format!(
+                "{positions} positions × dim {d} is too large: at most {MAX_CELLS} values"
+            ));
+        }
+        Ok(d)
+    };
     let seed = o.seed.unwrap_or(0);
     let heads = || check_count("heads", o.heads.unwrap_or(8), 4096);
     let head = |n: usize| -> Result<usize, String> {
