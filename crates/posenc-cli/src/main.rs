@@ -1,8 +1,8 @@
-//! `posenc`: inspect a model's RoPE, print encodings and biases, and write
-//! the report.
+//! `posenc`: inspect a model's RoPE, print, draw and measure encodings, and
+//! write the report.
 //!
-//! Every error on user input prints one line, `posenc: error: ...`, and exits
-//! with status 2.
+//! Every error on user input — clap's usage errors included — prints one
+//! line, `posenc: error: ...`, and exits with status 2.
 
 mod args;
 mod cmd_bias;
@@ -10,11 +10,12 @@ mod cmd_rope;
 mod cmd_table;
 mod output;
 mod report;
+mod viz;
 
 use clap::{Parser, Subcommand};
 
-/// Positional encodings for transformers: tables, biases, RoPE inspection and
-/// the report.
+/// Positional encodings for transformers: tables, biases, RoPE inspection,
+/// pictures, measurements and the report.
 #[derive(Parser, Debug)]
 #[command(name = "posenc", version, about, long_about = None)]
 struct Cli {
@@ -33,6 +34,12 @@ enum Command {
     /// Inspect the RoPE of a Hugging Face config.json.
     #[command(subcommand)]
     Rope(cmd_rope::RopeCommand),
+    /// Draw an encoding as a heatmap (terminal, PNG or SVG).
+    Show(viz::ShowArgs),
+    /// Measure an encoding's properties, with verdicts and plots.
+    Analyze(viz::AnalyzeArgs),
+    /// Two encodings side by side.
+    Compare(viz::CompareArgs),
     /// Write the report (report.md, results.json): every encoding family with
     /// its formula, values and measured properties.
     Report(report::ReportArgs),
@@ -66,6 +73,12 @@ impl From<serde_json::Error> for CliError {
     }
 }
 
+impl From<String> for CliError {
+    fn from(e: String) -> Self {
+        CliError(e)
+    }
+}
+
 /// Result of a subcommand.
 pub type CliResult<T = ()> = Result<T, CliError>;
 
@@ -74,16 +87,42 @@ fn run(cli: Cli) -> CliResult {
         Command::Table(c) => cmd_table::run(c),
         Command::Bias(c) => cmd_bias::run(c),
         Command::Rope(c) => cmd_rope::run(c),
+        Command::Show(a) => Ok(viz::show(a)?),
+        Command::Analyze(a) => Ok(viz::analyze(a)?),
+        Command::Compare(a) => Ok(viz::compare(a)?),
         Command::Report(a) => report::run(a),
     }
 }
 
+/// Exits with status 2 after printing `msg` as one line.
+fn fail(msg: &str) -> ! {
+    let msg = msg.replace('\n', " ");
+    eprintln!("posenc: error: {}", msg.strip_prefix("error: ").unwrap_or(&msg));
+    std::process::exit(2);
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version.
+            let _ = e.print();
+            return;
+        }
+        Err(e) => {
+            // clap's message without its usage block, on one line.
+            let text = e.to_string();
+            let msg: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| {
+                    !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information")
+                })
+                .collect();
+            fail(&msg.join(" "));
+        }
+    };
     if let Err(e) = run(cli) {
-        // One clear line; never a panic or a backtrace for user input.
-        let msg = e.to_string().replace('\n', " ");
-        eprintln!("posenc: error: {msg}");
-        std::process::exit(2);
+        fail(&e.0);
     }
 }

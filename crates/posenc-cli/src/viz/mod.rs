@@ -1,0 +1,17 @@
+//! `posenc show`, `posenc analyze`, `posenc compare`: see and measure any
+//! encoding.
+//!
+//! An ENCODING is a family name (`sinusoidal`, `rope`, `alibi`, `t5`,
+//! `shaw`, `learned`, `floater`, `xpos`, `binary`) optionally followed by
+//! `:KEY=VALUE,...` with the same keys as the long options
+//! (`rope:scaling=yarn,factor=8`); the spec's values win over the options.
+
+mod analyze;
+mod compare;
+pub mod encodings;
+mod output;
+mod show;
+
+pub use analyze::{analyze, AnalyzeArgs};
+pub use compare::{compare, CompareArgs};
+pub use show::{show, ShowArgs};
