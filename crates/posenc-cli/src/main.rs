@@ -97,7 +97,10 @@ fn run(cli: Cli) -> CliResult {
 /// Exits with status 2 after printing `msg` as one line.
 fn fail(msg: &str) -> ! {
     let msg = msg.replace('\n', " ");
-    eprintln!("posenc: error: {}", msg.strip_prefix("error: ").unwrap_or(&msg));
+    eprintln!(
+        "posenc: error: {}",
+        msg.strip_prefix("error: ").unwrap_or(&msg)
+    );
     std::process::exit(2);
 }
 
@@ -116,7 +119,9 @@ fn main() {
                 .lines()
                 .map(str::trim)
                 .filter(|l| {
-                    !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information")
+                    !l.is_empty()
+                        && !l.starts_with("Usage:")
+                        && !l.starts_with("For more information")
                 })
                 .collect();
             fail(&msg.join(" "));
