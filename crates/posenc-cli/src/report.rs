@@ -36,7 +36,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    fn as_str(self) -> &'static str {
+    /// The verdict as written in reports (`reproduced`, `partly`, `not reproduced`).
+    pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Reproduced => "reproduced",
             Verdict::Partly => "partly",
@@ -52,6 +53,22 @@ impl Verdict {
             Verdict::NotReproduced
         }
     }
+}
+
+/// The rule for seed 001's claim that the similarity of PE(p) and PE(p + k)
+/// decreases with k, from the fraction of non-increasing steps and
+/// Spearman's ρ between k and the cosine; shared by the report and
+/// `posenc analyze`.
+pub fn similarity_verdict(monotone_fraction: f64, spearman: f64) -> (Verdict, &'static str) {
+    let rule = "reproduced if strictly non-increasing (fraction 1.0); partly if Spearman ρ(k, cos) ≤ −0.9 (falls overall, with ripples); else not reproduced";
+    let v = if monotone_fraction >= 1.0 {
+        Verdict::Reproduced
+    } else if spearman <= -0.9 {
+        Verdict::Partly
+    } else {
+        Verdict::NotReproduced
+    };
+    (v, rule)
 }
 
 /// One measured property with its verdict.

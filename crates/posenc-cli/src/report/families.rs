@@ -219,6 +219,7 @@ fn sinusoidal() -> CliResult<Family> {
     let first_up = curve.first_increase(1e-12);
     let kf: Vec<f64> = ks.iter().map(|&k| k as f64).collect();
     let rho = analysis::spearman(&kf, &curve.cosine);
+    let (sim_verdict, sim_rule) = super::similarity_verdict(mono, rho);
     let shift_dep = analysis::similarity_shift_dependence(
         &enc,
         &[0, 17, 1000, 99_999],
@@ -280,14 +281,8 @@ fn sinusoidal() -> CliResult<Family> {
             "cos(PE(0), PE(k)) for k ≤ 100, D = 512: fraction of non-increasing steps, first increase, Spearman ρ(k, cos)",
             json!({"fraction": mono, "first_increase_at": first_up, "spearman": rho}),
             None,
-            "reproduced if strictly non-increasing (fraction 1.0); partly if ρ ≤ −0.9 (falls overall, with ripples); else not reproduced",
-            if mono >= 1.0 {
-                Verdict::Reproduced
-            } else if rho <= -0.9 {
-                Verdict::Partly
-            } else {
-                Verdict::NotReproduced
-            },
+            sim_rule,
+            sim_verdict,
         ),
         prop(
             "sinusoidal.similarity-relative",

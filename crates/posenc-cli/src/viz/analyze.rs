@@ -46,36 +46,7 @@ pub struct AnalyzeArgs {
 /// Default dimension of `analyze` (the papers' d = 128).
 pub const DEFAULT_DIM: usize = 128;
 
-/// The outcome of comparing a measurement with a claim (the report's words).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Verdict {
-    /// The measurement meets the claim's rule.
-    #[serde(rename = "reproduced")]
-    Reproduced,
-    /// The measurement meets a weaker form of the rule.
-    #[serde(rename = "partly")]
-    Partly,
-    /// The measurement does not meet the rule.
-    #[serde(rename = "not reproduced")]
-    NotReproduced,
-}
-
-impl Verdict {
-    fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Reproduced => "reproduced",
-            Verdict::Partly => "partly",
-            Verdict::NotReproduced => "not reproduced",
-        }
-    }
-    fn from_bool(ok: bool) -> Self {
-        if ok {
-            Verdict::Reproduced
-        } else {
-            Verdict::NotReproduced
-        }
-    }
-}
+pub use crate::report::Verdict;
 
 /// A claim from a paper or seed, with the rule that judges it.
 #[derive(Debug, Clone, Serialize)]
@@ -331,20 +302,18 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
         "dot": curve.dot,
         "monotone_fraction": mono,
         "first_increase_at": first_up,
+        "spearman": analysis::spearman(&offsets.iter().map(|&k| k as f64).collect::<Vec<_>>(), &curve.cosine),
     });
+    let kf: Vec<f64> = offsets.iter().map(|&k| k as f64).collect();
+    let rho = analysis::spearman(&kf, &curve.cosine);
+    let (verdict, rule) = crate::report::similarity_verdict(mono, rho);
     let cl = sinusoidal.map(|_| ()).and_then(|_| {
         claim(
             "The similarity of PE(p) and PE(p + k) decreases monotonically as k grows",
             "seed 001",
             None,
-            "reproduced if the fraction of steps k → k+1 where the cosine does not increase (slack 1e-12) is 1.0; partly if ≥ 0.9; else not reproduced",
-            if mono >= 1.0 {
-                Verdict::Reproduced
-            } else if mono >= 0.9 {
-                Verdict::Partly
-            } else {
-                Verdict::NotReproduced
-            },
+            rule,
+            verdict,
         )
     });
     c.add(
