@@ -672,13 +672,11 @@ fn cache_grows_on_demand_and_is_reused() {
     );
     rope.rotate(&x, 1000, Role::Query).unwrap();
     let grown = rope.cached_positions();
-    assert!(grown >= 1010 && grown <= 4096);
+    assert!((1010..=4096).contains(&grown));
     // past the cap: correct, and the cache stays at the cap
-    for pos in [Positions::Offset(1_000_000)] {
-        let y = rope.rotate(&x, pos, Role::Query).unwrap();
-        let r = rope.rotate_reference(&x, pos, Role::Query).unwrap();
-        assert_close(&y, &r, DType::F32, 4.0, "past the cap");
-    }
+    let y = rope.rotate(&x, 1_000_000, Role::Query).unwrap();
+    let r = rope.rotate_reference(&x, 1_000_000, Role::Query).unwrap();
+    assert_close(&y, &r, DType::F32, 4.0, "past the cap");
     let ids = Tensor::from_vec(
         (0..10).map(|i| i * 99_991u32).collect::<Vec<_>>(),
         (1, 10),

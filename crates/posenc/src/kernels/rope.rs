@@ -529,9 +529,8 @@ pub fn rope_reference<T: Element>(
                     HeadLayout::Bthd => ((b * tt + t) * hh + h) * dd,
                 };
                 let r = rows.row(b, t, tt);
-                for j in g.rotary_dim..dd {
-                    dst[base + j] = src[base + j];
-                }
+                dst[base + g.rotary_dim..base + dd]
+                    .copy_from_slice(&src[base + g.rotary_dim..base + dd]);
                 for i in 0..nf {
                     let c = tables.cos[r * nf + i] as f64;
                     let s = tables.sin[r * nf + i] as f64;
