@@ -21,6 +21,7 @@
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
+pub mod bench;
 pub mod rope;
 pub mod table;
 #[cfg(target_arch = "x86_64")]
