@@ -22,6 +22,7 @@
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod bench;
+pub(crate) mod mem;
 pub mod rope;
 pub mod table;
 #[cfg(target_arch = "x86_64")]

@@ -563,8 +563,19 @@ impl<T> SendPtr<T> {
 /// Smallest piece of work handed to one rayon task, in elements.
 const MIN_TASK_ELEMS: usize = 16 * 1024;
 
-/// Splits the `B·H·T` head vectors into contiguous chunks, several per
-/// thread (whatever the shape), and runs the per-vector kernel.
+/// Time steps per tile in `(B, H, T, D)`: a tile's table rows (32 × 64
+/// frequencies × 8 bytes = 16 KiB) stay in L1/L2 while every head of the
+/// tile reads them, instead of streaming the whole table once per head.
+const TIME_BLOCK: usize = 32;
+
+/// Splits the work into tiles, several per thread whatever the shape, and
+/// runs the per-vector kernel on each.
+///
+/// - `(B, T, H, D)`: contiguous runs of head vectors (the `H` vectors of one
+///   time step share a table row).
+/// - `(B, H, T, D)`: tiles of (batch entry, `TIME_BLOCK` time steps, a group
+///   of heads); heads are split only when batch × time blocks alone would
+///   leave threads idle (decode, short sequences).
 ///
 /// # Safety
 /// `src` and `dst` valid for `g.len()` elements, equal or disjoint; tables
@@ -579,56 +590,102 @@ unsafe fn drive<T: Element>(
     inverse: bool,
 ) {
     let f = T::vec_kernel(level, g.pairs);
-    let d = g.head_dim;
-    let n_vec = g.batch * g.heads * g.seq_len;
+    let (bb, hh, tt, d) = (g.batch, g.heads, g.seq_len, g.head_dim);
+    let n_vec = bb * hh * tt;
+    let total = n_vec * d;
     let threads = rayon::current_num_threads().max(1);
-    let min_chunk = MIN_TASK_ELEMS.div_ceil(d).max(1);
-    let chunk = n_vec.div_ceil(threads * 4).max(min_chunk);
-    let n_chunks = n_vec.div_ceil(chunk);
+    let want_tasks = (threads * 4).min(total / MIN_TASK_ELEMS).max(1);
     let src = SendPtr(src as *mut T);
     let dst = SendPtr(dst);
-    let run = |c: usize| {
-        let v0 = c * chunk;
-        let v1 = (v0 + chunk).min(n_vec);
-        // SAFETY: chunk `c` covers vectors v0..v1, disjoint from other chunks.
-        unsafe { run_vectors(f, src.get(), dst.get(), g, tables, rows, inverse, v0, v1) };
+    let k = Kernel {
+        f,
+        g,
+        tables,
+        rows,
+        inverse,
     };
-    if n_chunks <= 1 {
-        run(0);
-    } else {
-        (0..n_chunks).into_par_iter().for_each(run);
+    match g.layout {
+        HeadLayout::Bthd => {
+            let chunk = n_vec.div_ceil(want_tasks);
+            let n_chunks = n_vec.div_ceil(chunk);
+            let run = |c: usize| {
+                let v0 = c * chunk;
+                let v1 = (v0 + chunk).min(n_vec);
+                // SAFETY: chunk c covers vectors v0..v1, disjoint from other chunks.
+                unsafe { k.run_vectors(src.get(), dst.get(), v0..v1) };
+            };
+            if n_chunks <= 1 {
+                run(0);
+            } else {
+                (0..n_chunks).into_par_iter().for_each(run);
+            }
+        }
+        HeadLayout::Bhtd => {
+            let tb = tt.min(TIME_BLOCK);
+            let n_tb = tt.div_ceil(tb);
+            let base = bb * n_tb;
+            let n_hb = want_tasks.div_ceil(base).clamp(1, hh);
+            let hb = hh.div_ceil(n_hb);
+            let n_hb = hh.div_ceil(hb);
+            let n_tasks = base * n_hb;
+            let run = |task: usize| {
+                let hbk = task % n_hb;
+                let tbk = (task / n_hb) % n_tb;
+                let b = task / (n_hb * n_tb);
+                let (t0, t1) = (tbk * tb, ((tbk + 1) * tb).min(tt));
+                let (h0, h1) = (hbk * hb, ((hbk + 1) * hb).min(hh));
+                for h in h0..h1 {
+                    let v0 = (b * hh + h) * tt;
+                    // SAFETY: tiles are disjoint sets of (b, h, t).
+                    unsafe { k.run_vectors(src.get(), dst.get(), v0 + t0..v0 + t1) };
+                }
+            };
+            if want_tasks <= 1 || n_tasks <= 1 {
+                (0..n_tasks).for_each(run);
+            } else {
+                (0..n_tasks).into_par_iter().for_each(run);
+            }
+        }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-#[inline(never)]
-unsafe fn run_vectors<T: Element>(
+/// Everything a tile needs besides its buffers.
+struct Kernel<'a, T> {
     f: VecFn<T>,
-    src: *const T,
-    dst: *mut T,
-    g: &RopeGeometry,
-    tables: &RopeTables<'_>,
-    rows: RowMap<'_>,
+    g: &'a RopeGeometry,
+    tables: &'a RopeTables<'a>,
+    rows: RowMap<'a>,
     inverse: bool,
-    v0: usize,
-    v1: usize,
-) {
-    let (hh, tt, d, rd) = (g.heads, g.seq_len, g.head_dim, g.rotary_dim);
-    let nf = tables.n_freq;
-    let cos = tables.cos.as_ptr();
-    let sin = tables.sin.as_ptr();
-    let in_place = std::ptr::eq(src, dst);
-    for v in v0..v1 {
-        let (b, t) = match g.layout {
-            HeadLayout::Bhtd => (v / (hh * tt), v % tt),
-            HeadLayout::Bthd => (v / (tt * hh), (v / hh) % tt),
-        };
-        let r = rows.row(b, t, tt);
-        let s = src.add(v * d);
-        let o = dst.add(v * d);
-        f(s, o, cos.add(r * nf), sin.add(r * nf), nf, inverse);
-        if !in_place && rd < d {
-            std::ptr::copy_nonoverlapping(s.add(rd), o.add(rd), d - rd);
+}
+
+// SAFETY: shared read-only across rayon tasks (slices, plain values, fn pointer).
+unsafe impl<T> Sync for Kernel<'_, T> {}
+
+impl<T: Element> Kernel<'_, T> {
+    /// Head vectors `vs` (flat indices in the buffer's own layout).
+    ///
+    /// # Safety
+    /// As `drive`; no other task touches these vectors.
+    #[inline(never)]
+    unsafe fn run_vectors(&self, src: *const T, dst: *mut T, vs: std::ops::Range<usize>) {
+        let g = self.g;
+        let (hh, tt, d, rd) = (g.heads, g.seq_len, g.head_dim, g.rotary_dim);
+        let nf = self.tables.n_freq;
+        let cos = self.tables.cos.as_ptr();
+        let sin = self.tables.sin.as_ptr();
+        let in_place = std::ptr::eq(src, dst);
+        for v in vs {
+            let (b, t) = match g.layout {
+                HeadLayout::Bhtd => (v / (hh * tt), v % tt),
+                HeadLayout::Bthd => (v / (tt * hh), (v / hh) % tt),
+            };
+            let r = self.rows.row(b, t, tt);
+            let s = src.add(v * d);
+            let o = dst.add(v * d);
+            (self.f)(s, o, cos.add(r * nf), sin.add(r * nf), nf, self.inverse);
+            if !in_place && rd < d {
+                std::ptr::copy_nonoverlapping(s.add(rd), o.add(rd), d - rd);
+            }
         }
     }
 }

@@ -158,33 +158,31 @@ impl Tables {
 
     /// Fast tables for the contiguous positions `start..start + rows`.
     pub fn contiguous(spec: &TableSpec<'_>, start: u64, rows: usize) -> Tables {
-        let mut t = Tables {
+        Tables {
             n_freq: spec.n_freq(),
             ..Default::default()
-        };
-        t.grow(spec, start, rows);
-        t
+        }
+        .extended(spec, start, rows)
     }
 
     /// A copy of `self` (positions `start..start + self.rows`) extended to
     /// `rows` rows with the fast builder.
     pub fn extended(&self, spec: &TableSpec<'_>, start: u64, rows: usize) -> Tables {
+        let n = rows.max(self.rows) * self.n_freq;
+        let xpos = spec.xpos_scale_base.is_some();
+        let copy = |old: &[f32]| {
+            let mut v = super::mem::with_capacity_huge(n);
+            v.extend_from_slice(old);
+            v
+        };
         let mut t = Tables {
             n_freq: self.n_freq,
             rows: 0,
-            cos: Vec::with_capacity(rows * self.n_freq),
-            sin: Vec::with_capacity(rows * self.n_freq),
-            cos_k: Vec::new(),
-            sin_k: Vec::new(),
+            cos: copy(&self.cos),
+            sin: copy(&self.sin),
+            cos_k: if xpos { copy(&self.cos_k) } else { Vec::new() },
+            sin_k: if xpos { copy(&self.sin_k) } else { Vec::new() },
         };
-        t.cos.extend_from_slice(&self.cos);
-        t.sin.extend_from_slice(&self.sin);
-        if self.has_key_tables() {
-            t.cos_k.reserve_exact(rows * self.n_freq);
-            t.sin_k.reserve_exact(rows * self.n_freq);
-            t.cos_k.extend_from_slice(&self.cos_k);
-            t.sin_k.extend_from_slice(&self.sin_k);
-        }
         t.rows = self.rows;
         t.grow(spec, start, rows);
         t

@@ -881,7 +881,7 @@ impl RopeOp {
             Role::Query => self.tables.query(),
             Role::Key => self.tables.key(),
         };
-        let mut dst: Vec<T> = Vec::with_capacity(src.len());
+        let mut dst: Vec<T> = crate::kernels::mem::with_capacity_huge(src.len());
         rope_out_uninit(
             self.level,
             src,
