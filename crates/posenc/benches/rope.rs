@@ -34,14 +34,38 @@ impl fmt::Display for Case {
 }
 
 const CASES: [Case; 8] = [
-    Case { shape: 0, bf16: false },
-    Case { shape: 0, bf16: true },
-    Case { shape: 1, bf16: false },
-    Case { shape: 1, bf16: true },
-    Case { shape: 2, bf16: false },
-    Case { shape: 2, bf16: true },
-    Case { shape: 3, bf16: false },
-    Case { shape: 3, bf16: true },
+    Case {
+        shape: 0,
+        bf16: false,
+    },
+    Case {
+        shape: 0,
+        bf16: true,
+    },
+    Case {
+        shape: 1,
+        bf16: false,
+    },
+    Case {
+        shape: 1,
+        bf16: true,
+    },
+    Case {
+        shape: 2,
+        bf16: false,
+    },
+    Case {
+        shape: 2,
+        bf16: true,
+    },
+    Case {
+        shape: 3,
+        bf16: false,
+    },
+    Case {
+        shape: 3,
+        bf16: true,
+    },
 ];
 
 struct Setup {
@@ -70,9 +94,22 @@ fn setup(c: Case) -> Setup {
     rope.warm_up(offset + t).unwrap();
     let pos: Vec<u64> = (offset as u64..(offset + t) as u64).collect();
     let (cv, sv) = f.cos_sin_table(&pos);
-    let cos = Tensor::from_vec(cv, (t, d / 2), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-    let sin = Tensor::from_vec(sv, (t, d / 2), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-    Setup { x, rope, cos, sin, layout, offset }
+    let cos = Tensor::from_vec(cv, (t, d / 2), &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    let sin = Tensor::from_vec(sv, (t, d / 2), &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    Setup {
+        x,
+        rope,
+        cos,
+        sin,
+        layout,
+        offset,
+    }
 }
 
 #[divan::bench(args = CASES, sample_count = 20)]
@@ -99,7 +136,13 @@ fn candle(b: Bencher, c: Case) {
 #[divan::bench(args = CASES, sample_count = 20)]
 fn copy(b: Bencher, c: Case) {
     let s = setup(c);
-    let src: Vec<f32> = s.x.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let src: Vec<f32> =
+        s.x.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
     if c.bf16 {
         let src: Vec<half::bf16> = src.iter().map(|&v| half::bf16::from_f32(v)).collect();
         let mut dst = vec![half::bf16::ZERO; src.len()];
@@ -114,7 +157,9 @@ fn copy(b: Bencher, c: Case) {
 fn cache_131072x64(b: Bencher) {
     let f = RopeFrequencies::plain(500000.0, 128, PairLayout::HalfSplit).unwrap();
     b.bench_local(|| {
-        let rope = Rope::new(f.clone()).unwrap().with_max_cached_positions(131072);
+        let rope = Rope::new(f.clone())
+            .unwrap()
+            .with_max_cached_positions(131072);
         rope.warm_up(131072).unwrap();
         rope
     });

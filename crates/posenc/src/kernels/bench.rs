@@ -246,7 +246,10 @@ fn ratios(cases: &[BenchCase]) -> Vec<BenchRatios> {
         for dtype in ["f32", "bf16"] {
             let find = |imp: &str| {
                 cases.iter().find(|c| {
-                    c.shape == dims && c.layout == layout.as_str() && c.dtype == dtype && c.imp == imp
+                    c.shape == dims
+                        && c.layout == layout.as_str()
+                        && c.dtype == dtype
+                        && c.imp == imp
                 })
             };
             let (Some(ip), Some(op), Some(cp)) =

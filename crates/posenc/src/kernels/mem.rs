@@ -45,3 +45,31 @@ pub(crate) fn with_capacity_huge<T>(n: usize) -> Vec<T> {
     advise_huge(v.as_mut_ptr() as *mut u8, n * std::mem::size_of::<T>());
     v
 }
+
+/// Touches every page of `[ptr, ptr + bytes)` from all rayon threads, each
+/// on its own contiguous 2 MiB pieces, so that the kernel zeroes the fresh
+/// pages in parallel without two threads faulting the same huge page (a
+/// tiled kernel writing across the whole buffer would). Writes zeros.
+///
+/// # Safety
+/// `ptr` must be valid for writes of `bytes` bytes that nobody else reads or
+/// writes meanwhile; the bytes are left zeroed.
+pub(crate) unsafe fn prefault(ptr: *mut u8, bytes: usize) {
+    use rayon::prelude::*;
+    if bytes < HUGE_MIN_BYTES {
+        return;
+    }
+    const PIECE: usize = 2 << 20;
+    const PAGE: usize = 4096;
+    let base = ptr as usize;
+    (0..bytes.div_ceil(PIECE)).into_par_iter().for_each(|i| {
+        let start = i * PIECE;
+        let end = (start + PIECE).min(bytes);
+        let mut off = start;
+        while off < end {
+            // SAFETY: inside the caller's range.
+            unsafe { std::ptr::write_volatile((base + off) as *mut u8, 0) };
+            off += PAGE;
+        }
+    });
+}

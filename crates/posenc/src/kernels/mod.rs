@@ -19,10 +19,10 @@
 //! long prefill, many short sequences, decode (`T = 1`, many heads) and
 //! `B = 1` in `(B, T, H, D)` — keeps every core busy.
 
-#[cfg(target_arch = "aarch64")]
-mod neon;
 pub mod bench;
 pub(crate) mod mem;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod rope;
 pub mod table;
 #[cfg(target_arch = "x86_64")]
