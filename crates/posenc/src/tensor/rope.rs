@@ -884,10 +884,7 @@ impl RopeOp {
         let mut dst: Vec<T> = crate::kernels::mem::with_capacity_huge(src.len());
         // SAFETY: the capacity is ours and unread until rope_out_uninit fills it.
         unsafe {
-            crate::kernels::mem::prefault(
-                dst.as_mut_ptr() as *mut u8,
-                std::mem::size_of_val(src),
-            )
+            crate::kernels::mem::prefault(dst.as_mut_ptr() as *mut u8, std::mem::size_of_val(src))
         };
         rope_out_uninit(
             self.level,
