@@ -5,6 +5,7 @@
 //! line, `posenc: error: ...`, and exits with status 2.
 
 mod args;
+mod bench;
 mod cmd_bias;
 mod cmd_rope;
 mod cmd_table;
@@ -40,6 +41,9 @@ enum Command {
     Analyze(viz::AnalyzeArgs),
     /// Two encodings side by side.
     Compare(viz::CompareArgs),
+    /// Benchmarks (`posenc bench rope`).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Write the report (report.md, results.json): every encoding family with
     /// its formula, values and measured properties.
     Report(report::ReportArgs),
@@ -90,6 +94,7 @@ fn run(cli: Cli) -> CliResult {
         Command::Show(a) => Ok(viz::show(a)?),
         Command::Analyze(a) => Ok(viz::analyze(a)?),
         Command::Compare(a) => Ok(viz::compare(a)?),
+        Command::Bench(c) => bench::run(c),
         Command::Report(a) => report::run(a),
     }
 }

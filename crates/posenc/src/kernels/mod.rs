@@ -1,1 +1,99 @@
 //! CPU kernels (SIMD, threads) beneath the tensor API, each beside a reference path.
+//!
+//! - [`rope`]: the fused rotary kernel. For every head vector `x` of a
+//!   `(B, H, T, D)` or `(B, T, H, D)` buffer and every pair `i` it computes
+//!   `y_a = x_a·cos − x_b·sin`, `y_b = x_b·cos + x_a·sin` with `cos`, `sin`
+//!   read from an `f32` table row chosen by the vector's `(b, t)`; entries
+//!   past `rotary_dim` pass through. Activations are `f32`, `f16` or `bf16`;
+//!   half types are converted to `f32` in registers and rounded back once.
+//!   [`rope::rope_reference`] is the plain scalar loop it is tested against.
+//! - [`table`]: the cos/sin tables themselves, built with an `f64`
+//!   recurrence re-anchored exactly every [`table::ANCHOR_EVERY`] positions
+//!   (fast) beside the direct `f64` evaluation (exact).
+//!
+//! The instruction set is chosen at run time ([`SimdLevel::detect`]):
+//! AVX-512F, then AVX2 + FMA + F16C on x86-64, NEON on aarch64, and a
+//! portable scalar loop everywhere. Every level can be asked for explicitly
+//! ([`SimdLevel::available`]) so that tests compare each one with the scalar
+//! loop. Work is split with rayon over head vectors, so every shape — one
+//! long prefill, many short sequences, decode (`T = 1`, many heads) and
+//! `B = 1` in `(B, T, H, D)` — keeps every core busy.
+
+pub mod bench;
+pub(crate) mod mem;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+pub mod rope;
+pub mod table;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use rope::{Element, HeadLayout, RopeGeometry, RopeTables, RowMap};
+
+/// An instruction-set level for the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SimdLevel {
+    /// Portable scalar code (the compiler may still auto-vectorise it).
+    Scalar,
+    /// x86-64 AVX2 with FMA and F16C, 8 lanes of `f32`.
+    Avx2,
+    /// x86-64 AVX-512F, 16 lanes of `f32`.
+    Avx512,
+    /// aarch64 NEON, 4 lanes of `f32`.
+    Neon,
+}
+
+impl SimdLevel {
+    /// The best level this CPU supports (detected once, then cached).
+    pub fn detect() -> SimdLevel {
+        static LEVEL: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
+        *LEVEL.get_or_init(|| *Self::available().last().unwrap_or(&SimdLevel::Scalar))
+    }
+
+    /// Every level this CPU supports, worst first (always starts with
+    /// [`SimdLevel::Scalar`]).
+    pub fn available() -> Vec<SimdLevel> {
+        #[allow(unused_mut)]
+        let mut levels = vec![SimdLevel::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c");
+            if avx2 {
+                levels.push(SimdLevel::Avx2);
+                if std::is_x86_feature_detected!("avx512f") {
+                    levels.push(SimdLevel::Avx512);
+                }
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                levels.push(SimdLevel::Neon);
+            }
+        }
+        levels
+    }
+
+    /// Whether this CPU can run the level.
+    pub fn is_supported(self) -> bool {
+        Self::available().contains(&self)
+    }
+
+    /// Short name (`scalar`, `avx2`, `avx512`, `neon`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+            SimdLevel::Neon => "neon",
+        }
+    }
+}
+
+impl std::fmt::Display for SimdLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
