@@ -217,7 +217,7 @@ pub fn check_dim(what: &'static str, value: usize, even: bool) -> Result<usize> 
             reason: "must be at least 1",
         });
     }
-    if even && value % 2 != 0 {
+    if even && !value.is_multiple_of(2) {
         return Err(Error::InvalidDimension {
             what,
             value,

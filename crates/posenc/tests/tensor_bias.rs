@@ -1,5 +1,5 @@
 //! Tensor biases against naive f64 loops: ALiBi, T5 (with gradients to the
-//! table) and Shaw (efficient gather/scatter path, with gradients to both
+//! table) and Shaw (efficient one-hot matmul path, with gradients to both
 //! tables).
 
 // Naive reference loops index by position on purpose.

@@ -348,7 +348,7 @@ fn check_tables(g: &RopeGeometry, tables: &RopeTables<'_>, rows: RowMap<'_>) -> 
             got: format!("{}", tables.n_freq),
         });
     }
-    if tables.cos.len() != tables.sin.len() || tables.cos.len() % tables.n_freq != 0 {
+    if tables.cos.len() != tables.sin.len() || !tables.cos.len().is_multiple_of(tables.n_freq) {
         return Err(Error::Shape {
             what: "rope cos/sin tables",
             expected: format!("two tables of rows × {} values", tables.n_freq),

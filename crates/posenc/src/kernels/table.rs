@@ -308,7 +308,7 @@ unsafe fn fill_rows(
     let mut down = vec![1.0f64; nf];
     for r in r0..r1 {
         let pos = first + r as u64;
-        if (r - r0) % ANCHOR_EVERY == 0 {
+        if (r - r0).is_multiple_of(ANCHOR_EVERY) {
             for i in 0..nf {
                 let (sv, cv) = (pos as f64 * spec.inv_freq[i] as f64).sin_cos();
                 c[i] = cv;

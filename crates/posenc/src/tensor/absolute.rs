@@ -41,15 +41,7 @@ use crate::absolute::sinusoidal::Sinusoidal;
 use crate::encoding::AbsoluteEncoding;
 use crate::error::{Error, Result};
 
-/// Which positions the tokens of an activation `(B, T, D)` are at.
-#[derive(Debug, Clone, Copy)]
-pub enum Positions<'a> {
-    /// Token `t` of every sequence is at position `offset + t`.
-    Offset(usize),
-    /// A `(B, T)` tensor of non-negative integer position ids (`u8`, `u32`
-    /// or `i64`).
-    Ids(&'a Tensor),
-}
+pub use super::Positions;
 
 /// Checks `x` is `(B, T, dim)` and returns `(B, T)`.
 fn check_x(x: &Tensor, dim: usize) -> Result<(usize, usize)> {

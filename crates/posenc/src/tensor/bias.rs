@@ -11,11 +11,14 @@
 //!   `index_select`);
 //! - [`ShawRelative`]: Shaw et al.'s `q·a^K` logits term and `Σ_j α_ij a^V_ij`
 //!   values term, computed without materialising a `(Tq, Tk, d)` tensor:
-//!   `q · w^K` for the `2k + 1` table rows (a `(…, Tq, 2k+1)` matmul), then a
-//!   gather by relative index; for values, the weights are summed per
-//!   relative index (a scatter-add into `(…, Tq, 2k+1)`), then multiplied by
-//!   `w^V`. Memory is `O(Tq·Tk + Tq·(2k+1)·d)` per head instead of
-//!   `O(Tq·Tk·d)`.
+//!   `q · w^K` for the `2k + 1` table rows (a `(…, Tq, 2k+1)` matmul), then
+//!   each logit picks its row through a `(Tq, Tk, 2k+1)` one-hot of the
+//!   clipped distance shared by all heads (a batched matmul); for values,
+//!   the weights are summed per relative index through the same one-hot,
+//!   then multiplied by `w^V`. Memory is `O(Tq·Tk·(2k+1))` once plus
+//!   `O(Tq·Tk + Tq·(2k+1)·d)` per head, instead of `O(Tq·Tk·d)` per head;
+//!   the backward pass is matmuls only, so gradients reach queries,
+//!   attention weights and both tables.
 //!
 //! ```
 //! use candle_core::Device;
@@ -30,7 +33,7 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 use crate::encoding::AttentionBias;
@@ -263,11 +266,27 @@ impl ShawRelative {
         Ok(())
     }
 
-    /// Broadcasts a `(Tq, X)` index to `lead ++ (Tq, X)`, contiguous.
-    fn expand_index(idx: &Tensor, lead: &[usize]) -> Result<Tensor> {
-        let mut shape = lead.to_vec();
-        shape.extend_from_slice(idx.dims());
-        Ok(idx.broadcast_as(shape)?.contiguous()?)
+    /// The `(Tq, Tk, 2k + 1)` one-hot encoding of the clipped relative
+    /// index: shared by every batch entry and head.
+    fn onehot(
+        &self,
+        q_len: usize,
+        k_len: usize,
+        q_offset: u64,
+        k_offset: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let r = 2 * self.max_relative + 1;
+        let k = self.max_relative.min(i64::MAX as usize / 2) as i64;
+        let mut data = vec![0f32; q_len * k_len * r];
+        for (n, rel) in relative_grid(q_len, k_len, q_offset, k_offset)?
+            .into_iter()
+            .enumerate()
+        {
+            data[n * r + (rel.clamp(-k, k) + k) as usize] = 1.0;
+        }
+        Ok(Tensor::from_vec(data, (q_len, k_len, r), device)?.to_dtype(dtype)?)
     }
 
     /// The relative-key logits term `q_i · a^K_ij` (not scaled), `(…, Tq,
@@ -289,13 +308,24 @@ impl ShawRelative {
         let dims = q.dims().to_vec();
         let q_len = dims[dims.len() - 2];
         let lead = &dims[..dims.len() - 2];
-        let qa = q.broadcast_matmul(&self.keys.t()?)?; // (…, Tq, 2k+1)
-        let idx = self.relative_index(q_len, k_len, q_offset, k_offset, q.device())?;
-        let idx = Self::expand_index(&idx, lead)?;
-        Ok(qa
+        let qa = q.broadcast_matmul(&self.keys.t()?)?; // (…, Tq, R), R = 2k+1
+        let r = 2 * self.max_relative + 1;
+        let l: usize = lead.iter().product();
+        // out[…, i, j] = Σ_r qa[…, i, r]·onehot[i, j, r], batched over i:
+        // (Tq, L, R) × (Tq, R, Tk) → (Tq, L, Tk). Matmuls only, so the
+        // backward pass is matmuls too (candle 0.11's gather backward fails
+        // when the gathered dimension changes size).
+        let onehot = self.onehot(q_len, k_len, q_offset, k_offset, qa.dtype(), q.device())?;
+        let out = qa
+            .reshape((l, q_len, r))?
+            .transpose(0, 1)?
             .contiguous()?
-            .gather(&idx, D::Minus1)?
-            .to_dtype(in_dtype)?)
+            .matmul(&onehot.transpose(1, 2)?.contiguous()?)? // (Tq, L, Tk)
+            .transpose(0, 1)?
+            .contiguous()?;
+        let mut shape = lead.to_vec();
+        shape.extend([q_len, k_len]);
+        Ok(out.reshape(shape)?.to_dtype(in_dtype)?)
     }
 
     /// The full logits `e_ij = (q_i · k_j + q_i · a^K_ij) / √d`, `(…, Tq,
@@ -335,12 +365,23 @@ impl ShawRelative {
         let w = weights.to_dtype(self.values.dtype())?.contiguous()?;
         let (q_len, k_len) = (dims[dims.len() - 2], dims[dims.len() - 1]);
         let lead = &dims[..dims.len() - 2];
-        let idx = self.relative_index(q_len, k_len, q_offset, k_offset, w.device())?;
-        let idx = Self::expand_index(&idx, lead)?;
-        let mut sums_shape = dims.clone();
-        *sums_shape.last_mut().expect("rank ≥ 2") = 2 * self.max_relative + 1;
-        let sums =
-            Tensor::zeros(sums_shape, w.dtype(), w.device())?.scatter_add(&idx, &w, D::Minus1)?; // (…, Tq, 2k+1)
-        Ok(sums.broadcast_matmul(&self.values)?.to_dtype(in_dtype)?)
+        let r = 2 * self.max_relative + 1;
+        let l: usize = lead.iter().product();
+        // sums[…, i, r] = Σ_j α[…, i, j]·onehot[i, j, r], batched over i:
+        // (Tq, L, Tk) × (Tq, Tk, R) → (Tq, L, R); no (Tq, Tk, d) tensor.
+        let onehot = self.onehot(q_len, k_len, q_offset, k_offset, w.dtype(), w.device())?;
+        let sums = w
+            .reshape((l, q_len, k_len))?
+            .transpose(0, 1)?
+            .contiguous()?
+            .matmul(&onehot)? // (Tq, L, R)
+            .transpose(0, 1)?
+            .contiguous()?;
+        let mut shape = lead.to_vec();
+        shape.extend([q_len, r]);
+        Ok(sums
+            .reshape(shape)?
+            .broadcast_matmul(&self.values)?
+            .to_dtype(in_dtype)?)
     }
 }

@@ -8,3 +8,30 @@
 pub mod absolute;
 pub mod bias;
 pub mod rope;
+
+use candle_core::Tensor;
+
+/// Which positions the `T` time steps of a call are at. Positions are
+/// always explicit, so a sequence split across devices (or continued from a
+/// KV cache) computes its own slice with no communication.
+#[derive(Debug, Clone, Copy)]
+pub enum Positions<'a> {
+    /// Step `t` of every batch entry is at position `offset + t` (tokens
+    /// already in the KV cache, or the start of this device's slice).
+    Offset(usize),
+    /// A `(B, T)` tensor of non-negative integer position ids, each row its
+    /// own positions (`u32` or `i64`; absolute encodings also take `u8`).
+    Ids(&'a Tensor),
+}
+
+impl From<usize> for Positions<'_> {
+    fn from(o: usize) -> Self {
+        Positions::Offset(o)
+    }
+}
+
+impl<'a> From<&'a Tensor> for Positions<'a> {
+    fn from(t: &'a Tensor) -> Self {
+        Positions::Ids(t)
+    }
+}

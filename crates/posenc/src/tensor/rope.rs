@@ -113,6 +113,29 @@ impl FrequencySchedule for RopeFrequencies {
     }
 }
 
+/// A model's RoPE configuration is a schedule: dynamic NTK and LongRoPE
+/// change their frequencies with the sequence length, exactly as
+/// transformers' `dynamic_rope_update` does.
+impl FrequencySchedule for crate::rope::RopeConfig {
+    fn frequencies(&self, seq_len: Option<usize>) -> Result<RopeFrequencies> {
+        crate::rope::RopeConfig::frequencies(self, seq_len)
+    }
+
+    fn length_dependent(&self) -> bool {
+        matches!(
+            self.scaling(),
+            crate::rope::RopeScaling::Dynamic { .. } | crate::rope::RopeScaling::LongRope { .. }
+        )
+    }
+
+    fn original_max_position_embeddings(&self) -> Option<usize> {
+        match self.scaling() {
+            crate::rope::RopeScaling::Dynamic { .. } => self.max_position_embeddings(),
+            _ => crate::rope::RopeConfig::original_max_position_embeddings(self),
+        }
+    }
+}
+
 /// Whether a tensor holds queries or keys (they differ only with xPos).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -122,26 +145,7 @@ pub enum Role {
     Key,
 }
 
-/// The positions of the `T` time steps of a call.
-#[derive(Debug, Clone, Copy)]
-pub enum Positions<'a> {
-    /// `offset + t` for every batch entry (tokens already in the KV cache).
-    Offset(usize),
-    /// A `(B, T)` tensor of `u32` or `i64` position ids.
-    Ids(&'a Tensor),
-}
-
-impl From<usize> for Positions<'_> {
-    fn from(o: usize) -> Self {
-        Positions::Offset(o)
-    }
-}
-
-impl<'a> From<&'a Tensor> for Positions<'a> {
-    fn from(t: &'a Tensor) -> Self {
-        Positions::Ids(t)
-    }
-}
+pub use super::Positions;
 
 /// Default cap on cached positions (see [`Rope::with_max_cached_positions`]).
 pub const DEFAULT_MAX_CACHED_POSITIONS: usize = 1 << 18;
