@@ -7,6 +7,7 @@
 mod args;
 mod bench;
 mod cmd_bias;
+mod cmd_lab;
 mod cmd_rope;
 mod cmd_table;
 mod output;
@@ -41,6 +42,15 @@ enum Command {
     Analyze(viz::AnalyzeArgs),
     /// Two encodings side by side.
     Compare(viz::CompareArgs),
+    /// Train a lab transformer (encoder or decoder) with any encoding.
+    Train(cmd_lab::TrainArgs),
+    /// Evaluate a checkpoint at several lengths, optionally with a RoPE
+    /// scaling chosen now.
+    Eval(cmd_lab::EvalArgs),
+    /// Per-layer linear probe of absolute position from the activations.
+    Probe(cmd_lab::ProbeArgs),
+    /// Loss with the prefix shuffled against in order (decoders).
+    Shuffle(cmd_lab::ProbeArgs),
     /// Benchmarks (`posenc bench rope`).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -94,6 +104,10 @@ fn run(cli: Cli) -> CliResult {
         Command::Show(a) => Ok(viz::show(a)?),
         Command::Analyze(a) => Ok(viz::analyze(a)?),
         Command::Compare(a) => Ok(viz::compare(a)?),
+        Command::Train(a) => cmd_lab::train(a),
+        Command::Eval(a) => cmd_lab::eval(a),
+        Command::Probe(a) => cmd_lab::probe(a),
+        Command::Shuffle(a) => cmd_lab::shuffle(a),
         Command::Bench(c) => bench::run(c),
         Command::Report(a) => report::run(a),
     }

@@ -183,27 +183,28 @@ impl ModelConfig {
         if self.d_model == 0 || self.n_layers == 0 || self.n_heads == 0 || self.d_ff == 0 {
             return bad("d_model, layers, heads and d_ff must all be at least 1".into());
         }
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return bad(format!(
                 "d_model = {} is not divisible by heads = {}",
                 self.d_model, self.n_heads
             ));
         }
         let hd = self.d_model / self.n_heads;
-        if matches!(self.pe, PeConfig::Rope { .. } | PeConfig::Xpos { .. }) && hd % 2 != 0 {
+        if matches!(self.pe, PeConfig::Rope { .. } | PeConfig::Xpos { .. }) && !hd.is_multiple_of(2)
+        {
             return bad(format!(
                 "head dimension {hd} must be even for rotary encodings"
             ));
         }
         if let PeConfig::Rope { partial, .. } = self.pe {
             let rd = (hd as f64 * partial) as usize;
-            if !(partial > 0.0 && partial <= 1.0) || rd == 0 || rd % 2 != 0 {
+            if !(partial > 0.0 && partial <= 1.0) || rd == 0 || !rd.is_multiple_of(2) {
                 return bad(format!(
                     "partial rotary fraction {partial} gives an invalid rotary dimension {rd} (head dimension {hd})"
                 ));
             }
         }
-        if matches!(self.pe, PeConfig::Sinusoidal { .. }) && self.d_model % 2 != 0 {
+        if matches!(self.pe, PeConfig::Sinusoidal { .. }) && !self.d_model.is_multiple_of(2) {
             return bad(format!(
                 "d_model = {} must be even for sinusoidal",
                 self.d_model

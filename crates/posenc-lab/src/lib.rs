@@ -6,8 +6,10 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod model;
 pub mod optim;
 pub mod tasks;
+pub mod train;
 
 /// Errors of the lab: bad arguments, corrupt checkpoints, candle failures.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,865 @@
+//! Training, evaluation and checkpoints.
+//!
+//! Deterministic: the batch of step `s` is drawn from a generator seeded by
+//! `(seed, s)`, and the weights from `seed`, so the same seed and thread
+//! count give the same losses, and a resumed run continues exactly.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use candle_core::{DType, Device, IndexOp, Tensor, D};
+use candle_nn::{VarBuilder, VarMap};
+use posenc::analysis::SplitMix64;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Mode, ModelConfig, TrainConfig};
+use crate::model::{EvalScaling, Transformer};
+use crate::optim::{clip_grad_norm, AdamW};
+use crate::tasks::{Task, IGNORE};
+use crate::LabError;
+
+/// A batch on the device.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// `(B, T)` u32 tokens.
+    pub input: Tensor,
+    /// `(B, T)` i64 next-token targets ([`IGNORE`] where not scored), or
+    /// `(B,)` i64 labels for classification.
+    pub target: Tensor,
+}
+
+/// The seed of step `step`'s batch.
+pub fn batch_seed(seed: u64, step: u64, stream: u64) -> u64 {
+    let mut r = SplitMix64::new(seed ^ stream.wrapping_mul(0xA076_1D64_78BD_642F));
+    r.next_u64() ^ step.wrapping_mul(0xE703_7ED1_A0B4_28DB)
+}
+
+/// Draws a batch of `batch` examples of `length` tokens.
+pub fn make_batch(
+    task: &Task,
+    rng: &mut SplitMix64,
+    batch: usize,
+    length: usize,
+    device: &Device,
+) -> Result<Batch, LabError> {
+    let mut input = Vec::with_capacity(batch * length);
+    let mut target = Vec::new();
+    for _ in 0..batch {
+        let e = task.sample(rng, length)?;
+        input.extend(e.input);
+        match e.label {
+            Some(l) => target.push(l as i64),
+            None => target.extend(e.target),
+        }
+    }
+    let input = Tensor::from_vec(input, (batch, length), device)?;
+    let target = if task.kind.is_classification() {
+        Tensor::from_vec(target, batch, device)?
+    } else {
+        Tensor::from_vec(target, (batch, length), device)?
+    };
+    Ok(Batch { input, target })
+}
+
+/// Mean cross-entropy over scored positions and the per-sequence exact-match
+/// accuracy (every scored position predicted correctly).
+pub fn loss_and_accuracy(logits: &Tensor, target: &Tensor) -> Result<(Tensor, f64), LabError> {
+    if target.rank() == 1 {
+        // Classification: logits (B, C), labels (B,).
+        let loss = candle_nn::loss::cross_entropy(logits, target)?;
+        let pred = logits.argmax(D::Minus1)?.to_dtype(DType::I64)?;
+        let correct = pred
+            .eq(target)?
+            .to_dtype(DType::F32)?
+            .mean_all()?
+            .to_scalar::<f32>()?;
+        return Ok((loss, correct as f64));
+    }
+    let (b, t, v) = logits.dims3()?;
+    let flat = logits.reshape((b * t, v))?;
+    let tgt = target.reshape(b * t)?;
+    let mask = tgt.ne(IGNORE)?;
+    let safe = mask.where_cond(&tgt, &tgt.zeros_like()?)?;
+    let logp = candle_nn::ops::log_softmax(&flat, D::Minus1)?;
+    let picked = logp.gather(&safe.unsqueeze(1)?, 1)?.squeeze(1)?;
+    let maskf = mask.to_dtype(DType::F32)?;
+    let count = maskf.sum_all()?;
+    let loss = (picked.mul(&maskf)?.sum_all()?.neg()? / count.maximum(1f32)?)?;
+    let pred = flat.argmax(D::Minus1)?.to_dtype(DType::I64)?;
+    let wrong = pred
+        .ne(&safe)?
+        .to_dtype(DType::F32)?
+        .mul(&maskf)?
+        .reshape((b, t))?;
+    let per_seq_wrong = wrong.sum(1)?.to_vec1::<f32>()?;
+    let acc = per_seq_wrong.iter().filter(|&&w| w == 0.0).count() as f64 / b as f64;
+    Ok((loss, acc))
+}
+
+/// What a checkpoint's `config.json` holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    /// The model's shape and encoding.
+    pub model: ModelConfig,
+    /// The run.
+    pub train: TrainConfig,
+    /// Steps completed.
+    pub step: usize,
+    /// posenc-lab version that wrote it.
+    pub version: String,
+}
+
+/// A model with its parameters.
+pub struct Lab {
+    /// The model.
+    pub model: Transformer,
+    /// Its parameters.
+    pub varmap: VarMap,
+    /// The task it is trained on.
+    pub task: Task,
+    /// Configuration.
+    pub meta: CheckpointMeta,
+}
+
+impl Lab {
+    /// A freshly initialised model for a run (weights from `train.seed`).
+    pub fn new(model: ModelConfig, train: TrainConfig, task: Task) -> Result<Self, LabError> {
+        model.validate()?;
+        train.validate()?;
+        if task.kind != train.task
+            || task.vocab_size() != model.vocab_size
+            || task.num_outputs() != model.num_outputs
+        {
+            return Err(LabError::Invalid(format!(
+                "the task ({}, vocabulary {}, {} outputs) does not match the run ({}) and model (vocabulary {}, {} outputs)",
+                task.kind.name(),
+                task.vocab_size(),
+                task.num_outputs(),
+                train.task.name(),
+                model.vocab_size,
+                model.num_outputs
+            )));
+        }
+        let device = Device::Cpu;
+        let varmap = VarMap::new();
+        let backend = SeededVarMap {
+            map: varmap.clone(),
+            seed: train.seed,
+        };
+        let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, device.clone());
+        let m = Transformer::new(&model, train.seed, vb)?;
+        init_weights(&varmap, train.seed, model.n_layers)?;
+        Ok(Lab {
+            model: m,
+            varmap,
+            task,
+            meta: CheckpointMeta {
+                model,
+                train,
+                step: 0,
+                version: env!("CARGO_PKG_VERSION").into(),
+            },
+        })
+    }
+
+    /// Loads a checkpoint directory, checking that every file agrees.
+    pub fn load(dir: &Path) -> Result<Self, LabError> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).map_err(|e| LabError::Io {
+            path: cfg_path.clone(),
+            source: e,
+        })?;
+        let meta: CheckpointMeta = serde_json::from_str(&text).map_err(|e| {
+            LabError::Invalid(format!(
+                "{} is not a posenc checkpoint config: {e}",
+                cfg_path.display()
+            ))
+        })?;
+        let task = load_task(&meta.train)?;
+        let mut lab = Lab::new(meta.model.clone(), meta.train.clone(), task)?;
+        let weights = read_safetensors(&dir.join("model.safetensors"))?;
+        check_step(&weights, meta.step, &dir.join("model.safetensors"))?;
+        let data = lab.varmap.data().lock().expect("varmap lock");
+        for (name, var) in data.iter() {
+            let t = weights.get(name).ok_or_else(|| {
+                LabError::Invalid(format!(
+                    "checkpoint {} does not match its config: parameter {name} is missing",
+                    dir.display()
+                ))
+            })?;
+            if t.shape() != var.as_tensor().shape() {
+                return Err(LabError::Invalid(format!(
+                    "checkpoint {} does not match its config: {name} has shape {:?}, expected {:?}",
+                    dir.display(),
+                    t.shape(),
+                    var.as_tensor().shape()
+                )));
+            }
+            var.set(t)?;
+        }
+        if weights.len() != data.len() + 1 {
+            return Err(LabError::Invalid(format!(
+                "checkpoint {} does not match its config: {} tensors for {} parameters",
+                dir.display(),
+                weights.len() - 1,
+                data.len()
+            )));
+        }
+        drop(data);
+        lab.meta = meta;
+        Ok(lab)
+    }
+
+    /// Writes a checkpoint: `model.safetensors`, `optimizer.safetensors`,
+    /// then `config.json`, each through a temporary file and a rename. Each
+    /// tensor file records the step, so a checkpoint torn by a crash between
+    /// two renames is detected on load instead of silently mixing steps.
+    pub fn save(&self, dir: &Path, opt: Option<&AdamW>) -> Result<(), LabError> {
+        std::fs::create_dir_all(dir).map_err(|e| LabError::Io {
+            path: dir.to_path_buf(),
+            source: e,
+        })?;
+        let step_t = Tensor::new(&[self.meta.step as u32], &Device::Cpu)?;
+        let mut weights: HashMap<String, Tensor> = self
+            .varmap
+            .data()
+            .lock()
+            .expect("varmap lock")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+            .collect();
+        weights.insert("__step".into(), step_t.clone());
+        write_safetensors(&dir.join("model.safetensors"), &weights)?;
+        if let Some(opt) = opt {
+            let mut st = opt.state()?;
+            st.insert("__step".into(), step_t);
+            write_safetensors(&dir.join("optimizer.safetensors"), &st)?;
+        }
+        let json = serde_json::to_string_pretty(&self.meta).expect("serialisable");
+        write_atomic(&dir.join("config.json"), json.as_bytes())
+    }
+
+    /// The named parameters.
+    pub fn params(&self) -> HashMap<String, candle_core::Var> {
+        self.varmap.data().lock().expect("varmap lock").clone()
+    }
+
+    /// Loss and accuracy on one batch.
+    pub fn batch_loss(
+        &self,
+        batch: &Batch,
+        scaling: Option<&EvalScaling>,
+    ) -> Result<(Tensor, f64), LabError> {
+        let logits = self.model.forward(&batch.input, 0, scaling)?;
+        loss_and_accuracy(&logits, &batch.target)
+    }
+}
+
+/// A `VarMap` whose new variables are drawn from a generator seeded by
+/// `(seed, name)`, following each module's own `Init` hint: candle's CPU
+/// generator cannot be seeded, and drawing by name makes the weights
+/// independent of the order modules are built in.
+struct SeededVarMap {
+    map: VarMap,
+    seed: u64,
+}
+
+impl candle_nn::var_builder::SimpleBackend for SeededVarMap {
+    fn get(
+        &self,
+        s: candle_core::Shape,
+        name: &str,
+        h: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let mut data = self.map.data().lock().expect("varmap lock");
+        if let Some(v) = data.get(name) {
+            if v.as_tensor().shape() != &s {
+                candle_core::bail!(
+                    "shape mismatch on {name}: {s:?} <> {:?}",
+                    v.as_tensor().shape()
+                )
+            }
+            return Ok(v.as_tensor().clone());
+        }
+        let n = s.elem_count();
+        let name_hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+        });
+        let mut rng = SplitMix64::new(self.seed ^ name_hash);
+        let vals: Vec<f64> = match h {
+            candle_nn::Init::Const(c) => vec![c; n],
+            candle_nn::Init::Randn { mean, stdev } => {
+                (0..n).map(|_| mean + stdev * rng.normal()).collect()
+            }
+            candle_nn::Init::Uniform { lo, up } => {
+                (0..n).map(|_| lo + (up - lo) * rng.uniform()).collect()
+            }
+            candle_nn::Init::Kaiming {
+                dist,
+                fan,
+                non_linearity,
+            } => {
+                let std = non_linearity.gain() / (fan.for_shape(&s) as f64).sqrt();
+                match dist {
+                    candle_nn::init::NormalOrUniform::Normal => {
+                        (0..n).map(|_| std * rng.normal()).collect()
+                    }
+                    candle_nn::init::NormalOrUniform::Uniform => {
+                        let b = 3f64.sqrt() * std;
+                        (0..n).map(|_| -b + 2.0 * b * rng.uniform()).collect()
+                    }
+                }
+            }
+        };
+        let t = Tensor::from_vec(vals, s, dev)?.to_dtype(dtype)?;
+        let var = candle_core::Var::from_tensor(&t)?;
+        let out = var.as_tensor().clone();
+        data.insert(name.to_string(), var);
+        Ok(out)
+    }
+
+    fn get_unchecked(
+        &self,
+        name: &str,
+        _dtype: DType,
+        _dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        candle_core::bail!("the lab's parameters are created, not loaded by name ({name})")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.map
+            .data()
+            .lock()
+            .expect("varmap lock")
+            .contains_key(name)
+    }
+}
+
+/// Re-initialises the transformer's own matrices GPT-2 style, from `seed`
+/// and each parameter's name: matrices N(0, 0.02²), the output projection of
+/// each residual branch N(0, (0.02/√(2L))²), biases 0. Layer norms and the
+/// positional encodings' parameters keep the (seeded) initialisation their
+/// modules asked for.
+fn init_weights(varmap: &VarMap, seed: u64, n_layers: usize) -> Result<(), LabError> {
+    let data = varmap.data().lock().expect("varmap lock");
+    let mut names: Vec<&String> = data.keys().collect();
+    names.sort();
+    let mut rng = SplitMix64::new(seed ^ 0x0005_EED0_FA11_u64);
+    for name in names {
+        let is_pe = name.starts_with("pe.") || name.contains("shaw");
+        let is_norm = name.contains(".ln") || name.starts_with("ln");
+        if is_pe || is_norm {
+            continue;
+        }
+        let var = &data[name];
+        let t = var.as_tensor();
+        let n = t.elem_count();
+        let std = if t.rank() >= 2 {
+            let resid = name.ends_with("attn.proj.weight") || name.ends_with("mlp.fc2.weight");
+            if resid {
+                0.02 / (2.0 * n_layers as f64).sqrt()
+            } else {
+                0.02
+            }
+        } else {
+            0.0
+        };
+        let vals: Vec<f32> = (0..n).map(|_| (std * rng.normal()) as f32).collect();
+        var.set(&Tensor::from_vec(vals, t.shape(), t.device())?)?;
+    }
+    Ok(())
+}
+
+/// Builds the task a run trains on.
+pub fn load_task(train: &TrainConfig) -> Result<Task, LabError> {
+    match &train.corpus {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| LabError::Io {
+                path: path.clone(),
+                source: e,
+            })?;
+            Task::lm_from_text(&text)
+        }
+        None => Task::new(train.task, train.n_symbols),
+    }
+}
+
+fn check_step(t: &HashMap<String, Tensor>, step: usize, path: &Path) -> Result<(), LabError> {
+    let s = t
+        .get("__step")
+        .ok_or_else(|| {
+            LabError::Invalid(format!(
+                "{} is not a posenc checkpoint (no step)",
+                path.display()
+            ))
+        })?
+        .to_vec1::<u32>()?[0] as usize;
+    if s != step {
+        return Err(LabError::Invalid(format!(
+            "{} is from step {s} but config.json says step {step}: the checkpoint is torn (interrupted while saving)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>, LabError> {
+    if !path.exists() {
+        return Err(LabError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
+        });
+    }
+    candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| {
+        LabError::Invalid(format!(
+            "{} is corrupt or not a safetensors file: {e}",
+            path.display()
+        ))
+    })
+}
+
+fn write_safetensors(path: &Path, tensors: &HashMap<String, Tensor>) -> Result<(), LabError> {
+    let tmp = tmp_path(path);
+    candle_core::safetensors::save(tensors, &tmp)?;
+    std::fs::rename(&tmp, path).map_err(|e| LabError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".tmp");
+    PathBuf::from(s)
+}
+
+/// Writes a file through a temporary file and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LabError> {
+    let tmp = tmp_path(path);
+    std::fs::write(&tmp, bytes).map_err(|e| LabError::Io {
+        path: tmp.clone(),
+        source: e,
+    })?;
+    std::fs::rename(&tmp, path).map_err(|e| LabError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Steps completed.
+    pub step: usize,
+    /// Training loss of the step (mean over scored tokens).
+    pub loss: f64,
+    /// Exact-match accuracy of the step's batch.
+    pub accuracy: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Training throughput, input tokens per second.
+    pub tokens_per_s: f64,
+    /// Seconds since the run (or its resumption) started.
+    pub elapsed_s: f64,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Steps completed.
+    pub steps: usize,
+    /// Final training loss (mean of the last logged window).
+    pub final_loss: f64,
+    /// Final training accuracy (mean of the last logged window).
+    pub final_accuracy: f64,
+    /// Wall-clock seconds of this invocation.
+    pub seconds: f64,
+    /// Mean tokens per second.
+    pub tokens_per_s: f64,
+    /// Whether the run was interrupted (checkpoint written).
+    pub interrupted: bool,
+}
+
+/// Options of [`train`].
+pub struct TrainOptions<'a> {
+    /// Checkpoint directory.
+    pub out: &'a Path,
+    /// Draw a progress bar (stderr) instead of log lines.
+    pub progress: bool,
+    /// Print anything at all.
+    pub quiet: bool,
+    /// Set by a Ctrl-C handler: checkpoint and stop.
+    pub stop: Option<&'a AtomicBool>,
+    /// Stop (with a checkpoint, as an interrupt would) once this many steps
+    /// are done; the schedule still runs to `steps`.
+    pub pause_at: Option<usize>,
+}
+
+/// Trains `lab` until `lab.meta.train.steps`, from its current step,
+/// writing `metrics.jsonl` and a checkpoint at the end (and on interrupt).
+pub fn train(lab: &mut Lab, opt: &mut AdamW, o: &TrainOptions) -> Result<Summary, LabError> {
+    let device = Device::Cpu;
+    let cfg = lab.meta.train.clone();
+    let vars: Vec<candle_core::Var> = {
+        let p = lab.params();
+        let mut v: Vec<(String, candle_core::Var)> = p.into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v.into_iter().map(|(_, v)| v).collect()
+    };
+    std::fs::create_dir_all(o.out).map_err(|e| LabError::Io {
+        path: o.out.to_path_buf(),
+        source: e,
+    })?;
+    let metrics_path = o.out.join("metrics.jsonl");
+    // On resume, drop metric lines past the checkpoint's step so the file
+    // matches the run exactly.
+    let kept: Vec<String> = std::fs::read_to_string(&metrics_path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<Metrics>(l)
+                .map(|m| m.step <= lab.meta.step)
+                .unwrap_or(false)
+        })
+        .map(str::to_owned)
+        .collect();
+    let mut metrics_text = kept.join("\n");
+    if !metrics_text.is_empty() {
+        metrics_text.push('\n');
+    }
+    let start = Instant::now();
+    let start_step = lab.meta.step;
+    let tokens_per_step = (cfg.batch * cfg.train_len) as f64;
+    let (mut win_loss, mut win_acc, mut win_n) = (0.0, 0.0, 0usize);
+    let (mut last_loss, mut last_acc) = (f64::NAN, f64::NAN);
+    let mut interrupted = false;
+    let tty = o.progress && std::io::stderr().is_terminal();
+    while lab.meta.step < cfg.steps {
+        if o.stop.is_some_and(|s| s.load(Ordering::SeqCst))
+            || o.pause_at.is_some_and(|p| lab.meta.step >= p)
+        {
+            interrupted = true;
+            break;
+        }
+        let step = lab.meta.step;
+        let mut rng = SplitMix64::new(batch_seed(cfg.seed, step as u64, 0));
+        let batch = make_batch(&lab.task, &mut rng, cfg.batch, cfg.train_len, &device)?;
+        let (loss, acc) = lab.batch_loss(&batch, None)?;
+        let loss_v = loss.to_scalar::<f32>()? as f64;
+        if !loss_v.is_finite() {
+            return Err(LabError::Invalid(format!(
+                "training diverged at step {step} (loss {loss_v}); lower --lr"
+            )));
+        }
+        let mut grads = loss.backward()?;
+        let gnorm = clip_grad_norm(&mut grads, &vars, cfg.grad_clip)?;
+        let lr = cfg.lr_at(step);
+        opt.step(&grads, lr)?;
+        lab.meta.step += 1;
+        win_loss += loss_v;
+        win_acc += acc;
+        win_n += 1;
+        let done = lab.meta.step;
+        if done.is_multiple_of(cfg.log_every) || done == cfg.steps {
+            let elapsed = start.elapsed().as_secs_f64();
+            let tps = tokens_per_step * (done - start_step) as f64 / elapsed.max(1e-9);
+            let m = Metrics {
+                step: done,
+                loss: win_loss / win_n as f64,
+                accuracy: win_acc / win_n as f64,
+                lr,
+                grad_norm: gnorm,
+                tokens_per_s: tps,
+                elapsed_s: elapsed,
+            };
+            last_loss = m.loss;
+            last_acc = m.accuracy;
+            metrics_text.push_str(&serde_json::to_string(&m).expect("serialisable"));
+            metrics_text.push('\n');
+            (win_loss, win_acc, win_n) = (0.0, 0.0, 0);
+            if !o.quiet {
+                let eta = (cfg.steps - done) as f64 * elapsed / (done - start_step) as f64;
+                let line = progress_line(done, cfg.steps, m.loss, m.accuracy, tps, eta);
+                if tty {
+                    eprint!("\r{line}");
+                    let _ = std::io::stderr().flush();
+                } else {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+    if tty && !o.quiet {
+        eprintln!();
+    }
+    write_atomic(&metrics_path, metrics_text.as_bytes())?;
+    lab.save(o.out, Some(opt))?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(Summary {
+        steps: lab.meta.step,
+        final_loss: last_loss,
+        final_accuracy: last_acc,
+        seconds,
+        tokens_per_s: tokens_per_step * (lab.meta.step - start_step) as f64 / seconds.max(1e-9),
+        interrupted,
+    })
+}
+
+/// `[#####.....] step 120/500 loss 1.234 acc 51.0% 12.3k tok/s ETA 0:31`.
+pub fn progress_line(
+    step: usize,
+    total: usize,
+    loss: f64,
+    acc: f64,
+    tps: f64,
+    eta_s: f64,
+) -> String {
+    let width = 24;
+    let filled = (width * step) / total.max(1);
+    let eta = eta_s.max(0.0).round() as u64;
+    format!(
+        "[{}{}] step {step}/{total} loss {loss:.4} acc {:.1}% {:.1}k tok/s ETA {}:{:02}",
+        "#".repeat(filled),
+        ".".repeat(width - filled),
+        acc * 100.0,
+        tps / 1000.0,
+        eta / 60,
+        eta % 60
+    )
+}
+
+/// Loss and accuracy per evaluation length.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalResult {
+    /// Evaluation lengths.
+    pub lengths: Vec<usize>,
+    /// Mean loss at each length.
+    pub loss: Vec<f64>,
+    /// Exact-match accuracy per sequence at each length.
+    pub accuracy: Vec<f64>,
+}
+
+/// Evaluates on `batches × batch` fresh sequences per length (seeded
+/// independently of training).
+pub fn evaluate(
+    lab: &Lab,
+    lengths: &[usize],
+    batches: usize,
+    batch: usize,
+    scaling: Option<&EvalScaling>,
+) -> Result<EvalResult, LabError> {
+    let device = Device::Cpu;
+    let mut loss = Vec::new();
+    let mut accuracy = Vec::new();
+    for &len in lengths {
+        lab.model.check_length(len)?;
+        let (mut l, mut a) = (0.0, 0.0);
+        for b in 0..batches {
+            let mut rng =
+                SplitMix64::new(batch_seed(lab.meta.train.seed, (len * 1000 + b) as u64, 1));
+            let batch = make_batch(&lab.task, &mut rng, batch, len, &device)?;
+            let (ls, acc) = lab.batch_loss(&batch, scaling)?;
+            l += ls.to_scalar::<f32>()? as f64;
+            a += acc;
+        }
+        loss.push(l / batches as f64);
+        accuracy.push(a / batches as f64);
+    }
+    Ok(EvalResult {
+        lengths: lengths.to_vec(),
+        loss,
+        accuracy,
+    })
+}
+
+/// The shuffle test (Haviv et al. 2022 §5): loss on the last
+/// `tail` positions of language-model windows with the prefix in order
+/// versus randomly shuffled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShuffleResult {
+    /// Mean loss with the prefix in order.
+    pub in_order: f64,
+    /// Mean loss with the prefix shuffled.
+    pub shuffled: f64,
+    /// Unigram entropy of the corpus (the loss of a context-free model).
+    pub unigram: Option<f64>,
+}
+
+/// Runs the shuffle test on `batches × batch` windows of `length` tokens:
+/// the first `length − tail` tokens are permuted (the last `tail` kept), and
+/// the loss is measured on the last `tail` targets only.
+pub fn shuffle_test(
+    lab: &Lab,
+    length: usize,
+    tail: usize,
+    batches: usize,
+    batch: usize,
+) -> Result<ShuffleResult, LabError> {
+    if lab.meta.model.mode != Mode::Decoder {
+        return Err(LabError::Invalid(
+            "the shuffle test needs a decoder checkpoint".into(),
+        ));
+    }
+    if tail == 0 || tail >= length {
+        return Err(LabError::Invalid(format!(
+            "tail {tail} must be in 1..{length}"
+        )));
+    }
+    let device = Device::Cpu;
+    let (mut a, mut b) = (0.0, 0.0);
+    for i in 0..batches {
+        let mut rng = SplitMix64::new(batch_seed(lab.meta.train.seed, i as u64, 2));
+        let batch = make_batch(&lab.task, &mut rng, batch, length, &device)?;
+        let input = batch.input.to_vec2::<u32>()?;
+        let target = batch.target.to_vec2::<i64>()?;
+        let keep_from = length - tail;
+        let mut shuffled = input.clone();
+        for row in shuffled.iter_mut() {
+            for j in (1..keep_from).rev() {
+                row.swap(j, rng.below(j as u64 + 1) as usize);
+            }
+        }
+        // Score only the last `tail` targets (their inputs are unshuffled).
+        let masked: Vec<Vec<i64>> = target
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .enumerate()
+                    .map(|(j, &y)| if j >= keep_from { y } else { IGNORE })
+                    .collect()
+            })
+            .collect();
+        let tgt = Tensor::new(masked, &device)?;
+        for (inp, acc) in [(input, &mut a), (shuffled, &mut b)] {
+            let x = Tensor::new(inp, &device)?;
+            let logits = lab.model.forward(&x, 0, None)?;
+            let (l, _) = loss_and_accuracy(&logits, &tgt)?;
+            *acc += l.to_scalar::<f32>()? as f64;
+        }
+    }
+    Ok(ShuffleResult {
+        in_order: a / batches as f64,
+        shuffled: b / batches as f64,
+        unigram: lab.task.corpus().map(|c| c.unigram_entropy()),
+    })
+}
+
+/// A per-layer linear probe of absolute position (Haviv et al. 2022 §4):
+/// for the activations after the embedding and after each block, fit a
+/// ridge regression from the activation of the token at position t to t on
+/// one set of sequences and report the mean absolute error on another,
+/// against the error of always predicting the mean position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeResult {
+    /// Sequence length probed.
+    pub length: usize,
+    /// Mean absolute error per layer (index 0: embeddings + input encoding).
+    pub mae: Vec<f64>,
+    /// The error of predicting the mean position.
+    pub baseline_mae: f64,
+}
+
+/// Runs the probe.
+pub fn probe(
+    lab: &Lab,
+    length: usize,
+    batches: usize,
+    batch: usize,
+) -> Result<ProbeResult, LabError> {
+    let device = Device::Cpu;
+    let collect = |stream: u64| -> Result<Vec<Tensor>, LabError> {
+        let mut per_layer: Vec<Vec<Tensor>> = Vec::new();
+        for i in 0..batches {
+            let mut rng = SplitMix64::new(batch_seed(lab.meta.train.seed, i as u64, stream));
+            let b = make_batch(&lab.task, &mut rng, batch, length, &device)?;
+            let acts = lab.model.hidden_states(&b.input, 0)?;
+            if per_layer.is_empty() {
+                per_layer = vec![Vec::new(); acts.len()];
+            }
+            for (l, a) in acts.into_iter().enumerate() {
+                let d = a.dim(2)?;
+                per_layer[l].push(a.reshape((batch * length, d))?);
+            }
+        }
+        per_layer
+            .into_iter()
+            .map(|v| Ok(Tensor::cat(&v, 0)?.to_dtype(DType::F64)?))
+            .collect()
+    };
+    let train_x = collect(3)?;
+    let test_x = collect(4)?;
+    let pos: Vec<f64> = (0..batches * batch)
+        .flat_map(|_| (0..length).map(|t| t as f64))
+        .collect();
+    let y = Tensor::from_vec(pos.clone(), (pos.len(), 1), &device)?;
+    let mean = pos.iter().sum::<f64>() / pos.len() as f64;
+    let baseline = pos.iter().map(|p| (p - mean).abs()).sum::<f64>() / pos.len() as f64;
+    let mut mae = Vec::new();
+    for (xtr, xte) in train_x.iter().zip(&test_x) {
+        let n = xtr.dim(0)?;
+        let ones = Tensor::ones((n, 1), DType::F64, &device)?;
+        let xtr1 = Tensor::cat(&[xtr, &ones], 1)?;
+        let xte1 = Tensor::cat(
+            &[xte, &Tensor::ones((xte.dim(0)?, 1), DType::F64, &device)?],
+            1,
+        )?;
+        let d = xtr1.dim(1)?;
+        let xtx = (xtr1.t()?.matmul(&xtr1)? + (Tensor::eye(d, DType::F64, &device)? * 1e-3)?)?;
+        let xty = xtr1.t()?.matmul(&y)?;
+        let w = solve_spd(&xtx, &xty)?;
+        let pred = xte1.matmul(&w)?.squeeze(1)?.to_vec1::<f64>()?;
+        let err = pred
+            .iter()
+            .zip(&pos)
+            .map(|(p, t)| (p - t).abs())
+            .sum::<f64>()
+            / pos.len() as f64;
+        mae.push(err);
+    }
+    Ok(ProbeResult {
+        length,
+        mae,
+        baseline_mae: baseline,
+    })
+}
+
+/// Solves `A w = b` for symmetric positive-definite `A` (Cholesky, f64).
+fn solve_spd(a: &Tensor, b: &Tensor) -> Result<Tensor, LabError> {
+    let a = a.to_vec2::<f64>()?;
+    let b: Vec<f64> = b.i((.., 0))?.to_vec1::<f64>()?;
+    let n = a.len();
+    let mut l = vec![vec![0.0f64; n]; n];
+    for i in 0..n {
+        for j in 0..=i {
+            let s: f64 = (0..j).map(|k| l[i][k] * l[j][k]).sum();
+            if i == j {
+                let v = a[i][i] - s;
+                if v <= 0.0 {
+                    return Err(LabError::Invalid(
+                        "probe: matrix not positive definite".into(),
+                    ));
+                }
+                l[i][j] = v.sqrt();
+            } else {
+                l[i][j] = (a[i][j] - s) / l[j][j];
+            }
+        }
+    }
+    let mut z = vec![0.0; n];
+    for i in 0..n {
+        z[i] = (b[i] - (0..i).map(|k| l[i][k] * z[k]).sum::<f64>()) / l[i][i];
+    }
+    let mut w = vec![0.0; n];
+    for i in (0..n).rev() {
+        w[i] = (z[i] - (i + 1..n).map(|k| l[k][i] * w[k]).sum::<f64>()) / l[i][i];
+    }
+    Ok(Tensor::from_vec(w, (n, 1), &Device::Cpu)?)
+}
