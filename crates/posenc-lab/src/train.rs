@@ -613,6 +613,25 @@ pub fn train(lab: &mut Lab, opt: &mut AdamW, o: &TrainOptions) -> Result<Summary
     })
 }
 
+/// Times `steps` full training steps (batch, forward, backward, clipping,
+/// AdamW) without writing anything; returns the seconds of each step.
+pub fn time_steps(lab: &mut Lab, opt: &mut AdamW, steps: usize) -> Result<Vec<f64>, LabError> {
+    let cfg = lab.meta.train.clone();
+    let vars: Vec<candle_core::Var> = lab.params().into_values().collect();
+    let mut out = Vec::with_capacity(steps);
+    for s in 0..steps {
+        let t0 = Instant::now();
+        let mut rng = SplitMix64::new(batch_seed(cfg.seed, s as u64, 5));
+        let batch = make_batch(&lab.task, &mut rng, cfg.batch, cfg.train_len, &Device::Cpu)?;
+        let (loss, _) = lab.batch_loss(&batch, None)?;
+        let mut grads = loss.backward()?;
+        clip_grad_norm(&mut grads, &vars, cfg.grad_clip)?;
+        opt.step(&grads, cfg.lr_at(s))?;
+        out.push(t0.elapsed().as_secs_f64());
+    }
+    Ok(out)
+}
+
 /// `[#####.....] step 120/500 loss 1.234 acc 51.0% 12.3k tok/s ETA 0:31`.
 pub fn progress_line(
     step: usize,
