@@ -53,7 +53,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 3e-3, allow_hyphen_values = true)]
     pub lr: f64,
     /// Warm-up steps.
     #[arg(long, default_value_t = 50)]

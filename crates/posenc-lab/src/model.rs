@@ -38,6 +38,14 @@ enum InputPe {
     Floater(FloaterEmbedding),
 }
 
+/// A trained input encoding, as plain Rust (see [`Transformer::trained_input`]).
+pub enum TrainedInput {
+    /// A learned absolute table.
+    Learned(posenc::absolute::LearnedTable),
+    /// FLOATER with its trained parameters.
+    Floater(posenc::absolute::floater::Floater),
+}
+
 /// The logits hook shared by all layers.
 enum SharedBias {
     None,
@@ -388,6 +396,25 @@ impl Transformer {
             }
         }
         Ok(())
+    }
+
+    /// The trained input encoding as a plain-Rust encoding, for pictures and
+    /// analysis: a learned table's rows or FLOATER's trained vector field
+    /// (`None` for other encodings).
+    pub fn trained_input(&self) -> Result<Option<TrainedInput>, LabError> {
+        Ok(match &self.input_pe {
+            InputPe::Learned(l) => {
+                let rows = l
+                    .weight()
+                    .to_dtype(candle_core::DType::F64)?
+                    .to_vec2::<f64>()?;
+                Some(TrainedInput::Learned(
+                    posenc::absolute::LearnedTable::from_rows(rows)?,
+                ))
+            }
+            InputPe::Floater(f) => Some(TrainedInput::Floater(f.to_plain()?)),
+            _ => None,
+        })
     }
 
     /// Embeddings plus the input encoding: `(B, T)` → `(B, T, D)`.

@@ -96,6 +96,10 @@ pub struct EncodingOpts {
     /// default 0).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// A lab checkpoint (`posenc train --out DIR`) whose trained table
+    /// (learned) or vector field (floater) to use instead of a random one.
+    #[arg(long)]
+    pub checkpoint: Option<std::path::PathBuf>,
     /// FLOATER hidden width (default 16).
     #[arg(long)]
     pub hidden: Option<usize>,
@@ -566,6 +570,42 @@ pub fn build(
             let k = o.k.unwrap_or(4);
             let s = Shaw::new(k, dim()?, seed).map_err(e)?;
             (Built::Shaw(s), format!("Shaw relative index, k = {k}"))
+        }
+        Family::Learned | Family::Floater if o.checkpoint.is_some() => {
+            let dir = o.checkpoint.as_deref().expect("checked");
+            let lab = posenc_lab::train::Lab::load(dir).map_err(|err| err.to_string())?;
+            let what = format!(
+                "{} ({} trained {} steps on {})",
+                spec.family.name(),
+                dir.display(),
+                lab.meta.step,
+                lab.meta.train.task.name()
+            );
+            match (
+                lab.model.trained_input().map_err(|err| err.to_string())?,
+                spec.family,
+            ) {
+                (Some(posenc_lab::model::TrainedInput::Learned(t)), Family::Learned) => {
+                    if positions > t.max_positions() {
+                        return Err(format!(
+                            "--positions {positions} is past the checkpoint's learned table ({} rows)",
+                            t.max_positions()
+                        ));
+                    }
+                    (Built::Learned(t), what)
+                }
+                (Some(posenc_lab::model::TrainedInput::Floater(f)), Family::Floater) => {
+                    (Built::Floater(f), what)
+                }
+                _ => {
+                    return Err(format!(
+                        "{} was trained with {}, not {}",
+                        dir.display(),
+                        lab.meta.model.pe.label(),
+                        spec.family.name()
+                    ))
+                }
+            }
         }
         Family::Learned => {
             let d = dim()?;
