@@ -476,7 +476,8 @@ pub struct Metrics {
 pub struct Summary {
     /// Steps completed.
     pub steps: usize,
-    /// Final training loss (mean of the last logged window).
+    /// Final training loss (mean over the last logging window, or over the
+    /// steps since the last log line when interrupted).
     pub final_loss: f64,
     /// Final training accuracy (mean of the last logged window).
     pub final_accuracy: f64,
@@ -599,6 +600,11 @@ pub fn train(lab: &mut Lab, opt: &mut AdamW, o: &TrainOptions) -> Result<Summary
     }
     if tty && !o.quiet {
         eprintln!();
+    }
+    if win_n > 0 {
+        // Steps since the last log line (an interrupted run).
+        last_loss = win_loss / win_n as f64;
+        last_acc = win_acc / win_n as f64;
     }
     write_atomic(&metrics_path, metrics_text.as_bytes())?;
     lab.save(o.out, Some(opt))?;
