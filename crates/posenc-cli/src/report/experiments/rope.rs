@@ -13,30 +13,44 @@ use crate::CliResult;
 pub const EXPERIMENT: Experiment = Experiment {
     id: 3,
     slug: "rope-length",
-    version: 1,
+    version: 2,
     config: |p| json!({"rope": p.rope, "seed": p.seeds[0]}),
     run,
 };
 
-fn yarn(
-    lab: &Lab,
-    factor: f64,
-    l: usize,
-    beta_fast: f64,
-    beta_slow: f64,
-) -> CliResult<EvalScaling> {
+/// A RoPE scaling built from a Hugging Face `rope_scaling` object, with
+/// `max_position_embeddings` = `max_pos` (the lab's `EvalScaling::new` sets
+/// it to L × factor, which leaves dynamic NTK switched off at every length
+/// up to L × factor; dynamic NTK needs it at L).
+fn scaling(lab: &Lab, name: String, max_pos: usize, rope_scaling: &str) -> CliResult<EvalScaling> {
     let m = &lab.meta.model;
     let json = format!(
-        r#"{{"head_dim": {}, "num_attention_heads": {}, "rope_theta": 10000.0, "max_position_embeddings": {}, "rope_scaling": {{"rope_type": "yarn", "factor": {factor}, "original_max_position_embeddings": {l}, "beta_fast": {beta_fast}, "beta_slow": {beta_slow}}}}}"#,
+        r#"{{"head_dim": {}, "num_attention_heads": {}, "rope_theta": 10000.0, "max_position_embeddings": {max_pos}, "rope_scaling": {rope_scaling}}}"#,
         m.head_dim(),
         m.n_heads,
-        (l as f64 * factor).ceil() as usize
     );
     let rc = RopeConfig::from_hf_json_str(&json)?;
-    Ok(EvalScaling::from_rope(
+    Ok(EvalScaling::from_rope(name, Rope::new(rc)?))
+}
+
+fn yarn(lab: &Lab, factor: f64, l: usize, beta_fast: f64, beta_slow: f64) -> CliResult<EvalScaling> {
+    scaling(
+        lab,
         format!("yarn ×{factor}"),
-        Rope::new(rc)?,
-    ))
+        (l as f64 * factor).ceil() as usize,
+        &format!(
+            r#"{{"rope_type": "yarn", "factor": {factor}, "original_max_position_embeddings": {l}, "beta_fast": {beta_fast}, "beta_slow": {beta_slow}}}"#
+        ),
+    )
+}
+
+fn dynamic(lab: &Lab, factor: f64, l: usize) -> CliResult<EvalScaling> {
+    scaling(
+        lab,
+        format!("dynamic ×{factor}"),
+        l,
+        &format!(r#"{{"rope_type": "dynamic", "factor": {factor}}}"#),
+    )
 }
 
 fn run(ctx: &mut Ctx) -> CliResult<ExpOutput> {
@@ -59,7 +73,7 @@ fn run(ctx: &mut Ctx) -> CliResult<ExpOutput> {
          base 10000) is trained at L = {l} for {} steps (seed {seed}) and evaluated at {} with: \
          no scaling; Position Interpolation (PI, positions × L/length) zero-shot; PI after {} \
          fine-tuning steps at 2L with factor 2; plain fine-tuning at 2L for the same steps; NTK-aware \
-         (base × α^(d/(d−2))); dynamic NTK (the NTK base recomputed from the current length); and \
+         (base × α^(d/(d−2))); dynamic NTK (the base recomputed from the current length n as base × (f·n/L − (f − 1))^(d/(d−2)) once n > L, as in transformers); and \
          YaRN.\n\n**YaRN's β at small L.** YaRN leaves pairs that turn more than β_fast times \
          over the original context unscaled and fully interpolates those turning fewer than \
          β_slow times. The Hugging Face defaults (β_fast = 32, β_slow = 1) are tuned for L in \
@@ -101,6 +115,8 @@ fn run(ctx: &mut Ctx) -> CliResult<ExpOutput> {
                 None
             } else if kind == "yarn" {
                 Some(yarn(&lab, f as f64, l, p.yarn_beta_fast, p.yarn_beta_slow)?)
+            } else if kind == "dynamic" {
+                Some(dynamic(&lab, f as f64, l)?)
             } else {
                 Some(EvalScaling::new(&lab.meta.model, kind, f as f64, l)?)
             };
