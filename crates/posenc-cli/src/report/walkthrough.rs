@@ -74,16 +74,16 @@ pub fn build_section() -> CliResult<ExpOutput> {
     let cos_sum = analysis::cosine(&sum[0], &sum[3]);
     o.text = format!(
         "**1. Tokens.** The sentence *the mother loves the daughter* is split into tokens: \
-         {}. **2. Token embeddings.** Each token id looks up a vector (here {d} random numbers \
+         {}.\n\n**2. Token embeddings.** Each token id looks up a vector (here {d} random numbers \
          per token); both *the*s get the same vector, so attention — which only compares \
          vectors — cannot tell them, or the sentence and *the daughter loves the mother*, apart. \
-         **3. Add the positions (seed 002).** The sinusoidal encoding PE(p) is added to the \
+        \n\n**3. Add the positions (seed 002).** The sinusoidal encoding PE(p) is added to the \
          token at position p: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / \
-         10000^(2i/d)). The cosine similarity of the two *the*s drops from {} to {}. **4. The \
+         10000^(2i/d)). The cosine similarity of the two *the*s drops from {} to {}.\n\n**4. The \
          picture (seed 000).** The 32 × 16 table: each column a position, each row a \
-         dimension; fast waves at the top, slow ones at the bottom. **5. The binary analogy.** \
+         dimension; fast waves at the top, slow ones at the bottom.\n\n**5. The binary analogy.** \
          Counting in binary, the lowest bit flips every step and each higher bit half as often; \
-         the sinusoid's dimensions do the same, smoothly. **6. Four numbers (seed 001).** With \
+         the sinusoid's dimensions do the same, smoothly.\n\n**6. Four numbers (seed 001).** With \
          d = 4 and pairs turning at 0.5 and 0.25 cycles per position, PE(p) = [sin(πp), \
          cos(πp), sin(πp/2), cos(πp/2)]: position 0 is [0, 1, 0, 1].",
         words

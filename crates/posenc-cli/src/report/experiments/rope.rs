@@ -33,7 +33,13 @@ fn scaling(lab: &Lab, name: String, max_pos: usize, rope_scaling: &str) -> CliRe
     Ok(EvalScaling::from_rope(name, Rope::new(rc)?))
 }
 
-fn yarn(lab: &Lab, factor: f64, l: usize, beta_fast: f64, beta_slow: f64) -> CliResult<EvalScaling> {
+fn yarn(
+    lab: &Lab,
+    factor: f64,
+    l: usize,
+    beta_fast: f64,
+    beta_slow: f64,
+) -> CliResult<EvalScaling> {
     scaling(
         lab,
         format!("yarn ×{factor}"),
