@@ -1,17 +1,27 @@
-//! `posenc report`: every encoding family with its formula, a small table of
-//! values and its measured properties, each with a verdict computed from the
-//! measurement by a rule stated beside it. Writes `report.md` and
-//! `results.json`.
+//! `posenc report`: the seeds' walk-through, seven experiments (models
+//! trained here, and analytic checks), and every encoding family with its
+//! formula, values and measured properties — each claim with a verdict
+//! computed from the measurement by a rule stated beside it. Writes
+//! `index.html` (self-contained), `report.md` with `figures/*.png`, and
+//! `results.json`; trained results are cached under `cache/`.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{CliError, CliResult};
 
+mod experiments;
 mod families;
+mod figures;
+mod html;
+mod preset;
+mod walkthrough;
+
+use experiments::{Claim, ExpOutput};
 
 /// Arguments of `posenc report`.
 #[derive(Args, Debug)]
@@ -19,10 +29,16 @@ pub struct ReportArgs {
     /// Output directory.
     #[arg(long, default_value = "report")]
     pub out: PathBuf,
+    /// Experiment preset: quick, full, smoke, or a path to a JSON preset.
+    #[arg(long, default_value = "quick")]
+    pub preset: String,
+    /// Run only experiment N (1–7).
+    #[arg(long)]
+    pub only: Option<usize>,
 }
 
 /// The outcome of comparing a measurement with a claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Verdict {
     /// The measurement meets the claim's rule.
     #[serde(rename = "reproduced")]
@@ -235,7 +251,7 @@ fn compact_json(v: &serde_json::Value) -> String {
     }
 }
 
-/// Builds the whole report (no I/O).
+/// Builds the analytic family sections (no I/O).
 pub fn build() -> CliResult<Report> {
     let start = Instant::now();
     let families = families::all()?;
@@ -246,22 +262,197 @@ pub fn build() -> CliResult<Report> {
     })
 }
 
+/// `results.json`.
+#[derive(Serialize)]
+struct Results<'a> {
+    generated_by: &'a str,
+    preset: &'a preset::Preset,
+    only: Option<usize>,
+    seconds: f64,
+    verdict_rule: &'static str,
+    claims: Vec<&'a Claim>,
+    experiments: Vec<serde_json::Value>,
+    families: &'a [Family],
+}
+
+fn claims_table(claims: &[&Claim]) -> String {
+    let mut s = String::from(
+        "| claim | source | ours | paper | rule | verdict |\n|---|---|---|---|---|---|\n",
+    );
+    for c in claims {
+        s.push_str(&format!(
+            "| **{}** <br><sub>`{}`</sub> | {} | {}: {} | {} | {} | **{}** |\n",
+            cell(&c.claim),
+            c.id,
+            cell(&c.source),
+            cell(&c.metric),
+            cell(&compact_json(&c.value)),
+            cell(&compact_json(&c.paper)),
+            cell(&c.rule),
+            c.verdict.as_str()
+        ));
+    }
+    s
+}
+
+fn section_md(s: &ExpOutput, level: &str) -> String {
+    let mut m = String::new();
+    let anchor = if s.id == 0 {
+        "walkthrough".to_string()
+    } else {
+        format!("experiment-{}", s.id)
+    };
+    m.push_str(&format!(
+        "<a id=\"{anchor}\"></a>\n{level} {}\n\n",
+        if s.id == 0 {
+            s.title.clone()
+        } else {
+            format!("Experiment {}: {}", s.id, s.title)
+        }
+    ));
+    if s.id > 0 {
+        m.push_str(&format!(
+            "*{}*\n\n",
+            if s.cached {
+                "read from the cache".to_string()
+            } else {
+                format!("ran in {:.1} s", s.seconds)
+            }
+        ));
+    }
+    for para in s.text.split("\n\n") {
+        m.push_str(para.trim());
+        m.push_str("\n\n");
+    }
+    for f in &s.figures {
+        m.push_str(&format!("![{}](figures/{})\n\n", f.caption, f.file));
+    }
+    for t in &s.tables {
+        m.push_str(&format!("**{}**\n\n", t.title));
+        m.push_str(&format!(
+            "| {} |\n|{}|\n",
+            t.header
+                .iter()
+                .map(|h| cell(h))
+                .collect::<Vec<_>>()
+                .join(" | "),
+            vec!["---"; t.header.len()].join("|")
+        ));
+        for r in &t.rows {
+            m.push_str(&format!(
+                "| {} |\n",
+                r.iter().map(|h| cell(h)).collect::<Vec<_>>().join(" | ")
+            ));
+        }
+        m.push('\n');
+    }
+    if !s.claims.is_empty() {
+        m.push_str(&claims_table(&s.claims.iter().collect::<Vec<_>>()));
+        m.push('\n');
+    }
+    m
+}
+
+fn count(v: impl Iterator<Item = Verdict>) -> (usize, usize, usize) {
+    let mut c = (0, 0, 0);
+    for x in v {
+        match x {
+            Verdict::Reproduced => c.0 += 1,
+            Verdict::Partly => c.1 += 1,
+            Verdict::NotReproduced => c.2 += 1,
+        }
+    }
+    c
+}
+
 pub fn run(a: ReportArgs) -> CliResult {
-    eprintln!("posenc report: measuring every encoding family ...");
-    let report = build()?;
-    std::fs::create_dir_all(&a.out)
+    let start = Instant::now();
+    let preset = preset::Preset::load(&a.preset)?;
+    eprintln!(
+        "posenc report: preset {} ({}); writing to {}",
+        preset.name,
+        preset.description,
+        a.out.display()
+    );
+    std::fs::create_dir_all(a.out.join("figures"))
         .map_err(|e| CliError(format!("cannot create {}: {e}", a.out.display())))?;
-    let md = a.out.join("report.md");
-    let json = a.out.join("results.json");
-    write_atomic(&md, report.markdown().as_bytes())?;
-    write_atomic(&json, serde_json::to_string_pretty(&report)?.as_bytes())?;
-    let (r, p, n) = report.verdict_counts();
+    let report = build()?;
+    let walk = walkthrough::build_section()?;
+    let mut ctx = experiments::Ctx::new(&preset, a.out.join("cache"));
+    let exps = experiments::run_all(&mut ctx, a.only)?;
+    // Figures.
+    let mut pngs: HashMap<String, Vec<u8>> = HashMap::new();
+    for f in walk
+        .figures
+        .iter()
+        .chain(exps.iter().flat_map(|e| &e.figures))
+    {
+        let png = f.png()?;
+        write_atomic(&a.out.join("figures").join(&f.file), &png)?;
+        pngs.insert(format!("figures/{}", f.file), png);
+    }
+    let claims: Vec<&Claim> = exps.iter().flat_map(|e| &e.claims).collect();
+    let (r, p, n) = count(claims.iter().map(|c| c.verdict));
+    let (fr, fp, fn_) = report.verdict_counts();
+    let seconds = start.elapsed().as_secs_f64();
+    // Markdown.
+    let mut md = String::new();
+    md.push_str("# posenc report: positional encodings, explained and measured\n\n");
+    md.push_str(
+        "Attention treats its input as a set: permute the tokens and the outputs are permuted \
+         the same way. A positional encoding gives the model the order back, at one of three \
+         places — the **input** (absolute encodings added to the embeddings), the **queries \
+         and keys** (rotary encodings), or the **attention logits and values** (relative \
+         encodings). This page walks through the idea with the seeds' own example, then checks \
+         what the papers claim on models trained here, then lists every family with its \
+         formula and measured properties. Every verdict is computed from a measurement by the \
+         rule printed next to it; a claim that does not reproduce at our scale says so, with \
+         the numbers.\n\n",
+    );
+    md.push_str(&format!(
+        "Generated by `posenc {}` with preset **{}** in {:.1} s{}: experiments **{r} reproduced, {p} partly, {n} not reproduced**; encoding families {fr} reproduced, {fp} partly, {fn_} not reproduced. Regenerate with `cargo run --release -- report` (`--preset full` for longer runs, `--only N` for one experiment).\n\n",
+        env!("CARGO_PKG_VERSION"),
+        preset.name,
+        seconds,
+        a.only.map(|n| format!(" (only experiment {n})")).unwrap_or_default(),
+    ));
+    md.push_str(&section_md(&walk, "##"));
+    md.push_str("## The claims at a glance\n\n");
+    md.push_str(&claims_table(&claims));
+    md.push('\n');
+    for e in &exps {
+        md.push_str(&section_md(e, "##"));
+    }
+    md.push_str("# Encoding families\n\n");
+    let fam = report.markdown();
+    let fam_body = fam.split_once("\n\n").map(|x| x.1).unwrap_or(&fam);
+    md.push_str(fam_body);
+    write_atomic(&a.out.join("report.md"), md.as_bytes())?;
+    let page = html::page("posenc report", &md, &|p| pngs.get(p).cloned());
+    write_atomic(&a.out.join("index.html"), page.as_bytes())?;
+    let generated_by = format!("posenc {}", env!("CARGO_PKG_VERSION"));
+    let results = Results {
+        generated_by: &generated_by,
+        preset: &preset,
+        only: a.only,
+        seconds,
+        verdict_rule: "each claim's verdict is computed from `value` by its `rule`: reproduced, partly, or not reproduced",
+        claims,
+        experiments: exps
+            .iter()
+            .map(|e| serde_json::json!({"id": e.id, "title": e.title, "seconds": e.seconds, "cached": e.cached, "figures": e.figures.iter().map(|f| format!("figures/{}", f.file)).collect::<Vec<_>>()}))
+            .collect(),
+        families: &report.families,
+    };
+    write_atomic(
+        &a.out.join("results.json"),
+        serde_json::to_string_pretty(&results)?.as_bytes(),
+    )?;
     println!(
-        "wrote {} and {} ({} families; {r} reproduced, {p} partly, {n} not reproduced) in {:.1} s",
-        md.display(),
-        json.display(),
-        report.families.len(),
-        report.seconds
+        "wrote {} (index.html, report.md, results.json, {} figures) in {:.1} s: claims {r} reproduced, {p} partly, {n} not reproduced; families {fr}/{fp}/{fn_}",
+        a.out.display(),
+        pngs.len(),
+        seconds
     );
     Ok(())
 }

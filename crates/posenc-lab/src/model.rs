@@ -121,6 +121,18 @@ impl EvalScaling {
     }
 }
 
+impl EvalScaling {
+    /// An evaluation-time RoPE built from any configuration (for scalings
+    /// whose parameters [`EvalScaling::new`] does not expose, e.g. YaRN's
+    /// `beta_fast`/`beta_slow`), shown as `name`.
+    pub fn from_rope(name: impl Into<String>, rope: Rope) -> Self {
+        EvalScaling {
+            name: name.into(),
+            rope,
+        }
+    }
+}
+
 struct Attention {
     qkv: Linear,
     proj: Linear,

@@ -1,0 +1,641 @@
+//! The trained and analytic experiments of the report: one file each, a
+//! shared training helper with a per-run cache, a per-experiment cache, and
+//! a progress bar on stderr.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::Device;
+use posenc::analysis::SplitMix64;
+use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
+use posenc_lab::model::EvalScaling;
+use posenc_lab::optim::{clip_grad_norm, AdamW};
+use posenc_lab::tasks::TaskKind;
+use posenc_lab::train::{
+    self, batch_seed, loss_and_accuracy, make_batch, Lab, ProbeResult, ShuffleResult, TrainOptions,
+};
+use serde::{Deserialize, Serialize};
+
+use super::figures::Fig;
+use super::preset::{Preset, Stage};
+use super::Verdict;
+use crate::{CliError, CliResult};
+
+mod analytic;
+mod encoders;
+mod learned_sin;
+mod lengthgen;
+mod lm;
+mod rope;
+mod shaw;
+
+/// Bumped whenever the training helper changes what a run computes.
+const RUN_VERSION: u32 = 1;
+
+/// One claim checked by an experiment: an entry of `results.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Claim {
+    /// Stable identifier, e.g. `e3.no-scaling-blows-up`.
+    pub id: String,
+    /// Experiment number (1–7).
+    pub experiment: usize,
+    /// The claim, in words.
+    pub claim: String,
+    /// Paper and table (or seed) it comes from.
+    pub source: String,
+    /// What we measured.
+    pub metric: String,
+    /// Our value(s).
+    pub value: serde_json::Value,
+    /// The paper's value(s), where it gives them.
+    pub paper: serde_json::Value,
+    /// The rule that turns our value into the verdict.
+    pub rule: String,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Seeds of the runs behind the value.
+    pub seeds: Vec<u64>,
+    /// Preset used.
+    pub preset: String,
+}
+
+/// A table of an experiment's section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Table {
+    /// Caption.
+    pub title: String,
+    /// Column names.
+    pub header: Vec<String>,
+    /// Cells.
+    pub rows: Vec<Vec<String>>,
+}
+
+/// What an experiment hands to the report (and to its cache).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExpOutput {
+    /// Experiment number.
+    pub id: usize,
+    /// Title.
+    pub title: String,
+    /// Markdown: what was done, with the choices made.
+    pub text: String,
+    /// Claims with verdicts.
+    pub claims: Vec<Claim>,
+    /// Figures.
+    pub figures: Vec<Fig>,
+    /// Tables.
+    pub tables: Vec<Table>,
+    /// Seconds it took when it ran (not when read from the cache).
+    pub seconds: f64,
+    /// Whether this output came from the cache.
+    #[serde(default)]
+    pub cached: bool,
+}
+
+impl ExpOutput {
+    fn new(id: usize, title: &str) -> Self {
+        ExpOutput {
+            id,
+            title: title.into(),
+            text: String::new(),
+            claims: Vec::new(),
+            figures: Vec::new(),
+            tables: Vec::new(),
+            seconds: 0.0,
+            cached: false,
+        }
+    }
+
+    /// Adds a claim.
+    #[allow(clippy::too_many_arguments)]
+    fn claim(
+        &mut self,
+        ctx: &Ctx,
+        id: &str,
+        claim: &str,
+        source: &str,
+        metric: &str,
+        value: serde_json::Value,
+        paper: serde_json::Value,
+        rule: &str,
+        verdict: Verdict,
+        seeds: Vec<u64>,
+    ) {
+        self.claims.push(Claim {
+            id: format!("e{}.{id}", self.id),
+            experiment: self.id,
+            claim: claim.into(),
+            source: source.into(),
+            metric: metric.into(),
+            value,
+            paper,
+            rule: rule.into(),
+            verdict,
+            seeds,
+            preset: ctx.preset.name.clone(),
+        });
+    }
+}
+
+/// An experiment: number, short name, title, and what it depends on.
+pub struct Experiment {
+    /// 1–7.
+    pub id: usize,
+    /// Short name.
+    pub slug: &'static str,
+    /// Version of its code: bump to invalidate its cache.
+    pub version: u32,
+    /// The part of the preset it reads.
+    pub config: fn(&Preset) -> serde_json::Value,
+    /// Runs it.
+    pub run: fn(&mut Ctx) -> CliResult<ExpOutput>,
+}
+
+/// Every experiment, in order.
+pub fn all() -> Vec<Experiment> {
+    vec![
+        encoders::EXPERIMENT,
+        lm::EXPERIMENT,
+        rope::EXPERIMENT,
+        learned_sin::EXPERIMENT,
+        lengthgen::EXPERIMENT,
+        shaw::EXPERIMENT,
+        analytic::EXPERIMENT,
+    ]
+}
+
+/// The state experiments share: the preset, the cache and the progress bar.
+pub struct Ctx<'a> {
+    /// The preset.
+    pub preset: &'a Preset,
+    /// `OUT/cache`.
+    pub cache: PathBuf,
+    progress: Progress,
+}
+
+struct Progress {
+    start: Instant,
+    tty: bool,
+    exp: usize,
+    n_exp: usize,
+    slug: String,
+    runs_done: usize,
+    runs_total: usize,
+}
+
+impl Progress {
+    fn draw(&self, what: &str) {
+        let width = 20;
+        let frac = (self.exp as f64 - 1.0
+            + if self.runs_total > 0 {
+                self.runs_done as f64 / self.runs_total as f64
+            } else {
+                0.0
+            })
+            / self.n_exp.max(1) as f64;
+        let filled = ((frac * width as f64).round() as usize).min(width);
+        let t = self.start.elapsed().as_secs();
+        let line = format!(
+            "[{}{}] experiment {}/{} {} · run {}/{} {what} · {}:{:02}",
+            "#".repeat(filled),
+            ".".repeat(width - filled),
+            self.exp,
+            self.n_exp,
+            self.slug,
+            self.runs_done,
+            self.runs_total,
+            t / 60,
+            t % 60
+        );
+        if self.tty {
+            eprint!("\r\x1b[2K{line}");
+            let _ = std::io::stderr().flush();
+        } else {
+            eprintln!("{line}");
+        }
+    }
+}
+
+impl<'a> Ctx<'a> {
+    /// A context writing its cache under `cache`.
+    pub fn new(preset: &'a Preset, cache: PathBuf) -> Self {
+        Ctx {
+            preset,
+            cache,
+            progress: Progress {
+                start: Instant::now(),
+                tty: std::io::stderr().is_terminal(),
+                exp: 0,
+                n_exp: 0,
+                slug: String::new(),
+                runs_done: 0,
+                runs_total: 0,
+            },
+        }
+    }
+
+    /// Declares how many training runs the current experiment will make.
+    fn plan(&mut self, runs: usize) {
+        self.progress.runs_total = runs;
+        self.progress.runs_done = 0;
+        self.progress.draw("");
+    }
+
+    fn tick(&mut self, what: &str) {
+        self.progress.runs_done += 1;
+        self.progress.draw(what);
+    }
+}
+
+/// FNV-1a, 64 bits: the cache keys.
+pub fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The cache file of an experiment under `cache`: preset, experiment, and a
+/// hash of the experiment's code version, its part of the preset and the
+/// crate's version.
+pub fn cache_path(cache: &Path, preset: &Preset, e: &Experiment) -> PathBuf {
+    let key = format!(
+        "{}|{}|{}|{}|{}",
+        preset.name,
+        e.id,
+        e.version,
+        (e.config)(preset),
+        env!("CARGO_PKG_VERSION")
+    );
+    cache.join(&preset.name).join(format!(
+        "e{}-{}-{:016x}.json",
+        e.id,
+        e.slug,
+        fnv(key.as_bytes())
+    ))
+}
+
+/// Runs the experiments (all, or only `only`), each from the cache when its
+/// key matches.
+pub fn run_all(ctx: &mut Ctx, only: Option<usize>) -> CliResult<Vec<ExpOutput>> {
+    let exps = all();
+    if let Some(n) = only {
+        if !(1..=exps.len()).contains(&n) {
+            return Err(CliError(format!(
+                "--only {n}: there are experiments 1 to {}",
+                exps.len()
+            )));
+        }
+    }
+    let chosen: Vec<&Experiment> = exps
+        .iter()
+        .filter(|e| only.is_none_or(|n| e.id == n))
+        .collect();
+    ctx.progress.n_exp = chosen.len();
+    let mut out = Vec::new();
+    for (i, e) in chosen.into_iter().enumerate() {
+        ctx.progress.exp = i + 1;
+        ctx.progress.slug = e.slug.into();
+        ctx.progress.runs_total = 0;
+        ctx.progress.runs_done = 0;
+        let path = cache_path(&ctx.cache, ctx.preset, e);
+        let cached = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<ExpOutput>(&t).ok());
+        let o = match cached {
+            Some(mut o) => {
+                o.cached = true;
+                ctx.progress.draw("(cached)");
+                o
+            }
+            None => {
+                let start = Instant::now();
+                let mut o = (e.run)(ctx)?;
+                o.seconds = start.elapsed().as_secs_f64();
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                super::write_atomic(&path, serde_json::to_string(&o)?.as_bytes())?;
+                o
+            }
+        };
+        out.push(o);
+    }
+    if ctx.progress.tty {
+        eprintln!();
+    }
+    Ok(out)
+}
+
+// ------------------------------------------------------------- training ---
+
+/// One training run: everything that determines its result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// Task name.
+    pub task: String,
+    /// Encoding name (`PeConfig::NAMES`).
+    pub pe: String,
+    /// Shaw's k.
+    pub shaw_k: usize,
+    /// Size of a learned table.
+    pub table_len: usize,
+    /// Model and run.
+    pub stage: Stage,
+    /// Seed.
+    pub seed: u64,
+    /// Lengths evaluated.
+    pub eval_lengths: Vec<usize>,
+    /// Also run the position probe and the shuffle test (decoders).
+    pub probe_and_shuffle: bool,
+}
+
+/// Loss and accuracy at one length, or why the model cannot run there.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalPoint {
+    /// Length.
+    pub length: usize,
+    /// Mean loss.
+    pub loss: Option<f64>,
+    /// Exact-match accuracy.
+    pub accuracy: Option<f64>,
+    /// The error, where the model cannot run at this length.
+    pub error: Option<String>,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The run.
+    pub spec: RunSpec,
+    /// Training loss at the end.
+    pub train_loss: f64,
+    /// Seconds of training.
+    pub seconds: f64,
+    /// Evaluations.
+    pub eval: Vec<EvalPoint>,
+    /// Position probe.
+    pub probe: Option<ProbeResult>,
+    /// Shuffle test.
+    pub shuffle: Option<ShuffleResult>,
+}
+
+impl RunRecord {
+    /// The evaluation at `len`.
+    pub fn at(&self, len: usize) -> Option<&EvalPoint> {
+        self.eval.iter().find(|e| e.length == len)
+    }
+
+    /// Loss at `len` (NaN when it cannot run).
+    pub fn loss(&self, len: usize) -> f64 {
+        self.at(len).and_then(|e| e.loss).unwrap_or(f64::NAN)
+    }
+
+    /// Accuracy at `len` (NaN when it cannot run).
+    pub fn acc(&self, len: usize) -> f64 {
+        self.at(len).and_then(|e| e.accuracy).unwrap_or(f64::NAN)
+    }
+}
+
+impl RunSpec {
+    /// A run of `pe` on `task` with `stage`.
+    pub fn new(task: &str, pe: &str, stage: &Stage, seed: u64) -> Self {
+        RunSpec {
+            task: task.into(),
+            pe: pe.into(),
+            shaw_k: 4,
+            table_len: stage.train_len,
+            stage: stage.clone(),
+            seed,
+            eval_lengths: vec![stage.train_len],
+            probe_and_shuffle: false,
+        }
+    }
+
+    fn key(&self) -> u64 {
+        let s = serde_json::to_string(self).expect("serialisable");
+        fnv(format!("{RUN_VERSION}|{}|{s}", env!("CARGO_PKG_VERSION")).as_bytes())
+    }
+
+    /// A fresh lab for this run.
+    pub fn lab(&self) -> CliResult<Lab> {
+        let kind = TaskKind::parse(&self.task)?;
+        let s = &self.stage;
+        let tc = TrainConfig {
+            task: kind,
+            n_symbols: s.symbols,
+            train_len: s.train_len,
+            steps: s.steps,
+            batch: s.batch,
+            lr: s.lr,
+            warmup: s.warmup.min(s.steps),
+            min_lr_frac: 0.1,
+            weight_decay: 0.01,
+            grad_clip: 1.0,
+            seed: self.seed,
+            log_every: (s.steps / 10).max(1),
+            corpus: None,
+        };
+        let task = train::load_task(&tc)?;
+        let model = ModelConfig {
+            mode: if kind.is_classification() {
+                Mode::Encoder
+            } else {
+                Mode::Decoder
+            },
+            vocab_size: task.vocab_size(),
+            num_outputs: task.num_outputs(),
+            d_model: s.d_model,
+            n_layers: s.layers,
+            n_heads: s.heads,
+            d_ff: 4 * s.d_model,
+            tied: true,
+            pe: PeConfig::parse(&self.pe, self.table_len, self.shaw_k)?,
+        };
+        Ok(Lab::new(model, tc, task)?)
+    }
+
+    /// A short label for progress and tables.
+    pub fn label(&self) -> String {
+        let pe = if self.pe == "shaw" {
+            format!("shaw-k{}", self.shaw_k)
+        } else {
+            self.pe.clone()
+        };
+        format!("{} {pe} seed {}", self.task, self.seed)
+    }
+}
+
+/// Evaluates `lab` at each length, recording lengths it cannot run at.
+pub fn eval_points(
+    lab: &Lab,
+    lengths: &[usize],
+    batches: usize,
+    batch: usize,
+    scaling: Option<&EvalScaling>,
+) -> CliResult<Vec<EvalPoint>> {
+    let mut out = Vec::new();
+    for &len in lengths {
+        out.push(
+            match train::evaluate(lab, &[len], batches, batch, scaling) {
+                Ok(r) => EvalPoint {
+                    length: len,
+                    loss: Some(r.loss[0]),
+                    accuracy: Some(r.accuracy[0]),
+                    error: None,
+                },
+                Err(e) => EvalPoint {
+                    length: len,
+                    loss: None,
+                    accuracy: None,
+                    error: Some(e.to_string()),
+                },
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Trains (or reads from the run cache) one run; returns its record and
+/// its checkpoint directory.
+pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> CliResult<(RunRecord, PathBuf)> {
+    let dir = ctx.cache.join("runs").join(format!("{:016x}", spec.key()));
+    let rec_path = dir.join("record.json");
+    if let Some(r) = std::fs::read_to_string(&rec_path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<RunRecord>(&t).ok())
+    {
+        if dir.join("config.json").exists() {
+            ctx.tick(&format!("{} (cached)", spec.label()));
+            return Ok((r, dir));
+        }
+    }
+    let mut lab = spec.lab()?;
+    let mut opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
+    // A stale checkpoint from an interrupted run must not be resumed.
+    let _ = std::fs::remove_dir_all(&dir);
+    let summary = train::train(
+        &mut lab,
+        &mut opt,
+        &TrainOptions {
+            out: &dir,
+            progress: false,
+            quiet: true,
+            stop: None,
+            pause_at: None,
+        },
+    )?;
+    let s = &spec.stage;
+    let eval = eval_points(&lab, &spec.eval_lengths, s.eval_batches, s.batch, None)?;
+    let (probe, shuffle) = if spec.probe_and_shuffle {
+        let l = s.train_len;
+        (
+            Some(train::probe(&lab, l, 2, s.batch)?),
+            Some(train::shuffle_test(
+                &lab,
+                l,
+                (l / 4).max(1),
+                s.eval_batches,
+                s.batch,
+            )?),
+        )
+    } else {
+        (None, None)
+    };
+    let rec = RunRecord {
+        spec: spec.clone(),
+        train_loss: summary.final_loss,
+        seconds: summary.seconds,
+        eval,
+        probe,
+        shuffle,
+    };
+    super::write_atomic(&rec_path, serde_json::to_string(&rec)?.as_bytes())?;
+    ctx.tick(&spec.label());
+    Ok((rec, dir))
+}
+
+/// Fine-tunes `lab` for `steps` steps at `len` with `scaling` applied in
+/// training (Position Interpolation fine-tuning when it is `linear`),
+/// constant learning rate `lr`, gradient clipping 1.
+pub fn finetune(
+    lab: &mut Lab,
+    scaling: Option<&EvalScaling>,
+    len: usize,
+    steps: usize,
+    lr: f64,
+) -> CliResult {
+    let device = Device::Cpu;
+    let params = lab.params();
+    let mut names: Vec<&String> = params.keys().collect();
+    names.sort();
+    let vars: Vec<candle_core::Var> = names.iter().map(|n| params[*n].clone()).collect();
+    let mut opt = AdamW::new(params.clone(), lab.meta.train.weight_decay)?;
+    let seed = lab.meta.train.seed;
+    let batch = lab.meta.train.batch;
+    for step in 0..steps {
+        let mut rng = SplitMix64::new(batch_seed(seed ^ 0xF1AE, step as u64, 5));
+        let b = make_batch(&lab.task, &mut rng, batch, len, &device)?;
+        let logits = lab.model.forward(&b.input, 0, scaling)?;
+        let (loss, _) = loss_and_accuracy(&logits, &b.target)?;
+        let mut grads = loss.backward().map_err(posenc_lab::LabError::from)?;
+        clip_grad_norm(&mut grads, &vars, 1.0)?;
+        opt.step(&grads, lr)?;
+    }
+    Ok(())
+}
+
+// -------------------------------------------------------------- helpers ---
+
+/// Mean and sample standard deviation (0 for one value) of the finite values.
+pub fn mean_std(v: &[f64]) -> (f64, f64) {
+    let f: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if f.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let m = f.iter().sum::<f64>() / f.len() as f64;
+    let s = if f.len() > 1 {
+        (f.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (f.len() - 1) as f64).sqrt()
+    } else {
+        0.0
+    };
+    (m, s)
+}
+
+/// `x` with 4 significant decimals for tables (`—` for NaN).
+pub fn f4(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.4}")
+    } else {
+        "—".into()
+    }
+}
+
+/// A percentage with one decimal (`—` for NaN).
+pub fn pct(x: f64) -> String {
+    if x.is_finite() {
+        format!("{:.1}%", 100.0 * x)
+    } else {
+        "—".into()
+    }
+}
+
+/// A JSON number, `null` for NaN.
+pub fn jnum(x: f64) -> serde_json::Value {
+    if x.is_finite() {
+        serde_json::json!((x * 1e6).round() / 1e6)
+    } else {
+        serde_json::Value::Null
+    }
+}
+
+/// Three-way verdict: `full` → reproduced, else `weak` → partly.
+pub fn verdict3(full: bool, weak: bool) -> Verdict {
+    if full {
+        Verdict::Reproduced
+    } else if weak {
+        Verdict::Partly
+    } else {
+        Verdict::NotReproduced
+    }
+}

@@ -1,0 +1,201 @@
+//! Experiment presets: typed, stored as JSON files under `presets/` at the
+//! root of the repository (compiled into the binary, so `posenc report`
+//! runs from anywhere), or read from a path given to `--preset`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{CliError, CliResult};
+
+/// The built-in presets: name and file contents.
+pub const BUILT_IN: [(&str, &str); 3] = [
+    ("quick", include_str!("../../../../presets/quick.json")),
+    ("full", include_str!("../../../../presets/full.json")),
+    ("smoke", include_str!("../../../../presets/smoke.json")),
+];
+
+/// One training setup: the model's shape and the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    /// Model width.
+    pub d_model: usize,
+    /// Blocks.
+    pub layers: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Training length L.
+    pub train_len: usize,
+    /// Optimiser steps.
+    pub steps: usize,
+    /// Sequences per step.
+    pub batch: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Warm-up steps.
+    pub warmup: usize,
+    /// Content symbols of the synthetic tasks.
+    pub symbols: u32,
+    /// Evaluation batches (of `batch` sequences) per length.
+    pub eval_batches: usize,
+}
+
+/// Experiments 1 (encoders need positions).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Encoders {
+    /// Training setup.
+    pub run: Stage,
+    /// Encodings trained on the order task.
+    pub encodings: Vec<String>,
+}
+
+/// Experiments 2 and 4 (language modelling).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lm {
+    /// Training setup.
+    pub run: Stage,
+    /// Encodings compared.
+    pub encodings: Vec<String>,
+}
+
+/// Experiment 3 (RoPE past its training length).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RopeExp {
+    /// Training setup.
+    pub run: Stage,
+    /// Evaluation lengths as multiples of L.
+    pub factors: Vec<usize>,
+    /// Fine-tuning steps at 2L (PI and plain).
+    pub finetune_steps: usize,
+    /// Fine-tuning learning rate.
+    pub finetune_lr: f64,
+    /// YaRN β_fast (rotations above which a pair is left unscaled).
+    pub yarn_beta_fast: f64,
+    /// YaRN β_slow (rotations below which a pair is fully interpolated).
+    pub yarn_beta_slow: f64,
+}
+
+/// Experiment 5 (length generalisation).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LengthGen {
+    /// Training setup.
+    pub run: Stage,
+    /// Evaluation lengths (the first is L).
+    pub eval_lengths: Vec<usize>,
+    /// Tasks.
+    pub tasks: Vec<String>,
+    /// Encodings.
+    pub encodings: Vec<String>,
+}
+
+/// Experiment 6 (Shaw's clipping distance).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShawExp {
+    /// Training setup.
+    pub run: Stage,
+    /// Clipping distances.
+    pub ks: Vec<usize>,
+}
+
+/// Experiment 7 (analytic).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Analytic {
+    /// Head dimension of the Position Interpolation fit.
+    pub pi_dim: usize,
+    /// Trained range of the fit.
+    pub pi_trained: usize,
+}
+
+/// A whole preset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Preset {
+    /// Name (`quick`, `full`, `smoke`, ...).
+    pub name: String,
+    /// What it is for.
+    pub description: String,
+    /// Seeds of the multi-seed experiments.
+    pub seeds: Vec<u64>,
+    /// Experiment 1.
+    pub encoders: Encoders,
+    /// Experiments 2 and 4.
+    pub lm: Lm,
+    /// Experiment 3.
+    pub rope: RopeExp,
+    /// Experiment 5.
+    pub lengthgen: LengthGen,
+    /// Experiment 6.
+    pub shaw: ShawExp,
+    /// Experiment 7.
+    pub analytic: Analytic,
+}
+
+impl Preset {
+    /// A built-in preset by name, or a JSON file by path.
+    pub fn load(name_or_path: &str) -> CliResult<Preset> {
+        let text = match BUILT_IN.iter().find(|(n, _)| *n == name_or_path) {
+            Some((_, t)) => t.to_string(),
+            None if name_or_path.ends_with(".json") => std::fs::read_to_string(name_or_path)
+                .map_err(|e| CliError(format!("cannot read preset {name_or_path}: {e}")))?,
+            None => {
+                return Err(CliError(format!(
+                    "unknown preset {name_or_path:?}; known: {} (or a path to a .json preset)",
+                    BUILT_IN.map(|(n, _)| n).join(", ")
+                )))
+            }
+        };
+        let p: Preset = serde_json::from_str(&text)
+            .map_err(|e| CliError(format!("preset {name_or_path}: {e}")))?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    fn validate(&self) -> CliResult {
+        let bad = |m: String| Err(CliError(format!("preset {}: {m}", self.name)));
+        if self.seeds.is_empty() {
+            return bad("no seeds".into());
+        }
+        for (what, s) in [
+            ("encoders", &self.encoders.run),
+            ("lm", &self.lm.run),
+            ("rope", &self.rope.run),
+            ("lengthgen", &self.lengthgen.run),
+            ("shaw", &self.shaw.run),
+        ] {
+            if s.steps == 0 || s.batch == 0 || s.train_len < 8 || s.eval_batches == 0 {
+                return bad(format!(
+                    "{what}: steps, batch and eval_batches must be ≥ 1 and train_len ≥ 8"
+                ));
+            }
+        }
+        if self.lengthgen.eval_lengths.first() != Some(&self.lengthgen.run.train_len) {
+            return bad("lengthgen.eval_lengths must start at train_len".into());
+        }
+        if self.rope.factors.first() != Some(&1) {
+            return bad("rope.factors must start at 1".into());
+        }
+        if self.analytic.pi_dim < 4 || !self.analytic.pi_dim.is_multiple_of(2) {
+            return bad("analytic.pi_dim must be even and ≥ 4".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_built_in_preset_parses_and_validates() {
+        for (name, _) in BUILT_IN {
+            let p = Preset::load(name).unwrap();
+            assert_eq!(p.name, name);
+        }
+        assert!(Preset::load("bogus").is_err());
+    }
+}
