@@ -104,7 +104,14 @@ impl EvalScaling {
         let json = format!(
             r#"{{"head_dim": {hd}, "num_attention_heads": {}, "rope_theta": {theta}, "partial_rotary_factor": {partial}, "max_position_embeddings": {}{scaling}}}"#,
             cfg.n_heads,
-            (train_len as f64 * factor.max(1.0)).ceil() as usize,
+            // Dynamic NTK reads the training length from
+            // max_position_embeddings (as transformers does) and rescales
+            // only beyond it; the others take the extended context.
+            if kind == "dynamic" {
+                train_len
+            } else {
+                (train_len as f64 * factor.max(1.0)).ceil() as usize
+            },
         );
         let mut rc = RopeConfig::from_hf_json_str(&json)?;
         if interleaved {
@@ -435,7 +442,10 @@ impl Transformer {
         let p = Positions::Offset(offset);
         Ok(match &self.input_pe {
             InputPe::None => x,
-            InputPe::Sinusoidal(s) => s.forward(&x, p)?,
+            // Vaswani et al. §3.4 multiply the embeddings by √d_model before
+            // adding the unit-amplitude sinusoids; without it the fixed
+            // encoding (|PE| ≈ √(D/2)) drowns tokens initialised at 0.02.
+            InputPe::Sinusoidal(s) => s.forward(&(x * (self.cfg.d_model as f64).sqrt())?, p)?,
             InputPe::Learned(l) => l.forward(&x, p)?,
             InputPe::Floater(f) => f.forward(&x, p)?,
         })

@@ -416,4 +416,11 @@ fn rope_scalings_evaluate_at_longer_lengths() {
         assert!(r.loss[0].is_finite(), "{kind}");
     }
     assert!(posenc_lab::model::EvalScaling::new(&lab.meta.model, "bogus", 2.0, 8).is_err());
+    // Dynamic NTK changes nothing within the training length and rescales
+    // beyond it.
+    let none = posenc_lab::model::EvalScaling::new(&lab.meta.model, "none", 4.0, 8).unwrap();
+    let dynamic = posenc_lab::model::EvalScaling::new(&lab.meta.model, "dynamic", 4.0, 8).unwrap();
+    let at = |len, s| train::evaluate(&lab, &[len], 1, 2, Some(s)).unwrap().loss[0];
+    assert_eq!(at(8, &none), at(8, &dynamic));
+    assert_ne!(at(32, &none), at(32, &dynamic));
 }

@@ -11,7 +11,7 @@ use crate::CliResult;
 pub const EXPERIMENT: Experiment = Experiment {
     id: 1,
     slug: "encoders",
-    version: 1,
+    version: 2,
     config: |p| json!({"encoders": p.encoders, "seeds": p.seeds}),
     run,
 };

@@ -9,7 +9,7 @@ use crate::CliResult;
 pub const EXPERIMENT: Experiment = Experiment {
     id: 5,
     slug: "length-generalisation",
-    version: 1,
+    version: 2,
     config: |p| json!({"lengthgen": p.lengthgen, "seed": p.seeds[0]}),
     run,
 };

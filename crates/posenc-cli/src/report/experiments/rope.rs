@@ -13,7 +13,7 @@ use crate::CliResult;
 pub const EXPERIMENT: Experiment = Experiment {
     id: 3,
     slug: "rope-length",
-    version: 2,
+    version: 3,
     config: |p| json!({"rope": p.rope, "seed": p.seeds[0]}),
     run,
 };
