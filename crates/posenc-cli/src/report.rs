@@ -458,12 +458,7 @@ pub fn run(a: ReportArgs) -> CliResult {
 }
 
 /// Writes a file through a temporary file and a rename, so a reader never
-/// sees half a report.
+/// sees half a report (the lab's checkpoint writer).
 fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> CliResult {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)
-        .map_err(|e| CliError(format!("cannot write {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| CliError(format!("cannot write {}: {e}", path.display())))?;
-    Ok(())
+    Ok(posenc_lab::train::write_atomic(path, bytes)?)
 }
