@@ -79,13 +79,26 @@ pub struct BenchReport {
     pub simd: &'static str,
 }
 
+/// Each measurement keeps sampling until it has at least this much time in
+/// samples (and at least `reps` samples), so that microsecond cases such as
+/// decode get thousands of samples and a stable median, not fifteen.
+const MIN_SAMPLED_SECONDS: f64 = 0.3;
+
+/// Most samples per measurement.
+const MAX_SAMPLES: usize = 20_000;
+
+/// Median wall time of `f` in milliseconds, after one warm-up call: at least
+/// `reps` samples, more until [`MIN_SAMPLED_SECONDS`] are covered.
 fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?; // warm-up
     let mut t = Vec::with_capacity(reps);
-    for _ in 0..reps {
+    let mut total = 0.0;
+    while t.len() < reps.max(1) || (total < MIN_SAMPLED_SECONDS && t.len() < MAX_SAMPLES) {
         let s = Instant::now();
         f()?;
-        t.push(s.elapsed().as_secs_f64() * 1e3);
+        let dt = s.elapsed().as_secs_f64();
+        total += dt;
+        t.push(dt * 1e3);
     }
     t.sort_by(f64::total_cmp);
     Ok(t[t.len() / 2])
