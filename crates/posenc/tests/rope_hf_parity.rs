@@ -321,3 +321,38 @@ fn real_checkpoints_resolve_dimensions_and_layout() {
         );
     }
 }
+
+/// Phi-3's legacy scaling names, as `Phi3Config._rope_scaling_adjustment`
+/// maps them: `"su"` (any model) and `"yarn"` with LongRoPE factors in a
+/// `phi3` config both mean `longrope`; a `"yarn"` elsewhere stays YaRN.
+#[test]
+fn phi3_legacy_su_and_yarn_are_longrope() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/checkpoints/phi-3-mini-128k-instruct.config.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let reference = RopeConfig::from_hf_json_str(&text).unwrap();
+    assert_eq!(reference.rope_type(), "longrope");
+    for legacy in ["su", "yarn"] {
+        let mut j = json.clone();
+        j["rope_scaling"]["type"] = serde_json::Value::from(legacy);
+        let cfg = RopeConfig::from_hf_json_str(&j.to_string()).unwrap();
+        assert_eq!(cfg.rope_type(), "longrope", "type {legacy}");
+        for len in [1, 4096, 4097, 131072] {
+            assert_eq!(
+                cfg.frequencies(Some(len)).unwrap(),
+                reference.frequencies(Some(len)).unwrap(),
+                "type {legacy}, seq_len {len}"
+            );
+        }
+    }
+    // Outside phi3, "yarn" keeps its meaning.
+    let yarn = r#"{"model_type": "qwen2", "head_dim": 64, "max_position_embeddings": 131072,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}"#;
+    assert_eq!(
+        RopeConfig::from_hf_json_str(yarn).unwrap().rope_type(),
+        "yarn"
+    );
+}

@@ -12,7 +12,11 @@
 //!   `rope_parameters` (transformers 5 name). The type is `rope_type`, or the
 //!   legacy `type`, default `"default"`. A `rope_parameters` nested by layer
 //!   type (`{"full_attention": {...}, "sliding_attention": {...}}`) uses its
-//!   `full_attention` entry.
+//!   `full_attention` entry. Phi-3's legacy names are mapped as
+//!   `Phi3Config._rope_scaling_adjustment` (transformers 4.43+) does: type
+//!   `"su"` is `longrope`, and so is `"yarn"` in a `phi3` config that carries
+//!   `long_factor`/`short_factor` (early Phi-3 checkpoints called their
+//!   LongRoPE factors by those names).
 //! - **base**: `rope_theta` inside the parameters, else the top-level
 //!   `rope_theta`, else GPT-NeoX's `rotary_emb_base`, else 10000
 //!   (transformers' `default_theta`).
@@ -419,11 +423,17 @@ impl RopeConfig {
         }
         let p = params.unwrap_or_default();
 
-        let rope_type = p
+        let mut rope_type = p
             .rope_type
             .clone()
             .or_else(|| p.legacy_type.clone())
             .unwrap_or_else(|| "default".to_string());
+        // Phi-3's legacy names (Phi3Config._rope_scaling_adjustment).
+        let phi3_factors =
+            model_type == "phi3" && (p.long_factor.is_some() || p.short_factor.is_some());
+        if rope_type == "su" || (rope_type == "yarn" && phi3_factors) {
+            rope_type = "longrope".to_string();
+        }
         if !KNOWN_ROPE_TYPES.contains(&rope_type.as_str()) {
             return Err(Error::UnknownRopeType {
                 name: rope_type,
