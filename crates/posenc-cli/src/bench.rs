@@ -111,6 +111,7 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
         let v = serde_json::json!({
             "model": {"layers": layers, "d_model": d, "heads": heads, "length": len, "batch": batch},
             "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            "allocator": crate::ALLOCATOR,
             "cases": cases.iter().map(|c| serde_json::json!({
                 "pe": c.pe, "ms_per_step": c.ms_per_step, "tokens_per_s": c.tokens_per_s,
                 "relative_to_nope": if c.relative_to_nope.is_finite() { serde_json::json!(c.relative_to_nope) } else { serde_json::Value::Null },
@@ -119,8 +120,9 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "training step, {layers} layers, d_model {d}, {heads} heads, length {len}, batch {batch} (median of {} steps)",
-            a.steps
+            "training step, {layers} layers, d_model {d}, {heads} heads, length {len}, batch {batch} (median of {} steps, {} allocator)",
+            a.steps,
+            crate::ALLOCATOR
         );
         let rows: Vec<Vec<String>> = cases
             .iter()
@@ -170,9 +172,16 @@ pub fn run(cmd: BenchCommand) -> CliResult {
         BenchCommand::Rope(a) => {
             let report = rope_bench(BenchOptions { quick: a.quick })?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                let mut v = serde_json::to_value(&report)?;
+                v["allocator"] = serde_json::Value::from(crate::ALLOCATOR);
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 print!("{}", report.to_text());
+                println!(
+                    "allocator: {} (out-of-place timings include faulting in fresh output pages; \
+                     see README, Speed)",
+                    crate::ALLOCATOR
+                );
             }
             Ok(())
         }

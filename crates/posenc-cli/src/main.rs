@@ -16,6 +16,20 @@ mod viz;
 
 use clap::{Parser, Subcommand};
 
+/// With `--features mimalloc` the binary allocates with mimalloc, which keeps
+/// freed memory for reuse: out-of-place RoPE then skips the page faults of a
+/// fresh output (see README, Speed), but some lab models train slower.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The global allocator this binary was built with (printed by `posenc bench`).
+pub(crate) const ALLOCATOR: &str = if cfg!(feature = "mimalloc") {
+    "mimalloc"
+} else {
+    "system"
+};
+
 /// Positional encodings for transformers: tables, biases, RoPE inspection,
 /// pictures, measurements and the report.
 #[derive(Parser, Debug)]
