@@ -1,5 +1,5 @@
-//! `posenc train`, `posenc eval`, `posenc probe`, `posenc shuffle`: the lab
-//! on the command line.
+//! `posenc train`, `posenc finetune`, `posenc eval`, `posenc probe`,
+//! `posenc shuffle`: the lab on the command line.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
-use posenc_lab::model::EvalScaling;
+use posenc_lab::finetune::{self, scaling_at, FinetuneOptions};
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::TaskKind;
 use posenc_lab::train::{self, Lab, TrainOptions};
@@ -91,13 +91,75 @@ pub struct EvalArgs {
     #[arg(long, default_value = "32,64,128")]
     pub lengths: String,
     /// RoPE scaling at evaluation time: none, linear, ntk, dynamic, yarn
-    /// (factor = length / training length, at least 1).
-    #[arg(long, default_value = "none")]
-    pub scaling: String,
+    /// (factor = length / training length, at least 1). Default: the
+    /// scaling the checkpoint was fine-tuned with, if any, else none.
+    #[arg(long)]
+    pub scaling: Option<String>,
     /// Batches of 32 sequences per length.
     #[arg(long, default_value_t = 4)]
     pub batches: usize,
     /// Print JSON (`{"lengths": [...], "loss": [...], "accuracy": [...]}`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `posenc finetune`.
+#[derive(Args, Debug)]
+pub struct FinetuneArgs {
+    /// The base checkpoint directory (read, never written).
+    #[arg(long, required_unless_present = "resume", conflicts_with = "resume")]
+    pub checkpoint: Option<PathBuf>,
+    /// The new training length.
+    #[arg(
+        long,
+        required_unless_present = "resume",
+        conflicts_with = "resume",
+        allow_hyphen_values = true
+    )]
+    pub len: Option<usize>,
+    /// Fine-tuning steps.
+    #[arg(
+        long,
+        required_unless_present = "resume",
+        conflicts_with = "resume",
+        allow_hyphen_values = true
+    )]
+    pub steps: Option<usize>,
+    /// RoPE scaling kept in the forward pass during fine-tuning and, by
+    /// default, in `posenc eval` afterwards: none, linear (Position
+    /// Interpolation), ntk, dynamic, yarn (factor = --len / the base's
+    /// training length, at least 1). Default: the base's own fine-tune
+    /// scaling, if any, else none.
+    #[arg(long, conflicts_with = "resume")]
+    pub scaling: Option<String>,
+    /// Learning rate, constant after the warm-up.
+    #[arg(
+        long,
+        default_value_t = 1e-3,
+        allow_hyphen_values = true,
+        conflicts_with = "resume"
+    )]
+    pub lr: f64,
+    /// Linear warm-up steps (0: constant learning rate from the start).
+    #[arg(long, default_value_t = 0, conflicts_with = "resume")]
+    pub warmup: usize,
+    /// Sequences per step (default: the base run's).
+    #[arg(long, conflicts_with = "resume")]
+    pub batch: Option<usize>,
+    /// Seed of the fine-tuning batches (default: the base run's; they come
+    /// from a stream of their own either way).
+    #[arg(long, conflicts_with = "resume")]
+    pub seed: Option<u64>,
+    /// Checkpoint directory of the fine-tuned model (not --checkpoint).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Continue the interrupted fine-tune saved in --out.
+    #[arg(long)]
+    pub resume: bool,
+    /// No progress output.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Print the summary and the fine-tune record as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -125,30 +187,14 @@ pub fn train(a: TrainArgs) -> CliResult {
         let _ = ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst));
     }
     let (mut lab, mut opt) = if a.resume {
-        let lab = Lab::load(&a.out)?;
-        let mut opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
-        let st = candle_core::safetensors::load(
-            a.out.join("optimizer.safetensors"),
-            &candle_core::Device::Cpu,
-        )
-        .map_err(|e| {
-            CliError(format!(
-                "{}: corrupt or missing optimizer state: {e}",
-                a.out.display()
-            ))
-        })?;
-        let step = st
-            .get("__step")
-            .and_then(|t| t.to_vec1::<u32>().ok())
-            .map(|v| v[0] as usize);
-        if step != Some(lab.meta.step) {
+        let (lab, opt) = Lab::load_resumable(&a.out)?;
+        if lab.meta.finetune.is_some() {
             return Err(CliError(format!(
-                "{}: optimizer state is from step {step:?}, the model from step {}: the checkpoint is torn",
+                "{} is a fine-tune: resume it with posenc finetune --resume --out {}",
                 a.out.display(),
-                lab.meta.step
+                a.out.display()
             )));
         }
-        opt.load_state(&st)?;
         eprintln!("resuming {} at step {}", a.out.display(), lab.meta.step);
         (lab, opt)
     } else {
@@ -225,6 +271,101 @@ pub fn train(a: TrainArgs) -> CliResult {
     Ok(())
 }
 
+pub fn finetune(a: FinetuneArgs) -> CliResult {
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        // Ctrl-C: finish the step, write a checkpoint, exit.
+        let _ = ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst));
+    }
+    let (lab, summary) = if a.resume {
+        let (mut lab, mut opt) = Lab::load_resumable(&a.out)?;
+        if lab.meta.finetune.is_none() {
+            return Err(CliError(format!(
+                "{} is not a fine-tune: resume it with posenc train --resume",
+                a.out.display()
+            )));
+        }
+        if !a.quiet {
+            eprintln!("resuming {} at step {}", a.out.display(), lab.meta.step);
+        }
+        let summary = train::train(
+            &mut lab,
+            &mut opt,
+            &TrainOptions {
+                out: &a.out,
+                progress: true,
+                quiet: a.quiet,
+                stop: Some(&stop),
+                pause_at: None,
+            },
+        )?;
+        (lab, summary)
+    } else {
+        let need = |what: &str| CliError(format!("--{what} is required (or --resume)"));
+        let base = a.checkpoint.as_deref().ok_or_else(|| need("checkpoint"))?;
+        let len = a.len.ok_or_else(|| need("len"))?;
+        let steps = a.steps.ok_or_else(|| need("steps"))?;
+        if finetune::same_dir(base, &a.out) {
+            return Err(CliError(format!(
+                "--out {} is the base checkpoint: choose another directory (the base is never overwritten)",
+                a.out.display()
+            )));
+        }
+        if let Some(s) = &a.scaling {
+            posenc_lab::ScalingKind::parse(s)?;
+        }
+        if a.out.join("config.json").exists() {
+            return Err(CliError(format!(
+                "{} already holds a checkpoint: pass --resume to continue it, or choose another --out",
+                a.out.display()
+            )));
+        }
+        let mut lab = Lab::load(base)?;
+        let mut o = FinetuneOptions::new(len, steps, a.lr);
+        o.warmup = a.warmup;
+        o.scaling = scaling_at(&lab, a.scaling.as_deref(), len)?;
+        o.seed = a.seed;
+        o.batch = a.batch;
+        o.base = Some(base);
+        o.out = Some(&a.out);
+        o.progress = true;
+        o.quiet = a.quiet;
+        o.stop = Some(&stop);
+        let summary = finetune::finetune(&mut lab, &o)?;
+        (lab, summary)
+    };
+    let record = lab.meta.finetune.as_ref().expect("a fine-tuned checkpoint");
+    if a.json {
+        let mut v = serde_json::to_value(&summary)?;
+        v["out"] = serde_json::json!(a.out.display().to_string());
+        v["finetune"] = serde_json::to_value(record)?;
+        println!("{v}");
+    } else {
+        println!(
+            "{} {} with {} at {} (trained at {}), scaling {}: step {}/{}, loss {:.4}, accuracy {:.1}%, {:.0} tokens/s, {:.1} s{}; checkpoint in {}",
+            if summary.interrupted { "interrupted fine-tuning" } else { "fine-tuned" },
+            lab.meta.train.task.name(),
+            lab.meta.model.pe.label(),
+            record.len,
+            record.base_train.train_len,
+            record.scaling.as_ref().map_or("none".into(), |s| s.label()),
+            summary.steps,
+            lab.meta.train.steps,
+            summary.final_loss,
+            summary.final_accuracy * 100.0,
+            summary.tokens_per_s,
+            summary.seconds,
+            if summary.interrupted { " (Ctrl-C)" } else { "" },
+            a.out.display()
+        );
+    }
+    if summary.interrupted {
+        std::process::exit(130);
+    }
+    Ok(())
+}
+
 fn parse_lengths(s: &str) -> CliResult<Vec<usize>> {
     let v: Result<Vec<usize>, _> = s.split(',').map(|x| x.trim().parse::<usize>()).collect();
     let v = v.map_err(|_| CliError(format!("invalid --lengths {s:?}: expected e.g. 32,64,128")))?;
@@ -245,31 +386,40 @@ pub fn eval(a: EvalArgs) -> CliResult {
         loss: vec![],
         accuracy: vec![],
     };
+    let mut used = Vec::new();
     for &len in &lengths {
-        let scaling = if a.scaling == "none" {
-            None
-        } else {
-            let factor = (len as f64 / train_len as f64).max(1.0);
-            Some(EvalScaling::new(
-                &lab.meta.model,
-                &a.scaling,
-                factor,
-                train_len,
-            )?)
-        };
+        let spec = scaling_at(&lab, a.scaling.as_deref(), len)?;
+        let scaling = spec
+            .as_ref()
+            .map(|s| s.build(&lab.meta.model))
+            .transpose()?;
         let r = train::evaluate(&lab, &[len], a.batches, 32, scaling.as_ref())?;
         res.lengths.push(len);
         res.loss.push(r.loss[0]);
         res.accuracy.push(r.accuracy[0]);
+        used.push(spec.map_or("none".to_string(), |s| s.label()));
     }
     if a.json {
-        println!("{}", serde_json::to_string(&res)?);
+        let mut v = serde_json::to_value(&res)?;
+        v["scaling"] = serde_json::json!(used);
+        println!("{v}");
     } else {
+        let how = match (&a.scaling, lab.meta.finetune.as_ref()) {
+            (Some(s), _) => s.clone(),
+            (None, Some(f)) if f.scaling.is_some() => "as fine-tuned".into(),
+            (None, _) => "none".into(),
+        };
+        let trained = match &lab.meta.finetune {
+            Some(f) => format!(
+                "trained at {}, fine-tuned at {train_len}",
+                f.base_train.train_len
+            ),
+            None => format!("trained at {train_len}"),
+        };
         println!(
-            "{} with {} (trained at {train_len}), scaling {}",
+            "{} with {} ({trained}), scaling {how}",
             lab.meta.train.task.name(),
             lab.meta.model.pe.label(),
-            a.scaling
         );
         let rows: Vec<Vec<String>> = (0..res.lengths.len())
             .map(|i| {
@@ -277,12 +427,21 @@ pub fn eval(a: EvalArgs) -> CliResult {
                     res.lengths[i].to_string(),
                     format!("{:.4}", res.loss[i]),
                     format!("{:.1}%", res.accuracy[i] * 100.0),
+                    used[i].clone(),
                 ]
             })
             .collect();
         print!(
             "{}",
-            crate::output::table(&["length".into(), "loss".into(), "accuracy".into()], &rows)
+            crate::output::table(
+                &[
+                    "length".into(),
+                    "loss".into(),
+                    "accuracy".into(),
+                    "scaling".into()
+                ],
+                &rows
+            )
         );
     }
     Ok(())

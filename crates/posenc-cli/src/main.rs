@@ -58,6 +58,9 @@ enum Command {
     Compare(viz::CompareArgs),
     /// Train a lab transformer (encoder or decoder) with any encoding.
     Train(cmd_lab::TrainArgs),
+    /// Fine-tune a checkpoint at a new length, optionally keeping a RoPE
+    /// scaling (Position Interpolation: --scaling linear).
+    Finetune(cmd_lab::FinetuneArgs),
     /// Evaluate a checkpoint at several lengths, optionally with a RoPE
     /// scaling chosen now.
     Eval(cmd_lab::EvalArgs),
@@ -119,6 +122,7 @@ fn run(cli: Cli) -> CliResult {
         Command::Analyze(a) => Ok(viz::analyze(a)?),
         Command::Compare(a) => Ok(viz::compare(a)?),
         Command::Train(a) => cmd_lab::train(a),
+        Command::Finetune(a) => cmd_lab::finetune(a),
         Command::Eval(a) => cmd_lab::eval(a),
         Command::Probe(a) => cmd_lab::probe(a),
         Command::Shuffle(a) => cmd_lab::shuffle(a),

@@ -248,3 +248,271 @@ fn eval_time_scaling_needs_a_rope_model() {
     let e = fails(&["eval", "--checkpoint", rs, "--scaling", "magic"]);
     assert!(e.contains("magic"), "{e}");
 }
+
+fn finetune(base: &str, out: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "finetune",
+        "--checkpoint",
+        base,
+        "--len",
+        "24",
+        "--steps",
+        "3",
+        "--out",
+        out,
+        "--quiet",
+        "--json",
+    ];
+    args.extend(extra);
+    serde_json::from_str(&ok(&args)).unwrap()
+}
+
+fn eval_json(dir: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "eval",
+        "--checkpoint",
+        dir,
+        "--lengths",
+        "12,24,48",
+        "--batches",
+        "1",
+        "--json",
+    ];
+    args.extend(extra);
+    serde_json::from_str(&ok(&args)).unwrap()
+}
+
+#[test]
+fn finetune_at_a_new_length_and_evaluate_the_result() {
+    let base = tmp("ft-base");
+    let bs = base.to_str().unwrap();
+    train(bs, "copy", "rope", "4");
+    let base_config = std::fs::read(base.join("config.json")).unwrap();
+    // Plain fine-tuning at 24.
+    let plain = tmp("ft-plain");
+    let ps = plain.to_str().unwrap();
+    let s = finetune(bs, ps, &[]);
+    assert_eq!(s["steps"], 3);
+    assert_eq!(s["interrupted"], false);
+    assert!(s["final_loss"].as_f64().unwrap().is_finite(), "{s}");
+    assert_eq!(s["finetune"]["len"], 24);
+    assert_eq!(s["finetune"]["base_train"]["train_len"], 12);
+    assert_eq!(s["finetune"]["scaling"], Value::Null);
+    let e = eval_json(ps, &[]);
+    assert_eq!(e["scaling"], serde_json::json!(["none", "none", "none"]));
+    // An explicit scaling on a plain fine-tune stretches from the new length.
+    let e = eval_json(ps, &["--scaling", "linear"]);
+    assert_eq!(e["scaling"][2], "linear ×2 (from 24)");
+    // Position Interpolation: linear ×2 in training, and by default after.
+    let pi = tmp("ft-pi");
+    let pis = pi.to_str().unwrap();
+    let s = finetune(
+        bs,
+        pis,
+        &[
+            "--scaling",
+            "linear",
+            "--lr",
+            "2e-3",
+            "--batch",
+            "4",
+            "--seed",
+            "7",
+        ],
+    );
+    let r = &s["finetune"];
+    assert_eq!(r["scaling"]["kind"], "linear");
+    assert_eq!(r["scaling"]["factor"], 2.0);
+    assert_eq!(r["scaling"]["original_len"], 12);
+    assert_eq!(
+        (r["lr"].as_f64(), &r["batch"], &r["seed"]),
+        (Some(2e-3), &serde_json::json!(4), &serde_json::json!(7))
+    );
+    assert!(
+        r["base"]
+            .as_str()
+            .unwrap()
+            .ends_with(base.file_name().unwrap().to_str().unwrap()),
+        "{r}"
+    );
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(pi.join("config.json")).unwrap()).unwrap();
+    assert_eq!(&config["finetune"], r);
+    assert_eq!(config["train"]["train_len"], 24);
+    let by_default = eval_json(pis, &[]);
+    assert_eq!(
+        by_default["scaling"],
+        serde_json::json!([
+            "linear ×2 (from 12)",
+            "linear ×2 (from 12)",
+            "linear ×4 (from 12)"
+        ])
+    );
+    assert_eq!(by_default, eval_json(pis, &["--scaling", "linear"]));
+    let bare = eval_json(pis, &["--scaling", "none"]);
+    assert_ne!(by_default["loss"], bare["loss"]);
+    // The text form says the scaling is the fine-tune's.
+    let text = ok(&[
+        "eval",
+        "--checkpoint",
+        pis,
+        "--lengths",
+        "24",
+        "--batches",
+        "1",
+    ]);
+    assert!(
+        text.contains("fine-tuned at 24") && text.contains("as fine-tuned"),
+        "{text}"
+    );
+    assert!(text.contains("linear ×2 (from 12)"), "{text}");
+    // The base is never written.
+    assert_eq!(
+        std::fs::read(base.join("config.json")).unwrap(),
+        base_config
+    );
+    // --resume of a finished fine-tune keeps its step count; the same --out
+    // without --resume is refused.
+    let out = ok(&["finetune", "--resume", "--out", pis, "--quiet"]);
+    assert!(
+        out.contains("step 3/3") && out.contains("linear ×2"),
+        "{out}"
+    );
+    let e = fails(&[
+        "finetune",
+        "--checkpoint",
+        bs,
+        "--len",
+        "24",
+        "--steps",
+        "1",
+        "--out",
+        pis,
+    ]);
+    assert!(e.contains("--resume"), "{e}");
+    // A fine-tune is resumed by finetune, not train.
+    let mut args = vec![
+        "train", "--task", "copy", "--pe", "rope", "--out", pis, "--resume",
+    ];
+    args.extend(TINY);
+    let e = fails(&args);
+    assert!(e.contains("posenc finetune --resume"), "{e}");
+}
+
+#[test]
+fn bad_finetune_arguments_are_one_line_errors() {
+    let base = tmp("ft-bad-base");
+    let bs = base.to_str().unwrap();
+    train(bs, "copy", "rope", "2");
+    let out = tmp("ft-bad-out");
+    let os = out.to_str().unwrap();
+    let ft = |extra: &[&str]| {
+        let mut args = vec!["finetune", "--steps", "1", "--out", os];
+        args.extend(extra);
+        fails(&args)
+    };
+    // Missing checkpoint: not given, or not there.
+    let e = ft(&["--len", "24"]);
+    assert!(e.contains("--checkpoint"), "{e}");
+    let e = ft(&["--checkpoint", "/nonexistent/run", "--len", "24"]);
+    assert!(e.contains("config.json"), "{e}");
+    // --out is the checkpoint (in any spelling).
+    for same in [bs.to_string(), format!("{bs}/"), format!("{bs}/.")] {
+        let e = fails(&[
+            "finetune",
+            "--checkpoint",
+            bs,
+            "--len",
+            "24",
+            "--steps",
+            "1",
+            "--out",
+            &same,
+        ]);
+        assert!(e.contains("base checkpoint"), "{e}");
+    }
+    // Unknown scaling, and a scaling on a model without RoPE.
+    let e = ft(&["--checkpoint", bs, "--len", "24", "--scaling", "magic"]);
+    assert!(e.contains("magic") && e.contains("yarn"), "{e}");
+    // Lengths: 0, below the task's minimum, not a number.
+    let e = ft(&["--checkpoint", bs, "--len", "0"]);
+    assert!(e.contains("too short"), "{e}");
+    let e = ft(&["--checkpoint", bs, "--len", "2"]);
+    assert!(e.contains("too short"), "{e}");
+    let e = ft(&["--checkpoint", bs, "--len", "-3"]);
+    assert!(e.contains("--len"), "{e}");
+    let e = ft(&["--checkpoint", bs, "--len", "24", "--lr", "0"]);
+    assert!(e.contains("learning rate"), "{e}");
+    // --resume with fine-tune settings, or of a directory that is not one.
+    let e = fails(&["finetune", "--resume", "--len", "24", "--out", os]);
+    assert!(e.contains("--resume"), "{e}");
+    let e = fails(&["finetune", "--resume", "--out", bs]);
+    assert!(e.contains("not a fine-tune"), "{e}");
+    // A learned table past its rows (12 × 8 = 96), and a scaling without RoPE.
+    let learned = tmp("ft-bad-learned");
+    let ls = learned.to_str().unwrap();
+    train(ls, "copy", "learned", "1");
+    let e = ft(&["--checkpoint", ls, "--len", "97"]);
+    assert!(e.contains("learned position table has 96 rows"), "{e}");
+    let alibi = tmp("ft-bad-alibi");
+    let als = alibi.to_str().unwrap();
+    train(als, "copy", "alibi", "1");
+    let e = ft(&["--checkpoint", als, "--len", "24", "--scaling", "linear"]);
+    assert!(e.contains("RoPE"), "{e}");
+    assert!(!out.join("config.json").exists());
+}
+
+/// Ctrl-C during a fine-tune: a checkpoint, exit status 130, and `--resume`
+/// finishes it.
+#[cfg(unix)]
+#[test]
+fn an_interrupted_finetune_checkpoints_and_resumes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let base = tmp("ft-int-base");
+    let bs = base.to_str().unwrap();
+    train(bs, "copy", "rope", "2");
+    let out = tmp("ft-int-out");
+    let os = out.to_str().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_posenc"))
+        .args([
+            "finetune",
+            "--checkpoint",
+            bs,
+            "--len",
+            "24",
+            "--steps",
+            "1000",
+            "--batch",
+            "2",
+            "--out",
+            os,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first progress line: training has started, the handler is set.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("step"), "{line}");
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    let step = config["step"].as_u64().unwrap();
+    assert!((1..1000).contains(&step), "{step}");
+    assert_eq!(config["finetune"]["len"], 24);
+    let out = posenc(&["finetune", "--resume", "--out", os]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("at step {step}")), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("step 1000/1000"), "{text}");
+}

@@ -2,14 +2,18 @@
 //!
 //! Encoder and decoder transformers small enough to train on a laptop CPU,
 //! with any positional encoding of [`posenc`] plugged in at its hook, and the
-//! built-in tasks that test the seeds' claims ([`tasks`]).
+//! built-in tasks that test the seeds' claims ([`tasks`]), trained with
+//! [`train::train`] and fine-tuned at a new length with [`finetune()`].
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod finetune;
 pub mod model;
 pub mod optim;
 pub mod tasks;
 pub mod train;
+
+pub use finetune::{finetune, FinetuneOptions, FinetuneRecord, ScalingKind, ScalingSpec};
 
 /// Errors of the lab: bad arguments, corrupt checkpoints, candle failures.
 #[derive(Debug, thiserror::Error)]
@@ -31,5 +35,19 @@ pub enum LabError {
         /// The underlying error.
         #[source]
         source: std::io::Error,
+    },
+    /// A length past the rows of a learned absolute position table: the
+    /// model has no encoding for those positions, so it can be neither
+    /// fine-tuned nor run there.
+    #[error(
+        "cannot {action} at length {len}: the learned position table has {rows} rows (train with a larger --max-len)"
+    )]
+    LengthBeyondTable {
+        /// What was asked (e.g. `fine-tune`).
+        action: &'static str,
+        /// The length asked for.
+        len: usize,
+        /// Rows of the table (the longest length the model can run at).
+        rows: usize,
     },
 }

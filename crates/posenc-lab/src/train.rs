@@ -16,6 +16,7 @@ use posenc::analysis::SplitMix64;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Mode, ModelConfig, TrainConfig};
+use crate::finetune::FinetuneRecord;
 use crate::model::{EvalScaling, Transformer};
 use crate::optim::{clip_grad_norm, AdamW};
 use crate::tasks::{Task, IGNORE};
@@ -110,6 +111,14 @@ pub struct CheckpointMeta {
     pub step: usize,
     /// posenc-lab version that wrote it.
     pub version: String,
+    /// What fine-tuning made this checkpoint from another one (`None` for a
+    /// model trained from scratch). When it is set, [`train`](Self::train)
+    /// describes the fine-tuning run (its length, steps, learning rate and
+    /// batch; the seed stays the base's, which also seeds evaluation), and
+    /// training continues with the fine-tune's scaling and data stream.
+    /// Absent from checkpoints written before fine-tuning existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finetune: Option<FinetuneRecord>,
 }
 
 /// A model with its parameters.
@@ -161,6 +170,7 @@ impl Lab {
                 train,
                 step: 0,
                 version: env!("CARGO_PKG_VERSION").into(),
+                finetune: None,
             },
         })
     }
@@ -211,6 +221,33 @@ impl Lab {
         drop(data);
         lab.meta = meta;
         Ok(lab)
+    }
+
+    /// Loads a checkpoint directory with its optimiser state, to continue
+    /// an interrupted run (training or fine-tuning) with [`train`].
+    pub fn load_resumable(dir: &Path) -> Result<(Self, AdamW), LabError> {
+        let lab = Lab::load(dir)?;
+        let mut opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
+        let st = candle_core::safetensors::load(dir.join("optimizer.safetensors"), &Device::Cpu)
+            .map_err(|e| {
+                LabError::Invalid(format!(
+                    "{}: corrupt or missing optimizer state: {e}",
+                    dir.display()
+                ))
+            })?;
+        let step = st
+            .get("__step")
+            .and_then(|t| t.to_vec1::<u32>().ok())
+            .map(|v| v[0] as usize);
+        if step != Some(lab.meta.step) {
+            return Err(LabError::Invalid(format!(
+                "{}: optimizer state is from step {step:?}, the model from step {}: the checkpoint is torn",
+                dir.display(),
+                lab.meta.step
+            )));
+        }
+        opt.load_state(&st)?;
+        Ok((lab, opt))
     }
 
     /// Writes a checkpoint: `model.safetensors`, `optimizer.safetensors`,
@@ -506,35 +543,83 @@ pub struct TrainOptions<'a> {
 
 /// Trains `lab` until `lab.meta.train.steps`, from its current step,
 /// writing `metrics.jsonl` and a checkpoint at the end (and on interrupt).
+///
+/// A fine-tuned checkpoint ([`CheckpointMeta::finetune`] set) continues its
+/// fine-tuning: the same RoPE scaling in the forward pass and the same data
+/// stream as [`finetune`](crate::finetune::finetune), so resuming an
+/// interrupted fine-tune is loading it with [`Lab::load_resumable`] and
+/// calling this.
 pub fn train(lab: &mut Lab, opt: &mut AdamW, o: &TrainOptions) -> Result<Summary, LabError> {
+    run_loop(
+        lab,
+        opt,
+        &LoopOptions {
+            out: Some(o.out),
+            progress: o.progress,
+            quiet: o.quiet,
+            stop: o.stop,
+            pause_at: o.pause_at,
+        },
+    )
+}
+
+/// [`TrainOptions`] with an optional output directory (`None`: train in
+/// memory, write nothing).
+pub(crate) struct LoopOptions<'a> {
+    pub out: Option<&'a Path>,
+    pub progress: bool,
+    pub quiet: bool,
+    pub stop: Option<&'a AtomicBool>,
+    pub pause_at: Option<usize>,
+}
+
+/// The training loop of [`train`] and [`finetune`](crate::finetune::finetune).
+pub(crate) fn run_loop(
+    lab: &mut Lab,
+    opt: &mut AdamW,
+    o: &LoopOptions,
+) -> Result<Summary, LabError> {
     let device = Device::Cpu;
     let cfg = lab.meta.train.clone();
+    // A fine-tune keeps its scaling in the forward pass and draws its batches
+    // from its own stream.
+    let ft = lab.meta.finetune.clone();
+    let scaling = match ft.as_ref().and_then(|f| f.scaling.as_ref()) {
+        Some(s) => Some(s.build(&lab.meta.model)?),
+        None => None,
+    };
+    let step_seed = |step: usize| match &ft {
+        Some(f) => f.batch_seed(step),
+        None => batch_seed(cfg.seed, step as u64, 0),
+    };
     let vars: Vec<candle_core::Var> = {
         let p = lab.params();
         let mut v: Vec<(String, candle_core::Var)> = p.into_iter().collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v.into_iter().map(|(_, v)| v).collect()
     };
-    std::fs::create_dir_all(o.out).map_err(|e| LabError::Io {
-        path: o.out.to_path_buf(),
-        source: e,
-    })?;
-    let metrics_path = o.out.join("metrics.jsonl");
-    // On resume, drop metric lines past the checkpoint's step so the file
-    // matches the run exactly.
-    let kept: Vec<String> = std::fs::read_to_string(&metrics_path)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| {
-            serde_json::from_str::<Metrics>(l)
-                .map(|m| m.step <= lab.meta.step)
-                .unwrap_or(false)
-        })
-        .map(str::to_owned)
-        .collect();
-    let mut metrics_text = kept.join("\n");
-    if !metrics_text.is_empty() {
-        metrics_text.push('\n');
+    let mut metrics_text = String::new();
+    if let Some(out) = o.out {
+        std::fs::create_dir_all(out).map_err(|e| LabError::Io {
+            path: out.to_path_buf(),
+            source: e,
+        })?;
+        // On resume, drop metric lines past the checkpoint's step so the
+        // file matches the run exactly.
+        let kept: Vec<String> = std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                serde_json::from_str::<Metrics>(l)
+                    .map(|m| m.step <= lab.meta.step)
+                    .unwrap_or(false)
+            })
+            .map(str::to_owned)
+            .collect();
+        metrics_text = kept.join("\n");
+        if !metrics_text.is_empty() {
+            metrics_text.push('\n');
+        }
     }
     let start = Instant::now();
     let start_step = lab.meta.step;
@@ -551,9 +636,9 @@ pub fn train(lab: &mut Lab, opt: &mut AdamW, o: &TrainOptions) -> Result<Summary
             break;
         }
         let step = lab.meta.step;
-        let mut rng = SplitMix64::new(batch_seed(cfg.seed, step as u64, 0));
+        let mut rng = SplitMix64::new(step_seed(step));
         let batch = make_batch(&lab.task, &mut rng, cfg.batch, cfg.train_len, &device)?;
-        let (loss, acc) = lab.batch_loss(&batch, None)?;
+        let (loss, acc) = lab.batch_loss(&batch, scaling.as_ref())?;
         let loss_v = loss.to_scalar::<f32>()? as f64;
         if !loss_v.is_finite() {
             return Err(LabError::Invalid(format!(
@@ -583,8 +668,10 @@ pub fn train(lab: &mut Lab, opt: &mut AdamW, o: &TrainOptions) -> Result<Summary
             };
             last_loss = m.loss;
             last_acc = m.accuracy;
-            metrics_text.push_str(&serde_json::to_string(&m).expect("serialisable"));
-            metrics_text.push('\n');
+            if o.out.is_some() {
+                metrics_text.push_str(&serde_json::to_string(&m).expect("serialisable"));
+                metrics_text.push('\n');
+            }
             (win_loss, win_acc, win_n) = (0.0, 0.0, 0);
             if !o.quiet {
                 let eta = (cfg.steps - done) as f64 * elapsed / (done - start_step) as f64;
@@ -606,8 +693,10 @@ pub fn train(lab: &mut Lab, opt: &mut AdamW, o: &TrainOptions) -> Result<Summary
         last_loss = win_loss / win_n as f64;
         last_acc = win_acc / win_n as f64;
     }
-    write_atomic(&metrics_path, metrics_text.as_bytes())?;
-    lab.save(o.out, Some(opt))?;
+    if let Some(out) = o.out {
+        write_atomic(&out.join("metrics.jsonl"), metrics_text.as_bytes())?;
+        lab.save(out, Some(opt))?;
+    }
     let seconds = start.elapsed().as_secs_f64();
     Ok(Summary {
         steps: lab.meta.step,

@@ -6,15 +6,12 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::Device;
-use posenc::analysis::SplitMix64;
 use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
 use posenc_lab::model::EvalScaling;
-use posenc_lab::optim::{clip_grad_norm, AdamW};
+use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::TaskKind;
-use posenc_lab::train::{
-    self, batch_seed, loss_and_accuracy, make_batch, Lab, ProbeResult, ShuffleResult, TrainOptions,
-};
+use posenc_lab::train::{self, Lab, ProbeResult, ShuffleResult, TrainOptions};
+use posenc_lab::{FinetuneOptions, ScalingSpec};
 use serde::{Deserialize, Serialize};
 
 use super::figures::Fig;
@@ -555,33 +552,20 @@ pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> CliResult<(RunRecord, PathBuf
     Ok((rec, dir))
 }
 
-/// Fine-tunes `lab` for `steps` steps at `len` with `scaling` applied in
-/// training (Position Interpolation fine-tuning when it is `linear`),
-/// constant learning rate `lr`, gradient clipping 1.
+/// Fine-tunes `lab` in memory for `steps` steps at `len` with `scaling`
+/// kept in training (Position Interpolation fine-tuning when it is
+/// `linear`), constant learning rate `lr`: the lab's
+/// [`posenc_lab::finetune`].
 pub fn finetune(
     lab: &mut Lab,
-    scaling: Option<&EvalScaling>,
+    scaling: Option<ScalingSpec>,
     len: usize,
     steps: usize,
     lr: f64,
 ) -> CliResult {
-    let device = Device::Cpu;
-    let params = lab.params();
-    let mut names: Vec<&String> = params.keys().collect();
-    names.sort();
-    let vars: Vec<candle_core::Var> = names.iter().map(|n| params[*n].clone()).collect();
-    let mut opt = AdamW::new(params.clone(), lab.meta.train.weight_decay)?;
-    let seed = lab.meta.train.seed;
-    let batch = lab.meta.train.batch;
-    for step in 0..steps {
-        let mut rng = SplitMix64::new(batch_seed(seed ^ 0xF1AE, step as u64, 5));
-        let b = make_batch(&lab.task, &mut rng, batch, len, &device)?;
-        let logits = lab.model.forward(&b.input, 0, scaling)?;
-        let (loss, _) = loss_and_accuracy(&logits, &b.target)?;
-        let mut grads = loss.backward().map_err(posenc_lab::LabError::from)?;
-        clip_grad_norm(&mut grads, &vars, 1.0)?;
-        opt.step(&grads, lr)?;
-    }
+    let mut o = FinetuneOptions::new(len, steps, lr);
+    o.scaling = scaling;
+    posenc_lab::finetune(lab, &o)?;
     Ok(())
 }
 

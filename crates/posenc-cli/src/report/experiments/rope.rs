@@ -4,6 +4,7 @@ use posenc::rope::RopeConfig;
 use posenc::tensor::rope::Rope;
 use posenc_lab::model::EvalScaling;
 use posenc_lab::train::Lab;
+use posenc_lab::{ScalingKind, ScalingSpec};
 use serde_json::json;
 
 use super::{eval_points, f4, jnum, verdict3, Ctx, ExpOutput, Experiment, RunSpec, Table};
@@ -134,8 +135,8 @@ fn run(ctx: &mut Ctx) -> CliResult<ExpOutput> {
     // Fine-tuning at 2L: PI (linear ×2 in training) and plain.
     let ft_len = 2 * l;
     let mut pi = Lab::load(&dir)?;
-    let s2 = EvalScaling::new(&pi.meta.model, "linear", 2.0, l)?;
-    super::finetune(&mut pi, Some(&s2), ft_len, p.finetune_steps, p.finetune_lr)?;
+    let s2 = ScalingSpec::for_length(ScalingKind::Linear, ft_len, l)?;
+    super::finetune(&mut pi, Some(s2), ft_len, p.finetune_steps, p.finetune_lr)?;
     let mut v = Vec::new();
     for &f in &p.factors {
         let s = EvalScaling::new(&pi.meta.model, "linear", f.max(2) as f64, l)?;

@@ -1,0 +1,507 @@
+//! Fine-tuning a trained model at a new length, optionally with a RoPE
+//! scaling kept in the forward pass during and after fine-tuning.
+//!
+//! The recipe of Chen et al. 2023, *Extending Context Window of Large
+//! Language Models via Positional Interpolation* (§3): take a model trained
+//! at length L, rescale its RoPE positions for the new length L′ (PI:
+//! position m ↦ m·L/L′, the `linear` scaling with factor L′/L) and train a
+//! few steps at L′. [`finetune`] runs that loop — AdamW, a constant
+//! learning rate after an optional linear warm-up, the base run's gradient
+//! clipping and weight decay, batches of the task at the new length — with
+//! any of the scalings `posenc eval --scaling` knows (`linear`, `ntk`,
+//! `dynamic`, `yarn`) or none (plain fine-tuning at the new length).
+//!
+//! The fine-tuned checkpoint records what was done in
+//! [`CheckpointMeta::finetune`](crate::train::CheckpointMeta::finetune): the
+//! base checkpoint and its run, the new length, the steps, the learning
+//! rate and the scaling. A model fine-tuned *with* a scaling has learned to
+//! work through it, so [`scaling_at`] (what `posenc eval` uses) applies it by
+//! default afterwards; dropping it takes an explicit `none`.
+//!
+//! The batch of fine-tuning step `s` is drawn from
+//! `batch_seed(seed ^ 0xF1AE, s, 5)`, a stream distinct from the base
+//! run's (stream 0 of `seed`), where `seed` is the base run's seed unless
+//! [`FinetuneOptions::seed`] says otherwise.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ModelConfig, PeConfig, TrainConfig};
+use crate::model::EvalScaling;
+use crate::optim::AdamW;
+use crate::train::{batch_seed, run_loop, Lab, LoopOptions, Summary};
+use crate::LabError;
+
+/// Stream of [`batch_seed`] the fine-tuning batches come from.
+pub const FINETUNE_STREAM: u64 = 5;
+
+/// Mixed into the seed of the fine-tuning batches.
+const FINETUNE_SALT: u64 = 0xF1AE;
+
+/// A RoPE scaling kind, as spelled on the command line (`none` is the
+/// absence of one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScalingKind {
+    /// Position Interpolation: positions × 1/factor.
+    Linear,
+    /// NTK-aware: base × factor^(d/(d−2)).
+    Ntk,
+    /// Dynamic NTK: the NTK base recomputed from the current length once it
+    /// passes the original one.
+    Dynamic,
+    /// YaRN: per-frequency interpolation ramp and attention temperature.
+    Yarn,
+}
+
+impl ScalingKind {
+    /// The names accepted by [`ScalingKind::parse`].
+    pub const NAMES: [&'static str; 5] = ["none", "linear", "ntk", "dynamic", "yarn"];
+
+    /// Parses a command-line name; `none` gives `Ok(None)`.
+    ///
+    /// # Errors
+    /// [`LabError::Invalid`] for an unknown name, listing the known ones.
+    pub fn parse(name: &str) -> Result<Option<Self>, LabError> {
+        Ok(Some(match name {
+            "none" => return Ok(None),
+            "linear" => ScalingKind::Linear,
+            "ntk" => ScalingKind::Ntk,
+            "dynamic" => ScalingKind::Dynamic,
+            "yarn" => ScalingKind::Yarn,
+            other => {
+                return Err(LabError::Invalid(format!(
+                    "unknown scaling {other:?}; known: {}",
+                    Self::NAMES.join(", ")
+                )))
+            }
+        }))
+    }
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScalingKind::Linear => "linear",
+            ScalingKind::Ntk => "ntk",
+            ScalingKind::Dynamic => "dynamic",
+            ScalingKind::Yarn => "yarn",
+        }
+    }
+}
+
+/// A RoPE scaling that can be saved in a checkpoint and rebuilt:
+/// `kind` with `factor` for a model whose positions were trained up to
+/// `original_len` (built by [`EvalScaling::new`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScalingSpec {
+    /// The scaling.
+    pub kind: ScalingKind,
+    /// Its factor (≥ 1).
+    pub factor: f64,
+    /// The length the unscaled model was trained at.
+    pub original_len: usize,
+}
+
+impl ScalingSpec {
+    /// A scaling `kind` with `factor` over a model trained at
+    /// `original_len`.
+    ///
+    /// # Errors
+    /// [`LabError::Invalid`] if `factor` is not finite and ≥ 1 or
+    /// `original_len` is 0.
+    pub fn new(kind: ScalingKind, factor: f64, original_len: usize) -> Result<Self, LabError> {
+        if !(factor.is_finite() && factor >= 1.0) {
+            return Err(LabError::Invalid(format!(
+                "scaling factor must be finite and >= 1, got {factor}"
+            )));
+        }
+        if original_len == 0 {
+            return Err(LabError::Invalid(
+                "the original length of a scaling must be at least 1".into(),
+            ));
+        }
+        Ok(ScalingSpec {
+            kind,
+            factor,
+            original_len,
+        })
+    }
+
+    /// The scaling that stretches a model trained at `original_len` to
+    /// `len`: factor `max(1, len / original_len)`, the rule of
+    /// `posenc eval --scaling`.
+    pub fn for_length(
+        kind: ScalingKind,
+        len: usize,
+        original_len: usize,
+    ) -> Result<Self, LabError> {
+        if original_len == 0 {
+            return Self::new(kind, 1.0, 0);
+        }
+        Self::new(
+            kind,
+            (len as f64 / original_len as f64).max(1.0),
+            original_len,
+        )
+    }
+
+    /// The same scaling at evaluation length `len`: its factor, grown to
+    /// `len / original_len` when `len` is past what it covers.
+    pub fn stretched(&self, len: usize) -> Self {
+        ScalingSpec {
+            factor: self
+                .factor
+                .max(len as f64 / self.original_len.max(1) as f64),
+            ..self.clone()
+        }
+    }
+
+    /// Builds the RoPE of this scaling for `model`.
+    ///
+    /// # Errors
+    /// [`LabError::Invalid`] if the model does not use RoPE.
+    pub fn build(&self, model: &ModelConfig) -> Result<EvalScaling, LabError> {
+        EvalScaling::new(model, self.kind.name(), self.factor, self.original_len)
+    }
+
+    /// `linear ×2 (from 32)`.
+    pub fn label(&self) -> String {
+        format!(
+            "{} ×{} (from {})",
+            self.kind.name(),
+            self.factor,
+            self.original_len
+        )
+    }
+}
+
+/// What a fine-tune did, saved in the checkpoint's `config.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FinetuneRecord {
+    /// The base checkpoint's directory, when it was loaded from one.
+    pub base: Option<String>,
+    /// Steps the base model had been trained for.
+    pub base_step: usize,
+    /// The base model's run (its training length, steps, schedule, seed).
+    pub base_train: TrainConfig,
+    /// The base's own fine-tune, when a fine-tuned model was fine-tuned
+    /// again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_finetune: Option<Box<FinetuneRecord>>,
+    /// The new training length.
+    pub len: usize,
+    /// Fine-tuning steps.
+    pub steps: usize,
+    /// Learning rate (constant after the warm-up).
+    pub lr: f64,
+    /// Linear warm-up steps.
+    pub warmup: usize,
+    /// Sequences per step.
+    pub batch: usize,
+    /// Seed of the fine-tuning batches.
+    pub seed: u64,
+    /// The RoPE scaling in the forward pass during fine-tuning, and by
+    /// default afterwards (`None`: the model's own RoPE, or no RoPE).
+    pub scaling: Option<ScalingSpec>,
+}
+
+impl FinetuneRecord {
+    /// The seed of fine-tuning step `step`'s batch.
+    pub fn batch_seed(&self, step: usize) -> u64 {
+        batch_seed(self.seed ^ FINETUNE_SALT, step as u64, FINETUNE_STREAM)
+    }
+}
+
+/// Options of [`finetune`].
+pub struct FinetuneOptions<'a> {
+    /// The new training length (at least the task's minimum length, and
+    /// within a learned table).
+    pub len: usize,
+    /// Optimiser steps.
+    pub steps: usize,
+    /// Learning rate: constant, after `warmup` steps of linear warm-up.
+    pub lr: f64,
+    /// Linear warm-up steps (0: constant from the first step; at most
+    /// `steps`).
+    pub warmup: usize,
+    /// The RoPE scaling kept in the forward pass (`None`: plain
+    /// fine-tuning). [`scaling_at`] gives the one `posenc finetune
+    /// --scaling` means.
+    pub scaling: Option<ScalingSpec>,
+    /// Seed of the fine-tuning batches (default: the base run's seed; the
+    /// batches come from a stream of their own either way).
+    pub seed: Option<u64>,
+    /// Sequences per step (default: the base run's batch).
+    pub batch: Option<usize>,
+    /// The base checkpoint's directory, recorded in the fine-tuned one
+    /// (and refused as `out`).
+    pub base: Option<&'a Path>,
+    /// Checkpoint directory (`None`: fine-tune in memory and write
+    /// nothing).
+    pub out: Option<&'a Path>,
+    /// Draw a progress bar (stderr) instead of log lines.
+    pub progress: bool,
+    /// Print anything at all.
+    pub quiet: bool,
+    /// Set by a Ctrl-C handler: checkpoint and stop.
+    pub stop: Option<&'a AtomicBool>,
+    /// Stop (with a checkpoint, as an interrupt would) once this many
+    /// fine-tuning steps are done.
+    pub pause_at: Option<usize>,
+}
+
+impl<'a> FinetuneOptions<'a> {
+    /// `steps` steps at `len` with constant learning rate `lr`, no scaling,
+    /// in memory and quiet; set the other fields as needed.
+    pub fn new(len: usize, steps: usize, lr: f64) -> Self {
+        FinetuneOptions {
+            len,
+            steps,
+            lr,
+            warmup: 0,
+            scaling: None,
+            seed: None,
+            batch: None,
+            base: None,
+            out: None,
+            progress: false,
+            quiet: true,
+            stop: None,
+            pause_at: None,
+        }
+    }
+}
+
+/// The scaling to run `lab` with at length `len`, given a command-line
+/// `--scaling` (`None`: the flag was not given).
+///
+/// - not given: the scaling the checkpoint was fine-tuned with, stretched
+///   to `len` ([`ScalingSpec::stretched`]), or none;
+/// - `none`: no scaling, even on a model fine-tuned with one;
+/// - a kind: that kind with factor `max(1, len / L)` over the training
+///   length `L` — or, on a model fine-tuned with a scaling, over that
+///   scaling's original length and at least its factor.
+///
+/// # Errors
+/// [`LabError::Invalid`] for an unknown name.
+pub fn scaling_at(
+    lab: &Lab,
+    requested: Option<&str>,
+    len: usize,
+) -> Result<Option<ScalingSpec>, LabError> {
+    let recorded = lab.meta.finetune.as_ref().and_then(|f| f.scaling.as_ref());
+    let Some(name) = requested else {
+        return Ok(recorded.map(|s| s.stretched(len)));
+    };
+    let Some(kind) = ScalingKind::parse(name)? else {
+        return Ok(None);
+    };
+    Ok(Some(match recorded {
+        Some(s) => ScalingSpec::new(kind, s.factor, s.original_len)?.stretched(len),
+        None => ScalingSpec::for_length(kind, len, lab.meta.train.train_len)?,
+    }))
+}
+
+/// Fine-tunes `lab` at a new length (see the [module docs](self)): builds a
+/// fresh AdamW, trains `steps` steps of `batch` sequences of `len` tokens
+/// with `scaling` in the forward pass, and writes `metrics.jsonl` and a
+/// checkpoint to `out` at the end and on interrupt, like
+/// [`train`](crate::train::train).
+///
+/// Afterwards `lab.meta.train` describes the fine-tuning run (training
+/// length `len`, `steps`, constant `lr`, the base's seed, which also seeds
+/// evaluation), `lab.meta.step` counts fine-tuning steps, and
+/// `lab.meta.finetune` records the base and the scaling. An interrupted
+/// fine-tune resumes with [`Lab::load_resumable`] and
+/// [`train`](crate::train::train).
+///
+/// # Errors
+/// - [`LabError::Invalid`]: `steps` or `batch` 0, `lr` not finite and > 0,
+///   `warmup > steps`, `len` below the task's minimum length, a scaling on
+///   a model without RoPE, `out` the same directory as `base`;
+/// - [`LabError::LengthBeyondTable`]: `len` past a learned position table;
+/// - [`LabError::Io`] when the checkpoint cannot be written.
+///
+/// # Example
+/// ```
+/// use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
+/// use posenc_lab::tasks::{Task, TaskKind};
+/// use posenc_lab::train::Lab;
+/// use posenc_lab::{finetune, FinetuneOptions, ScalingKind, ScalingSpec};
+///
+/// let task = Task::new(TaskKind::Copy, 8)?;
+/// let model = ModelConfig {
+///     mode: Mode::Decoder,
+///     vocab_size: task.vocab_size(),
+///     num_outputs: task.num_outputs(),
+///     d_model: 16,
+///     n_layers: 1,
+///     n_heads: 2,
+///     d_ff: 32,
+///     tied: true,
+///     pe: PeConfig::parse("rope", 64, 4)?,
+/// };
+/// let run = TrainConfig {
+///     task: TaskKind::Copy,
+///     n_symbols: 8,
+///     train_len: 8,
+///     steps: 1,
+///     batch: 4,
+///     lr: 1e-3,
+///     warmup: 0,
+///     min_lr_frac: 0.1,
+///     weight_decay: 0.01,
+///     grad_clip: 1.0,
+///     seed: 0,
+///     log_every: 1,
+///     corpus: None,
+/// };
+/// let mut lab = Lab::new(model, run, task)?;
+/// // Position Interpolation: fine-tune at 16 with positions halved.
+/// let mut o = FinetuneOptions::new(16, 2, 1e-3);
+/// o.scaling = Some(ScalingSpec::for_length(ScalingKind::Linear, 16, 8)?);
+/// let summary = finetune(&mut lab, &o)?;
+/// assert_eq!(summary.steps, 2);
+/// assert_eq!(lab.meta.train.train_len, 16);
+/// let record = lab.meta.finetune.as_ref().unwrap();
+/// assert_eq!((record.len, record.base_train.train_len), (16, 8));
+/// assert_eq!(record.scaling.as_ref().unwrap().factor, 2.0);
+/// # Ok::<(), posenc_lab::LabError>(())
+/// ```
+pub fn finetune(lab: &mut Lab, o: &FinetuneOptions) -> Result<Summary, LabError> {
+    let bad = |m: String| Err(LabError::Invalid(m));
+    if o.steps == 0 {
+        return bad("fine-tuning needs at least 1 step".into());
+    }
+    if o.warmup > o.steps {
+        return bad(format!(
+            "warm-up ({}) must not exceed the fine-tuning steps ({})",
+            o.warmup, o.steps
+        ));
+    }
+    let min = lab.task.min_length();
+    if o.len < min {
+        return bad(format!(
+            "length {} is too short for task {} (minimum {min})",
+            o.len,
+            lab.task.kind.name()
+        ));
+    }
+    if let PeConfig::Learned { max_positions } = lab.meta.model.pe {
+        if o.len > max_positions {
+            return Err(LabError::LengthBeyondTable {
+                action: "fine-tune",
+                len: o.len,
+                rows: max_positions,
+            });
+        }
+    }
+    lab.model.check_length(o.len)?;
+    if let Some(s) = &o.scaling {
+        ScalingSpec::new(s.kind, s.factor, s.original_len)?;
+        s.build(&lab.meta.model)?;
+    }
+    if let (Some(base), Some(out)) = (o.base, o.out) {
+        if same_dir(base, out) {
+            return bad(format!(
+                "the fine-tuned checkpoint would overwrite its base {}: choose another output directory",
+                base.display()
+            ));
+        }
+    }
+    let base_train = lab.meta.train.clone();
+    let mut run = base_train.clone();
+    run.train_len = o.len;
+    run.steps = o.steps;
+    run.batch = o.batch.unwrap_or(base_train.batch);
+    run.lr = o.lr;
+    run.warmup = o.warmup;
+    // Constant after the warm-up: the cosine decays from lr to lr.
+    run.min_lr_frac = 1.0;
+    run.log_every = (o.steps / 50).max(1);
+    run.validate()?;
+    let record = FinetuneRecord {
+        base: o.base.map(|p| {
+            p.canonicalize()
+                .unwrap_or_else(|_| p.to_path_buf())
+                .display()
+                .to_string()
+        }),
+        base_step: lab.meta.step,
+        base_train,
+        base_finetune: lab.meta.finetune.take().map(Box::new),
+        len: o.len,
+        steps: o.steps,
+        lr: o.lr,
+        warmup: o.warmup,
+        batch: run.batch,
+        seed: o.seed.unwrap_or(run.seed),
+        scaling: o.scaling.clone(),
+    };
+    lab.meta.train = run;
+    lab.meta.step = 0;
+    lab.meta.finetune = Some(record);
+    let mut opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
+    run_loop(
+        lab,
+        &mut opt,
+        &LoopOptions {
+            out: o.out,
+            progress: o.progress,
+            quiet: o.quiet,
+            stop: o.stop,
+            pause_at: o.pause_at,
+        },
+    )
+}
+
+/// Whether two paths name the same directory (compared as given when
+/// either does not exist yet).
+pub fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a.components().eq(b.components()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaling_names_parse_and_specs_validate() {
+        for n in ScalingKind::NAMES {
+            let k = ScalingKind::parse(n).unwrap();
+            assert_eq!(k.map_or("none", |k| k.name()), n);
+        }
+        let e = ScalingKind::parse("magic").unwrap_err().to_string();
+        assert!(e.contains("magic") && e.contains("yarn"), "{e}");
+        assert!(ScalingSpec::new(ScalingKind::Linear, 0.5, 8).is_err());
+        assert!(ScalingSpec::new(ScalingKind::Linear, f64::NAN, 8).is_err());
+        assert!(ScalingSpec::new(ScalingKind::Linear, 2.0, 0).is_err());
+        let s = ScalingSpec::for_length(ScalingKind::Linear, 64, 32).unwrap();
+        assert_eq!(s.factor, 2.0);
+        assert_eq!(
+            ScalingSpec::for_length(ScalingKind::Ntk, 16, 32)
+                .unwrap()
+                .factor,
+            1.0
+        );
+        // Stretching keeps the factor within what it covers, grows it past.
+        assert_eq!(s.stretched(48).factor, 2.0);
+        assert_eq!(s.stretched(128).factor, 4.0);
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("\"linear\""), "{json}");
+        assert_eq!(serde_json::from_str::<ScalingSpec>(&json).unwrap(), s);
+    }
+
+    #[test]
+    fn same_dir_sees_through_spellings() {
+        let d = std::env::temp_dir();
+        assert!(same_dir(&d, &d.join(".")));
+        assert!(!same_dir(&d, &d.join("posenc-no-such-dir")));
+        assert!(same_dir(Path::new("a/b"), Path::new("a/./b")));
+    }
+}
