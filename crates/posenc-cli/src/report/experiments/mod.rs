@@ -27,8 +27,31 @@ mod lm;
 mod rope;
 mod shaw;
 
-/// Bumped whenever the training helper changes what a run computes.
+/// Bumped whenever the training helper changes what a run computes. (The
+/// cache keys also hash the sources themselves — [`TRAINING_SOURCE`],
+/// [`SHARED_SOURCE`], each experiment's own file — so a code change can never
+/// be answered from a stale cache even if nobody bumps this.)
 const RUN_VERSION: u32 = 2;
+
+/// Hash of every source file of the library and the lab (`build.rs`).
+const TRAINING_SOURCE: &str = env!("POSENC_TRAINING_SOURCE_HASH");
+
+/// This file: the training helper and the caches every experiment shares.
+const SHARED_SOURCE: &str = include_str!("mod.rs");
+
+/// The source of the experiment `slug`'s own file, hashed into its cache key.
+fn experiment_source(slug: &str) -> &'static str {
+    match slug {
+        "encoders" => include_str!("encoders.rs"),
+        "lm" => include_str!("lm.rs"),
+        "rope-length" => include_str!("rope.rs"),
+        "learned-vs-sinusoidal" => include_str!("learned_sin.rs"),
+        "length-generalisation" => include_str!("lengthgen.rs"),
+        "shaw-clipping" => include_str!("shaw.rs"),
+        "analytic" => include_str!("analytic.rs"),
+        _ => "",
+    }
+}
 
 /// One claim checked by an experiment: an entry of `results.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -253,11 +276,13 @@ pub fn fnv(bytes: &[u8]) -> u64 {
 }
 
 /// The cache file of an experiment under `cache`: preset, experiment, and a
-/// hash of the experiment's code version, its part of the preset and the
-/// crate's version.
+/// hash of the experiment's code version, its part of the preset, the
+/// crate's version, and the sources (library, lab, this file, the
+/// experiment's own file).
 pub fn cache_path(cache: &Path, preset: &Preset, e: &Experiment) -> PathBuf {
+    let code = fnv(format!("{}|{SHARED_SOURCE}", experiment_source(e.slug)).as_bytes());
     let key = format!(
-        "{}|{}|{}|{}|{}",
+        "{}|{}|{}|{}|{}|{TRAINING_SOURCE}|{code:016x}",
         preset.name,
         e.id,
         e.version,
@@ -411,7 +436,12 @@ impl RunSpec {
 
     fn key(&self) -> u64 {
         let s = serde_json::to_string(self).expect("serialisable");
-        fnv(format!("{RUN_VERSION}|{}|{s}", env!("CARGO_PKG_VERSION")).as_bytes())
+        let shared = fnv(SHARED_SOURCE.as_bytes());
+        fnv(format!(
+            "{RUN_VERSION}|{}|{TRAINING_SOURCE}|{shared:016x}|{s}",
+            env!("CARGO_PKG_VERSION")
+        )
+        .as_bytes())
     }
 
     /// A fresh lab for this run.
@@ -621,5 +651,27 @@ pub fn verdict3(full: bool, weak: bool) -> Verdict {
         Verdict::Partly
     } else {
         Verdict::NotReproduced
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every experiment's own file takes part in its cache key, and the
+    /// training sources' hash came from build.rs.
+    #[test]
+    fn every_experiment_hashes_its_own_source() {
+        for e in all() {
+            let src = experiment_source(e.slug);
+            assert!(
+                src.contains("pub const EXPERIMENT"),
+                "experiment {} ({}) has no source mapped",
+                e.id,
+                e.slug
+            );
+        }
+        assert_eq!(TRAINING_SOURCE.len(), 16);
+        assert!(TRAINING_SOURCE.chars().all(|c| c.is_ascii_hexdigit()));
     }
 }
