@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use candle_core::Device;
 use posenc::analysis::SplitMix64;
-use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
+use posenc_lab::config::{ModelConfig, PeConfig, TrainConfig};
 use posenc_lab::model::EvalScaling;
 use posenc_lab::optim::{clip_grad_norm, AdamW};
 use posenc_lab::tasks::TaskKind;
@@ -438,11 +438,7 @@ impl RunSpec {
         };
         let task = train::load_task(&tc)?;
         let model = ModelConfig {
-            mode: if kind.is_classification() {
-                Mode::Encoder
-            } else {
-                Mode::Decoder
-            },
+            mode: kind.mode(),
             vocab_size: task.vocab_size(),
             num_outputs: task.num_outputs(),
             d_model: s.d_model,
