@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use clap::Args;
-use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
+use posenc_lab::config::{ModelConfig, PeConfig, TrainConfig};
 use posenc_lab::finetune::{self, scaling_at, FinetuneOptions};
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::TaskKind;
@@ -24,7 +24,7 @@ impl From<LabError> for CliError {
 /// Arguments of `posenc train`.
 #[derive(Args, Debug)]
 pub struct TrainArgs {
-    /// Task: copy, reverse, sort, count, addition, order, lm.
+    /// Task: copy, reverse, sort, count, addition, order, lm, mlm.
     #[arg(long)]
     pub task: String,
     /// Positional encoding: nope, sinusoidal, sinusoidal-concat, learned,
@@ -67,7 +67,8 @@ pub struct TrainArgs {
     /// Shaw's clipping distance k.
     #[arg(long = "shaw-k", default_value_t = 16)]
     pub shaw_k: usize,
-    /// UTF-8 text file for `--task lm` (default: the built-in grammar).
+    /// UTF-8 text file for `--task lm` or `--task mlm` (default: the
+    /// built-in grammar).
     #[arg(long)]
     pub corpus: Option<PathBuf>,
     /// Checkpoint directory.
@@ -222,11 +223,7 @@ pub fn train(a: TrainArgs) -> CliResult {
         };
         let task = train::load_task(&train)?;
         let model = ModelConfig {
-            mode: if task_kind.is_classification() {
-                Mode::Encoder
-            } else {
-                Mode::Decoder
-            },
+            mode: task_kind.mode(),
             vocab_size: task.vocab_size(),
             num_outputs: task.num_outputs(),
             d_model: a.d_model,

@@ -87,6 +87,50 @@ fn smoke_run_writes_every_file_then_hits_the_cache() {
         let e = c["experiment"].as_u64().unwrap();
         assert!(c["id"].as_str().unwrap().starts_with(&format!("e{e}.")));
     }
+    // Experiment 1's masked-language-model claim: its verdict follows from
+    // its numbers by the rule it states.
+    let mlm = claims
+        .iter()
+        .find(|c| c["id"] == "e1.mlm-nope-near-unigram")
+        .expect("the MLM claim is in results.json");
+    let v = &mlm["value"];
+    let num = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"));
+    let (nope, pos, uni) = (
+        num("nope_loss"),
+        num("positional_mean_loss"),
+        num("unigram_loss"),
+    );
+    assert!(nope > 0.0 && pos > 0.0 && uni > 0.0, "{v}");
+    // The built-in corpus: ~30 characters, unigram entropy between 1.5 and ln 40.
+    assert!(uni > 1.5 && uni < 40f64.ln(), "{uni}");
+    let frac = (uni > pos).then(|| (nope - pos) / (uni - pos));
+    match (frac, v["fraction_to_unigram"].as_f64()) {
+        (Some(f), Some(g)) => assert!((f - g).abs() < 1e-4, "{f} vs {g}"),
+        (None, None) => {}
+        other => panic!("fraction {other:?} in {v}"),
+    }
+    assert!((num("nope_perplexity") - nope.exp()).abs() < 1e-3 * nope.exp());
+    let all_beat = num("positional_worst_loss") < nope;
+    let f = frac.unwrap_or(f64::NAN);
+    let expected = if all_beat && f >= 0.5 {
+        "reproduced"
+    } else if all_beat && f >= 0.25 {
+        "partly"
+    } else {
+        "not reproduced"
+    };
+    assert_eq!(mlm["verdict"], expected, "{mlm}");
+    assert!(mlm["source"].as_str().unwrap().contains("Haviv"));
+    assert!(mlm["rule"].as_str().unwrap().contains("fraction"));
+    let e1 = &exps[0];
+    assert!(
+        e1["figures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str().unwrap().ends_with("e1-mlm-loss.png")),
+        "{e1}"
+    );
     for f in r["families"].as_array().unwrap() {
         for p in f["properties"].as_array().unwrap() {
             assert!(VERDICTS.contains(&p["verdict"].as_str().unwrap()));

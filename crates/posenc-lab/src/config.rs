@@ -142,8 +142,8 @@ impl PeConfig {
     }
 }
 
-/// Encoder (bidirectional, classification head) or decoder (causal,
-/// next-token head).
+/// Encoder (bidirectional, classification head), decoder (causal,
+/// next-token head) or token encoder (bidirectional, per-token head).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
@@ -151,6 +151,10 @@ pub enum Mode {
     Encoder,
     /// Causal attention, next-token head.
     Decoder,
+    /// Bidirectional attention, per-token head over the vocabulary (masked
+    /// language modelling, BERT).
+    #[serde(rename = "token-encoder")]
+    TokenEncoder,
 }
 
 /// The shape of a lab transformer.
@@ -249,7 +253,7 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Log every this many steps.
     pub log_every: usize,
-    /// Corpus file for `lm` (None: the built-in grammar).
+    /// Corpus file for `lm` and `mlm` (None: the built-in grammar).
     pub corpus: Option<std::path::PathBuf>,
 }
 

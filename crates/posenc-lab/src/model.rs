@@ -11,8 +11,13 @@
 //!              logits hook: + bias (ALiBi, T5), + q·a^K (Shaw)
 //!              causal mask (decoder), softmax
 //!              out = α·v ; values hook: + Σ α·a^V (Shaw)
-//! LN(x) ──▶ decoder: logits (B, T, V) ; encoder: mean over T ──▶ (B, C)
+//! LN(x) ──▶ decoder, token encoder: logits (B, T, V)
+//!           encoder: mean over T ──▶ (B, C)
 //! ```
+//! The three modes ([`Mode`]): a decoder (causal attention, next-token
+//! logits), an encoder (bidirectional attention, mean-pooled class logits)
+//! and a token encoder (bidirectional attention, one vocabulary
+//! distribution per position: masked language modelling).
 //! NoPE uses no hook at all.
 
 use candle_core::{Device, Module, Tensor};
@@ -348,7 +353,7 @@ impl Transformer {
                 posenc::relative::t5::T5Buckets::new(
                     *buckets,
                     *max_distance,
-                    cfg.mode == Mode::Encoder,
+                    cfg.mode != Mode::Decoder,
                 )?,
                 h,
                 vb.pp("pe.t5"),
@@ -378,7 +383,9 @@ impl Transformer {
             });
         }
         let ln_f = layer_norm(d, 1e-5, vb.pp("ln_f"))?;
-        let head = if cfg.tied && cfg.mode == Mode::Decoder && cfg.num_outputs == cfg.vocab_size {
+        // A per-token head over the vocabulary (decoder, token encoder) may
+        // share the token embedding; a class head cannot.
+        let head = if cfg.tied && cfg.mode != Mode::Encoder && cfg.num_outputs == cfg.vocab_size {
             None
         } else {
             Some(linear(d, cfg.num_outputs, vb.pp("head"))?)
@@ -451,9 +458,10 @@ impl Transformer {
         })
     }
 
-    /// The model's output: `(B, T, V)` next-token logits (decoder) or
-    /// `(B, C)` class logits (encoder, mean-pooled). `scaling` replaces the
-    /// model's RoPE for this call (evaluation-time scaling).
+    /// The model's output: `(B, T, V)` next-token logits (decoder),
+    /// `(B, T, V)` per-position logits (token encoder: the masked tokens),
+    /// or `(B, C)` class logits (encoder, mean-pooled). `scaling` replaces
+    /// the model's RoPE for this call (evaluation-time scaling).
     pub fn forward(
         &self,
         input: &Tensor,
@@ -468,7 +476,7 @@ impl Transformer {
         }
         let x = self.ln_f.forward(&x)?;
         let x = match self.cfg.mode {
-            Mode::Decoder => x,
+            Mode::Decoder | Mode::TokenEncoder => x,
             Mode::Encoder => x.mean(1)?,
         };
         Ok(match &self.head {

@@ -15,10 +15,40 @@
 //! | addition | `BOS a PLUS b EQ (a+b)`, every number least-significant digit first | arithmetic (seed 001) |
 //! | order | encoder: one `A`, one `B` among fillers; label = A before B | "the mother loves the daughter" (seed 000) |
 //! | lm | characters of a corpus (built-in grammar or a file) | language modelling |
+//! | mlm | encoder: a corpus window with 15% of its characters replaced by `[MASK]`; predict them | "can BERT work without positions?" (seed 001; Haviv et al. 2022 §6) |
+//!
+//! ## Masked language modelling
+//!
+//! `mlm` follows BERT (Devlin et al. 2019, §3.1) with two documented
+//! simplifications:
+//!
+//! - **How many.** A window of `n` characters gets `k` masked positions,
+//!   `k = ⌊0.15·n⌋` plus one more with probability `0.15·n − ⌊0.15·n⌋`
+//!   (stochastic rounding), and at least 1: the expected rate is exactly
+//!   [`MASK_RATE`] for `n ≥ 7` (BERT's data pipeline masks
+//!   `max(1, round(0.15·n))` positions, which biases short windows; a
+//!   per-position coin flip would leave some windows with nothing to
+//!   predict). The `k` positions are distinct and uniformly random.
+//! - **How.** Every chosen position becomes `[MASK]` (BERT's 80% `[MASK]` /
+//!   10% random / 10% unchanged exists to soften the mismatch with
+//!   fine-tuning, where no `[MASK]` occurs; the lab never fine-tunes an MLM,
+//!   and with all-`[MASK]` every scored position is a genuine prediction
+//!   from context instead of 10% of the targets being visible in the input,
+//!   which would lower every encoding's loss by the same position-free
+//!   amount and blur the comparison).
+//!
+//! Targets are the original characters at the masked positions and
+//! [`IGNORE`] elsewhere; the model is an encoder (bidirectional attention)
+//! with a per-token head ([`crate::config::Mode::TokenEncoder`]). The
+//! `[MASK]` token is one extra id after the corpus's characters
+//! ([`Task::mask_token`]). Without positions, every `[MASK]` of a window has
+//! the same input and sees the same bag of tokens, so a NoPE encoder gives
+//! every masked position of a window the same prediction.
 
 use posenc::analysis::SplitMix64;
 use serde::{Deserialize, Serialize};
 
+use crate::config::Mode;
 use crate::LabError;
 
 /// Padding; never predicted.
@@ -39,6 +69,9 @@ pub const DIGIT0: u32 = 6;
 pub const SYMBOL0: u32 = 16;
 /// Target value of positions that are not scored.
 pub const IGNORE: i64 = -100;
+/// Expected fraction of the positions of an `mlm` window that are masked
+/// (BERT's 15%).
+pub const MASK_RATE: f64 = 0.15;
 
 /// One training or evaluation example.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,11 +103,13 @@ pub enum TaskKind {
     Order,
     /// Character-level language modelling.
     Lm,
+    /// Character-level masked language modelling (encoder, per-token head).
+    Mlm,
 }
 
 impl TaskKind {
     /// Every task, in a fixed order.
-    pub const ALL: [TaskKind; 7] = [
+    pub const ALL: [TaskKind; 8] = [
         TaskKind::Copy,
         TaskKind::Reverse,
         TaskKind::Sort,
@@ -82,6 +117,7 @@ impl TaskKind {
         TaskKind::Addition,
         TaskKind::Order,
         TaskKind::Lm,
+        TaskKind::Mlm,
     ];
 
     /// The name used on the command line.
@@ -94,6 +130,7 @@ impl TaskKind {
             TaskKind::Addition => "addition",
             TaskKind::Order => "order",
             TaskKind::Lm => "lm",
+            TaskKind::Mlm => "mlm",
         }
     }
 
@@ -113,6 +150,22 @@ impl TaskKind {
     /// Whether the task is a sequence classification (encoder) task.
     pub fn is_classification(self) -> bool {
         matches!(self, TaskKind::Order)
+    }
+
+    /// Whether the task reads a character corpus (`lm`, `mlm`).
+    pub fn uses_corpus(self) -> bool {
+        matches!(self, TaskKind::Lm | TaskKind::Mlm)
+    }
+
+    /// The model mode the task trains: [`Mode::Encoder`] for
+    /// classification, [`Mode::TokenEncoder`] for masked language
+    /// modelling, [`Mode::Decoder`] for the rest.
+    pub fn mode(self) -> Mode {
+        match self {
+            TaskKind::Order => Mode::Encoder,
+            TaskKind::Mlm => Mode::TokenEncoder,
+            _ => Mode::Decoder,
+        }
     }
 }
 
@@ -134,7 +187,7 @@ impl Task {
                 "n_symbols = {n_symbols}: need at least 3"
             )));
         }
-        let corpus = if kind == TaskKind::Lm {
+        let corpus = if kind.uses_corpus() {
             Some(Corpus::synthetic(400_000, 1234))
         } else {
             None
@@ -148,8 +201,20 @@ impl Task {
 
     /// Character-level language modelling on a given text.
     pub fn lm_from_text(text: &str) -> Result<Self, LabError> {
+        Self::from_text(TaskKind::Lm, text)
+    }
+
+    /// A corpus task (`lm` or `mlm`) on a given text; an error for the
+    /// synthetic tasks, which read no corpus.
+    pub fn from_text(kind: TaskKind, text: &str) -> Result<Self, LabError> {
+        if !kind.uses_corpus() {
+            return Err(LabError::Invalid(format!(
+                "task {} does not read a corpus (only lm and mlm do)",
+                kind.name()
+            )));
+        }
         Ok(Task {
-            kind: TaskKind::Lm,
+            kind,
             n_symbols: 0,
             corpus: Some(Corpus::from_text(text)?),
         })
@@ -160,11 +225,21 @@ impl Task {
         self.corpus.as_ref()
     }
 
-    /// Size of the token vocabulary.
+    /// Size of the token vocabulary (for `mlm`, the corpus's characters
+    /// and `[MASK]`).
     pub fn vocab_size(&self) -> usize {
         match &self.corpus {
-            Some(c) => c.vocab.len(),
+            Some(c) => c.vocab.len() + usize::from(self.kind == TaskKind::Mlm),
             None => (SYMBOL0 + self.n_symbols) as usize,
+        }
+    }
+
+    /// The `[MASK]` token of `mlm` (the id after the corpus's characters);
+    /// `None` for the other tasks.
+    pub fn mask_token(&self) -> Option<u32> {
+        match (&self.corpus, self.kind) {
+            (Some(c), TaskKind::Mlm) => Some(c.vocab.len() as u32),
+            _ => None,
         }
     }
 
@@ -184,7 +259,7 @@ impl Task {
             TaskKind::Count => 7,
             TaskKind::Addition => 7,
             TaskKind::Order => 2,
-            TaskKind::Lm => 1,
+            TaskKind::Lm | TaskKind::Mlm => 1,
         }
     }
 
@@ -268,6 +343,21 @@ impl Task {
                 let f = c.window(rng, length + 1)?;
                 (f, 1)
             }
+            TaskKind::Mlm => {
+                let c = self.corpus.as_ref().expect("mlm task has a corpus");
+                let mask = self.mask_token().expect("mlm task has a mask token");
+                let mut input = c.window(rng, length)?;
+                let mut target = vec![IGNORE; length];
+                for p in masked_positions(rng, length) {
+                    target[p] = input[p] as i64;
+                    input[p] = mask;
+                }
+                return Ok(Example {
+                    input,
+                    target,
+                    label: None,
+                });
+            }
         };
         let mut full = full;
         full.resize(length + 1, PAD);
@@ -288,6 +378,30 @@ impl Task {
             label: None,
         })
     }
+}
+
+/// The distinct positions of a window of `n` tokens that `mlm` masks:
+/// `⌊MASK_RATE·n⌋`, plus one with probability equal to the fractional part,
+/// at least one (none when `n = 0`); chosen uniformly (a partial
+/// Fisher–Yates shuffle), in increasing order.
+pub fn masked_positions(rng: &mut SplitMix64, n: usize) -> Vec<usize> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let expected = MASK_RATE * n as f64;
+    let mut k = expected.floor() as usize;
+    if rng.uniform() < expected - expected.floor() {
+        k += 1;
+    }
+    let k = k.clamp(1, n);
+    let mut idx: Vec<usize> = (0..n).collect();
+    for i in 0..k {
+        let j = i + rng.below((n - i) as u64) as usize;
+        idx.swap(i, j);
+    }
+    let mut chosen = idx[..k].to_vec();
+    chosen.sort_unstable();
+    chosen
 }
 
 /// `width` decimal digit tokens of `v`, least-significant first.

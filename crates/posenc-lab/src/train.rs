@@ -421,7 +421,7 @@ pub fn load_task(train: &TrainConfig) -> Result<Task, LabError> {
                 path: path.clone(),
                 source: e,
             })?;
-            Task::lm_from_text(&text)
+            Task::from_text(train.task, &text)
         }
         None => Task::new(train.task, train.n_symbols),
     }

@@ -47,6 +47,23 @@ pub struct Encoders {
     pub run: Stage,
     /// Encodings trained on the order task.
     pub encodings: Vec<String>,
+    /// The masked-language-model comparison (absent in older preset files:
+    /// the experiment then skips it and says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlm: Option<EncodersMlm>,
+}
+
+/// Experiment 1's masked language models (the `mlm` task on the built-in
+/// corpus).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EncodersMlm {
+    /// Training setup (`train_len` is the window, `symbols` is unused).
+    pub run: Stage,
+    /// Encodings compared; must include `nope` and one other.
+    pub encodings: Vec<String>,
+    /// How many of the preset's seeds to train (the first ones).
+    pub n_seeds: usize,
 }
 
 /// Experiments 2 and 4 (language modelling).
@@ -173,6 +190,24 @@ impl Preset {
                 ));
             }
         }
+        if let Some(m) = &self.encoders.mlm {
+            let s = &m.run;
+            if s.steps == 0 || s.batch == 0 || s.train_len < 8 || s.eval_batches == 0 {
+                return bad(
+                    "encoders.mlm: steps, batch and eval_batches must be ≥ 1 and train_len ≥ 8"
+                        .into(),
+                );
+            }
+            if !m.encodings.iter().any(|e| e == "nope") || m.encodings.len() < 2 {
+                return bad("encoders.mlm.encodings must include nope and another".into());
+            }
+            if !(1..=self.seeds.len()).contains(&m.n_seeds) {
+                return bad(format!(
+                    "encoders.mlm.n_seeds must be in 1..={} (the preset's seeds)",
+                    self.seeds.len()
+                ));
+            }
+        }
         if self.lengthgen.eval_lengths.first() != Some(&self.lengthgen.run.train_len) {
             return bad("lengthgen.eval_lengths must start at train_len".into());
         }
@@ -195,7 +230,34 @@ mod tests {
         for (name, _) in BUILT_IN {
             let p = Preset::load(name).unwrap();
             assert_eq!(p.name, name);
+            assert!(p.encoders.mlm.is_some(), "{name} has no encoders.mlm");
         }
         assert!(Preset::load("bogus").is_err());
+    }
+
+    /// A built-in preset as JSON, changed by `f`, parsed and validated.
+    fn edited(f: impl Fn(&mut serde_json::Value)) -> CliResult<Preset> {
+        let mut v: serde_json::Value = serde_json::from_str(BUILT_IN[2].1).unwrap();
+        f(&mut v);
+        let p: Preset = serde_json::from_value(v).map_err(|e| CliError(e.to_string()))?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    #[test]
+    fn the_mlm_section_is_optional_and_checked() {
+        // Older preset files, without encoders.mlm, still parse.
+        let p = edited(|v| {
+            v["encoders"].as_object_mut().unwrap().remove("mlm");
+        })
+        .unwrap();
+        assert_eq!(p.encoders.mlm, None);
+        assert!(edited(|v| v["encoders"]["mlm"]["n_seeds"] = 0.into()).is_err());
+        assert!(edited(|v| v["encoders"]["mlm"]["n_seeds"] = 9.into()).is_err());
+        assert!(
+            edited(|v| v["encoders"]["mlm"]["encodings"] = serde_json::json!(["rope"])).is_err()
+        );
+        assert!(edited(|v| v["encoders"]["mlm"]["run"]["steps"] = 0.into()).is_err());
+        assert!(edited(|v| v["encoders"]["mlm"]["bogus"] = 1.into()).is_err());
     }
 }

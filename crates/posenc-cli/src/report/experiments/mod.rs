@@ -6,7 +6,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
+use posenc_lab::config::{ModelConfig, PeConfig, TrainConfig};
 use posenc_lab::model::EvalScaling;
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::TaskKind;
@@ -465,11 +465,7 @@ impl RunSpec {
         };
         let task = train::load_task(&tc)?;
         let model = ModelConfig {
-            mode: if kind.is_classification() {
-                Mode::Encoder
-            } else {
-                Mode::Decoder
-            },
+            mode: kind.mode(),
             vocab_size: task.vocab_size(),
             num_outputs: task.num_outputs(),
             d_model: s.d_model,
