@@ -1,7 +1,7 @@
 //! `posenc train`, `posenc finetune`, `posenc eval`, `posenc probe`,
 //! `posenc shuffle`: the lab on the command line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use posenc_lab::config::{ModelConfig, PeConfig, TrainConfig};
 use posenc_lab::finetune::{self, scaling_at, FinetuneOptions};
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::TaskKind;
-use posenc_lab::train::{self, Lab, TrainOptions};
+use posenc_lab::train::{self, Lab, Summary, TrainOptions};
 use posenc_lab::LabError;
 
 use crate::{CliError, CliResult};
@@ -181,12 +181,7 @@ pub struct ProbeArgs {
 
 pub fn train(a: TrainArgs) -> CliResult {
     let task_kind = TaskKind::parse(&a.task)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        // Ctrl-C: finish the step, write a checkpoint, exit.
-        let _ = ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst));
-    }
+    let stop = ctrl_c_flag();
     let (mut lab, mut opt) = if a.resume {
         let (lab, opt) = Lab::load_resumable(&a.out)?;
         if lab.meta.finetune.is_some() {
@@ -199,12 +194,7 @@ pub fn train(a: TrainArgs) -> CliResult {
         eprintln!("resuming {} at step {}", a.out.display(), lab.meta.step);
         (lab, opt)
     } else {
-        if a.out.join("config.json").exists() {
-            return Err(CliError(format!(
-                "{} already holds a checkpoint: pass --resume to continue it, or choose another --out",
-                a.out.display()
-            )));
-        }
+        refuse_existing_checkpoint(&a.out)?;
         let max_len = a.max_len.unwrap_or(a.train_len * 8).max(a.train_len);
         let train = TrainConfig {
             task: task_kind,
@@ -237,22 +227,69 @@ pub fn train(a: TrainArgs) -> CliResult {
         let opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
         (lab, opt)
     };
-    let summary = train::train(
-        &mut lab,
-        &mut opt,
-        &TrainOptions {
-            out: &a.out,
-            progress: true,
-            quiet: a.quiet,
-            stop: Some(&stop),
-            pause_at: None,
-        },
-    )?;
+    let summary = train_with_progress(&mut lab, &mut opt, &a.out, a.quiet, &stop)?;
     println!(
-        "{} {} with {}: step {}/{}, loss {:.4}, accuracy {:.1}%, {:.0} tokens/s, {:.1} s{}; checkpoint in {}",
-        if summary.interrupted { "interrupted" } else { "trained" },
+        "{} {} with {}: {}",
+        if summary.interrupted {
+            "interrupted"
+        } else {
+            "trained"
+        },
         lab.meta.train.task.name(),
         lab.meta.model.pe.label(),
+        summary_line(&summary, &lab, &a.out)
+    );
+    exit_if_interrupted(&summary);
+    Ok(())
+}
+
+/// A flag that Ctrl-C sets: training finishes the step, writes a
+/// checkpoint and returns; the command then exits with 130.
+fn ctrl_c_flag() -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+    stop
+}
+
+/// Trains `lab` to its configured step count, checkpointing into `out`,
+/// with a progress bar (unless `quiet`) and Ctrl-C handling.
+fn train_with_progress(
+    lab: &mut Lab,
+    opt: &mut AdamW,
+    out: &Path,
+    quiet: bool,
+    stop: &AtomicBool,
+) -> CliResult<Summary> {
+    Ok(train::train(
+        lab,
+        opt,
+        &TrainOptions {
+            out,
+            progress: true,
+            quiet,
+            stop: Some(stop),
+            pause_at: None,
+        },
+    )?)
+}
+
+/// A fresh run never writes over a checkpoint.
+fn refuse_existing_checkpoint(out: &Path) -> CliResult {
+    if out.join("config.json").exists() {
+        return Err(CliError(format!(
+            "{} already holds a checkpoint: pass --resume to continue it, or choose another --out",
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Steps, loss, accuracy, speed and checkpoint of a finished (or
+/// interrupted) run.
+fn summary_line(summary: &Summary, lab: &Lab, out: &Path) -> String {
+    format!(
+        "step {}/{}, loss {:.4}, accuracy {:.1}%, {:.0} tokens/s, {:.1} s{}; checkpoint in {}",
         summary.steps,
         lab.meta.train.steps,
         summary.final_loss,
@@ -260,21 +297,19 @@ pub fn train(a: TrainArgs) -> CliResult {
         summary.tokens_per_s,
         summary.seconds,
         if summary.interrupted { " (Ctrl-C)" } else { "" },
-        a.out.display()
-    );
+        out.display()
+    )
+}
+
+/// Exit status 130 after Ctrl-C (the checkpoint is written by then).
+fn exit_if_interrupted(summary: &Summary) {
     if summary.interrupted {
         std::process::exit(130);
     }
-    Ok(())
 }
 
 pub fn finetune(a: FinetuneArgs) -> CliResult {
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        // Ctrl-C: finish the step, write a checkpoint, exit.
-        let _ = ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst));
-    }
+    let stop = ctrl_c_flag();
     let (lab, summary) = if a.resume {
         let (mut lab, mut opt) = Lab::load_resumable(&a.out)?;
         if lab.meta.finetune.is_none() {
@@ -286,17 +321,7 @@ pub fn finetune(a: FinetuneArgs) -> CliResult {
         if !a.quiet {
             eprintln!("resuming {} at step {}", a.out.display(), lab.meta.step);
         }
-        let summary = train::train(
-            &mut lab,
-            &mut opt,
-            &TrainOptions {
-                out: &a.out,
-                progress: true,
-                quiet: a.quiet,
-                stop: Some(&stop),
-                pause_at: None,
-            },
-        )?;
+        let summary = train_with_progress(&mut lab, &mut opt, &a.out, a.quiet, &stop)?;
         (lab, summary)
     } else {
         let need = |what: &str| CliError(format!("--{what} is required (or --resume)"));
@@ -312,12 +337,7 @@ pub fn finetune(a: FinetuneArgs) -> CliResult {
         if let Some(s) = &a.scaling {
             posenc_lab::ScalingKind::parse(s)?;
         }
-        if a.out.join("config.json").exists() {
-            return Err(CliError(format!(
-                "{} already holds a checkpoint: pass --resume to continue it, or choose another --out",
-                a.out.display()
-            )));
-        }
+        refuse_existing_checkpoint(&a.out)?;
         let mut lab = Lab::load(base)?;
         let mut o = FinetuneOptions::new(len, steps, a.lr);
         o.warmup = a.warmup;
@@ -340,26 +360,21 @@ pub fn finetune(a: FinetuneArgs) -> CliResult {
         println!("{v}");
     } else {
         println!(
-            "{} {} with {} at {} (trained at {}), scaling {}: step {}/{}, loss {:.4}, accuracy {:.1}%, {:.0} tokens/s, {:.1} s{}; checkpoint in {}",
-            if summary.interrupted { "interrupted fine-tuning" } else { "fine-tuned" },
+            "{} {} with {} at {} (trained at {}), scaling {}: {}",
+            if summary.interrupted {
+                "interrupted fine-tuning"
+            } else {
+                "fine-tuned"
+            },
             lab.meta.train.task.name(),
             lab.meta.model.pe.label(),
             record.len,
             record.base_train.train_len,
             record.scaling.as_ref().map_or("none".into(), |s| s.label()),
-            summary.steps,
-            lab.meta.train.steps,
-            summary.final_loss,
-            summary.final_accuracy * 100.0,
-            summary.tokens_per_s,
-            summary.seconds,
-            if summary.interrupted { " (Ctrl-C)" } else { "" },
-            a.out.display()
+            summary_line(&summary, &lab, &a.out)
         );
     }
-    if summary.interrupted {
-        std::process::exit(130);
-    }
+    exit_if_interrupted(&summary);
     Ok(())
 }
 

@@ -2,11 +2,13 @@
 //! its scaling for later evaluation, resumes exactly, and refuses what it
 //! cannot do with typed errors.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use posenc::analysis::SplitMix64;
-use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
+use posenc_lab::config::{Mode, PeConfig, TrainConfig};
 use posenc_lab::finetune::scaling_at;
 use posenc_lab::optim::{clip_grad_norm, AdamW};
 use posenc_lab::tasks::{Task, TaskKind};
@@ -16,38 +18,16 @@ use posenc_lab::{finetune, FinetuneOptions, LabError, ScalingKind, ScalingSpec};
 const BASE_LEN: usize = 8;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-ft-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    common::tmp_dir("posenc-ft", name)
 }
 
 fn lab(pe: PeConfig, steps: usize) -> Lab {
     let task = Task::new(TaskKind::Copy, 8).unwrap();
-    let model = ModelConfig {
-        mode: Mode::Decoder,
-        vocab_size: task.vocab_size(),
-        num_outputs: task.num_outputs(),
-        d_model: 32,
-        n_layers: 2,
-        n_heads: 4,
-        d_ff: 64,
-        tied: true,
-        pe,
-    };
+    let model = common::model(Mode::Decoder, &task, pe);
     let run = TrainConfig {
-        task: TaskKind::Copy,
-        n_symbols: 8,
-        train_len: BASE_LEN,
-        steps,
-        batch: 16,
         lr: 1e-2,
         warmup: 5.min(steps),
-        min_lr_frac: 0.1,
-        weight_decay: 0.01,
-        grad_clip: 1.0,
-        seed: 4,
-        log_every: 5,
-        corpus: None,
+        ..common::run(TaskKind::Copy, steps, BASE_LEN, 4)
     };
     Lab::new(model, run, task).unwrap()
 }

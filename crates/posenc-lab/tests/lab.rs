@@ -1,51 +1,21 @@
 //! The lab's model and training loop: hooks, gradients, learning, exact
 //! resume, and clear errors for bad checkpoints.
 
+mod common;
+
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use posenc::analysis::SplitMix64;
-use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
+use posenc_lab::config::{Mode, PeConfig};
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::{Task, TaskKind};
 use posenc_lab::train::{self, make_batch, Lab, TrainOptions};
 
-fn model(mode: Mode, task: &Task, pe: PeConfig) -> ModelConfig {
-    ModelConfig {
-        mode,
-        vocab_size: task.vocab_size(),
-        num_outputs: task.num_outputs(),
-        d_model: 32,
-        n_layers: 2,
-        n_heads: 4,
-        d_ff: 64,
-        tied: true,
-        pe,
-    }
-}
-
-fn run(task: TaskKind, steps: usize, len: usize, seed: u64) -> TrainConfig {
-    TrainConfig {
-        task,
-        n_symbols: 8,
-        train_len: len,
-        steps,
-        batch: 16,
-        lr: 3e-3,
-        warmup: 10.min(steps),
-        min_lr_frac: 0.1,
-        weight_decay: 0.01,
-        grad_clip: 1.0,
-        seed,
-        log_every: 5,
-        corpus: None,
-    }
-}
+use common::{model, run};
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-lab-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    common::tmp_dir("posenc-lab", name)
 }
 
 const ALL_PES: [&str; 11] = PeConfig::NAMES;

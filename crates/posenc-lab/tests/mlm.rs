@@ -6,6 +6,8 @@
 //! per-token head, NoPE's identical predictions at every `[MASK]`, a
 //! checkpoint round trip, a corpus file, and learning.
 
+mod common;
+
 use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
@@ -195,41 +197,19 @@ fn property_invariants_and_determinism() {
 }
 
 fn model(task: &Task, pe: &str) -> ModelConfig {
-    ModelConfig {
-        mode: TaskKind::Mlm.mode(),
-        vocab_size: task.vocab_size(),
-        num_outputs: task.num_outputs(),
-        d_model: 32,
-        n_layers: 2,
-        n_heads: 4,
-        d_ff: 64,
-        tied: true,
-        pe: PeConfig::parse(pe, 64, 4).unwrap(),
-    }
+    common::model(
+        TaskKind::Mlm.mode(),
+        task,
+        PeConfig::parse(pe, 64, 4).unwrap(),
+    )
 }
 
 fn run(steps: usize, len: usize, seed: u64) -> TrainConfig {
-    TrainConfig {
-        task: TaskKind::Mlm,
-        n_symbols: 8,
-        train_len: len,
-        steps,
-        batch: 16,
-        lr: 3e-3,
-        warmup: 10.min(steps),
-        min_lr_frac: 0.1,
-        weight_decay: 0.01,
-        grad_clip: 1.0,
-        seed,
-        log_every: 5,
-        corpus: None,
-    }
+    common::run(TaskKind::Mlm, steps, len, seed)
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-mlm-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    common::tmp_dir("posenc-mlm", name)
 }
 
 fn logits(lab: &Lab, input: Vec<Vec<u32>>) -> Vec<Vec<Vec<f32>>> {
