@@ -11,7 +11,7 @@ use crate::{CliError, CliResult};
 pub const EXPERIMENT: Experiment = Experiment {
     id: 7,
     slug: "analytic",
-    version: 1,
+    source: include_str!("analytic.rs"),
     config: |p| json!(p.analytic),
     run,
 };

@@ -14,7 +14,7 @@ use crate::CliResult;
 pub const EXPERIMENT: Experiment = Experiment {
     id: 1,
     slug: "encoders",
-    version: 3,
+    source: include_str!("encoders.rs"),
     config: |p| json!({"encoders": p.encoders, "seeds": p.seeds}),
     run,
 };

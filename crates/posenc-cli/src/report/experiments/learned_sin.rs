@@ -9,7 +9,7 @@ use crate::CliResult;
 pub const EXPERIMENT: Experiment = Experiment {
     id: 4,
     slug: "learned-vs-sinusoidal",
-    version: 2,
+    source: include_str!("learned_sin.rs"),
     config: |p| json!({"lm": p.lm.run, "seeds": p.seeds}),
     run,
 };

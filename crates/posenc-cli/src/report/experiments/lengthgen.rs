@@ -9,7 +9,7 @@ use crate::CliResult;
 pub const EXPERIMENT: Experiment = Experiment {
     id: 5,
     slug: "length-generalisation",
-    version: 2,
+    source: include_str!("lengthgen.rs"),
     config: |p| json!({"lengthgen": p.lengthgen, "seed": p.seeds[0]}),
     run,
 };

@@ -10,7 +10,7 @@ use crate::CliResult;
 pub const EXPERIMENT: Experiment = Experiment {
     id: 2,
     slug: "lm",
-    version: 2,
+    source: include_str!("lm.rs"),
     config: |p| json!({"lm": p.lm, "seeds": p.seeds}),
     run,
 };

@@ -27,31 +27,11 @@ mod lm;
 mod rope;
 mod shaw;
 
-/// Bumped whenever the training helper changes what a run computes. (The
-/// cache keys also hash the sources themselves — [`TRAINING_SOURCE`],
-/// [`SHARED_SOURCE`], each experiment's own file — so a code change can never
-/// be answered from a stale cache even if nobody bumps this.)
-const RUN_VERSION: u32 = 2;
-
 /// Hash of every source file of the library and the lab (`build.rs`).
 const TRAINING_SOURCE: &str = env!("POSENC_TRAINING_SOURCE_HASH");
 
 /// This file: the training helper and the caches every experiment shares.
 const SHARED_SOURCE: &str = include_str!("mod.rs");
-
-/// The source of the experiment `slug`'s own file, hashed into its cache key.
-fn experiment_source(slug: &str) -> &'static str {
-    match slug {
-        "encoders" => include_str!("encoders.rs"),
-        "lm" => include_str!("lm.rs"),
-        "rope-length" => include_str!("rope.rs"),
-        "learned-vs-sinusoidal" => include_str!("learned_sin.rs"),
-        "length-generalisation" => include_str!("lengthgen.rs"),
-        "shaw-clipping" => include_str!("shaw.rs"),
-        "analytic" => include_str!("analytic.rs"),
-        _ => "",
-    }
-}
 
 /// One claim checked by an experiment: an entry of `results.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -164,8 +144,9 @@ pub struct Experiment {
     pub id: usize,
     /// Short name.
     pub slug: &'static str,
-    /// Version of its code: bump to invalidate its cache.
-    pub version: u32,
+    /// Its own source file (`include_str!`), hashed into its cache key: a
+    /// change to the code can never be answered from a stale cache.
+    pub source: &'static str,
     /// The part of the preset it reads.
     pub config: fn(&Preset) -> serde_json::Value,
     /// Runs it.
@@ -276,16 +257,14 @@ pub fn fnv(bytes: &[u8]) -> u64 {
 }
 
 /// The cache file of an experiment under `cache`: preset, experiment, and a
-/// hash of the experiment's code version, its part of the preset, the
-/// crate's version, and the sources (library, lab, this file, the
-/// experiment's own file).
+/// hash of its part of the preset, the crate's version, and the sources
+/// (library, lab, this file, the experiment's own file).
 pub fn cache_path(cache: &Path, preset: &Preset, e: &Experiment) -> PathBuf {
-    let code = fnv(format!("{}|{SHARED_SOURCE}", experiment_source(e.slug)).as_bytes());
+    let code = fnv(format!("{}|{SHARED_SOURCE}", e.source).as_bytes());
     let key = format!(
-        "{}|{}|{}|{}|{}|{TRAINING_SOURCE}|{code:016x}",
+        "{}|{}|{}|{}|{TRAINING_SOURCE}|{code:016x}",
         preset.name,
         e.id,
-        e.version,
         (e.config)(preset),
         env!("CARGO_PKG_VERSION")
     );
@@ -438,7 +417,7 @@ impl RunSpec {
         let s = serde_json::to_string(self).expect("serialisable");
         let shared = fnv(SHARED_SOURCE.as_bytes());
         fnv(format!(
-            "{RUN_VERSION}|{}|{TRAINING_SOURCE}|{shared:016x}|{s}",
+            "{}|{TRAINING_SOURCE}|{shared:016x}|{s}",
             env!("CARGO_PKG_VERSION")
         )
         .as_bytes())
@@ -654,15 +633,14 @@ pub fn verdict3(full: bool, weak: bool) -> Verdict {
 mod tests {
     use super::*;
 
-    /// Every experiment's own file takes part in its cache key, and the
-    /// training sources' hash came from build.rs.
+    /// Every experiment hashes its own file, and the training sources' hash
+    /// came from build.rs.
     #[test]
     fn every_experiment_hashes_its_own_source() {
         for e in all() {
-            let src = experiment_source(e.slug);
             assert!(
-                src.contains("pub const EXPERIMENT"),
-                "experiment {} ({}) has no source mapped",
+                e.source.contains("pub const EXPERIMENT") && e.source.contains(e.slug),
+                "experiment {} ({}) does not carry its own source",
                 e.id,
                 e.slug
             );

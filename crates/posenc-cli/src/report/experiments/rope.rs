@@ -14,7 +14,7 @@ use crate::CliResult;
 pub const EXPERIMENT: Experiment = Experiment {
     id: 3,
     slug: "rope-length",
-    version: 3,
+    source: include_str!("rope.rs"),
     config: |p| json!({"rope": p.rope, "seed": p.seeds[0]}),
     run,
 };

@@ -9,7 +9,7 @@ use crate::CliResult;
 pub const EXPERIMENT: Experiment = Experiment {
     id: 6,
     slug: "shaw-clipping",
-    version: 1,
+    source: include_str!("shaw.rs"),
     config: |p| json!({"shaw": p.shaw, "seed": p.seeds[0]}),
     run,
 };
