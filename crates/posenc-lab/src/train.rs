@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Mode, ModelConfig, TrainConfig};
 use crate::finetune::FinetuneRecord;
-use crate::model::{EvalScaling, Transformer};
+use crate::model::{token_embedding_recipe, EvalScaling, Transformer};
 use crate::optim::{clip_grad_norm, AdamW};
 use crate::tasks::{Task, IGNORE};
 use crate::LabError;
@@ -160,7 +160,7 @@ impl Lab {
         };
         let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, device.clone());
         let m = Transformer::new(&model, train.seed, vb)?;
-        init_weights(&varmap, train.seed, model.n_layers)?;
+        init_weights(&varmap, train.seed, &model)?;
         Ok(Lab {
             model: m,
             varmap,
@@ -380,10 +380,13 @@ impl candle_nn::var_builder::SimpleBackend for SeededVarMap {
 
 /// Re-initialises the transformer's own matrices GPT-2 style, from `seed`
 /// and each parameter's name: matrices N(0, 0.02²), the output projection of
-/// each residual branch N(0, (0.02/√(2L))²), biases 0. Layer norms and the
-/// positional encodings' parameters keep the (seeded) initialisation their
-/// modules asked for.
-fn init_weights(varmap: &VarMap, seed: u64, n_layers: usize) -> Result<(), LabError> {
+/// each residual branch N(0, (0.02/√(2L))²), biases 0; the token embedding
+/// as [`token_embedding_recipe`] says. Layer norms and the positional
+/// encodings' parameters keep the (seeded) initialisation their modules
+/// asked for.
+fn init_weights(varmap: &VarMap, seed: u64, model: &ModelConfig) -> Result<(), LabError> {
+    let n_layers = model.n_layers;
+    let token_std = token_embedding_recipe(model).init_std;
     let data = varmap.data().lock().expect("varmap lock");
     let mut names: Vec<&String> = data.keys().collect();
     names.sort();
@@ -397,7 +400,9 @@ fn init_weights(varmap: &VarMap, seed: u64, n_layers: usize) -> Result<(), LabEr
         let var = &data[name];
         let t = var.as_tensor();
         let n = t.elem_count();
-        let std = if t.rank() >= 2 {
+        let std = if name == "tok.weight" {
+            token_std
+        } else if t.rank() >= 2 {
             let resid = name.ends_with("attn.proj.weight") || name.ends_with("mlp.fc2.weight");
             if resid {
                 0.02 / (2.0 * n_layers as f64).sqrt()

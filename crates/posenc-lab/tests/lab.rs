@@ -129,6 +129,42 @@ fn trainable_encodings_have_parameters() {
 }
 
 #[test]
+fn token_embeddings_follow_each_encodings_recipe() {
+    // Sinusoidal: N(0, 1/d) tokens times √d (Vaswani §3.4 as tensor2tensor
+    // and fairseq do it); every other encoding: GPT-2's N(0, 0.02²), unscaled.
+    let task = Task::new(TaskKind::Copy, 8).unwrap();
+    for name in ["sinusoidal", "learned", "rope", "nope", "alibi"] {
+        let cfg = model(Mode::Decoder, &task, PeConfig::parse(name, 64, 3).unwrap());
+        let recipe = posenc_lab::model::token_embedding_recipe(&cfg);
+        let d = cfg.d_model as f64;
+        let (want_std, want_scale) = if name == "sinusoidal" {
+            (1.0 / d.sqrt(), d.sqrt())
+        } else {
+            (0.02, 1.0)
+        };
+        assert_eq!(recipe.init_std, want_std, "{name}");
+        assert_eq!(recipe.scale, want_scale, "{name}");
+        let lab = Lab::new(cfg, run(TaskKind::Copy, 1, 16, 5), task.clone()).unwrap();
+        let w: Vec<f32> = lab.params()["tok.weight"]
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let n = w.len() as f64;
+        let mean = w.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let sd = (w.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+        // n = vocabulary × 32 ≈ 400 draws: the sample sd is within 15% of
+        // the true one with overwhelming probability (its relative error is
+        // about 1/√(2n) ≈ 3.5%).
+        assert!(
+            (sd / want_std - 1.0).abs() < 0.15,
+            "{name}: token embedding sd {sd}, recipe {want_std}"
+        );
+    }
+}
+
+#[test]
 fn decoder_learns_copy_on_short_sequences() {
     let task = Task::new(TaskKind::Copy, 8).unwrap();
     let mut cfg = run(TaskKind::Copy, 300, 9, 11);

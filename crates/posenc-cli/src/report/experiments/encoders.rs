@@ -193,11 +193,12 @@ fn masked_lm(ctx: &mut Ctx, o: &mut ExpOutput, m: &EncodersMlm, seeds: &[u64]) -
          (nats per masked character) and its perplexity, against the unigram entropy {:.4} \
          nats (perplexity {:.2}), the loss of a model that ignores context. The presets train \
          the relative encodings, which learn this task within a few hundred steps, and (full \
-         preset) learned positions, which need about 2000; sinusoidal is left out: while this \
-         experiment was built, sinusoidal MLMs (`posenc train --task mlm --pe sinusoidal`, \
-         d_model 32, 1–2 layers, learning rate 1e-3 or 3e-3, up to 2000 steps) stayed at the \
-         unigram level (2.7–2.8 nats) although the same encoding learns the order task above \
-         and language modelling (experiment 2); we have not found why.",
+         preset) the absolute ones, learned and sinusoidal, which need about 2000. The \
+         sinusoidal MLM learns only with the token embeddings Vaswani et al.'s \
+         implementations use (N(0, 1/d_model), times √d_model, so a token enters level with \
+         the unit-amplitude sinusoids; see `posenc_lab::model::token_embedding_recipe`): with \
+         GPT-2's N(0, 0.02²) times √d_model the sinusoids are six times louder than the tokens \
+         and a 2000-step sinusoidal MLM stayed at the unigram level (2.65 nats).",
         100.0 * MASK_RATE,
         r.steps,
         r.d_model,
