@@ -116,6 +116,14 @@ pub struct ShawExp {
     pub run: Stage,
     /// Clipping distances.
     pub ks: Vec<usize>,
+    /// How many of the preset's seeds to train per k (the first ones);
+    /// default 1.
+    #[serde(default = "one")]
+    pub n_seeds: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Experiment 7 (analytic).
@@ -208,6 +216,12 @@ impl Preset {
                 ));
             }
         }
+        if !(1..=self.seeds.len()).contains(&self.shaw.n_seeds) {
+            return bad(format!(
+                "shaw.n_seeds must be in 1..={} (the preset's seeds)",
+                self.seeds.len()
+            ));
+        }
         if self.lengthgen.eval_lengths.first() != Some(&self.lengthgen.run.train_len) {
             return bad("lengthgen.eval_lengths must start at train_len".into());
         }
@@ -259,5 +273,22 @@ mod tests {
         );
         assert!(edited(|v| v["encoders"]["mlm"]["run"]["steps"] = 0.into()).is_err());
         assert!(edited(|v| v["encoders"]["mlm"]["bogus"] = 1.into()).is_err());
+    }
+
+    #[test]
+    fn shaw_seeds_default_to_one_and_are_checked() {
+        let p = edited(|v| {
+            v["shaw"].as_object_mut().unwrap().remove("n_seeds");
+        })
+        .unwrap();
+        assert_eq!(p.shaw.n_seeds, 1);
+        let three = edited(|v| {
+            v["seeds"] = serde_json::json!([0, 1, 2]);
+            v["shaw"]["n_seeds"] = 3.into();
+        });
+        assert_eq!(three.unwrap().shaw.n_seeds, 3);
+        assert!(edited(|v| v["shaw"]["n_seeds"] = 0.into()).is_err());
+        // The smoke preset has one seed.
+        assert!(edited(|v| v["shaw"]["n_seeds"] = 2.into()).is_err());
     }
 }
