@@ -546,6 +546,20 @@ pub struct TrainOptions<'a> {
     pub pause_at: Option<usize>,
 }
 
+impl<'a> TrainOptions<'a> {
+    /// Silent training to the last step, checkpointing into `out`: no
+    /// progress bar, no log lines, no interrupt flag, no pause.
+    pub fn quiet(out: &'a Path) -> Self {
+        TrainOptions {
+            out,
+            progress: false,
+            quiet: true,
+            stop: None,
+            pause_at: None,
+        }
+    }
+}
+
 /// Trains `lab` until `lab.meta.train.steps`, from its current step,
 /// writing `metrics.jsonl` and a checkpoint at the end (and on interrupt).
 ///

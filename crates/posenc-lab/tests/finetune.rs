@@ -40,18 +40,7 @@ fn rope() -> PeConfig {
 fn base(dir: &Path, pe: PeConfig, steps: usize) -> Lab {
     let mut l = lab(pe, steps);
     let mut opt = AdamW::new(l.params(), 0.01).unwrap();
-    train::train(
-        &mut l,
-        &mut opt,
-        &TrainOptions {
-            out: dir,
-            progress: false,
-            quiet: true,
-            stop: None,
-            pause_at: None,
-        },
-    )
-    .unwrap();
+    train::train(&mut l, &mut opt, &TrainOptions::quiet(dir)).unwrap();
     l
 }
 
@@ -258,18 +247,7 @@ fn an_interrupted_finetune_resumes_exactly() {
     assert!(paused.interrupted && paused.steps == 3);
     let (mut b, mut opt) = Lab::load_resumable(&b_dir).unwrap();
     assert_eq!(b.meta.step, 3);
-    let s = train::train(
-        &mut b,
-        &mut opt,
-        &TrainOptions {
-            out: &b_dir,
-            progress: false,
-            quiet: true,
-            stop: None,
-            pause_at: None,
-        },
-    )
-    .unwrap();
+    let s = train::train(&mut b, &mut opt, &TrainOptions::quiet(&b_dir)).unwrap();
     assert_eq!(s.steps, 6);
     assert_eq!(params(&a), params(&b));
 }

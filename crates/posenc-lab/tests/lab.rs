@@ -182,18 +182,7 @@ fn decoder_learns_copy_on_short_sequences() {
     .unwrap();
     let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
     let out = tmp("copy");
-    let summary = train::train(
-        &mut lab,
-        &mut opt,
-        &TrainOptions {
-            out: &out,
-            progress: false,
-            quiet: true,
-            stop: None,
-            pause_at: None,
-        },
-    )
-    .unwrap();
+    let summary = train::train(&mut lab, &mut opt, &TrainOptions::quiet(&out)).unwrap();
     let eval = train::evaluate(&lab, &[9], 4, 32, None).unwrap();
     assert!(
         eval.accuracy[0] >= 0.9,
@@ -218,16 +207,7 @@ fn resume_continues_exactly() {
     )
     .unwrap();
     let mut opt = AdamW::new(a.params(), 0.01).unwrap();
-    fn opts(d: &std::path::Path) -> TrainOptions<'_> {
-        TrainOptions {
-            out: d,
-            progress: false,
-            quiet: true,
-            stop: None,
-            pause_at: None,
-        }
-    }
-    train::train(&mut a, &mut opt, &opts(&a_dir)).unwrap();
+    train::train(&mut a, &mut opt, &TrainOptions::quiet(&a_dir)).unwrap();
     // Ten steps, save, load, ten more.
     let b_dir = tmp("resumed");
     let mut b = Lab::new(
@@ -242,7 +222,7 @@ fn resume_continues_exactly() {
         &mut opt_b,
         &TrainOptions {
             pause_at: Some(10),
-            ..opts(&b_dir)
+            ..TrainOptions::quiet(&b_dir)
         },
     )
     .unwrap();
@@ -253,7 +233,7 @@ fn resume_continues_exactly() {
     let st =
         candle_core::safetensors::load(b_dir.join("optimizer.safetensors"), &Device::Cpu).unwrap();
     opt_b.load_state(&st).unwrap();
-    train::train(&mut b, &mut opt_b, &opts(&b_dir)).unwrap();
+    train::train(&mut b, &mut opt_b, &TrainOptions::quiet(&b_dir)).unwrap();
     let (pa, pb) = (a.params(), b.params());
     for (name, va) in &pa {
         let x = va
@@ -300,18 +280,7 @@ fn same_seed_same_losses() {
         .unwrap();
         let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
         let d = tmp(&format!("det-{}", SplitMix64::new(0).next_u64() % 7));
-        train::train(
-            &mut lab,
-            &mut opt,
-            &TrainOptions {
-                out: &d,
-                progress: false,
-                quiet: true,
-                stop: None,
-                pause_at: None,
-            },
-        )
-        .unwrap();
+        train::train(&mut lab, &mut opt, &TrainOptions::quiet(&d)).unwrap();
         let m = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap();
         m.lines()
             .map(|l| {
@@ -339,18 +308,7 @@ fn corrupt_or_mismatched_checkpoints_are_clear_errors() {
     .unwrap();
     let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
     let d = tmp("corrupt");
-    train::train(
-        &mut lab,
-        &mut opt,
-        &TrainOptions {
-            out: &d,
-            progress: false,
-            quiet: true,
-            stop: None,
-            pause_at: None,
-        },
-    )
-    .unwrap();
+    train::train(&mut lab, &mut opt, &TrainOptions::quiet(&d)).unwrap();
     assert!(Lab::load(&d).is_ok());
     // Missing directory.
     let e = Lab::load(&tmp("absent")).err().unwrap().to_string();

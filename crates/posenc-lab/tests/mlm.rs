@@ -292,18 +292,7 @@ fn trains_saves_loads_and_learns() {
     let mut lab = Lab::new(cfg, tc, task).unwrap();
     let before = train::evaluate(&lab, &[32], 4, 16, None).unwrap().loss[0];
     let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
-    let summary = train::train(
-        &mut lab,
-        &mut opt,
-        &TrainOptions {
-            out: &out,
-            progress: false,
-            quiet: true,
-            stop: None,
-            pause_at: None,
-        },
-    )
-    .unwrap();
+    let summary = train::train(&mut lab, &mut opt, &TrainOptions::quiet(&out)).unwrap();
     assert_eq!(summary.steps, 300);
     let after = train::evaluate(&lab, &[32], 4, 16, None).unwrap();
     // Untrained: about ln V, above the unigram entropy; trained, well

@@ -516,17 +516,7 @@ pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> CliResult<(RunRecord, PathBuf
     let mut opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
     // A stale checkpoint from an interrupted run must not be resumed.
     let _ = std::fs::remove_dir_all(&dir);
-    let summary = train::train(
-        &mut lab,
-        &mut opt,
-        &TrainOptions {
-            out: &dir,
-            progress: false,
-            quiet: true,
-            stop: None,
-            pause_at: None,
-        },
-    )?;
+    let summary = train::train(&mut lab, &mut opt, &TrainOptions::quiet(&dir))?;
     let s = &spec.stage;
     let eval = eval_points(&lab, &spec.eval_lengths, s.eval_batches, s.batch, None)?;
     let (probe, shuffle) = if spec.probe_and_shuffle {
