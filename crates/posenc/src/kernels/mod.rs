@@ -7,6 +7,10 @@
 //!   past `rotary_dim` pass through. Activations are `f32`, `f16` or `bf16`;
 //!   half types are converted to `f32` in registers and rounded back once.
 //!   [`rope::rope_reference`] is the plain scalar loop it is tested against.
+//! - [`attention`]: fused attention, forward and backward, with the
+//!   positional hooks inside (rotary queries and keys, ALiBi, bucketed and
+//!   dense biases, Shaw et al.'s relative keys and values), streaming over
+//!   key tiles; [`attention::reference_forward`] beside it.
 //! - [`table`]: the cos/sin tables themselves, built with an `f64`
 //!   recurrence re-anchored exactly every [`table::ANCHOR_EVERY`] positions
 //!   (fast) beside the direct `f64` evaluation (exact).
@@ -19,12 +23,14 @@
 //! long prefill, many short sequences, decode (`T = 1`, many heads) and
 //! `B = 1` in `(B, T, H, D)` — keeps every core busy.
 
+pub mod attention;
 pub mod bench;
 pub(crate) mod mem;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod rope;
 pub mod table;
+pub mod tile;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -160,7 +160,7 @@ pub enum RowMap<'a> {
 
 impl RowMap<'_> {
     #[inline(always)]
-    fn row(&self, b: usize, t: usize, seq_len: usize) -> usize {
+    pub(crate) fn row(&self, b: usize, t: usize, seq_len: usize) -> usize {
         match *self {
             RowMap::Offset(o) => o + t,
             RowMap::Ids(ids) => ids[b * seq_len + t],

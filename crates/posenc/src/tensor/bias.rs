@@ -224,6 +224,16 @@ impl ShawRelative {
         })
     }
 
+    /// The clipping distance `k`.
+    pub fn max_relative(&self) -> usize {
+        self.max_relative
+    }
+
+    /// The head dimension `d`.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
     /// The key table `w^K`, `(2k + 1, d)`.
     pub fn key_table(&self) -> &Tensor {
         &self.keys

@@ -3,10 +3,17 @@
 //! - [`absolute`]: modules that add absolute encodings to embeddings;
 //! - [`bias`]: attention biases and relative terms as tensors;
 //! - [`rope`]: rotary embeddings on queries and keys, fused and
-//!   differentiable.
+//!   differentiable;
+//! - [`hooks`]: the input, query/key, logits and values hooks as traits,
+//!   implemented by every encoding;
+//! - [`attention`]: differentiable attention with those hooks inside, fused
+//!   on the CPU (streaming, no `T × T` matrix), beside its composed
+//!   reference.
 
 pub mod absolute;
+pub mod attention;
 pub mod bias;
+pub mod hooks;
 pub mod rope;
 
 use candle_core::Tensor;

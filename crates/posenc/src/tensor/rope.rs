@@ -161,6 +161,41 @@ struct State {
     tables: Arc<Tables>,
 }
 
+/// Which table row each time step uses (see [`RotationTables`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RotationRows {
+    /// Row `offset + t` for every batch entry.
+    Offset(usize),
+    /// Row `ids[b·T + t]`.
+    Ids(Vec<usize>),
+}
+
+impl RotationRows {
+    /// As the kernels' row map.
+    pub fn map(&self) -> RowMap<'_> {
+        match self {
+            RotationRows::Offset(o) => RowMap::Offset(*o),
+            RotationRows::Ids(v) => RowMap::Ids(v),
+        }
+    }
+}
+
+/// The tables and rows a fused kernel rotates queries and keys with
+/// ([`Rope::attention_tables`]).
+#[derive(Debug, Clone)]
+pub struct RotationTables {
+    /// cos/sin tables (query tables, and key tables with xPos).
+    pub tables: Arc<Tables>,
+    /// Rows of the query steps.
+    pub q_rows: RotationRows,
+    /// Rows of the key steps.
+    pub k_rows: RotationRows,
+    /// Rotated entries of each head vector.
+    pub rotary_dim: usize,
+    /// Pair layout.
+    pub pairs: PairLayout,
+}
+
 /// Resolved positions of one call.
 #[derive(Debug, Clone)]
 enum Rows {
@@ -651,6 +686,72 @@ impl Rope {
         let (tables, rows) = self.resolve(&pos)?;
         let op = self.op(tables, Arc::new(rows), role, &g);
         Ok(x.contiguous()?.apply_op1(op)?)
+    }
+
+    /// The tables and table rows with which queries at `q_positions` (`T_q`
+    /// steps) and keys at `k_positions` (`T_k` steps) are rotated, for a
+    /// kernel that rotates inside a larger fused op
+    /// ([`crate::tensor::attention`]). Frequencies follow the schedule for
+    /// the longer of the two (`max position + 1`), exactly as
+    /// [`apply`](Self::apply) would choose them for that length.
+    ///
+    /// # Errors
+    /// As [`apply`](Self::apply) for the positions.
+    pub fn attention_tables(
+        &self,
+        q_positions: Positions<'_>,
+        k_positions: Positions<'_>,
+        batch: usize,
+        q_len: usize,
+        k_len: usize,
+    ) -> Result<RotationTables> {
+        let hq = self.host_positions(q_positions, batch, q_len)?;
+        let hk = self.host_positions(k_positions, batch, k_len)?;
+        let seq_len = hq.seq_len.max(hk.seq_len);
+        let rows_of = |h: &HostPositions, base: usize| -> RotationRows {
+            match h.offset {
+                Some(o) => RotationRows::Offset(o + base),
+                None => RotationRows::Ids(h.ids.iter().map(|&p| p as usize + base).collect()),
+            }
+        };
+        let (tables, freqs) = if seq_len <= self.max_cached {
+            let st = self.tables_for(seq_len, seq_len)?;
+            (st.tables.clone(), st.freqs.clone())
+        } else {
+            // Past the cap: a table of this call's rows only, queries first.
+            let st = self.tables_for(seq_len, 0)?;
+            let list = |h: &HostPositions| -> Vec<u64> {
+                match h.offset {
+                    Some(o) => (o as u64..(o + h.t) as u64).collect(),
+                    None => h.ids.clone(),
+                }
+            };
+            let mut all = list(&hq);
+            let nq = all.len();
+            all.extend(list(&hk));
+            let t = Arc::new(Tables::exact(&self.spec(&st.freqs), &all));
+            let seq = |n: usize, start: usize| RotationRows::Ids((start..start + n).collect());
+            return Ok(RotationTables {
+                tables: t,
+                q_rows: match hq.offset {
+                    Some(_) => RotationRows::Offset(0),
+                    None => seq(nq, 0),
+                },
+                k_rows: match hk.offset {
+                    Some(_) => RotationRows::Offset(nq),
+                    None => seq(all.len() - nq, nq),
+                },
+                rotary_dim: st.freqs.rotary_dim,
+                pairs: st.freqs.layout,
+            });
+        };
+        Ok(RotationTables {
+            tables,
+            q_rows: rows_of(&hq, 0),
+            k_rows: rows_of(&hk, 0),
+            rotary_dim: freqs.rotary_dim,
+            pairs: freqs.layout,
+        })
     }
 
     /// Checks the in-place contract for one tensor; returns its buffer's

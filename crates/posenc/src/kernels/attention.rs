@@ -1,0 +1,1339 @@
+//! Fused scaled-dot-product attention on the CPU, forward and backward, with
+//! the positional hooks inside: rotary queries and keys, additive logits
+//! biases (ALiBi, bucketed tables such as T5's, Shaw et al.'s relative keys,
+//! a dense bias, a cumulative forget-gate bias) and Shaw et al.'s relative
+//! values.
+//!
+//! For query `i` and key `j` of one head, with `r = pos_k(j) − pos_q(i)`:
+//!
+//! ```text
+//! q̃_i = R(pos_q(i))·q_i · scale          k̃_j = R(pos_k(j))·k_j   (R: RoPE/xPos, or 1)
+//! s_ij = q̃_i·k̃_j + q̃_i·a^K[idx(r)]     (Shaw keys)
+//!      + m_h·r  or  −m_h·|r|              (ALiBi, causal / symmetric)
+//!      + table[idx(r), h]                (bucketed scalar table, e.g. T5)
+//!      + dense[b, h, i, j]               (any bias tensor)
+//!      + c_q[b, h, i] − c_k[b, h, j]     (cumulative, e.g. forget gates)
+//! s_ij = −∞ where j > i + (T_k − T_q)    (causal, bottom-right aligned)
+//! p_ij = softmax_j(s_ij)
+//! o_i  = Σ_j p_ij·(v_j + a^V[idx(r)])    (Shaw values)
+//! ```
+//!
+//! The forward pass streams over key tiles with an online softmax
+//! (FlashAttention, Dao et al. 2022): no `(T_q × T_k)` matrix is kept, only
+//! the output and the log-sum-exp of each row. The backward pass recomputes
+//! the probabilities tile by tile from that log-sum-exp (FlashAttention-2's
+//! order: key tiles outside, query tiles inside) and writes the gradients of
+//! queries, keys, values and every bias parameter.
+//!
+//! Threads: the forward pass splits over (batch, query head, query tile), the
+//! backward pass over (batch, key/value head); every output element is
+//! computed by one task in a fixed order, and partial sums of shared
+//! parameters (tables) are added in task order, so results do not depend on
+//! the number of threads. Work below a small threshold runs on the calling
+//! thread. [`reference_forward`] is the plain `f64` triple loop the kernel is
+//! tested against.
+
+use rayon::prelude::*;
+
+use super::rope::{RopeTables, RowMap};
+use super::tile;
+use super::SimdLevel;
+use crate::rope::PairLayout;
+
+/// Queries per tile.
+const BQ: usize = 64;
+/// Keys per tile.
+const BK: usize = 128;
+/// Multiply-adds below which a pass runs on the calling thread.
+const PARALLEL_WORK: usize = 1 << 17;
+
+/// Where the vectors of a `(B, H, T, D)`-shaped buffer are: element
+/// `(b, h, t, d)` is at `offset + b·sb + h·sh + t·st + d` (the last axis is
+/// contiguous; any other strides, so `(B, T, H, D)` buffers and heads packed
+/// side by side in one projection output are read in place).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rows {
+    /// Index of element `(0, 0, 0, 0)`.
+    pub offset: usize,
+    /// Stride of the batch axis.
+    pub sb: usize,
+    /// Stride of the head axis.
+    pub sh: usize,
+    /// Stride of the time axis.
+    pub st: usize,
+}
+
+impl Rows {
+    /// Contiguous `(B, H, T, D)`.
+    pub fn bhtd(heads: usize, len: usize, dim: usize) -> Rows {
+        Rows {
+            offset: 0,
+            sb: heads * len * dim,
+            sh: len * dim,
+            st: dim,
+        }
+    }
+
+    /// Contiguous `(B, T, H, D)`.
+    pub fn bthd(heads: usize, len: usize, dim: usize) -> Rows {
+        Rows {
+            offset: 0,
+            sb: len * heads * dim,
+            sh: dim,
+            st: heads * dim,
+        }
+    }
+
+    #[inline(always)]
+    fn at(&self, b: usize, h: usize, t: usize) -> usize {
+        self.offset + b * self.sb + h * self.sh + t * self.st
+    }
+
+    /// The largest index touched by a `(b, h, t, d)` buffer of these sizes, plus one.
+    pub fn extent(&self, batch: usize, heads: usize, len: usize, dim: usize) -> usize {
+        if batch == 0 || heads == 0 || len == 0 || dim == 0 {
+            return 0;
+        }
+        self.at(batch - 1, heads - 1, len - 1) + dim
+    }
+}
+
+/// Sizes of one attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Batch size `B`.
+    pub batch: usize,
+    /// Query heads `H_q`.
+    pub q_heads: usize,
+    /// Key/value heads `H_k` (divides `H_q`: grouped-query attention).
+    pub kv_heads: usize,
+    /// Queries `T_q`.
+    pub q_len: usize,
+    /// Keys `T_k`.
+    pub k_len: usize,
+    /// Head dimension `D` (queries, keys and values).
+    pub head_dim: usize,
+}
+
+/// Positions of the time steps, for the relative biases.
+#[derive(Debug, Clone, Copy)]
+pub enum Pos<'a> {
+    /// Step `t` is at `offset + t` in every batch entry.
+    Offset(i64),
+    /// Step `t` of batch entry `b` is at `ids[b·T + t]`.
+    Ids(&'a [i64]),
+}
+
+impl Pos<'_> {
+    #[inline(always)]
+    fn at(&self, b: usize, t: usize, len: usize) -> i64 {
+        match *self {
+            Pos::Offset(o) => o + t as i64,
+            Pos::Ids(ids) => ids[b * len + t],
+        }
+    }
+}
+
+/// Rotary queries and keys: pair `p` of the first `rotary_dim` entries of a
+/// vector at time step `(b, t)` is rotated with row `rows.row(b, t)` of the
+/// tables (cos and sin already carry any attention or xPos factor; keys have
+/// their own tables with xPos).
+#[derive(Debug, Clone, Copy)]
+pub struct Rotation<'a> {
+    /// Rotated entries (even, at most `head_dim`).
+    pub rotary_dim: usize,
+    /// Which entries form a pair.
+    pub pairs: PairLayout,
+    /// Query tables.
+    pub q: RopeTables<'a>,
+    /// Key tables.
+    pub k: RopeTables<'a>,
+    /// Table row of each query step.
+    pub q_rows: RowMap<'a>,
+    /// Table row of each key step.
+    pub k_rows: RowMap<'a>,
+}
+
+/// A map from relative distance `r` to a table row that saturates: rows of
+/// `clamp(r, −r_max, r_max)` (T5 buckets past `max_distance`, Shaw's
+/// clipping at `k`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelIndex {
+    r_max: i64,
+    rows: Vec<u32>,
+    n: usize,
+}
+
+impl RelIndex {
+    /// The map `r ↦ f(r)` for `|r| ≤ r_max`, clamped outside; `f` must
+    /// return rows below `n`.
+    ///
+    /// # Panics
+    /// If `f` returns a row ≥ `n` (a programming error of the caller).
+    pub fn new(r_max: usize, n: usize, f: impl Fn(i64) -> usize) -> RelIndex {
+        let r_max = r_max as i64;
+        let rows: Vec<u32> = (-r_max..=r_max)
+            .map(|r| {
+                let v = f(r);
+                assert!(v < n, "relative index {v} out of {n} rows");
+                v as u32
+            })
+            .collect();
+        RelIndex { r_max, rows, n }
+    }
+
+    /// Number of rows of the tables it indexes.
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// The row of distance `r`.
+    #[inline(always)]
+    pub fn get(&self, r: i64) -> usize {
+        self.rows[(r.clamp(-self.r_max, self.r_max) + self.r_max) as usize] as usize
+    }
+}
+
+/// ALiBi: `m_h·r` (causal) or `−m_h·|r|` (symmetric) for query head `h`.
+#[derive(Debug, Clone, Copy)]
+pub struct AlibiBias<'a> {
+    /// One slope per query head.
+    pub slopes: &'a [f32],
+    /// `−m·|r|` instead of `m·r`.
+    pub symmetric: bool,
+}
+
+/// A learned scalar per (relative row, query head): `table[idx(r)·H_q + h]`.
+#[derive(Debug, Clone, Copy)]
+pub struct ScalarTable<'a> {
+    /// Row of each distance.
+    pub index: &'a RelIndex,
+    /// `(rows, H_q)`, row-major.
+    pub table: &'a [f32],
+}
+
+/// Shaw et al.'s relative key and value tables, `(rows, D)` each, shared by
+/// all heads.
+#[derive(Debug, Clone, Copy)]
+pub struct VectorTables<'a> {
+    /// Row of each distance.
+    pub index: &'a RelIndex,
+    /// `a^K`, or `None`.
+    pub keys: Option<&'a [f32]>,
+    /// `a^V`, or `None`.
+    pub values: Option<&'a [f32]>,
+}
+
+/// A dense bias: element `(b, h, i, j)` at `offset + b·sb + h·sh + i·si +
+/// j·sj` (zero strides broadcast).
+#[derive(Debug, Clone, Copy)]
+pub struct DenseBias<'a> {
+    /// The values.
+    pub data: &'a [f32],
+    /// Index of `(0, 0, 0, 0)`.
+    pub offset: usize,
+    /// Batch stride.
+    pub sb: usize,
+    /// Head stride.
+    pub sh: usize,
+    /// Query stride.
+    pub si: usize,
+    /// Key stride.
+    pub sj: usize,
+}
+
+/// A bias `c_q[b, h, i] − c_k[b, h, j]` from contiguous `(B, H_q, T_q)` and
+/// `(B, H_q, T_k)` vectors (forgetting attention's cumulative log forget
+/// gates, Lin et al. 2025).
+#[derive(Debug, Clone, Copy)]
+pub struct CumulativeBias<'a> {
+    /// `c` at the query steps.
+    pub q: &'a [f32],
+    /// `c` at the key steps.
+    pub k: &'a [f32],
+}
+
+/// Everything one call reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Problem<'a> {
+    /// Sizes.
+    pub dims: Dims,
+    /// Multiplies `q·k` (usually `1/√D`).
+    pub scale: f32,
+    /// Hide keys after each query (bottom-right aligned).
+    pub causal: bool,
+    /// Queries.
+    pub q: &'a [f32],
+    /// Their layout.
+    pub q_rows: Rows,
+    /// Keys.
+    pub k: &'a [f32],
+    /// Their layout.
+    pub k_rows: Rows,
+    /// Values.
+    pub v: &'a [f32],
+    /// Their layout.
+    pub v_rows: Rows,
+    /// Rotary queries and keys.
+    pub rotation: Option<Rotation<'a>>,
+    /// Query positions (relative biases).
+    pub q_pos: Pos<'a>,
+    /// Key positions (relative biases).
+    pub k_pos: Pos<'a>,
+    /// ALiBi.
+    pub alibi: Option<AlibiBias<'a>>,
+    /// A bucketed scalar table (T5).
+    pub scalar: Option<ScalarTable<'a>>,
+    /// Shaw's relative keys and values.
+    pub vector: Option<VectorTables<'a>>,
+    /// A dense bias.
+    pub dense: Option<DenseBias<'a>>,
+    /// A cumulative bias.
+    pub cumulative: Option<CumulativeBias<'a>>,
+}
+
+/// A raw pointer that may cross threads: tasks write disjoint elements.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// Gradients written by [`backward`]. `dq`, `dk`, `dv` may point into one
+/// buffer (a packed projection) as long as their elements are disjoint; every
+/// element of the three is written. Parameter gradients are overwritten.
+pub struct Grads<'a> {
+    /// `∂L/∂q`, laid out as `dq_rows`.
+    pub dq: *mut f32,
+    /// Layout of `dq`.
+    pub dq_rows: Rows,
+    /// `∂L/∂k`.
+    pub dk: *mut f32,
+    /// Layout of `dk`.
+    pub dk_rows: Rows,
+    /// `∂L/∂v`.
+    pub dv: *mut f32,
+    /// Layout of `dv`.
+    pub dv_rows: Rows,
+    /// `(rows, H_q)` gradient of the scalar table.
+    pub scalar: Option<&'a mut [f32]>,
+    /// `(rows, D)` gradient of `a^K`.
+    pub keys: Option<&'a mut [f32]>,
+    /// `(rows, D)` gradient of `a^V`.
+    pub values: Option<&'a mut [f32]>,
+    /// Contiguous `(B, H_q, T_q, T_k)` gradient of the dense bias (before any
+    /// broadcast is summed out).
+    pub dense: Option<&'a mut [f32]>,
+    /// `(B, H_q, T_q)` gradient of `c_q`.
+    pub cumulative_q: Option<&'a mut [f32]>,
+    /// `(B, H_q, T_k)` gradient of `c_k`.
+    pub cumulative_k: Option<&'a mut [f32]>,
+}
+
+impl Problem<'_> {
+    fn group(&self) -> usize {
+        self.dims.q_heads / self.dims.kv_heads
+    }
+
+    fn shift(&self) -> i64 {
+        self.dims.k_len as i64 - self.dims.q_len as i64
+    }
+
+    /// Keys visible to query `i`: `0..visible(i)`.
+    #[inline(always)]
+    fn visible(&self, i: usize) -> usize {
+        if self.causal {
+            (i as i64 + self.shift() + 1).clamp(0, self.dims.k_len as i64) as usize
+        } else {
+            self.dims.k_len
+        }
+    }
+
+    fn n_vec_rows(&self) -> usize {
+        self.vector.map_or(0, |v| v.index.rows())
+    }
+
+    /// Work of one pass, in multiply-adds.
+    fn work(&self) -> usize {
+        let d = self.dims;
+        d.batch * d.q_heads * d.q_len * d.k_len * d.head_dim.max(4)
+    }
+
+    /// Adds every bias to `s[..n]` for query `i` against keys `j0..j0+n`.
+    #[inline(always)]
+    fn add_bias(&self, b: usize, h: usize, i: usize, j0: usize, s: &mut [f32], qa: &[f32]) {
+        let d = self.dims;
+        let qp = self.q_pos.at(b, i, d.q_len);
+        let n = s.len();
+        if let Some(a) = self.alibi {
+            let m = a.slopes[h];
+            for (c, v) in s.iter_mut().enumerate() {
+                let r = (self.k_pos.at(b, j0 + c, d.k_len) - qp) as f32;
+                *v += if a.symmetric { -m * r.abs() } else { m * r };
+            }
+        }
+        if let Some(t) = self.scalar {
+            for (c, v) in s.iter_mut().enumerate() {
+                let r = self.k_pos.at(b, j0 + c, d.k_len) - qp;
+                *v += t.table[t.index.get(r) * d.q_heads + h];
+            }
+        }
+        if let Some(vt) = self.vector {
+            if vt.keys.is_some() {
+                for (c, v) in s.iter_mut().enumerate() {
+                    let r = self.k_pos.at(b, j0 + c, d.k_len) - qp;
+                    *v += qa[vt.index.get(r)];
+                }
+            }
+        }
+        if let Some(db) = self.dense {
+            let base = db.offset + b * db.sb + h * db.sh + i * db.si;
+            for (c, v) in s.iter_mut().enumerate() {
+                *v += db.data[base + (j0 + c) * db.sj];
+            }
+        }
+        if let Some(cb) = self.cumulative {
+            let cq = cb.q[(b * d.q_heads + h) * d.q_len + i];
+            let ck = &cb.k[(b * d.q_heads + h) * d.k_len + j0..][..n];
+            for (v, k) in s.iter_mut().zip(ck) {
+                *v += cq - k;
+            }
+        }
+    }
+}
+
+/// Rotates `src` (length `D`) into `dst`, times `scale`; `inverse` applies
+/// the transpose (the backward pass).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn rotate_row(
+    src: &[f32],
+    dst: &mut [f32],
+    cos: &[f32],
+    sin: &[f32],
+    rd: usize,
+    pairs: PairLayout,
+    inverse: bool,
+    scale: f32,
+) {
+    let nf = rd / 2;
+    let sg = if inverse { -1.0f32 } else { 1.0 };
+    match pairs {
+        PairLayout::HalfSplit => {
+            for p in 0..nf {
+                let (x, y) = (src[p], src[p + nf]);
+                let (c, s) = (cos[p], sg * sin[p]);
+                dst[p] = (x * c - y * s) * scale;
+                dst[p + nf] = (y * c + x * s) * scale;
+            }
+        }
+        PairLayout::Interleaved => {
+            for p in 0..nf {
+                let (x, y) = (src[2 * p], src[2 * p + 1]);
+                let (c, s) = (cos[p], sg * sin[p]);
+                dst[2 * p] = (x * c - y * s) * scale;
+                dst[2 * p + 1] = (y * c + x * s) * scale;
+            }
+        }
+    }
+    for d in rd..src.len() {
+        dst[d] = src[d] * scale;
+    }
+}
+
+/// Copies query `(b, h, t)` into `dst`, rotated and scaled.
+#[inline(always)]
+fn load_q(p: &Problem, b: usize, h: usize, t: usize, dst: &mut [f32]) {
+    let d = p.dims.head_dim;
+    let src = &p.q[p.q_rows.at(b, h, t)..][..d];
+    match &p.rotation {
+        Some(rot) => {
+            let row = rot.q_rows.row(b, t, p.dims.q_len);
+            let nf = rot.q.n_freq;
+            rotate_row(
+                src,
+                dst,
+                &rot.q.cos[row * nf..][..nf],
+                &rot.q.sin[row * nf..][..nf],
+                rot.rotary_dim,
+                rot.pairs,
+                false,
+                p.scale,
+            );
+        }
+        None => {
+            for (o, i) in dst.iter_mut().zip(src) {
+                *o = i * p.scale;
+            }
+        }
+    }
+}
+
+/// Copies key `(b, h, t)` into `dst`, rotated.
+#[inline(always)]
+fn load_k(p: &Problem, b: usize, h: usize, t: usize, dst: &mut [f32]) {
+    let d = p.dims.head_dim;
+    let src = &p.k[p.k_rows.at(b, h, t)..][..d];
+    match &p.rotation {
+        Some(rot) => {
+            let row = rot.k_rows.row(b, t, p.dims.k_len);
+            let nf = rot.k.n_freq;
+            rotate_row(
+                src,
+                dst,
+                &rot.k.cos[row * nf..][..nf],
+                &rot.k.sin[row * nf..][..nf],
+                rot.rotary_dim,
+                rot.pairs,
+                false,
+                1.0,
+            );
+        }
+        None => dst.copy_from_slice(src),
+    }
+}
+
+/// Runs `f` for each task, on rayon's threads if the pass is large enough;
+/// returns the results in task order.
+fn run_tasks<R: Send>(n: usize, parallel: bool, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    if parallel && n > 1 && rayon::current_num_threads() > 1 {
+        (0..n).into_par_iter().map(f).collect()
+    } else {
+        (0..n).map(f).collect()
+    }
+}
+
+/// Defines `$name(level, args…)`, which runs `$body(args…)` compiled for the
+/// instruction set of `level` (the body and everything it calls are
+/// `#[inline(always)]`, so the whole task is vectorised for that level).
+macro_rules! multiversion {
+    ($name:ident => $body:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty) => {
+        #[allow(clippy::too_many_arguments)]
+        fn $name(level: SimdLevel, $($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn v4($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn v3($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                match level {
+                    // SAFETY: the level was detected on this CPU.
+                    SimdLevel::Avx512 => unsafe { v4($($arg),*) },
+                    SimdLevel::Avx2 => unsafe { v3($($arg),*) },
+                    _ => $body($($arg),*),
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = level;
+                $body($($arg),*)
+            }
+        }
+    };
+}
+
+multiversion!(forward_dispatch => forward_task(
+    p: &Problem, task: usize, q_tiles: usize, kt: &[f32], akt: &[f32],
+    out: SendPtr, out_rows: Rows, lse: SendPtr) -> ());
+
+multiversion!(backward_dispatch => backward_task(
+    p: &Problem, task: usize, o: &[f32], o_rows: Rows, d_o: &[f32], do_rows: Rows,
+    lse: &[f32], g: GradRows, ptrs: &BwdPtrs, want: (bool, bool, bool)) -> Partial);
+
+/// The forward pass: writes `out` (laid out as `out_rows`, `(B, H_q, T_q,
+/// D)`) and the log-sum-exp of every row, `lse` (contiguous `(B, H_q, T_q)`;
+/// `−∞` for a query that sees no key, whose output is 0).
+///
+/// # Panics
+/// On buffers too short for their layouts (the tensor API checks them
+/// before calling).
+pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], level: SimdLevel) {
+    let dm = p.dims;
+    assert!(out.len() >= out_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
+    assert!(lse.len() >= dm.batch * dm.q_heads * dm.q_len);
+    let d = dm.head_dim;
+    // Rotated keys, transposed: (B, H_k, D, T_k).
+    let kt_len = d * dm.k_len;
+    let mut kt = vec![0f32; dm.batch * dm.kv_heads * kt_len];
+    let parallel = p.work() >= PARALLEL_WORK;
+    {
+        let ptr = SendPtr(kt.as_mut_ptr());
+        run_tasks(dm.batch * dm.kv_heads, parallel, |task| {
+            let (b, h) = (task / dm.kv_heads, task % dm.kv_heads);
+            let ptr = ptr;
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(task * kt_len), kt_len) };
+            let mut row = vec![0f32; d];
+            for t in 0..dm.k_len {
+                load_k(p, b, h, t, &mut row);
+                for (x, v) in row.iter().enumerate() {
+                    dst[x * dm.k_len + t] = *v;
+                }
+            }
+        });
+    }
+    // a^K transposed: (D, rows).
+    let nv = p.n_vec_rows();
+    let akt: Vec<f32> = match p.vector.and_then(|v| v.keys) {
+        Some(ak) => {
+            let mut t = vec![0f32; d * nv];
+            unsafe { tile::transpose(nv, d, ak.as_ptr(), d, t.as_mut_ptr(), nv) };
+            t
+        }
+        None => Vec::new(),
+    };
+    let q_tiles = dm.q_len.div_ceil(BQ);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let lse_ptr = SendPtr(lse.as_mut_ptr());
+    let kt = &kt;
+    let akt = &akt;
+    run_tasks(dm.batch * dm.q_heads * q_tiles, parallel, |task| {
+        let (out_ptr, lse_ptr) = (out_ptr, lse_ptr);
+        forward_dispatch(level, p, task, q_tiles, kt, akt, out_ptr, out_rows, lse_ptr)
+    });
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn forward_task(
+    p: &Problem,
+    task: usize,
+    q_tiles: usize,
+    kt: &[f32],
+    akt: &[f32],
+    out: SendPtr,
+    out_rows: Rows,
+    lse: SendPtr,
+) {
+    let dm = p.dims;
+    let d = dm.head_dim;
+    let qt = task % q_tiles;
+    let h = (task / q_tiles) % dm.q_heads;
+    let b = task / (q_tiles * dm.q_heads);
+    let hk = h / p.group();
+    let i0 = qt * BQ;
+    let rows = BQ.min(dm.q_len - i0);
+    let nv = p.n_vec_rows();
+    let kt = &kt[(b * dm.kv_heads + hk) * d * dm.k_len..][..d * dm.k_len];
+    let mut q = vec![0f32; rows * d];
+    for r in 0..rows {
+        load_q(p, b, h, i0 + r, &mut q[r * d..][..d]);
+    }
+    // q̃·a^K for every table row: (rows, nv).
+    let mut qa = vec![0f32; if akt.is_empty() { 0 } else { rows * nv }];
+    if !qa.is_empty() {
+        unsafe {
+            tile::gemm_nn(
+                rows,
+                nv,
+                d,
+                q.as_ptr(),
+                d,
+                akt.as_ptr(),
+                nv,
+                qa.as_mut_ptr(),
+                nv,
+                false,
+            )
+        };
+    }
+    let values = p.vector.and_then(|v| v.values);
+    let mut wv = vec![0f32; if values.is_some() { rows * nv } else { 0 }];
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0f32; rows];
+    let mut acc = vec![0f32; rows * d];
+    let mut s = vec![0f32; rows * BK];
+    let k_end = p.visible(i0 + rows - 1);
+    let mut j0 = 0;
+    while j0 < k_end {
+        let n = BK.min(k_end - j0);
+        unsafe {
+            tile::gemm_nn(
+                rows,
+                n,
+                d,
+                q.as_ptr(),
+                d,
+                kt.as_ptr().add(j0),
+                dm.k_len,
+                s.as_mut_ptr(),
+                n,
+                false,
+            )
+        };
+        for r in 0..rows {
+            let i = i0 + r;
+            let vis = p.visible(i).saturating_sub(j0).min(n);
+            let sr = &mut s[r * n..][..n];
+            if vis == 0 {
+                sr.fill(0.0);
+                continue;
+            }
+            let qar = if qa.is_empty() {
+                &qa[..]
+            } else {
+                &qa[r * nv..][..nv]
+            };
+            p.add_bias(b, h, i, j0, &mut sr[..vis], qar);
+            let mx = tile::max(&sr[..vis]);
+            let m_new = if mx > m[r] { mx } else { m[r] };
+            if m_new == f32::NEG_INFINITY {
+                // Every key so far is masked by a −∞ bias.
+                sr.fill(0.0);
+                continue;
+            }
+            let alpha = tile::exp(m[r] - m_new);
+            for v in sr[..vis].iter_mut() {
+                *v = tile::exp(*v - m_new);
+            }
+            sr[vis..].fill(0.0);
+            l[r] = l[r] * alpha + tile::sum(&sr[..vis]);
+            m[r] = m_new;
+            if alpha != 1.0 {
+                tile::scale(alpha, &mut acc[r * d..][..d]);
+                if !wv.is_empty() {
+                    tile::scale(alpha, &mut wv[r * nv..][..nv]);
+                }
+            }
+            if let Some(vt) = p.vector {
+                if !wv.is_empty() {
+                    let qp = p.q_pos.at(b, i, dm.q_len);
+                    let w = &mut wv[r * nv..][..nv];
+                    for (c, pv) in sr[..vis].iter().enumerate() {
+                        let rel = p.k_pos.at(b, j0 + c, dm.k_len) - qp;
+                        w[vt.index.get(rel)] += pv;
+                    }
+                }
+            }
+        }
+        let v0 = p.v_rows.at(b, hk, j0);
+        unsafe {
+            tile::gemm_nn(
+                rows,
+                d,
+                n,
+                s.as_ptr(),
+                n,
+                p.v.as_ptr().add(v0),
+                p.v_rows.st,
+                acc.as_mut_ptr(),
+                d,
+                true,
+            )
+        };
+        j0 += n;
+    }
+    for r in 0..rows {
+        let i = i0 + r;
+        let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(out_rows.at(b, h, i)), d) };
+        let lse_i = unsafe { &mut *lse.0.add((b * dm.q_heads + h) * dm.q_len + i) };
+        if l[r] == 0.0 {
+            o.fill(0.0);
+            *lse_i = f32::NEG_INFINITY;
+            continue;
+        }
+        let inv = 1.0 / l[r];
+        for (ov, av) in o.iter_mut().zip(&acc[r * d..][..d]) {
+            *ov = av * inv;
+        }
+        if let Some(av) = values {
+            for (t, w) in wv[r * nv..][..nv].iter().enumerate() {
+                if *w != 0.0 {
+                    tile::axpy(w * inv, &av[t * d..][..d], o);
+                }
+            }
+        }
+        *lse_i = m[r] + l[r].ln();
+    }
+}
+
+/// Per-task partial gradients of the shared tables.
+#[derive(Default)]
+struct Partial {
+    scalar: Vec<f32>,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+/// The backward pass: from the output `o`, its gradient `d_o` (both laid out
+/// as their `Rows`) and the forward pass's `lse`, writes every gradient in
+/// `g`.
+///
+/// # Panics
+/// On buffers too short for their layouts (the tensor API checks them
+/// before calling).
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    p: &Problem,
+    o: &[f32],
+    o_rows: Rows,
+    d_o: &[f32],
+    do_rows: Rows,
+    lse: &[f32],
+    g: Grads,
+    level: SimdLevel,
+) {
+    let dm = p.dims;
+    assert!(o.len() >= o_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
+    assert!(d_o.len() >= do_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
+    assert!(lse.len() >= dm.batch * dm.q_heads * dm.q_len);
+    let nv = p.n_vec_rows();
+    let d = dm.head_dim;
+    let ns = p.scalar.map_or(0, |s| s.index.rows());
+    let mut g = g;
+    if let Some(dd) = g.dense.as_deref_mut() {
+        assert!(dd.len() >= dm.batch * dm.q_heads * dm.q_len * dm.k_len);
+        dd.fill(0.0);
+    }
+    if let Some(c) = g.cumulative_q.as_deref_mut() {
+        assert!(c.len() >= dm.batch * dm.q_heads * dm.q_len);
+        c.fill(0.0);
+    }
+    if let Some(c) = g.cumulative_k.as_deref_mut() {
+        assert!(c.len() >= dm.batch * dm.q_heads * dm.k_len);
+        c.fill(0.0);
+    }
+    let ptrs = BwdPtrs {
+        dq: SendPtr(g.dq),
+        dk: SendPtr(g.dk),
+        dv: SendPtr(g.dv),
+        dense: g.dense.as_ref().map(|x| SendPtr(x.as_ptr() as *mut f32)),
+        cq: g
+            .cumulative_q
+            .as_ref()
+            .map(|x| SendPtr(x.as_ptr() as *mut f32)),
+        ck: g
+            .cumulative_k
+            .as_ref()
+            .map(|x| SendPtr(x.as_ptr() as *mut f32)),
+    };
+    let want = (g.scalar.is_some(), g.keys.is_some(), g.values.is_some());
+    let parallel = p.work() >= PARALLEL_WORK / 2;
+    let rows = GradRows {
+        dq_rows: g.dq_rows,
+        dk_rows: g.dk_rows,
+        dv_rows: g.dv_rows,
+    };
+    let parts = run_tasks(dm.batch * dm.kv_heads, parallel, |task| {
+        let ptrs = &ptrs;
+        backward_dispatch(
+            level, p, task, o, o_rows, d_o, do_rows, lse, rows, ptrs, want,
+        )
+    });
+    // Shared tables: add the partial sums in task order.
+    let add = |dst: Option<&mut [f32]>, pick: fn(&Partial) -> &Vec<f32>, len: usize| {
+        if let Some(dst) = dst {
+            dst[..len].fill(0.0);
+            for part in &parts {
+                for (a, b) in dst.iter_mut().zip(pick(part)) {
+                    *a += b;
+                }
+            }
+        }
+    };
+    add(g.scalar, |x| &x.scalar, ns * dm.q_heads);
+    add(g.keys, |x| &x.keys, nv * d);
+    add(g.values, |x| &x.values, nv * d);
+}
+
+/// Layouts of the q, k, v gradients.
+#[derive(Clone, Copy)]
+struct GradRows {
+    dq_rows: Rows,
+    dk_rows: Rows,
+    dv_rows: Rows,
+}
+
+struct BwdPtrs {
+    dq: SendPtr,
+    dk: SendPtr,
+    dv: SendPtr,
+    dense: Option<SendPtr>,
+    cq: Option<SendPtr>,
+    ck: Option<SendPtr>,
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn backward_task(
+    p: &Problem,
+    task: usize,
+    o: &[f32],
+    o_rows: Rows,
+    d_o: &[f32],
+    do_rows: Rows,
+    lse: &[f32],
+    g: GradRows,
+    ptrs: &BwdPtrs,
+    want: (bool, bool, bool),
+) -> Partial {
+    let dm = p.dims;
+    let d = dm.head_dim;
+    let (tq, tk) = (dm.q_len, dm.k_len);
+    let (b, hk) = (task / dm.kv_heads, task % dm.kv_heads);
+    let nv = p.n_vec_rows();
+    let ns = p.scalar.map_or(0, |s| s.index.rows());
+    let mut part = Partial {
+        scalar: vec![0f32; if want.0 { ns * dm.q_heads } else { 0 }],
+        keys: vec![0f32; if want.1 { nv * d } else { 0 }],
+        values: vec![0f32; if want.2 { nv * d } else { 0 }],
+    };
+    // Rotated keys (T_k, D); gradients of rotated keys and of values.
+    let mut kr = vec![0f32; tk * d];
+    for t in 0..tk {
+        load_k(p, b, hk, t, &mut kr[t * d..][..d]);
+    }
+    let mut dkr = vec![0f32; tk * d];
+    let mut dv = vec![0f32; tk * d];
+    let v_base = p.v_rows.at(b, hk, 0);
+    let mut qs = vec![0f32; tq * d];
+    let mut qt = vec![0f32; d * tq];
+    let mut dot_ = vec![0f32; d * tq];
+    let mut dqs = vec![0f32; tq * d];
+    let mut dvec = vec![0f32; tq];
+    let mut st = vec![0f32; BK * BQ];
+    let mut dpt = vec![0f32; BK * BQ];
+    let mut ds = vec![0f32; BQ * BK];
+    let mut dst_t = vec![0f32; BK * BQ];
+    let keys = p.vector.and_then(|v| v.keys);
+    let values = p.vector.and_then(|v| v.values);
+    let mut qa = vec![0f32; if keys.is_some() { tq * nv } else { 0 }];
+    let mut doa = vec![0f32; if values.is_some() { tq * nv } else { 0 }];
+    let mut wk = vec![0f32; qa.len()];
+    let mut wv = vec![0f32; doa.len()];
+    let mut akt = Vec::new();
+    let mut avt = Vec::new();
+    if let Some(ak) = keys {
+        akt = vec![0f32; d * nv];
+        unsafe { tile::transpose(nv, d, ak.as_ptr(), d, akt.as_mut_ptr(), nv) };
+    }
+    if let Some(av) = values {
+        avt = vec![0f32; d * nv];
+        unsafe { tile::transpose(nv, d, av.as_ptr(), d, avt.as_mut_ptr(), nv) };
+    }
+    for h in hk * p.group()..(hk + 1) * p.group() {
+        let bh = b * dm.q_heads + h;
+        for t in 0..tq {
+            load_q(p, b, h, t, &mut qs[t * d..][..d]);
+            let dor = &d_o[do_rows.at(b, h, t)..][..d];
+            dvec[t] = tile::dot(dor, &o[o_rows.at(b, h, t)..][..d]);
+            for x in 0..d {
+                dot_[x * tq + t] = dor[x];
+            }
+        }
+        unsafe { tile::transpose(tq, d, qs.as_ptr(), d, qt.as_mut_ptr(), tq) };
+        dqs.fill(0.0);
+        if !qa.is_empty() {
+            unsafe {
+                tile::gemm_nn(
+                    tq,
+                    nv,
+                    d,
+                    qs.as_ptr(),
+                    d,
+                    akt.as_ptr(),
+                    nv,
+                    qa.as_mut_ptr(),
+                    nv,
+                    false,
+                )
+            };
+            wk.fill(0.0);
+        }
+        if !doa.is_empty() {
+            // d_o rows are strided: go through the transposed copy.
+            for t in 0..tq {
+                for r in 0..nv {
+                    let mut acc = 0f32;
+                    for x in 0..d {
+                        acc = dot_[x * tq + t].mul_add(avt[x * nv + r], acc);
+                    }
+                    doa[t * nv + r] = acc;
+                }
+            }
+            wv.fill(0.0);
+        }
+        let lse_h = &lse[bh * tq..][..tq];
+        let mut j0 = 0;
+        while j0 < tk {
+            let n = BK.min(tk - j0);
+            // First query that sees key j0.
+            let i_first = if p.causal {
+                (j0 as i64 - p.shift()).clamp(0, tq as i64) as usize
+            } else {
+                0
+            };
+            let mut i0 = (i_first / BQ) * BQ;
+            while i0 < tq {
+                let rows = BQ.min(tq - i0);
+                // Sᵀ (n × rows) = K̃[j0..] · Q̃ᵀ[:, i0..]
+                unsafe {
+                    tile::gemm_nn(
+                        n,
+                        rows,
+                        d,
+                        kr.as_ptr().add(j0 * d),
+                        d,
+                        qt.as_ptr().add(i0),
+                        tq,
+                        st.as_mut_ptr(),
+                        rows,
+                        false,
+                    );
+                    // dPᵀ (n × rows) = V[j0..] · dOᵀ[:, i0..]
+                    tile::gemm_nn(
+                        n,
+                        rows,
+                        d,
+                        p.v.as_ptr().add(v_base + j0 * p.v_rows.st),
+                        p.v_rows.st,
+                        dot_.as_ptr().add(i0),
+                        tq,
+                        dpt.as_mut_ptr(),
+                        rows,
+                        false,
+                    );
+                }
+                // Row by row of S (query i): biases, probabilities, dS.
+                let mut srow = [0f32; BK];
+                let mut dprow = [0f32; BK];
+                for r in 0..rows {
+                    let i = i0 + r;
+                    let vis = p.visible(i).saturating_sub(j0).min(n);
+                    if vis == 0 || lse_h[i] == f32::NEG_INFINITY {
+                        for c in 0..n {
+                            ds[r * BK + c] = 0.0;
+                            st[c * rows + r] = 0.0;
+                        }
+                        continue;
+                    }
+                    for c in 0..n {
+                        srow[c] = st[c * rows + r];
+                        dprow[c] = dpt[c * rows + r];
+                    }
+                    let qar = if qa.is_empty() {
+                        &qa[..]
+                    } else {
+                        &qa[i * nv..][..nv]
+                    };
+                    p.add_bias(b, h, i, j0, &mut srow[..vis], qar);
+                    let li = lse_h[i];
+                    for v in srow[..vis].iter_mut() {
+                        *v = tile::exp(*v - li);
+                    }
+                    srow[vis..n].fill(0.0);
+                    let qp = p.q_pos.at(b, i, tq);
+                    if let Some(vt) = p.vector {
+                        if !doa.is_empty() {
+                            let dar = &doa[i * nv..][..nv];
+                            let w = &mut wv[i * nv..][..nv];
+                            for c in 0..vis {
+                                let idx = vt.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
+                                dprow[c] += dar[idx];
+                                w[idx] += srow[c];
+                            }
+                        }
+                    }
+                    let di = dvec[i];
+                    for c in 0..n {
+                        let dsv = srow[c] * (dprow[c] - di);
+                        ds[r * BK + c] = dsv;
+                    }
+                    // Probabilities back into the Pᵀ tile for dV.
+                    for c in 0..n {
+                        st[c * rows + r] = srow[c];
+                    }
+                    let dsr = &ds[r * BK..][..vis];
+                    if let Some(t) = p.scalar {
+                        if want.0 {
+                            for (c, v) in dsr.iter().enumerate() {
+                                let idx = t.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
+                                part.scalar[idx * dm.q_heads + h] += v;
+                            }
+                        }
+                    }
+                    if let Some(vt) = p.vector {
+                        if !wk.is_empty() {
+                            let w = &mut wk[i * nv..][..nv];
+                            for (c, v) in dsr.iter().enumerate() {
+                                w[vt.index.get(p.k_pos.at(b, j0 + c, tk) - qp)] += v;
+                            }
+                        }
+                    }
+                    if let Some(ptr) = ptrs.dense {
+                        let base = ((bh * tq) + i) * tk + j0;
+                        for (c, v) in ds[r * BK..][..n].iter().enumerate() {
+                            unsafe { *ptr.0.add(base + c) = *v };
+                        }
+                    }
+                    if let Some(ptr) = ptrs.cq {
+                        unsafe { *ptr.0.add(bh * tq + i) += tile::sum(dsr) };
+                    }
+                    if let Some(ptr) = ptrs.ck {
+                        for (c, v) in dsr.iter().enumerate() {
+                            unsafe { *ptr.0.add(bh * tk + j0 + c) -= v };
+                        }
+                    }
+                }
+                unsafe {
+                    // dV[j0..] += Pᵀ · dO[i0..]
+                    let dor = do_rows.at(b, h, i0);
+                    tile::gemm_nn(
+                        n,
+                        d,
+                        rows,
+                        st.as_ptr(),
+                        rows,
+                        d_o.as_ptr().add(dor),
+                        do_rows.st,
+                        dv.as_mut_ptr().add(j0 * d),
+                        d,
+                        true,
+                    );
+                    // dK̃[j0..] += dSᵀ · Q̃[i0..]
+                    tile::transpose(rows, n, ds.as_ptr(), BK, dst_t.as_mut_ptr(), rows);
+                    tile::gemm_nn(
+                        n,
+                        d,
+                        rows,
+                        dst_t.as_ptr(),
+                        rows,
+                        qs.as_ptr().add(i0 * d),
+                        d,
+                        dkr.as_mut_ptr().add(j0 * d),
+                        d,
+                        true,
+                    );
+                    // dQ̃[i0..] += dS · K̃[j0..]
+                    tile::gemm_nn(
+                        rows,
+                        d,
+                        n,
+                        ds.as_ptr(),
+                        BK,
+                        kr.as_ptr().add(j0 * d),
+                        d,
+                        dqs.as_mut_ptr().add(i0 * d),
+                        d,
+                        true,
+                    );
+                }
+                i0 += BQ;
+            }
+            j0 += n;
+        }
+        // Shaw's tables: dQ̃ += Wk·a^K, d a^K += Wkᵀ·Q̃, d a^V += Wvᵀ·dO.
+        if let Some(ak) = keys {
+            unsafe {
+                tile::gemm_nn(
+                    tq,
+                    d,
+                    nv,
+                    wk.as_ptr(),
+                    nv,
+                    ak.as_ptr(),
+                    d,
+                    dqs.as_mut_ptr(),
+                    d,
+                    true,
+                )
+            };
+            if want.1 {
+                let mut wkt = vec![0f32; nv * tq];
+                unsafe {
+                    tile::transpose(tq, nv, wk.as_ptr(), nv, wkt.as_mut_ptr(), tq);
+                    tile::gemm_nn(
+                        nv,
+                        d,
+                        tq,
+                        wkt.as_ptr(),
+                        tq,
+                        qs.as_ptr(),
+                        d,
+                        part.keys.as_mut_ptr(),
+                        d,
+                        true,
+                    );
+                }
+            }
+        }
+        if values.is_some() && want.2 {
+            for t in 0..tq {
+                let dor = &d_o[do_rows.at(b, h, t)..][..d];
+                for r in 0..nv {
+                    let w = wv[t * nv + r];
+                    if w != 0.0 {
+                        tile::axpy(w, dor, &mut part.values[r * d..][..d]);
+                    }
+                }
+            }
+        }
+        // dq = scale·Rᵀ·dQ̃.
+        for t in 0..tq {
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(ptrs.dq.0.add(g.dq_rows.at(b, h, t)), d) };
+            let src = &dqs[t * d..][..d];
+            match &p.rotation {
+                Some(rot) => {
+                    let row = rot.q_rows.row(b, t, tq);
+                    let nf = rot.q.n_freq;
+                    rotate_row(
+                        src,
+                        dst,
+                        &rot.q.cos[row * nf..][..nf],
+                        &rot.q.sin[row * nf..][..nf],
+                        rot.rotary_dim,
+                        rot.pairs,
+                        true,
+                        p.scale,
+                    );
+                }
+                None => {
+                    for (o, i) in dst.iter_mut().zip(src) {
+                        *o = i * p.scale;
+                    }
+                }
+            }
+        }
+    }
+    for t in 0..tk {
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(ptrs.dk.0.add(g.dk_rows.at(b, hk, t)), d) };
+        let src = &dkr[t * d..][..d];
+        match &p.rotation {
+            Some(rot) => {
+                let row = rot.k_rows.row(b, t, tk);
+                let nf = rot.k.n_freq;
+                rotate_row(
+                    src,
+                    dst,
+                    &rot.k.cos[row * nf..][..nf],
+                    &rot.k.sin[row * nf..][..nf],
+                    rot.rotary_dim,
+                    rot.pairs,
+                    true,
+                    1.0,
+                );
+            }
+            None => dst.copy_from_slice(src),
+        }
+        let dvd =
+            unsafe { std::slice::from_raw_parts_mut(ptrs.dv.0.add(g.dv_rows.at(b, hk, t)), d) };
+        dvd.copy_from_slice(&dv[t * d..][..d]);
+    }
+    part
+}
+
+/// The plain `f64` reference: the whole `(T_q × T_k)` logits matrix per head,
+/// exact softmax, the formula of the [module docs](self). Returns the output
+/// as contiguous `(B, H_q, T_q, D)`.
+pub fn reference_forward(p: &Problem) -> Vec<f64> {
+    let dm = p.dims;
+    let d = dm.head_dim;
+    let mut out = vec![0f64; dm.batch * dm.q_heads * dm.q_len * d];
+    let nv = p.n_vec_rows();
+    let rot_f64 = |src: &[f32], tables: &RopeTables, row: usize, rot: &Rotation| -> Vec<f64> {
+        let nf = tables.n_freq;
+        let mut y: Vec<f64> = src.iter().map(|&v| v as f64).collect();
+        for pi in 0..rot.rotary_dim / 2 {
+            let (a, bb) = match rot.pairs {
+                PairLayout::HalfSplit => (pi, pi + rot.rotary_dim / 2),
+                PairLayout::Interleaved => (2 * pi, 2 * pi + 1),
+            };
+            let (c, s) = (
+                tables.cos[row * nf + pi] as f64,
+                tables.sin[row * nf + pi] as f64,
+            );
+            let (x0, x1) = (src[a] as f64, src[bb] as f64);
+            y[a] = x0 * c - x1 * s;
+            y[bb] = x1 * c + x0 * s;
+        }
+        y
+    };
+    for b in 0..dm.batch {
+        for h in 0..dm.q_heads {
+            let hk = h / p.group();
+            let qv: Vec<Vec<f64>> = (0..dm.q_len)
+                .map(|t| {
+                    let src = &p.q[p.q_rows.at(b, h, t)..][..d];
+                    match &p.rotation {
+                        Some(rot) => rot_f64(src, &rot.q, rot.q_rows.row(b, t, dm.q_len), rot),
+                        None => src.iter().map(|&v| v as f64).collect(),
+                    }
+                })
+                .collect();
+            let kv: Vec<Vec<f64>> = (0..dm.k_len)
+                .map(|t| {
+                    let src = &p.k[p.k_rows.at(b, hk, t)..][..d];
+                    match &p.rotation {
+                        Some(rot) => rot_f64(src, &rot.k, rot.k_rows.row(b, t, dm.k_len), rot),
+                        None => src.iter().map(|&v| v as f64).collect(),
+                    }
+                })
+                .collect();
+            for i in 0..dm.q_len {
+                let qp = p.q_pos.at(b, i, dm.q_len);
+                let vis = p.visible(i);
+                let mut s = vec![f64::NEG_INFINITY; dm.k_len];
+                for (j, sj) in s.iter_mut().enumerate().take(vis) {
+                    let r = p.k_pos.at(b, j, dm.k_len) - qp;
+                    let mut x: f64 = (0..d).map(|x| qv[i][x] * kv[j][x]).sum();
+                    if let Some(ak) = p.vector.and_then(|v| v.keys) {
+                        let idx = p.vector.map(|v| v.index.get(r)).unwrap_or(0);
+                        x += (0..d)
+                            .map(|x| qv[i][x] * ak[idx * d + x] as f64)
+                            .sum::<f64>();
+                    }
+                    x *= p.scale as f64;
+                    if let Some(a) = p.alibi {
+                        let m = a.slopes[h] as f64;
+                        x += if a.symmetric {
+                            -m * (r as f64).abs()
+                        } else {
+                            m * r as f64
+                        };
+                    }
+                    if let Some(t) = p.scalar {
+                        x += t.table[t.index.get(r) * dm.q_heads + h] as f64;
+                    }
+                    if let Some(db) = p.dense {
+                        x += db.data[db.offset + b * db.sb + h * db.sh + i * db.si + j * db.sj]
+                            as f64;
+                    }
+                    if let Some(cb) = p.cumulative {
+                        x += cb.q[(b * dm.q_heads + h) * dm.q_len + i] as f64
+                            - cb.k[(b * dm.q_heads + h) * dm.k_len + j] as f64;
+                    }
+                    *sj = x;
+                }
+                if vis == 0 {
+                    continue;
+                }
+                let mx = s[..vis].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s[..vis].iter().map(|x| (x - mx).exp()).collect();
+                let z: f64 = e.iter().sum();
+                let o = &mut out[((b * dm.q_heads + h) * dm.q_len + i) * d..][..d];
+                for (j, ej) in e.iter().enumerate() {
+                    let pj = ej / z;
+                    let vrow = &p.v[p.v_rows.at(b, hk, j)..][..d];
+                    for x in 0..d {
+                        o[x] += pj * vrow[x] as f64;
+                    }
+                    if let Some(av) = p.vector.and_then(|v| v.values) {
+                        let r = p.k_pos.at(b, j, dm.k_len) - qp;
+                        let idx = p.vector.map(|v| v.index.get(r)).unwrap_or(0);
+                        debug_assert!(idx < nv);
+                        for x in 0..d {
+                            o[x] += pj * av[idx * d + x] as f64;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}

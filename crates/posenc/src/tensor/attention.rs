@@ -1,0 +1,1560 @@
+//! Differentiable attention with the positional hooks inside, fused on the
+//! CPU.
+//!
+//! [`Attention`] computes, for every batch entry and head,
+//!
+//! ```text
+//! s_ij = scale · R(q_i)·R(k_j) + bias_h(i, j)     (+ −∞ above the diagonal if causal)
+//! o_i  = Σ_j softmax_j(s_ij) · (v_j + a^V(i, j))
+//! ```
+//!
+//! where `R` is the [`QueryKeyHook`] (RoPE with any scaling, xPos), `bias`
+//! the [`LogitsHook`] (ALiBi, T5 buckets, Shaw et al.'s relative keys, any
+//! dense bias, forgetting attention's cumulative gates) and `a^V` the
+//! [`ValuesHook`] (Shaw et al.'s relative values); see
+//! [`crate::kernels::attention`] for the exact formula. Positions are
+//! explicit ([`AttnPositions`]: offsets or per-row ids, for queries and
+//! keys separately, so a KV cache or a slice of a sequence computes its own
+//! part).
+//!
+//! # Paths
+//! - [`Attention::forward`] / [`Attention::forward_packed`]: the fused CPU
+//!   kernel (`f32`): streaming over key tiles (no `(T_q × T_k)` matrix is
+//!   kept, so memory grows linearly with the length), rotation and biases
+//!   computed inside, and a backward pass that recomputes the probabilities
+//!   from the saved log-sum-exp. Gradients reach `q`, `k`, `v` and every
+//!   parameter tensor of the hooks (T5 table, Shaw's tables, dense and
+//!   cumulative biases). Other devices and dtypes take the reference path.
+//! - [`Attention::forward_reference`]: composed candle ops (whole logits
+//!   matrix, `softmax`), on any device and dtype, differentiable by candle
+//!   itself: what the fused path is tested against.
+//!
+//! # Shapes
+//! `q` `(B, H_q, T_q, D)`, `k` and `v` `(B, H_k, T_k, D)` with `H_k`
+//! dividing `H_q` (grouped-query attention), or the same in `(B, T, H, D)`
+//! order ([`Attention::with_layout`]); the output has `q`'s shape.
+//! [`Attention::forward_packed`] reads a projection's output `(B, T, (H_q +
+//! 2·H_k)·D)` in place and returns `(B, T, H_q·D)`.
+//!
+//! Causal masking is bottom-right aligned: query `i` sees keys `j ≤ i +
+//! T_k − T_q` (with a KV cache, every cached key and the new ones up to its
+//! own). A query that sees no key outputs zeros in the fused path.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use posenc::relative::{Alibi, AlibiMode};
+//! use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
+//!
+//! let dev = Device::Cpu;
+//! let q = Tensor::randn(0f32, 1.0, (2, 4, 16, 8), &dev)?;
+//! let k = Tensor::randn(0f32, 1.0, (2, 4, 16, 8), &dev)?;
+//! let v = Tensor::randn(0f32, 1.0, (2, 4, 16, 8), &dev)?;
+//! let alibi = Alibi::new(4, AlibiMode::Causal)?;
+//! let hooks = AttentionHooks { logits: Some(&alibi), ..Default::default() };
+//! let attn = Attention::new(true);
+//! let pos = AttnPositions::default();
+//! let fused = attn.forward(&q, &k, &v, &hooks, pos)?;
+//! let reference = attn.forward_reference(&q, &k, &v, &hooks, pos)?;
+//! let diff = (fused - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
+//! assert!(diff < 1e-5);
+//! # Ok::<(), posenc::Error>(())
+//! ```
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Storage, Tensor,
+};
+
+use super::hooks::{
+    BiasContext, CallPositions, LogitsBias, LogitsHook, QueryKeyHook, Rotation, ValueTerms,
+    ValuesHook,
+};
+use super::Positions;
+use crate::error::{Error, Result};
+use crate::kernels::attention as k;
+use crate::kernels::{HeadLayout, SimdLevel};
+use crate::rope::PairLayout;
+
+/// The hooks one attention call runs (any may be `None`; all `None` is NoPE).
+#[derive(Clone, Copy, Default)]
+pub struct AttentionHooks<'a> {
+    /// Rotates queries and keys.
+    pub query_key: Option<&'a dyn QueryKeyHook>,
+    /// Adds a term to the logits.
+    pub logits: Option<&'a dyn LogitsHook>,
+    /// Adds relative terms to the values.
+    pub values: Option<&'a dyn ValuesHook>,
+}
+
+impl std::fmt::Debug for AttentionHooks<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttentionHooks")
+            .field("query_key", &self.query_key.is_some())
+            .field("logits", &self.logits.is_some())
+            .field("values", &self.values.is_some())
+            .finish()
+    }
+}
+
+/// Positions of the queries and keys of a call (default: both from 0).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnPositions<'a> {
+    /// Query positions.
+    pub q: Positions<'a>,
+    /// Key positions.
+    pub k: Positions<'a>,
+}
+
+impl Default for AttnPositions<'_> {
+    fn default() -> Self {
+        AttnPositions {
+            q: Positions::Offset(0),
+            k: Positions::Offset(0),
+        }
+    }
+}
+
+impl<'a> AttnPositions<'a> {
+    /// Queries at `q_offset..`, keys at `k_offset..` (a KV cache holding
+    /// `T_k − T_q` tokens: `q_offset = T_k − T_q`, `k_offset = 0`).
+    pub fn offsets(q_offset: usize, k_offset: usize) -> Self {
+        AttnPositions {
+            q: Positions::Offset(q_offset),
+            k: Positions::Offset(k_offset),
+        }
+    }
+
+    /// Queries and keys at the same positions (self-attention over one
+    /// sequence).
+    pub fn same(p: Positions<'a>) -> Self {
+        AttnPositions { q: p, k: p }
+    }
+}
+
+/// Scaled dot-product attention with positional hooks (see the [module
+/// docs](self)).
+#[derive(Debug, Clone, Copy)]
+pub struct Attention {
+    causal: bool,
+    scale: Option<f64>,
+    layout: HeadLayout,
+    level: SimdLevel,
+}
+
+impl Attention {
+    /// Causal (decoder) or bidirectional (encoder) attention, scale
+    /// `1/√D`, `(B, H, T, D)` tensors, the best SIMD level of this CPU.
+    pub fn new(causal: bool) -> Self {
+        Attention {
+            causal,
+            scale: None,
+            layout: HeadLayout::Bhtd,
+            level: SimdLevel::detect(),
+        }
+    }
+
+    /// Multiplies `q·k` by `scale` instead of `1/√D`.
+    pub fn with_scale(mut self, scale: f64) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// Axis order of `q`, `k`, `v` and the output of [`forward`](Self::forward).
+    pub fn with_layout(mut self, layout: HeadLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// Runs the kernel at `level` (for tests comparing levels).
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] if this CPU lacks the level.
+    pub fn with_simd_level(mut self, level: SimdLevel) -> Result<Self> {
+        if !level.is_supported() {
+            return Err(Error::invalid(
+                "SIMD level",
+                format!("{level} is not supported by this CPU"),
+            ));
+        }
+        self.level = level;
+        Ok(self)
+    }
+
+    /// Whether keys after each query are hidden.
+    pub fn is_causal(&self) -> bool {
+        self.causal
+    }
+
+    /// Attention over `q`, `k`, `v` (see the [module docs](self) for shapes);
+    /// fused on the CPU in `f32`, the reference path otherwise.
+    ///
+    /// # Errors
+    /// Before any kernel runs: [`Error::Shape`] for tensors that are not
+    /// 4-d, disagree in batch, head dimension or key length, heads that do
+    /// not group, or hook tensors of the wrong shape; [`Error::DType`] for
+    /// mixed dtypes or position ids that are not u32/i64;
+    /// [`Error::InvalidDimension`] for a zero dimension; the hooks' own
+    /// errors.
+    pub fn forward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        hooks: &AttentionHooks<'_>,
+        positions: AttnPositions<'_>,
+    ) -> Result<Tensor> {
+        if !fusable(&[q, k, v]) {
+            return self.forward_reference(q, k, v, hooks, positions);
+        }
+        let g = self.geometry(q, k, v)?;
+        let plan = self.plan(&g, hooks, positions)?;
+        let mut inputs = vec![q.clone(), k.clone(), v.clone()];
+        let layouts = Inputs::Separate;
+        inputs.extend(plan.params.iter().cloned());
+        apply(Arc::new(Shared {
+            plan,
+            g,
+            layouts,
+            inputs,
+            out_shape: q.shape().clone(),
+            lse: Mutex::new(Vec::new()),
+            grads: Mutex::new(None),
+        }))
+    }
+
+    /// Attention over a packed projection `qkv` of shape `(B, T, (H_q +
+    /// 2·H_k)·D)` (queries, then keys, then values, each head's `D` entries
+    /// together), read in place; returns `(B, T, H_q·D)`, ready for the
+    /// output projection. Gradients come back as one `(B, T, (H_q + 2·H_k)·D)`
+    /// tensor.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] if `qkv` is not 3-d or its width is not `(H_q +
+    /// 2·H_k)·D` for an integer `D`; otherwise as [`forward`](Self::forward).
+    pub fn forward_packed(
+        &self,
+        qkv: &Tensor,
+        q_heads: usize,
+        kv_heads: usize,
+        hooks: &AttentionHooks<'_>,
+        positions: AttnPositions<'_>,
+    ) -> Result<Tensor> {
+        let (b, t, w) = qkv.dims3().map_err(|_| Error::Shape {
+            what: "packed qkv",
+            expected: "(batch, seq_len, (q_heads + 2·kv_heads)·head_dim)".into(),
+            got: format!("{:?}", qkv.dims()),
+        })?;
+        let heads = q_heads + 2 * kv_heads;
+        if q_heads == 0 || kv_heads == 0 || w == 0 || !w.is_multiple_of(heads) {
+            return Err(Error::Shape {
+                what: "packed qkv",
+                expected: format!("width divisible by q_heads + 2·kv_heads = {heads}"),
+                got: format!("{:?}", qkv.dims()),
+            });
+        }
+        let d = w / heads;
+        if !fusable(&[qkv]) {
+            let (q, kk, v) = split_packed(qkv, q_heads, kv_heads, d)?;
+            let out = self
+                .with_layout(HeadLayout::Bthd)
+                .forward_reference(&q, &kk, &v, hooks, positions)?;
+            return Ok(out.reshape((b, t, q_heads * d))?);
+        }
+        let qkv = &qkv.contiguous()?;
+        let g = Geometry {
+            layout: HeadLayout::Bthd,
+            dims: k::Dims {
+                batch: b,
+                q_heads,
+                kv_heads,
+                q_len: t,
+                k_len: t,
+                head_dim: d,
+            },
+            q_rows: k::Rows {
+                offset: 0,
+                sb: t * w,
+                sh: d,
+                st: w,
+            },
+            k_rows: k::Rows {
+                offset: q_heads * d,
+                sb: t * w,
+                sh: d,
+                st: w,
+            },
+            v_rows: k::Rows {
+                offset: (q_heads + kv_heads) * d,
+                sb: t * w,
+                sh: d,
+                st: w,
+            },
+            out_rows: k::Rows::bthd(q_heads, t, d),
+        };
+        check_dims(&g.dims)?;
+        let plan = self.plan(&g, hooks, positions)?;
+        let mut inputs = vec![qkv.clone()];
+        inputs.extend(plan.params.iter().cloned());
+        apply(Arc::new(Shared {
+            plan,
+            g,
+            layouts: Inputs::Packed,
+            inputs,
+            out_shape: Shape::from((b, t, q_heads * d)),
+            lse: Mutex::new(Vec::new()),
+            grads: Mutex::new(None),
+        }))
+    }
+
+    /// The reference path of [`forward_packed`](Self::forward_packed).
+    ///
+    /// # Errors
+    /// As [`forward_packed`](Self::forward_packed).
+    pub fn forward_packed_reference(
+        &self,
+        qkv: &Tensor,
+        q_heads: usize,
+        kv_heads: usize,
+        hooks: &AttentionHooks<'_>,
+        positions: AttnPositions<'_>,
+    ) -> Result<Tensor> {
+        let (b, t, w) = qkv.dims3()?;
+        let heads = q_heads + 2 * kv_heads;
+        if q_heads == 0 || kv_heads == 0 || w == 0 || !w.is_multiple_of(heads) {
+            return Err(Error::Shape {
+                what: "packed qkv",
+                expected: format!("width divisible by q_heads + 2·kv_heads = {heads}"),
+                got: format!("{:?}", qkv.dims()),
+            });
+        }
+        let d = w / heads;
+        let (q, kk, v) = split_packed(qkv, q_heads, kv_heads, d)?;
+        let out = self
+            .with_layout(HeadLayout::Bthd)
+            .forward_reference(&q, &kk, &v, hooks, positions)?;
+        Ok(out.reshape((b, t, q_heads * d))?)
+    }
+
+    /// The reference path: composed candle ops on the whole logits matrix,
+    /// any device and float dtype, differentiable by candle's autograd.
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward).
+    pub fn forward_reference(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        hooks: &AttentionHooks<'_>,
+        positions: AttnPositions<'_>,
+    ) -> Result<Tensor> {
+        let g = self.geometry(q, k, v)?;
+        let plan = self.plan(&g, hooks, positions)?;
+        let to_bhtd = |x: &Tensor| -> Result<Tensor> {
+            Ok(match self.layout {
+                HeadLayout::Bhtd => x.clone(),
+                HeadLayout::Bthd => x.transpose(1, 2)?,
+            })
+        };
+        let out = reference(&plan, &g.dims, &to_bhtd(q)?, &to_bhtd(k)?, &to_bhtd(v)?)?;
+        Ok(match self.layout {
+            HeadLayout::Bhtd => out,
+            HeadLayout::Bthd => out.transpose(1, 2)?.contiguous()?,
+        })
+    }
+
+    fn geometry(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Geometry> {
+        let dims4 = |x: &Tensor, what: &'static str| -> Result<[usize; 4]> {
+            x.dims().try_into().map_err(|_| Error::Shape {
+                what,
+                expected: match self.layout {
+                    HeadLayout::Bhtd => "4 dims (batch, heads, seq_len, head_dim)".into(),
+                    HeadLayout::Bthd => "4 dims (batch, seq_len, heads, head_dim)".into(),
+                },
+                got: format!("{:?}", x.dims()),
+            })
+        };
+        let split = |d: [usize; 4]| match self.layout {
+            HeadLayout::Bhtd => (d[0], d[1], d[2], d[3]),
+            HeadLayout::Bthd => (d[0], d[2], d[1], d[3]),
+        };
+        let (bq, hq, tq, dq) = split(dims4(q, "queries")?);
+        let (bk, hk, tk, dk) = split(dims4(k, "keys")?);
+        let (bv, hv, tv, dv) = split(dims4(v, "values")?);
+        if (bk, hk, tk, dk) != (bv, hv, tv, dv) || bq != bk || dq != dk {
+            return Err(Error::Shape {
+                what: "keys and values (batch and head_dim as the queries', values as the keys)",
+                expected: format!("q {:?}", q.dims()),
+                got: format!("k {:?}, v {:?}", k.dims(), v.dims()),
+            });
+        }
+        if q.dtype() != k.dtype() || k.dtype() != v.dtype() {
+            return Err(Error::DType {
+                what: "queries, keys and values must share a dtype",
+                dtype: format!("{:?}, {:?}, {:?}", q.dtype(), k.dtype(), v.dtype()),
+            });
+        }
+        let dims = k::Dims {
+            batch: bq,
+            q_heads: hq,
+            kv_heads: hk,
+            q_len: tq,
+            k_len: tk,
+            head_dim: dq,
+        };
+        check_dims(&dims)?;
+        let rows = |x: &Tensor| -> Result<k::Rows> { rows_of(x, self.layout) };
+        Ok(Geometry {
+            dims,
+            layout: self.layout,
+            q_rows: rows(q)?,
+            k_rows: rows(k)?,
+            v_rows: rows(v)?,
+            out_rows: match self.layout {
+                HeadLayout::Bhtd => k::Rows::bhtd(hq, tq, dq),
+                HeadLayout::Bthd => k::Rows::bthd(hq, tq, dq),
+            },
+        })
+    }
+
+    /// Resolves the hooks for this call.
+    fn plan(
+        &self,
+        g: &Geometry,
+        hooks: &AttentionHooks<'_>,
+        positions: AttnPositions<'_>,
+    ) -> Result<Plan> {
+        let d = g.dims;
+        let q_pos = host_positions(positions.q, d.batch, d.q_len, "query positions")?;
+        let k_pos = host_positions(positions.k, d.batch, d.k_len, "key positions")?;
+        let at = CallPositions {
+            batch: d.batch,
+            q_len: d.q_len,
+            k_len: d.k_len,
+            q: positions.q,
+            k: positions.k,
+        };
+        let ctx = BiasContext {
+            at,
+            q_heads: d.q_heads,
+            head_dim: d.head_dim,
+            max_distance: max_distance(&q_pos, &k_pos),
+            causal: self.causal,
+        };
+        let rotation = match hooks.query_key {
+            Some(h) => {
+                let r = h.rotation(&at)?;
+                let t = &r.tables;
+                if t.rotary_dim > d.head_dim || t.rotary_dim % 2 != 0 {
+                    return Err(Error::InvalidDimension {
+                        what: "rotary_dim",
+                        value: t.rotary_dim,
+                        reason: "must be even and at most head_dim",
+                    });
+                }
+                Some(r)
+            }
+            None => None,
+        };
+        let logits = match hooks.logits {
+            Some(h) => Some(h.logits_bias(&ctx)?),
+            None => None,
+        };
+        let values = match hooks.values {
+            Some(h) => Some(h.value_terms(&ctx)?),
+            None => None,
+        };
+        let mut params = Vec::new();
+        match &logits {
+            Some(LogitsBias::Bucketed { index, table }) => {
+                expect_shape(
+                    table,
+                    &[index.rows(), d.q_heads],
+                    "bucketed bias table (buckets, q_heads)",
+                )?;
+                params.push(table.clone());
+            }
+            Some(LogitsBias::RelativeKeys { index, keys }) => {
+                expect_shape(
+                    keys,
+                    &[index.rows(), d.head_dim],
+                    "relative key table (rows, head_dim)",
+                )?;
+                params.push(keys.clone());
+            }
+            Some(LogitsBias::Dense(t)) => {
+                dense_dims(t, &d)?;
+                params.push(t.clone());
+            }
+            Some(LogitsBias::Cumulative { q, k }) => {
+                expect_shape(
+                    q,
+                    &[d.batch, d.q_heads, d.q_len],
+                    "cumulative bias at the queries (B, H_q, T_q)",
+                )?;
+                expect_shape(
+                    k,
+                    &[d.batch, d.q_heads, d.k_len],
+                    "cumulative bias at the keys (B, H_q, T_k)",
+                )?;
+                params.push(q.clone());
+                params.push(k.clone());
+            }
+            Some(LogitsBias::Alibi { slopes, .. }) => {
+                if slopes.len() != d.q_heads {
+                    return Err(Error::Shape {
+                        what: "ALiBi slopes (one per query head)",
+                        expected: format!("{}", d.q_heads),
+                        got: format!("{}", slopes.len()),
+                    });
+                }
+            }
+            None => {}
+        }
+        if let Some(vt) = &values {
+            expect_shape(
+                &vt.values,
+                &[vt.index.rows(), d.head_dim],
+                "relative value table (rows, head_dim)",
+            )?;
+            params.push(vt.values.clone());
+        }
+        if let (Some(LogitsBias::RelativeKeys { index, .. }), Some(vt)) = (&logits, &values) {
+            if **index != *vt.index {
+                return Err(Error::invalid(
+                    "attention hooks",
+                    "relative keys and relative values must index the same table rows",
+                ));
+            }
+        }
+        Ok(Plan {
+            causal: self.causal,
+            scale: self.scale.unwrap_or(1.0 / (d.head_dim as f64).sqrt()),
+            level: self.level,
+            q_pos,
+            k_pos,
+            rotation,
+            logits,
+            values,
+            params,
+        })
+    }
+}
+
+/// Whether every tensor is an `f32` CPU tensor.
+fn fusable(ts: &[&Tensor]) -> bool {
+    ts.iter()
+        .all(|t| matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32)
+}
+
+fn check_dims(d: &k::Dims) -> Result<()> {
+    for (what, v) in [
+        ("batch", d.batch),
+        ("query heads", d.q_heads),
+        ("key/value heads", d.kv_heads),
+        ("query length", d.q_len),
+        ("key length", d.k_len),
+        ("head_dim", d.head_dim),
+    ] {
+        crate::error::check_dim(what, v, false)?;
+    }
+    if !d.q_heads.is_multiple_of(d.kv_heads) {
+        return Err(Error::Shape {
+            what: "heads (query heads must be a multiple of key/value heads)",
+            expected: format!("a multiple of {}", d.kv_heads),
+            got: format!("{}", d.q_heads),
+        });
+    }
+    Ok(())
+}
+
+fn expect_shape(t: &Tensor, want: &[usize], what: &'static str) -> Result<()> {
+    if t.dims() != want {
+        return Err(Error::Shape {
+            what,
+            expected: format!("{want:?}"),
+            got: format!("{:?}", t.dims()),
+        });
+    }
+    if !matches!(
+        t.dtype(),
+        DType::F32 | DType::F16 | DType::BF16 | DType::F64
+    ) {
+        return Err(Error::DType {
+            what,
+            dtype: format!("{:?}", t.dtype()),
+        });
+    }
+    Ok(())
+}
+
+/// The 4-d shape `(B|1, H|1, T_q, T_k)` of a dense bias of rank 2 to 4.
+fn dense_dims(t: &Tensor, d: &k::Dims) -> Result<[usize; 4]> {
+    let dims = t.dims();
+    let bad = || Error::Shape {
+        what: "dense bias ((T_q, T_k), (H, T_q, T_k) or (B, H, T_q, T_k), 1 broadcasts)",
+        expected: format!("(…, {}, {})", d.q_len, d.k_len),
+        got: format!("{dims:?}"),
+    };
+    let mut full = [1usize; 4];
+    if dims.len() < 2 || dims.len() > 4 {
+        return Err(bad());
+    }
+    full[4 - dims.len()..].copy_from_slice(dims);
+    let ok = full[2] == d.q_len
+        && full[3] == d.k_len
+        && (full[0] == 1 || full[0] == d.batch)
+        && (full[1] == 1 || full[1] == d.q_heads);
+    if ok {
+        Ok(full)
+    } else {
+        Err(bad())
+    }
+}
+
+/// Where a 4-d tensor's vectors are, in `layout`'s axis order; the last axis
+/// must be contiguous.
+fn rows_of(x: &Tensor, layout: HeadLayout) -> Result<k::Rows> {
+    let l = x.layout();
+    let s = l.stride();
+    if x.dims()[3] > 1 && s[3] != 1 {
+        return Err(Error::Shape {
+            what: "attention input (the head dimension must be contiguous)",
+            expected: "stride 1 on the last axis".into(),
+            got: format!("strides {s:?}"),
+        });
+    }
+    let (sb, sh, st) = match layout {
+        HeadLayout::Bhtd => (s[0], s[1], s[2]),
+        HeadLayout::Bthd => (s[0], s[2], s[1]),
+    };
+    Ok(k::Rows {
+        offset: l.start_offset(),
+        sb,
+        sh,
+        st,
+    })
+}
+
+/// Splits a packed `(B, T, (H_q + 2H_k)·D)` into `(B, T, H, D)` views.
+fn split_packed(
+    qkv: &Tensor,
+    q_heads: usize,
+    kv_heads: usize,
+    d: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, t, _) = qkv.dims3()?;
+    let q = qkv.narrow(2, 0, q_heads * d)?.reshape((b, t, q_heads, d))?;
+    let k = qkv
+        .narrow(2, q_heads * d, kv_heads * d)?
+        .reshape((b, t, kv_heads, d))?;
+    let v = qkv
+        .narrow(2, (q_heads + kv_heads) * d, kv_heads * d)?
+        .reshape((b, t, kv_heads, d))?;
+    Ok((q, k, v))
+}
+
+/// Host positions as `i64`: an offset or `(B·T)` ids.
+#[derive(Debug, Clone)]
+enum HostPos {
+    Offset(i64),
+    Ids(Vec<i64>),
+}
+
+impl HostPos {
+    fn as_kernel(&self) -> k::Pos<'_> {
+        match self {
+            HostPos::Offset(o) => k::Pos::Offset(*o),
+            HostPos::Ids(v) => k::Pos::Ids(v),
+        }
+    }
+
+    fn range(&self, len: usize) -> (i64, i64) {
+        match self {
+            HostPos::Offset(o) => (*o, *o + len as i64 - 1),
+            HostPos::Ids(v) => (
+                v.iter().copied().min().unwrap_or(0),
+                v.iter().copied().max().unwrap_or(0),
+            ),
+        }
+    }
+}
+
+fn host_positions(
+    p: Positions<'_>,
+    b: usize,
+    t: usize,
+    what: &'static str,
+) -> Result<(HostPos, usize)> {
+    match p {
+        Positions::Offset(o) => {
+            let last = o.checked_add(t).filter(|&v| v <= i64::MAX as usize).ok_or(
+                Error::PositionOutOfRange {
+                    position: o as u64,
+                    limit: i64::MAX as u64,
+                    what,
+                },
+            )?;
+            let _ = last;
+            Ok((HostPos::Offset(o as i64), t))
+        }
+        Positions::Ids(ids) => {
+            if ids.dims() != [b, t] {
+                return Err(Error::Shape {
+                    what,
+                    expected: format!("({b}, {t}) = (batch, seq_len)"),
+                    got: format!("{:?}", ids.dims()),
+                });
+            }
+            let flat = ids.flatten_all()?;
+            let v: Vec<i64> = match ids.dtype() {
+                DType::U32 => flat.to_vec1::<u32>()?.into_iter().map(i64::from).collect(),
+                DType::I64 => {
+                    let v = flat.to_vec1::<i64>()?;
+                    if let Some(&n) = v.iter().find(|&&p| p < 0) {
+                        return Err(Error::NegativePosition(n));
+                    }
+                    v
+                }
+                other => {
+                    return Err(Error::DType {
+                        what: "position ids (u32 or i64)",
+                        dtype: format!("{other:?}"),
+                    })
+                }
+            };
+            Ok((HostPos::Ids(v), t))
+        }
+    }
+}
+
+/// `max |pos_k − pos_q|` over the call.
+fn max_distance(q: &(HostPos, usize), k: &(HostPos, usize)) -> usize {
+    let (q0, q1) = q.0.range(q.1);
+    let (k0, k1) = k.0.range(k.1);
+    let a = (k1 as i128 - q0 as i128).unsigned_abs();
+    let b = (q1 as i128 - k0 as i128).unsigned_abs();
+    a.max(b).min(usize::MAX as u128) as usize
+}
+
+/// Sizes and layouts of one call.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    dims: k::Dims,
+    /// Axis order of the separate inputs and of the output.
+    layout: HeadLayout,
+    q_rows: k::Rows,
+    k_rows: k::Rows,
+    v_rows: k::Rows,
+    out_rows: k::Rows,
+}
+
+/// The hooks resolved for one call.
+struct Plan {
+    causal: bool,
+    scale: f64,
+    level: SimdLevel,
+    q_pos: (HostPos, usize),
+    k_pos: (HostPos, usize),
+    rotation: Option<Rotation>,
+    logits: Option<LogitsBias>,
+    values: Option<ValueTerms>,
+    /// Parameter tensors of the hooks, in input order.
+    params: Vec<Tensor>,
+}
+
+/// How the first inputs hold q, k, v.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Inputs {
+    /// `inputs[0..3]` are q, k, v.
+    Separate,
+    /// `inputs[0]` is the packed projection.
+    Packed,
+}
+
+/// One fused call, shared by the stages of its autograd node chain.
+struct Shared {
+    plan: Plan,
+    g: Geometry,
+    layouts: Inputs,
+    /// q, k, v (or qkv), then the hook parameters.
+    inputs: Vec<Tensor>,
+    out_shape: Shape,
+    /// Log-sum-exp of the forward pass, for the backward pass.
+    lse: Mutex<Vec<f32>>,
+    /// Gradients of every input, once the backward pass ran.
+    grads: Mutex<Option<Vec<Option<Tensor>>>>,
+}
+
+/// A contiguous `f32` copy of a CPU tensor's data, with its layout.
+fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+impl Shared {
+    /// Kernel-ready parameter data (contiguous `f32` copies: they are small,
+    /// except a dense bias).
+    fn param_data(&self) -> Result<Vec<Vec<f32>>> {
+        self.plan.params.iter().map(host_f32).collect()
+    }
+
+    fn forward(&self, qkv: &[(&[f32], &Layout)]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let d = self.g.dims;
+        let params = self.param_data()?;
+        let slopes: Vec<f32>;
+        let tables = self.plan.rotation.as_ref().map(|r| &r.tables);
+        let rotation = tables.map(|t| k::Rotation {
+            rotary_dim: t.rotary_dim,
+            pairs: t.pairs,
+            q: t.tables.query(),
+            k: t.tables.key(),
+            q_rows: t.q_rows.map(),
+            k_rows: t.k_rows.map(),
+        });
+        let mut pi = 0;
+        let mut next = || {
+            pi += 1;
+            &params[pi - 1][..]
+        };
+        let mut prob = k::Problem {
+            dims: d,
+            scale: self.plan.scale as f32,
+            causal: self.plan.causal,
+            q: &[],
+            q_rows: self.g.q_rows,
+            k: &[],
+            k_rows: self.g.k_rows,
+            v: &[],
+            v_rows: self.g.v_rows,
+            rotation,
+            q_pos: self.plan.q_pos.0.as_kernel(),
+            k_pos: self.plan.k_pos.0.as_kernel(),
+            alibi: None,
+            scalar: None,
+            vector: None,
+            dense: None,
+            cumulative: None,
+        };
+        let dense_full;
+        match &self.plan.logits {
+            Some(LogitsBias::Alibi {
+                slopes: s,
+                symmetric,
+            }) => {
+                slopes = s.iter().map(|&m| m as f32).collect();
+                prob.alibi = Some(k::AlibiBias {
+                    slopes: &slopes,
+                    symmetric: *symmetric,
+                });
+            }
+            Some(LogitsBias::Bucketed { index, .. }) => {
+                prob.scalar = Some(k::ScalarTable {
+                    index,
+                    table: next(),
+                });
+            }
+            Some(LogitsBias::RelativeKeys { index, .. }) => {
+                prob.vector = Some(k::VectorTables {
+                    index,
+                    keys: Some(next()),
+                    values: None,
+                });
+            }
+            Some(LogitsBias::Dense(t)) => {
+                dense_full = dense_dims(t, &d)?;
+                let f = dense_full;
+                let data = next();
+                // contiguous (f0, f1, Tq, Tk) with zero strides on broadcast axes
+                prob.dense = Some(k::DenseBias {
+                    data,
+                    offset: 0,
+                    sb: if f[0] == 1 { 0 } else { f[1] * f[2] * f[3] },
+                    sh: if f[1] == 1 { 0 } else { f[2] * f[3] },
+                    si: f[3],
+                    sj: 1,
+                });
+            }
+            Some(LogitsBias::Cumulative { .. }) => {
+                prob.cumulative = Some(k::CumulativeBias {
+                    q: next(),
+                    k: next(),
+                });
+            }
+            None => {}
+        }
+        if let Some(vt) = &self.plan.values {
+            let values = next();
+            match &mut prob.vector {
+                Some(v) => v.values = Some(values),
+                None => {
+                    prob.vector = Some(k::VectorTables {
+                        index: &vt.index,
+                        keys: None,
+                        values: Some(values),
+                    })
+                }
+            }
+        }
+        let _ = &mut next;
+        match self.layouts {
+            Inputs::Separate => {
+                prob.q = &qkv[0].0[..];
+                prob.k = &qkv[1].0[..];
+                prob.v = &qkv[2].0[..];
+            }
+            Inputs::Packed => {
+                let s = &qkv[0].0[qkv[0].1.start_offset()..];
+                prob.q = s;
+                prob.k = s;
+                prob.v = s;
+            }
+        }
+        check_extent(&prob)?;
+        let mut out = vec![0f32; d.batch * d.q_heads * d.q_len * d.head_dim];
+        let mut lse = vec![0f32; d.batch * d.q_heads * d.q_len];
+        k::forward(&prob, &mut out, self.g.out_rows, &mut lse, self.plan.level);
+        Ok((out, lse))
+    }
+}
+
+fn check_extent(p: &k::Problem) -> Result<()> {
+    let d = p.dims;
+    for (what, data, rows, heads, len) in [
+        ("queries", p.q, p.q_rows, d.q_heads, d.q_len),
+        ("keys", p.k, p.k_rows, d.kv_heads, d.k_len),
+        ("values", p.v, p.v_rows, d.kv_heads, d.k_len),
+    ] {
+        if rows.extent(d.batch, heads, len, d.head_dim) > data.len() {
+            return Err(Error::Shape {
+                what,
+                expected: format!("{} elements", rows.extent(d.batch, heads, len, d.head_dim)),
+                got: format!("{}", data.len()),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Applies a fused call as a chain of candle custom ops: the first stage
+/// takes up to three inputs and computes the output; each further stage
+/// takes the previous output and up to two more inputs and passes the output
+/// through. The last stage's backward computes every gradient at once.
+fn apply(shared: Arc<Shared>) -> Result<Tensor> {
+    let n = shared.inputs.len();
+    let inputs = shared.inputs.clone();
+    let stage = |index: usize| Stage {
+        shared: shared.clone(),
+        index,
+        last: n <= 3 || index == (n - 3).div_ceil(2),
+    };
+    let mut out = match n {
+        1 => inputs[0].apply_op1(stage(0))?,
+        2 => inputs[0].apply_op2(&inputs[1], stage(0))?,
+        _ => inputs[0].apply_op3(&inputs[1], &inputs[2], stage(0))?,
+    };
+    let mut next = 3;
+    let mut s = 1;
+    while next < n {
+        out = if next + 1 < n {
+            out.apply_op3(&inputs[next], &inputs[next + 1], stage(s))?
+        } else {
+            out.apply_op2(&inputs[next], stage(s))?
+        };
+        next += 2;
+        s += 1;
+    }
+    Ok(out)
+}
+
+/// One node of the chain built by [`apply`].
+struct Stage {
+    shared: Arc<Shared>,
+    index: usize,
+    last: bool,
+}
+
+impl Stage {
+    fn fwd(&self, args: &[(&CpuStorage, &Layout)]) -> candle_core::Result<(CpuStorage, Shape)> {
+        let sh = &self.shared;
+        if self.index > 0 {
+            // Pass the output through.
+            let (s, l) = args[0];
+            let v = match s {
+                CpuStorage::F32(v) => v[l.start_offset()..][..l.shape().elem_count()].to_vec(),
+                _ => candle_core::bail!("fused attention: expected f32"),
+            };
+            return Ok((CpuStorage::F32(v), sh.out_shape.clone()));
+        }
+        let mut slices: Vec<(&[f32], &Layout)> = Vec::new();
+        let need = match sh.layouts {
+            Inputs::Separate => 3,
+            Inputs::Packed => 1,
+        };
+        for &(s, l) in args.iter().take(need) {
+            match s {
+                CpuStorage::F32(v) => slices.push((&v[..], l)),
+                _ => candle_core::bail!("fused attention: expected f32"),
+            }
+        }
+        let (out, lse) = sh.forward(&slices).map_err(candle_core::Error::wrap)?;
+        *sh.lse.lock().expect("lse lock") = lse;
+        Ok((CpuStorage::F32(out), sh.out_shape.clone()))
+    }
+
+    /// Gradients of this stage's arguments.
+    fn bwd(&self, res: &Tensor, grad: &Tensor) -> candle_core::Result<Vec<Option<Tensor>>> {
+        let sh = &self.shared;
+        let mut guard = sh.grads.lock().expect("grads lock");
+        if guard.is_none() {
+            if !self.last {
+                candle_core::bail!("fused attention: backward reached an inner stage first");
+            }
+            *guard = Some(backward(sh, res, grad).map_err(candle_core::Error::wrap)?);
+        }
+        let all = guard.as_ref().expect("computed");
+        let n = sh.inputs.len();
+        Ok(if self.index == 0 {
+            all[..n.min(3)].to_vec()
+        } else {
+            let start = 3 + 2 * (self.index - 1);
+            let mut v = vec![Some(grad.clone())];
+            v.extend(all[start..(start + 2).min(n)].iter().cloned());
+            v
+        })
+    }
+}
+
+impl CustomOp1 for Stage {
+    fn name(&self) -> &'static str {
+        "posenc-attention"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.fwd(&[(s, l)])
+    }
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(Stage::bwd(self, res, grad)?.into_iter().next().flatten())
+    }
+}
+
+impl CustomOp2 for Stage {
+    fn name(&self) -> &'static str {
+        "posenc-attention"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.fwd(&[(s1, l1), (s2, l2)])
+    }
+    fn bwd(
+        &self,
+        _a: &Tensor,
+        _b: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let mut g = Stage::bwd(self, res, grad)?.into_iter();
+        Ok((g.next().flatten(), g.next().flatten()))
+    }
+}
+
+impl CustomOp3 for Stage {
+    fn name(&self) -> &'static str {
+        "posenc-attention"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.fwd(&[(s1, l1), (s2, l2), (s3, l3)])
+    }
+    fn bwd(
+        &self,
+        _a: &Tensor,
+        _b: &Tensor,
+        _c: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let mut g = Stage::bwd(self, res, grad)?.into_iter();
+        Ok((g.next().flatten(), g.next().flatten(), g.next().flatten()))
+    }
+}
+
+/// The fused backward pass: gradients of every input of `sh`.
+fn backward(sh: &Shared, out: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let d = sh.g.dims;
+    let dev = Device::Cpu;
+    let lse = sh.lse.lock().expect("lse lock").clone();
+    let params = sh.param_data()?;
+    let grad = grad.to_dtype(DType::F32)?.contiguous()?;
+    let out = out.contiguous()?;
+    let go = host_f32(&grad)?;
+    let o = host_f32(&out)?;
+    let n_qkv = match sh.layouts {
+        Inputs::Separate => 3,
+        Inputs::Packed => 1,
+    };
+    let guards: Vec<_> = sh.inputs[..n_qkv]
+        .iter()
+        .map(|t| t.storage_and_layout())
+        .collect();
+    let mut views: Vec<&[f32]> = Vec::new();
+    for (s, l) in &guards {
+        match &**s {
+            Storage::Cpu(CpuStorage::F32(v)) => views.push(match sh.layouts {
+                Inputs::Separate => &v[..],
+                Inputs::Packed => &v[l.start_offset()..],
+            }),
+            _ => {
+                return Err(Error::DType {
+                    what: "fused attention (CPU f32)",
+                    dtype: "not f32".into(),
+                })
+            }
+        }
+    }
+    let qkv_rows = [sh.g.q_rows, sh.g.k_rows, sh.g.v_rows];
+    let slopes: Vec<f32>;
+    let tables = sh.plan.rotation.as_ref().map(|r| &r.tables);
+    let rotation = tables.map(|t| k::Rotation {
+        rotary_dim: t.rotary_dim,
+        pairs: t.pairs,
+        q: t.tables.query(),
+        k: t.tables.key(),
+        q_rows: t.q_rows.map(),
+        k_rows: t.k_rows.map(),
+    });
+    let (qs, ks, vs) = match sh.layouts {
+        Inputs::Separate => (views[0], views[1], views[2]),
+        Inputs::Packed => (views[0], views[0], views[0]),
+    };
+    let mut prob = k::Problem {
+        dims: d,
+        scale: sh.plan.scale as f32,
+        causal: sh.plan.causal,
+        q: qs,
+        q_rows: qkv_rows[0],
+        k: ks,
+        k_rows: qkv_rows[1],
+        v: vs,
+        v_rows: qkv_rows[2],
+        rotation,
+        q_pos: sh.plan.q_pos.0.as_kernel(),
+        k_pos: sh.plan.k_pos.0.as_kernel(),
+        alibi: None,
+        scalar: None,
+        vector: None,
+        dense: None,
+        cumulative: None,
+    };
+    let mut pi = 0usize;
+    let mut dense_full = [1usize; 4];
+    let n_vec = match (&sh.plan.logits, &sh.plan.values) {
+        (Some(LogitsBias::RelativeKeys { index, .. }), _) => index.rows(),
+        (_, Some(vt)) => vt.index.rows(),
+        _ => 0,
+    };
+    let mut g_scalar = Vec::new();
+    let mut g_keys = Vec::new();
+    let mut g_values = Vec::new();
+    let mut g_dense = Vec::new();
+    let mut g_cq = Vec::new();
+    let mut g_ck = Vec::new();
+    match &sh.plan.logits {
+        Some(LogitsBias::Alibi {
+            slopes: s,
+            symmetric,
+        }) => {
+            slopes = s.iter().map(|&m| m as f32).collect();
+            prob.alibi = Some(k::AlibiBias {
+                slopes: &slopes,
+                symmetric: *symmetric,
+            });
+        }
+        Some(LogitsBias::Bucketed { index, .. }) => {
+            prob.scalar = Some(k::ScalarTable {
+                index,
+                table: &params[pi],
+            });
+            pi += 1;
+            g_scalar = vec![0f32; index.rows() * d.q_heads];
+        }
+        Some(LogitsBias::RelativeKeys { index, .. }) => {
+            prob.vector = Some(k::VectorTables {
+                index,
+                keys: Some(&params[pi]),
+                values: None,
+            });
+            pi += 1;
+            g_keys = vec![0f32; n_vec * d.head_dim];
+        }
+        Some(LogitsBias::Dense(t)) => {
+            dense_full = dense_dims(t, &d)?;
+            let f = dense_full;
+            prob.dense = Some(k::DenseBias {
+                data: &params[pi],
+                offset: 0,
+                sb: if f[0] == 1 { 0 } else { f[1] * f[2] * f[3] },
+                sh: if f[1] == 1 { 0 } else { f[2] * f[3] },
+                si: f[3],
+                sj: 1,
+            });
+            pi += 1;
+            g_dense = vec![0f32; d.batch * d.q_heads * d.q_len * d.k_len];
+        }
+        Some(LogitsBias::Cumulative { .. }) => {
+            prob.cumulative = Some(k::CumulativeBias {
+                q: &params[pi],
+                k: &params[pi + 1],
+            });
+            pi += 2;
+            g_cq = vec![0f32; d.batch * d.q_heads * d.q_len];
+            g_ck = vec![0f32; d.batch * d.q_heads * d.k_len];
+        }
+        None => {}
+    }
+    if let Some(vt) = &sh.plan.values {
+        let values = &params[pi][..];
+        match &mut prob.vector {
+            Some(v) => v.values = Some(values),
+            None => {
+                prob.vector = Some(k::VectorTables {
+                    index: &vt.index,
+                    keys: None,
+                    values: Some(values),
+                })
+            }
+        }
+        g_values = vec![0f32; n_vec * d.head_dim];
+    }
+    // Gradient buffers of q, k, v (or the packed qkv).
+    let (mut gq, mut gk, mut gv);
+    let (dq_ptr, dk_ptr, dv_ptr, dq_rows, dk_rows, dv_rows);
+    let mut gqkv;
+    match sh.layouts {
+        Inputs::Separate => {
+            let (hq, hk) = (d.q_heads, d.kv_heads);
+            let (q_sh, kv_sh) = (sh.inputs[0].shape().clone(), sh.inputs[1].shape().clone());
+            gq = vec![0f32; q_sh.elem_count()];
+            gk = vec![0f32; kv_sh.elem_count()];
+            gv = vec![0f32; kv_sh.elem_count()];
+            let contiguous = |heads: usize, len: usize| match sh.g.layout {
+                HeadLayout::Bthd => k::Rows::bthd(heads, len, d.head_dim),
+                HeadLayout::Bhtd => k::Rows::bhtd(heads, len, d.head_dim),
+            };
+            dq_rows = contiguous(hq, d.q_len);
+            dk_rows = contiguous(hk, d.k_len);
+            dv_rows = dk_rows;
+            dq_ptr = gq.as_mut_ptr();
+            dk_ptr = gk.as_mut_ptr();
+            dv_ptr = gv.as_mut_ptr();
+            gqkv = Vec::new();
+        }
+        Inputs::Packed => {
+            gqkv = vec![0f32; sh.inputs[0].elem_count()];
+            let base = gqkv.as_mut_ptr();
+            let w = (d.q_heads + 2 * d.kv_heads) * d.head_dim;
+            let r = |off: usize| k::Rows {
+                offset: off,
+                sb: d.q_len * w,
+                sh: d.head_dim,
+                st: w,
+            };
+            dq_rows = r(0);
+            dk_rows = r(d.q_heads * d.head_dim);
+            dv_rows = r((d.q_heads + d.kv_heads) * d.head_dim);
+            dq_ptr = base;
+            dk_ptr = base;
+            dv_ptr = base;
+            gq = Vec::new();
+            gk = Vec::new();
+            gv = Vec::new();
+        }
+    }
+    check_extent(&prob)?;
+    let grads = k::Grads {
+        dq: dq_ptr,
+        dq_rows,
+        dk: dk_ptr,
+        dk_rows,
+        dv: dv_ptr,
+        dv_rows,
+        scalar: (!g_scalar.is_empty()).then_some(&mut g_scalar[..]),
+        keys: (!g_keys.is_empty()).then_some(&mut g_keys[..]),
+        values: (!g_values.is_empty()).then_some(&mut g_values[..]),
+        dense: (!g_dense.is_empty()).then_some(&mut g_dense[..]),
+        cumulative_q: (!g_cq.is_empty()).then_some(&mut g_cq[..]),
+        cumulative_k: (!g_ck.is_empty()).then_some(&mut g_ck[..]),
+    };
+    let out_rows = sh.g.out_rows;
+    k::backward(
+        &prob,
+        &o,
+        out_rows,
+        &go,
+        out_rows,
+        &lse,
+        grads,
+        sh.plan.level,
+    );
+    let _ = (&mut gq, &mut gk, &mut gv, &mut gqkv);
+    // Assemble in input order.
+    let mut res: Vec<Option<Tensor>> = Vec::new();
+    match sh.layouts {
+        Inputs::Separate => {
+            let (hq, hk) = (d.q_heads, d.kv_heads);
+            let bthd = sh.g.layout == HeadLayout::Bthd;
+            let shape = |h: usize, t: usize| -> Shape {
+                if bthd {
+                    Shape::from((d.batch, t, h, d.head_dim))
+                } else {
+                    Shape::from((d.batch, h, t, d.head_dim))
+                }
+            };
+            res.push(Some(Tensor::from_vec(gq, shape(hq, d.q_len), &dev)?));
+            res.push(Some(Tensor::from_vec(gk, shape(hk, d.k_len), &dev)?));
+            res.push(Some(Tensor::from_vec(gv, shape(hk, d.k_len), &dev)?));
+        }
+        Inputs::Packed => {
+            res.push(Some(Tensor::from_vec(gqkv, sh.inputs[0].shape(), &dev)?));
+        }
+    }
+    let param_grad = |data: Vec<f32>, like: &Tensor| -> Result<Option<Tensor>> {
+        Ok(Some(
+            Tensor::from_vec(data, like.shape(), &dev)?.to_dtype(like.dtype())?,
+        ))
+    };
+    let mut pidx = 0;
+    match &sh.plan.logits {
+        Some(LogitsBias::Bucketed { .. }) => {
+            res.push(param_grad(g_scalar, &sh.plan.params[pidx])?);
+            pidx += 1;
+        }
+        Some(LogitsBias::RelativeKeys { .. }) => {
+            res.push(param_grad(g_keys, &sh.plan.params[pidx])?);
+            pidx += 1;
+        }
+        Some(LogitsBias::Dense(t)) => {
+            let mut gt = Tensor::from_vec(g_dense, (d.batch, d.q_heads, d.q_len, d.k_len), &dev)?;
+            if dense_full[0] == 1 {
+                gt = gt.sum_keepdim(0)?;
+            }
+            if dense_full[1] == 1 {
+                gt = gt.sum_keepdim(1)?;
+            }
+            res.push(Some(gt.reshape(t.shape())?.to_dtype(t.dtype())?));
+            pidx += 1;
+        }
+        Some(LogitsBias::Cumulative { .. }) => {
+            res.push(param_grad(g_cq, &sh.plan.params[pidx])?);
+            res.push(param_grad(g_ck, &sh.plan.params[pidx + 1])?);
+            pidx += 2;
+        }
+        Some(LogitsBias::Alibi { .. }) | None => {}
+    }
+    if sh.plan.values.is_some() {
+        res.push(param_grad(g_values, &sh.plan.params[pidx])?);
+    }
+    debug_assert_eq!(res.len(), sh.inputs.len());
+    Ok(res)
+}
+
+// ------------------------------------------------------------------ reference
+
+/// `(B|1, T_q, T_k)` relative distances `pos_k − pos_q`.
+fn relative(plan: &Plan, d: &k::Dims) -> (usize, Vec<i64>) {
+    let (qp, kp) = (plan.q_pos.0.as_kernel(), plan.k_pos.0.as_kernel());
+    let pb = match (&plan.q_pos.0, &plan.k_pos.0) {
+        (HostPos::Offset(_), HostPos::Offset(_)) => 1,
+        _ => d.batch,
+    };
+    let at = |p: &k::Pos, b: usize, t: usize, len: usize| match *p {
+        k::Pos::Offset(o) => o + t as i64,
+        k::Pos::Ids(ids) => ids[b * len + t],
+    };
+    let mut out = Vec::with_capacity(pb * d.q_len * d.k_len);
+    for b in 0..pb {
+        for i in 0..d.q_len {
+            for j in 0..d.k_len {
+                out.push(at(&kp, b, j, d.k_len) - at(&qp, b, i, d.q_len));
+            }
+        }
+    }
+    (pb, out)
+}
+
+/// One-hot `(B|1, T_q, T_k, rows)` of a relative index.
+fn onehot(
+    index: &k::RelIndex,
+    rel: &[i64],
+    shape: (usize, usize, usize),
+    dev: &Device,
+    dtype: DType,
+) -> Result<Tensor> {
+    let n = index.rows();
+    let mut data = vec![0f32; rel.len() * n];
+    for (e, &r) in rel.iter().enumerate() {
+        data[e * n + index.get(r)] = 1.0;
+    }
+    Ok(Tensor::from_vec(data, (shape.0, shape.1, shape.2, n), dev)?.to_dtype(dtype)?)
+}
+
+/// Rotates `(B, H, T, D)` with the tables of a [`Rotation`] (composed ops).
+fn rotate_ref(
+    x: &Tensor,
+    tables: &crate::kernels::RopeTables<'_>,
+    rows: &super::rope::RotationRows,
+    rd: usize,
+    pairs: PairLayout,
+) -> Result<Tensor> {
+    let (b, _h, t, d) = x.dims4()?;
+    let nf = tables.n_freq;
+    let (pb, idx): (usize, Vec<usize>) = match rows {
+        super::rope::RotationRows::Offset(o) => (1, (0..t).map(|i| o + i).collect()),
+        super::rope::RotationRows::Ids(v) => (b, v.clone()),
+    };
+    let mut c = Vec::with_capacity(idx.len() * nf);
+    let mut s = Vec::with_capacity(idx.len() * nf);
+    for &r in &idx {
+        c.extend_from_slice(&tables.cos[r * nf..][..nf]);
+        s.extend_from_slice(&tables.sin[r * nf..][..nf]);
+    }
+    let dev = x.device();
+    let c = Tensor::from_vec(c, (pb, 1, t, nf), dev)?.to_dtype(x.dtype())?;
+    let s = Tensor::from_vec(s, (pb, 1, t, nf), dev)?.to_dtype(x.dtype())?;
+    let rot = x.narrow(3, 0, rd)?;
+    let (a, bb) = match pairs {
+        PairLayout::HalfSplit => (rot.narrow(3, 0, nf)?, rot.narrow(3, nf, nf)?),
+        PairLayout::Interleaved => {
+            let r = rot.reshape((b, x.dim(1)?, t, nf, 2))?;
+            (
+                r.narrow(4, 0, 1)?.squeeze(4)?,
+                r.narrow(4, 1, 1)?.squeeze(4)?,
+            )
+        }
+    };
+    let ya = (a.broadcast_mul(&c)? - bb.broadcast_mul(&s)?)?;
+    let yb = (bb.broadcast_mul(&c)? + a.broadcast_mul(&s)?)?;
+    let rotated = match pairs {
+        PairLayout::HalfSplit => Tensor::cat(&[&ya, &yb], 3)?,
+        PairLayout::Interleaved => Tensor::stack(&[&ya, &yb], 4)?.reshape((b, x.dim(1)?, t, rd))?,
+    };
+    Ok(if rd < d {
+        Tensor::cat(&[&rotated, &x.narrow(3, rd, d - rd)?], 3)?
+    } else {
+        rotated
+    })
+}
+
+/// The composed path on `(B, H, T, D)` tensors.
+fn reference(plan: &Plan, d: &k::Dims, q: &Tensor, kk: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let dev = q.device().clone();
+    let dtype = q.dtype();
+    let (mut q, mut kk) = (q.clone(), kk.clone());
+    if let Some(r) = &plan.rotation {
+        let t = &r.tables;
+        q = rotate_ref(&q, &t.tables.query(), &t.q_rows, t.rotary_dim, t.pairs)?;
+        kk = rotate_ref(&kk, &t.tables.key(), &t.k_rows, t.rotary_dim, t.pairs)?;
+    }
+    let group = d.q_heads / d.kv_heads;
+    let expand = |x: &Tensor| -> Result<Tensor> {
+        if group == 1 {
+            return Ok(x.clone());
+        }
+        let (b, h, t, dd) = x.dims4()?;
+        Ok(x.unsqueeze(2)?
+            .broadcast_as((b, h, group, t, dd))?
+            .reshape((b, h * group, t, dd))?)
+    };
+    let (kk, v) = (expand(&kk)?, expand(v)?);
+    let qs = (q * plan.scale)?;
+    let mut logits = qs.contiguous()?.matmul(&kk.t()?.contiguous()?)?;
+    let (pb, rel) = relative(plan, d);
+    let shape = (pb, d.q_len, d.k_len);
+    match &plan.logits {
+        Some(LogitsBias::Alibi { slopes, symmetric }) => {
+            let mut data = Vec::with_capacity(pb * d.q_heads * rel.len() / pb);
+            for b in 0..pb {
+                for m in slopes {
+                    for r in &rel[b * d.q_len * d.k_len..][..d.q_len * d.k_len] {
+                        let v = if *symmetric {
+                            -m * (*r as f64).abs()
+                        } else {
+                            m * *r as f64
+                        };
+                        data.push(v as f32);
+                    }
+                }
+            }
+            let bias =
+                Tensor::from_vec(data, (pb, d.q_heads, d.q_len, d.k_len), &dev)?.to_dtype(dtype)?;
+            logits = logits.broadcast_add(&bias)?;
+        }
+        Some(LogitsBias::Bucketed { index, table }) => {
+            let ids: Vec<u32> = rel.iter().map(|&r| index.get(r) as u32).collect();
+            let ids = Tensor::from_vec(ids, rel.len(), &dev)?;
+            let rows = table.to_dtype(dtype)?.index_select(&ids, 0)?; // (pb·Tq·Tk, H)
+            let bias = rows
+                .reshape((pb, d.q_len, d.k_len, d.q_heads))?
+                .permute((0, 3, 1, 2))?;
+            logits = logits.broadcast_add(&bias)?;
+        }
+        Some(LogitsBias::RelativeKeys { index, keys }) => {
+            let qa = qs.broadcast_matmul(&keys.to_dtype(dtype)?.t()?)?; // (B, H, Tq, n)
+            let oh = onehot(index, &rel, shape, &dev, dtype)?; // (pb, Tq, Tk, n)
+            let term = qa.unsqueeze(3)?.broadcast_mul(&oh.unsqueeze(1)?)?.sum(4)?;
+            logits = (logits + term)?;
+        }
+        Some(LogitsBias::Dense(t)) => {
+            let full = dense_dims(t, d)?;
+            logits = logits.broadcast_add(&t.to_dtype(dtype)?.reshape(full.to_vec())?)?;
+        }
+        Some(LogitsBias::Cumulative { q: cq, k: ck }) => {
+            let bias = cq
+                .to_dtype(dtype)?
+                .unsqueeze(3)?
+                .broadcast_sub(&ck.to_dtype(dtype)?.unsqueeze(2)?)?;
+            logits = (logits + bias)?;
+        }
+        None => {}
+    }
+    if plan.causal {
+        let shift = d.k_len as i64 - d.q_len as i64;
+        let m: Vec<f32> = (0..d.q_len)
+            .flat_map(|i| {
+                (0..d.k_len).map(move |j| {
+                    if j as i64 > i as i64 + shift {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+            })
+            .collect();
+        let mask = Tensor::from_vec(m, (d.q_len, d.k_len), &dev)?.to_dtype(dtype)?;
+        logits = logits.broadcast_add(&mask)?;
+    }
+    let att = candle_nn::ops::softmax(&logits, candle_core::D::Minus1)?;
+    let mut out = att.matmul(&v.contiguous()?)?;
+    if let Some(vt) = &plan.values {
+        let oh = onehot(&vt.index, &rel, shape, &dev, dtype)?; // (pb, Tq, Tk, n)
+        let w = att.unsqueeze(4)?.broadcast_mul(&oh.unsqueeze(1)?)?.sum(3)?; // (B, H, Tq, n)
+        out = (out + w.broadcast_matmul(&vt.values.to_dtype(dtype)?)?)?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,601 @@
+//! The fused attention against its composed reference: values and the
+//! gradients of every input and parameter, for every hook, causal and
+//! bidirectional, grouped heads, both layouts, offsets and position ids, edge
+//! lengths (1, 2, 3, 127, 128, 129), every SIMD level, and thread counts.
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{VarBuilder, VarMap};
+use posenc::kernels::attention as ka;
+use posenc::kernels::{HeadLayout, SimdLevel};
+use posenc::relative::{Alibi, AlibiMode, T5Buckets};
+use posenc::rope::{PairLayout, RopeConfig, RopeFrequencies};
+use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
+use posenc::tensor::bias::{ShawRelative, T5RelativeBias};
+use posenc::tensor::hooks::{CumulativeBias, DenseBias, LogitsHook, QueryKeyHook, ValuesHook};
+use posenc::tensor::rope::Rope;
+use posenc::tensor::Positions;
+
+const DEV: Device = Device::Cpu;
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn var(shape: &[usize], seed: u64, scale: f32) -> Var {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = data(n, seed).into_iter().map(|x| x * scale).collect();
+    Var::from_tensor(&Tensor::from_vec(v, shape, &DEV).unwrap()).unwrap()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Nope,
+    Rope,
+    RopeInterleavedPartial,
+    Xpos,
+    Alibi,
+    T5,
+    Shaw,
+    Dense,
+    DenseBroadcast,
+    Cumulative,
+}
+
+const KINDS: [Kind; 10] = [
+    Kind::Nope,
+    Kind::Rope,
+    Kind::RopeInterleavedPartial,
+    Kind::Xpos,
+    Kind::Alibi,
+    Kind::T5,
+    Kind::Shaw,
+    Kind::Dense,
+    Kind::DenseBroadcast,
+    Kind::Cumulative,
+];
+
+struct Case {
+    b: usize,
+    hq: usize,
+    hk: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    causal: bool,
+    layout: HeadLayout,
+    q_off: usize,
+    k_off: usize,
+    ids: bool,
+}
+
+struct Hooked {
+    rope: Option<Rope>,
+    alibi: Option<Alibi>,
+    t5: Option<T5RelativeBias>,
+    shaw: Option<ShawRelative>,
+    dense: Option<DenseBias>,
+    cum: Option<CumulativeBias>,
+    params: Vec<Var>,
+}
+
+impl Hooked {
+    fn new(kind: Kind, c: &Case, seed: u64) -> Hooked {
+        let mut h = Hooked {
+            rope: None,
+            alibi: None,
+            t5: None,
+            shaw: None,
+            dense: None,
+            cum: None,
+            params: Vec::new(),
+        };
+        match kind {
+            Kind::Nope => {}
+            Kind::Rope => {
+                let f = RopeFrequencies::plain(10000.0, c.d, PairLayout::HalfSplit).unwrap();
+                h.rope = Some(Rope::new(f).unwrap());
+            }
+            Kind::RopeInterleavedPartial => {
+                let rd = (c.d / 2).max(2) & !1;
+                let cfg = RopeConfig::new(500.0, rd)
+                    .unwrap()
+                    .with_head_dim(c.d)
+                    .with_layout(PairLayout::Interleaved);
+                h.rope = Some(Rope::new(cfg).unwrap());
+            }
+            Kind::Xpos => {
+                let f = RopeFrequencies::plain(10000.0, c.d, PairLayout::HalfSplit).unwrap();
+                h.rope = Some(Rope::new(f).unwrap().with_xpos(64.0).unwrap());
+            }
+            Kind::Alibi => {
+                let mode = if c.causal {
+                    AlibiMode::Causal
+                } else {
+                    AlibiMode::Bidirectional
+                };
+                h.alibi = Some(Alibi::new(c.hq, mode).unwrap());
+            }
+            Kind::T5 => {
+                let vm = VarMap::new();
+                let vb = VarBuilder::from_varmap(&vm, DType::F32, &DEV);
+                let bk = T5Buckets::new(8, 20, !c.causal).unwrap();
+                h.t5 = Some(T5RelativeBias::new(bk, c.hq, vb.pp("t5")).unwrap());
+                h.params.extend(seeded(&vm, seed));
+            }
+            Kind::Shaw => {
+                let vm = VarMap::new();
+                let vb = VarBuilder::from_varmap(&vm, DType::F32, &DEV);
+                h.shaw = Some(ShawRelative::new(3, c.d, vb.pp("shaw")).unwrap());
+                h.params.extend(seeded(&vm, seed));
+            }
+            Kind::Dense => {
+                let v = var(&[c.b, c.hq, c.tq, c.tk], seed ^ 77, 2.0);
+                h.dense = Some(DenseBias(v.as_tensor().clone()));
+                h.params.push(v);
+            }
+            Kind::DenseBroadcast => {
+                let v = var(&[c.hq, c.tq, c.tk], seed ^ 78, 2.0);
+                h.dense = Some(DenseBias(v.as_tensor().clone()));
+                h.params.push(v);
+            }
+            Kind::Cumulative => {
+                let q = var(&[c.b, c.hq, c.tq], seed ^ 79, 3.0);
+                let k = var(&[c.b, c.hq, c.tk], seed ^ 80, 3.0);
+                h.cum = Some(CumulativeBias {
+                    q: q.as_tensor().clone(),
+                    k: k.as_tensor().clone(),
+                });
+                h.params.push(q);
+                h.params.push(k);
+            }
+        }
+        h
+    }
+
+    fn hooks(&self) -> AttentionHooks<'_> {
+        let logits: Option<&dyn LogitsHook> = if let Some(a) = &self.alibi {
+            Some(a)
+        } else if let Some(t) = &self.t5 {
+            Some(t)
+        } else if let Some(s) = &self.shaw {
+            Some(s)
+        } else if let Some(d) = &self.dense {
+            Some(d)
+        } else if let Some(c) = &self.cum {
+            Some(c)
+        } else {
+            None
+        };
+        AttentionHooks {
+            query_key: self.rope.as_ref().map(|r| r as &dyn QueryKeyHook),
+            logits,
+            values: self.shaw.as_ref().map(|s| s as &dyn ValuesHook),
+        }
+    }
+}
+
+fn shape(c: &Case, h: usize, t: usize) -> Vec<usize> {
+    match c.layout {
+        HeadLayout::Bhtd => vec![c.b, h, t, c.d],
+        HeadLayout::Bthd => vec![c.b, t, h, c.d],
+    }
+}
+
+fn ids(c: &Case, len: usize, offset: usize, seed: u64) -> Tensor {
+    // Increasing ids with random gaps, a different row per batch entry.
+    let r = data(c.b * len, seed);
+    let mut v = Vec::new();
+    for b in 0..c.b {
+        let mut p = offset as u32 + b as u32;
+        for t in 0..len {
+            v.push(p);
+            p += 1 + (r[b * len + t].abs() * 3.0) as u32;
+        }
+    }
+    Tensor::from_vec(v, (c.b, len), &DEV).unwrap()
+}
+
+/// Overwrites the variables of a `VarMap` with deterministic values (candle's
+/// own initialisation draws from an unseeded generator).
+fn seeded(vm: &VarMap, seed: u64) -> Vec<Var> {
+    let mut vars = vm.all_vars();
+    vars.sort_by_key(|v| v.elem_count());
+    for (i, v) in vars.iter().enumerate() {
+        let t = Tensor::from_vec(data(v.elem_count(), seed + i as u64), v.shape(), &DEV).unwrap();
+        v.set(&t).unwrap();
+    }
+    vars
+}
+
+/// The largest difference relative to the largest reference magnitude (at
+/// least 0.1: entries that are zero in exact arithmetic, such as the
+/// gradient of a lone softmax logit, are rounding noise in both paths).
+fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0.1f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| {
+            assert!(x.is_finite() && y.is_finite(), "{x} {y}");
+            (x - y).abs() / scale
+        })
+        .fold(0.0, f32::max)
+}
+
+/// Compares outputs and gradients of every input and parameter.
+fn check(kind: Kind, c: &Case, seed: u64) {
+    let q = var(&shape(c, c.hq, c.tq), seed, 1.0);
+    let k = var(&shape(c, c.hk, c.tk), seed + 1, 1.0);
+    let v = var(&shape(c, c.hk, c.tk), seed + 2, 1.0);
+    let h = Hooked::new(kind, c, seed);
+    let attn = Attention::new(c.causal).with_layout(c.layout);
+    let (qi, ki);
+    let pos = if c.ids {
+        qi = ids(c, c.tq, c.q_off, seed + 5);
+        ki = ids(c, c.tk, c.k_off, seed + 6);
+        AttnPositions {
+            q: Positions::Ids(&qi),
+            k: Positions::Ids(&ki),
+        }
+    } else {
+        AttnPositions::offsets(c.q_off, c.k_off)
+    };
+    let hooks = h.hooks();
+    let w = Tensor::from_vec(data(q.elem_count(), seed + 9), q.shape(), &DEV).unwrap();
+    let fused = attn
+        .forward(q.as_tensor(), k.as_tensor(), v.as_tensor(), &hooks, pos)
+        .unwrap();
+    let refr = attn
+        .forward_reference(q.as_tensor(), k.as_tensor(), v.as_tensor(), &hooks, pos)
+        .unwrap();
+    let what = format!(
+        "{kind:?} b{} hq{} hk{} tq{} tk{} d{} causal {} {:?} offsets {}/{} ids {}",
+        c.b, c.hq, c.hk, c.tq, c.tk, c.d, c.causal, c.layout, c.q_off, c.k_off, c.ids
+    );
+    let e = max_rel(&fused, &refr);
+    assert!(e < 2e-5, "{what}: output differs by {e}");
+    let gf = (fused * &w).unwrap().sum_all().unwrap().backward().unwrap();
+    let gr = (refr * &w).unwrap().sum_all().unwrap().backward().unwrap();
+    let mut all = vec![("q", &q), ("k", &k), ("v", &v)];
+    for p in &h.params {
+        all.push(("param", p));
+    }
+    for (name, x) in all {
+        let a = gf
+            .get(x.as_tensor())
+            .unwrap_or_else(|| panic!("{what}: no fused grad for {name}"));
+        let b = gr
+            .get(x.as_tensor())
+            .unwrap_or_else(|| panic!("{what}: no reference grad for {name}"));
+        // f32 sums over up to T terms in a different order: 3e-4 of the
+        // largest gradient.
+        let e = max_rel(a, b);
+        assert!(e < 3e-4, "{what}: gradient of {name} differs by {e}");
+    }
+}
+
+fn base(t: usize) -> Case {
+    Case {
+        b: 2,
+        hq: 2,
+        hk: 2,
+        tq: t,
+        tk: t,
+        d: 8,
+        causal: true,
+        layout: HeadLayout::Bhtd,
+        q_off: 0,
+        k_off: 0,
+        ids: false,
+    }
+}
+
+#[test]
+fn every_hook_matches_the_reference_causal_and_bidirectional() {
+    for kind in KINDS {
+        for causal in [true, false] {
+            for t in [1, 2, 3, 17] {
+                let c = Case { causal, ..base(t) };
+                check(kind, &c, 11 + t as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn edge_lengths_cross_the_tiles() {
+    for kind in [
+        Kind::Nope,
+        Kind::Rope,
+        Kind::T5,
+        Kind::Shaw,
+        Kind::Cumulative,
+    ] {
+        for t in [127, 128, 129] {
+            let c = Case {
+                b: 1,
+                hq: 1,
+                hk: 1,
+                d: 4,
+                ..base(t)
+            };
+            check(kind, &c, 3 + t as u64);
+            check(kind, &Case { causal: false, ..c }, 5 + t as u64);
+        }
+    }
+}
+
+#[test]
+fn grouped_heads_layouts_and_head_dims() {
+    for kind in [Kind::Nope, Kind::Rope, Kind::Alibi, Kind::Shaw, Kind::Dense] {
+        for (hq, hk) in [(4, 2), (4, 1), (3, 3)] {
+            for layout in [HeadLayout::Bhtd, HeadLayout::Bthd] {
+                for d in [2, 6, 16, 34] {
+                    let c = Case {
+                        hq,
+                        hk,
+                        layout,
+                        d,
+                        ..base(9)
+                    };
+                    check(kind, &c, 40 + d as u64);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kv_cache_offsets_and_position_ids() {
+    for kind in KINDS {
+        // A KV cache: 5 new queries after 12 cached keys.
+        let c = Case {
+            tq: 5,
+            tk: 17,
+            q_off: 12,
+            ..base(0)
+        };
+        check(kind, &c, 90);
+        // A slice of a sequence split across devices: positions 300.. .
+        let c = Case {
+            q_off: 300,
+            k_off: 300,
+            ..base(10)
+        };
+        check(kind, &c, 91);
+        // Per-row position ids with gaps.
+        let c = Case {
+            ids: true,
+            q_off: 3,
+            k_off: 3,
+            ..base(12)
+        };
+        check(kind, &c, 92);
+    }
+}
+
+#[test]
+fn packed_qkv_matches_separate_tensors() {
+    let (b, t, hq, hk, d) = (2, 11, 4, 2, 8);
+    let w = (hq + 2 * hk) * d;
+    let qkv = var(&[b, t, w], 7, 1.0);
+    let f = RopeFrequencies::plain(10000.0, d, PairLayout::HalfSplit).unwrap();
+    let rope = Rope::new(f).unwrap();
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &DEV);
+    let shaw = ShawRelative::new(2, d, vb.pp("shaw")).unwrap();
+    seeded(&vm, 5);
+    for hooks in [
+        AttentionHooks {
+            query_key: Some(&rope),
+            ..Default::default()
+        },
+        AttentionHooks {
+            logits: Some(&shaw),
+            values: Some(&shaw),
+            ..Default::default()
+        },
+    ] {
+        let attn = Attention::new(true);
+        let pos = AttnPositions::default();
+        let fused = attn
+            .forward_packed(qkv.as_tensor(), hq, hk, &hooks, pos)
+            .unwrap();
+        let refr = attn
+            .forward_packed_reference(qkv.as_tensor(), hq, hk, &hooks, pos)
+            .unwrap();
+        assert_eq!(fused.dims(), &[b, t, hq * d]);
+        assert!(max_rel(&fused, &refr) < 2e-5);
+        let wt = Tensor::from_vec(data(fused.elem_count(), 3), fused.shape(), &DEV).unwrap();
+        let gf = (fused * &wt)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let gr = (refr * &wt).unwrap().sum_all().unwrap().backward().unwrap();
+        let e = max_rel(
+            gf.get(qkv.as_tensor()).unwrap(),
+            gr.get(qkv.as_tensor()).unwrap(),
+        );
+        assert!(e < 1e-4, "packed gradient differs by {e}");
+        for v in vm.all_vars() {
+            if let (Some(a), Some(b)) = (gf.get(v.as_tensor()), gr.get(v.as_tensor())) {
+                assert!(max_rel(a, b) < 1e-4);
+            }
+        }
+    }
+}
+
+/// The kernel alone: dirty output buffers, every SIMD level, against the
+/// `f64` triple loop.
+#[test]
+fn kernel_writes_every_output_at_every_level() {
+    let dims = ka::Dims {
+        batch: 2,
+        q_heads: 2,
+        kv_heads: 1,
+        q_len: 129,
+        k_len: 129,
+        head_dim: 5,
+    };
+    let rows = ka::Rows::bhtd(2, 129, 5);
+    let kv_rows = ka::Rows::bhtd(1, 129, 5);
+    let q = data(2 * 2 * 129 * 5, 1);
+    let k = data(2 * 129 * 5, 2);
+    let v = data(2 * 129 * 5, 3);
+    let slopes = [0.5f32, 0.25];
+    for causal in [true, false] {
+        let p = ka::Problem {
+            dims,
+            scale: 0.4,
+            causal,
+            q: &q,
+            q_rows: rows,
+            k: &k,
+            k_rows: kv_rows,
+            v: &v,
+            v_rows: kv_rows,
+            rotation: None,
+            q_pos: ka::Pos::Offset(0),
+            k_pos: ka::Pos::Offset(0),
+            alibi: Some(ka::AlibiBias {
+                slopes: &slopes,
+                symmetric: !causal,
+            }),
+            scalar: None,
+            vector: None,
+            dense: None,
+            cumulative: None,
+        };
+        let want = ka::reference_forward(&p);
+        for level in SimdLevel::available() {
+            let mut out = vec![f32::NAN; q.len()];
+            let mut lse = vec![f32::NAN; 2 * 2 * 129];
+            ka::forward(&p, &mut out, rows, &mut lse, level);
+            for (a, b) in out.iter().zip(&want) {
+                assert!((*a as f64 - b).abs() < 2e-5, "{level}: {a} vs {b}");
+            }
+            assert!(lse.iter().all(|x| x.is_finite()));
+        }
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let c = Case {
+        b: 4,
+        hq: 4,
+        hk: 4,
+        d: 16,
+        ..base(150)
+    };
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let q = var(&shape(&c, c.hq, c.tq), 1, 1.0);
+            let k = var(&shape(&c, c.hk, c.tk), 2, 1.0);
+            let v = var(&shape(&c, c.hk, c.tk), 3, 1.0);
+            let h = Hooked::new(Kind::Shaw, &c, 4);
+            let out = Attention::new(true)
+                .forward(
+                    q.as_tensor(),
+                    k.as_tensor(),
+                    v.as_tensor(),
+                    &h.hooks(),
+                    AttnPositions::default(),
+                )
+                .unwrap();
+            let g = out.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+            let mut all = out.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for x in [&q, &k, &v].into_iter().chain(&h.params) {
+                all.extend(
+                    g.get(x.as_tensor())
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap(),
+                );
+            }
+            all
+        })
+    };
+    let one = run(1);
+    let two = run(2);
+    assert!(one
+        .iter()
+        .zip(&two)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let q = Tensor::zeros((1, 3, 4, 8), DType::F32, &DEV).unwrap();
+    let k = Tensor::zeros((1, 2, 4, 8), DType::F32, &DEV).unwrap();
+    let attn = Attention::new(true);
+    let none = AttentionHooks::default();
+    let pos = AttnPositions::default();
+    // 3 query heads do not group over 2 key heads
+    assert!(attn.forward(&q, &k, &k, &none, pos).is_err());
+    let k3 = Tensor::zeros((1, 3, 4, 6), DType::F32, &DEV).unwrap();
+    assert!(attn.forward(&q, &k3, &k3, &none, pos).is_err());
+    let q3 = Tensor::zeros((3, 4, 8), DType::F32, &DEV).unwrap();
+    assert!(attn.forward(&q3, &q3, &q3, &none, pos).is_err());
+    let alibi = Alibi::new(2, AlibiMode::Causal).unwrap();
+    let with_alibi = AttentionHooks {
+        logits: Some(&alibi),
+        ..Default::default()
+    };
+    let q = Tensor::zeros((1, 3, 4, 8), DType::F32, &DEV).unwrap();
+    assert!(attn.forward(&q, &q, &q, &with_alibi, pos).is_err());
+    let bad_dense = DenseBias(Tensor::zeros((5, 4), DType::F32, &DEV).unwrap());
+    let h = AttentionHooks {
+        logits: Some(&bad_dense),
+        ..Default::default()
+    };
+    assert!(attn.forward(&q, &q, &q, &h, pos).is_err());
+    let ids = Tensor::new(&[[0i64, 1, -2, 3]], &DEV).unwrap();
+    assert!(attn
+        .forward(&q, &q, &q, &none, AttnPositions::same(Positions::Ids(&ids)))
+        .is_err());
+    let qkv = Tensor::zeros((1, 4, 30), DType::F32, &DEV).unwrap();
+    assert!(attn.forward_packed(&qkv, 4, 2, &none, pos).is_err());
+}
+
+#[test]
+fn long_sequences_stream_without_a_square_matrix() {
+    // 20 000 queries × 20 000 keys would need 1.6 GB of logits per head in
+    // the composed path; the fused forward keeps tiles only.
+    let t = 20_000;
+    let q = Tensor::from_vec(data(t * 4, 1), (1, 1, t, 4), &DEV).unwrap();
+    let alibi = Alibi::new(1, AlibiMode::Causal).unwrap();
+    let h = AttentionHooks {
+        logits: Some(&alibi),
+        ..Default::default()
+    };
+    let out = Attention::new(true)
+        .forward(&q, &q, &q, &h, AttnPositions::default())
+        .unwrap();
+    let v = out.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert!(v.iter().all(|x| x.is_finite()));
+    // The first query sees only itself.
+    let first = q.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    for x in 0..4 {
+        assert!((v[x] - first[x]).abs() < 1e-6);
+    }
+}
