@@ -15,22 +15,42 @@ pub enum BenchCommand {
     /// batch, decode and (B, T, H, D) shapes in f32 and bf16; plus the time
     /// to build an exact 131072 × 64 cos/sin cache.
     Rope(BenchRopeArgs),
-    /// Tokens per second of a full training step (forward, backward, AdamW)
-    /// of the reference lab model (4 layers, d_model 128, 4 heads, length
-    /// 128, batch 32) with each positional encoding.
+    /// Milliseconds per full training step (batch, forward, backward,
+    /// clipping, AdamW) of a lab decoder (default 4 layers, d_model 128, 4
+    /// heads, length 128, batch 32, the copy task's 32-token vocabulary)
+    /// with each positional encoding. `scripts/bench/torch_twin.py` times the
+    /// same model in PyTorch (`scripts/bench/train_vs_torch.sh` runs both).
     Train(BenchTrainArgs),
 }
 
 /// Arguments of `posenc bench train`.
 #[derive(Args, Debug)]
 pub struct BenchTrainArgs {
-    /// Timed steps per encoding (after one warm-up step).
+    /// Timed steps per encoding (after one warm-up step); the median is reported.
     #[arg(long, default_value_t = 5)]
     pub steps: usize,
     /// Only these encodings (comma-separated names, as `posenc train --pe`).
     #[arg(long)]
     pub pe: Option<String>,
-    /// Print JSON (`{"model": {...}, "cases": [{"pe", "ms_per_step", "tokens_per_s"}, ...]}`).
+    /// Number of blocks.
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// Model width.
+    #[arg(long = "d-model", default_value_t = 128)]
+    pub d_model: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Sequence length.
+    #[arg(long = "len", default_value_t = 128)]
+    pub len: usize,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Time the composed candle reference ops instead of the fused ones.
+    #[arg(long)]
+    pub reference: bool,
+    /// Print JSON (`{"model": {...}, "cases": [{"pe", "params", "ms_per_step", "tokens_per_s", "relative_to_nope"}, ...]}`).
     #[arg(long)]
     pub json: bool,
 }
@@ -39,6 +59,7 @@ pub struct BenchTrainArgs {
 #[derive(Debug, serde::Serialize)]
 struct TrainCase {
     pe: String,
+    params: usize,
     ms_per_step: f64,
     tokens_per_s: f64,
     relative_to_nope: f64,
@@ -50,11 +71,30 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
     if a.steps == 0 {
         return Err(crate::CliError("--steps must be at least 1".into()));
     }
+    for (what, v, max) in [
+        ("--layers", a.layers, 64),
+        ("--d-model", a.d_model, 4096),
+        ("--heads", a.heads, 256),
+        ("--len", a.len, 1 << 16),
+        ("--batch", a.batch, 1 << 12),
+        ("--steps", a.steps, 100_000),
+    ] {
+        if v == 0 || v > max {
+            return Err(crate::CliError(format!(
+                "{what} must be in 1..={max} (got {v})"
+            )));
+        }
+    }
+    if a.len.saturating_mul(a.batch).saturating_mul(a.d_model) > 1 << 30 {
+        return Err(crate::CliError(
+            "--len × --batch × --d-model must stay below 2^30 activations".into(),
+        ));
+    }
     let names: Vec<String> = match &a.pe {
         Some(list) => list.split(',').map(|s| s.trim().to_string()).collect(),
         None => PeConfig::NAMES.iter().map(|s| s.to_string()).collect(),
     };
-    let (layers, d, heads, len, batch) = (4, 128, 4, 128, 32);
+    let (layers, d, heads, len, batch) = (a.layers, a.d_model, a.heads, a.len, a.batch);
     let mut cases: Vec<TrainCase> = Vec::new();
     for name in &names {
         let task = Task::new(TaskKind::Copy, 16)?;
@@ -85,14 +125,17 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
             corpus: None,
         };
         let mut lab = posenc_lab::train::Lab::new(model, train, task)?;
+        lab.model.set_fused(!a.reference);
+        let params: usize = lab.params().values().map(|v| v.elem_count()).sum();
         let mut opt = posenc_lab::optim::AdamW::new(lab.params(), 0.01)?;
         let mut times = posenc_lab::train::time_steps(&mut lab, &mut opt, a.steps + 1)?;
         times.remove(0); // warm-up
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
-        eprintln!("  {name:<18} {:8.1} ms/step", median * 1e3);
+        eprintln!("  {name:<18} {:8.2} ms/step", median * 1e3);
         cases.push(TrainCase {
             pe: name.clone(),
+            params,
             ms_per_step: median * 1e3,
             tokens_per_s: (batch * len) as f64 / median,
             relative_to_nope: f64::NAN,
@@ -110,18 +153,21 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
     if a.json {
         let v = serde_json::json!({
             "model": {"layers": layers, "d_model": d, "heads": heads, "length": len, "batch": batch},
-            "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            "ops": if a.reference { "reference" } else { "fused" },
+            "threads": rayon_threads(),
             "allocator": crate::ALLOCATOR,
             "cases": cases.iter().map(|c| serde_json::json!({
-                "pe": c.pe, "ms_per_step": c.ms_per_step, "tokens_per_s": c.tokens_per_s,
+                "pe": c.pe, "params": c.params, "ms_per_step": c.ms_per_step, "tokens_per_s": c.tokens_per_s,
                 "relative_to_nope": if c.relative_to_nope.is_finite() { serde_json::json!(c.relative_to_nope) } else { serde_json::Value::Null },
             })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "training step, {layers} layers, d_model {d}, {heads} heads, length {len}, batch {batch} (median of {} steps, {} allocator)",
+            "training step, {layers} layers, d_model {d}, {heads} heads, length {len}, batch {batch} ({} ops, median of {} steps, {} threads, {} allocator)",
+            if a.reference { "composed reference" } else { "fused" },
             a.steps,
+            rayon_threads(),
             crate::ALLOCATOR
         );
         let rows: Vec<Vec<String>> = cases
@@ -129,7 +175,8 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
             .map(|c| {
                 vec![
                     c.pe.clone(),
-                    format!("{:.1}", c.ms_per_step),
+                    c.params.to_string(),
+                    format!("{:.2}", c.ms_per_step),
                     format!("{:.0}", c.tokens_per_s),
                     if c.relative_to_nope.is_finite() {
                         format!("{:.2}", c.relative_to_nope)
@@ -144,6 +191,7 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
             crate::output::table(
                 &[
                     "encoding".into(),
+                    "params".into(),
                     "ms/step".into(),
                     "tokens/s".into(),
                     "vs NoPE".into()
@@ -153,6 +201,18 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
         );
     }
     Ok(())
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(
+            std::env::var("RAYON_NUM_THREADS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(usize::MAX),
+        )
 }
 
 /// Arguments of `posenc bench rope`.

@@ -9,6 +9,7 @@
 pub mod config;
 pub mod finetune;
 pub mod model;
+pub mod ops;
 pub mod optim;
 pub mod tasks;
 pub mod train;

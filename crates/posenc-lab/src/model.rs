@@ -20,8 +20,10 @@
 //! distribution per position: masked language modelling).
 //! NoPE uses no hook at all.
 
-use candle_core::{Device, Module, Tensor};
-use candle_nn::{embedding, linear, Embedding, Linear, VarBuilder};
+use std::sync::Arc;
+
+use candle_core::{Module, Tensor};
+use candle_nn::{embedding, linear, Embedding, VarBuilder};
 use posenc::absolute::floater::FloaterConfig;
 use posenc::absolute::sinusoidal::{Sinusoidal, SinusoidalLayout};
 use posenc::relative::alibi::{Alibi, AlibiMode};
@@ -29,19 +31,14 @@ use posenc::rope::RopeConfig;
 use posenc::tensor::absolute::{
     FloaterEmbedding, LearnedEmbedding, Positions, SinusoidalEmbedding,
 };
-use posenc::tensor::bias::{alibi_bias, ShawRelative, T5RelativeBias};
+use posenc::tensor::attention::{AttentionHooks, AttnPositions};
+use posenc::tensor::bias::{ShawRelative, T5RelativeBias};
+use posenc::tensor::hooks::{InputHook, LogitsHook, QueryKeyHook, ValuesHook};
 use posenc::tensor::rope::Rope;
 
 use crate::config::{Mode, ModelConfig, PeConfig};
+use crate::ops;
 use crate::LabError;
-
-/// The input hook.
-enum InputPe {
-    None,
-    Sinusoidal(SinusoidalEmbedding),
-    Learned(LearnedEmbedding),
-    Floater(FloaterEmbedding),
-}
 
 /// A trained input encoding, as plain Rust (see [`Transformer::trained_input`]).
 pub enum TrainedInput {
@@ -88,13 +85,6 @@ pub fn token_embedding_recipe(cfg: &ModelConfig) -> TokenRecipe {
             scale: 1.0,
         },
     }
-}
-
-/// The logits hook shared by all layers.
-enum SharedBias {
-    None,
-    Alibi(Alibi),
-    T5(T5RelativeBias),
 }
 
 /// A RoPE scaling chosen at evaluation time (train with plain RoPE, evaluate
@@ -184,13 +174,41 @@ impl EvalScaling {
     }
 }
 
+/// A linear layer's parameters (created by candle-nn's `linear`, so names
+/// and initialisation are candle-nn's), applied by [`ops::linear`].
+struct Lin {
+    w: Tensor,
+    b: Option<Tensor>,
+}
+
+impl Lin {
+    fn new(d_in: usize, d_out: usize, vb: VarBuilder) -> candle_core::Result<Lin> {
+        let l = linear(d_in, d_out, vb)?;
+        Ok(Lin {
+            w: l.weight().clone(),
+            b: l.bias().cloned(),
+        })
+    }
+
+    fn forward(&self, x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
+        ops::linear(x, &self.w, self.b.as_ref(), fused)
+    }
+}
+
+/// The hooks of one attention call.
+struct CallHooks<'a> {
+    query_key: Option<&'a dyn QueryKeyHook>,
+    logits: Option<&'a dyn LogitsHook>,
+}
+
 struct Attention {
-    qkv: Linear,
-    proj: Linear,
+    qkv: Lin,
+    proj: Lin,
     n_heads: usize,
-    head_dim: usize,
-    causal: bool,
-    shaw: Option<ShawRelative>,
+    attn: posenc::tensor::attention::Attention,
+    /// Shaw et al.'s tables are per layer: the logits and values hooks of
+    /// this layer.
+    shaw: Option<Arc<ShawRelative>>,
 }
 
 impl Attention {
@@ -198,64 +216,32 @@ impl Attention {
         &self,
         x: &Tensor,
         offset: usize,
-        rope: Option<&Rope>,
-        bias: &SharedBias,
+        hooks: &CallHooks,
+        fused: bool,
     ) -> Result<Tensor, LabError> {
-        let (b, t, d) = x.dims3()?;
-        let (h, hd) = (self.n_heads, self.head_dim);
-        // (B, T, 3D) → 3 × (B, H, T, hd)
-        let qkv = self
-            .qkv
-            .forward(x)?
-            .reshape((b, t, 3, h, hd))?
-            .permute((2, 0, 3, 1, 4))?;
-        let mut q = qkv.get(0)?.contiguous()?;
-        let mut k = qkv.get(1)?.contiguous()?;
-        let v = qkv.get(2)?.contiguous()?;
-        // Query/key hook.
-        if let Some(rope) = rope {
-            (q, k) = rope.apply(&q, &k, offset)?;
-        }
-        let scale = 1.0 / (hd as f64).sqrt();
-        // (B, H, T, T)
-        let mut logits = (q.matmul(&k.t()?)? * scale)?;
-        // Logits hook.
-        if let Some(shaw) = &self.shaw {
-            let o = offset as u64;
-            logits = (logits + (shaw.key_logits(&q, t, o, o)? * scale)?)?;
-        }
-        match bias {
-            SharedBias::None => {}
-            SharedBias::Alibi(a) => {
-                let o = offset as u64;
-                let bias = alibi_bias(a, t, t, o, o, x.device())?; // (H, T, T)
-                logits = logits.broadcast_add(&bias.unsqueeze(0)?)?;
-            }
-            SharedBias::T5(tb) => {
-                let o = offset as u64;
-                logits = logits.broadcast_add(&tb.forward(t, t, o, o)?.unsqueeze(0)?)?;
-            }
-        }
-        if self.causal {
-            logits = logits.broadcast_add(&causal_mask(t, x.device())?)?;
-        }
-        // candle-nn's fused `softmax_last_dim` has no backward pass; the
-        // composed softmax does.
-        let att = candle_nn::ops::softmax(&logits, candle_core::D::Minus1)?;
-        let mut out = att.matmul(&v)?; // (B, H, T, hd)
-                                       // Values hook.
-        if let Some(shaw) = &self.shaw {
-            let o = offset as u64;
-            out = (out + shaw.relative_values(&att, o, o)?)?;
-        }
-        let out = out.transpose(1, 2)?.reshape((b, t, d))?;
-        Ok(self.proj.forward(&out)?)
+        // (B, T, D) → (B, T, 3D): queries, keys and values of every head.
+        let qkv = self.qkv.forward(x, fused)?;
+        let shaw_logits = self.shaw.as_deref().map(|s| s as &dyn LogitsHook);
+        let call = AttentionHooks {
+            query_key: hooks.query_key,
+            logits: shaw_logits.or(hooks.logits),
+            values: self.shaw.as_deref().map(|s| s as &dyn ValuesHook),
+        };
+        let pos = AttnPositions::same(Positions::Offset(offset));
+        // (B, T, 3D) → (B, T, D): rotation, biases, mask, softmax and the
+        // weighted values in one op (fused), or composed (reference).
+        let out = if fused {
+            self.attn
+                .forward_packed(&qkv, self.n_heads, self.n_heads, &call, pos)?
+        } else {
+            self.attn
+                .forward_packed_reference(&qkv, self.n_heads, self.n_heads, &call, pos)?
+        };
+        self.proj.forward(&out, fused)
     }
 }
 
-/// LayerNorm from composed ops. candle-nn's `LayerNorm` takes a fused
-/// kernel without a backward pass on contiguous inputs, which silently drops
-/// every gradient below it; this one is differentiable.
+/// LayerNorm parameters, applied by [`ops::layer_norm`].
 struct LayerNorm {
     weight: Tensor,
     bias: Tensor,
@@ -270,31 +256,18 @@ fn layer_norm(d: usize, eps: f64, vb: VarBuilder) -> candle_core::Result<LayerNo
     })
 }
 
-impl Module for LayerNorm {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let d = x.dim(candle_core::D::Minus1)? as f64;
-        let mean = (x.sum_keepdim(candle_core::D::Minus1)? / d)?;
-        let xc = x.broadcast_sub(&mean)?;
-        let var = (xc.sqr()?.sum_keepdim(candle_core::D::Minus1)? / d)?;
-        let xn = xc.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        xn.broadcast_mul(&self.weight)?.broadcast_add(&self.bias)
+impl LayerNorm {
+    fn forward(&self, x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
+        ops::layer_norm(x, &self.weight, &self.bias, self.eps, fused)
     }
-}
-
-/// `(T, T)` additive mask: 0 on and below the diagonal, −∞ above.
-fn causal_mask(t: usize, dev: &Device) -> Result<Tensor, LabError> {
-    let m: Vec<f32> = (0..t)
-        .flat_map(|i| (0..t).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
-        .collect();
-    Ok(Tensor::from_vec(m, (t, t), dev)?)
 }
 
 struct Block {
     ln1: LayerNorm,
     attn: Attention,
     ln2: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
+    fc1: Lin,
+    fc2: Lin,
 }
 
 impl Block {
@@ -302,62 +275,87 @@ impl Block {
         &self,
         x: &Tensor,
         offset: usize,
-        rope: Option<&Rope>,
-        bias: &SharedBias,
+        hooks: &CallHooks,
+        fused: bool,
     ) -> Result<Tensor, LabError> {
-        let x = (x + self
+        // x = x + Attn(LN(x))
+        let a = self
             .attn
-            .forward(&self.ln1.forward(x)?, offset, rope, bias)?)?;
-        let h = self.fc1.forward(&self.ln2.forward(&x)?)?.gelu()?;
-        Ok((&x + self.fc2.forward(&h)?)?)
+            .forward(&self.ln1.forward(x, fused)?, offset, hooks, fused)?;
+        let x = (x + a)?;
+        // x = x + MLP(LN(x)): (B, T, D) → (B, T, d_ff) → (B, T, D)
+        let h = ops::gelu(
+            &self.fc1.forward(&self.ln2.forward(&x, fused)?, fused)?,
+            fused,
+        )?;
+        Ok((&x + self.fc2.forward(&h, fused)?)?)
     }
 }
 
-/// A lab transformer.
+/// A lab transformer: one optional hook per place (input, queries and
+/// keys, logits; Shaw et al.'s per-layer tables are each block's logits and
+/// values hooks).
 pub struct Transformer {
     cfg: ModelConfig,
     tok: Embedding,
-    input_pe: InputPe,
-    rope: Option<Rope>,
-    bias: SharedBias,
+    /// The input hook (absolute encodings).
+    input: Option<Arc<dyn InputHook>>,
+    /// The same learned table or FLOATER module, for [`Transformer::trained_input`].
+    learned: Option<Arc<LearnedEmbedding>>,
+    floater: Option<Arc<FloaterEmbedding>>,
+    /// The query/key hook (RoPE, xPos).
+    query_key: Option<Arc<dyn QueryKeyHook>>,
+    /// The logits hook shared by all layers (ALiBi, T5).
+    logits: Option<Arc<dyn LogitsHook>>,
     blocks: Vec<Block>,
     ln_f: LayerNorm,
-    head: Option<Linear>,
+    head: Option<Lin>,
+    /// Run the fused ops (default) or the composed reference.
+    fused: bool,
 }
 
 impl Transformer {
     /// Builds the model; parameters are created through `vb` (a `VarMap`
-    /// for training). `seed` initialises encodings with their own random
-    /// tables (T5, Shaw).
-    pub fn new(cfg: &ModelConfig, seed: u64, vb: VarBuilder) -> Result<Self, LabError> {
+    /// for training, whose backend draws every initial value, see
+    /// `Lab::new`).
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self, LabError> {
         cfg.validate()?;
         let dev = vb.device().clone();
         let (d, h, hd) = (cfg.d_model, cfg.n_heads, cfg.head_dim());
         let tok = embedding(cfg.vocab_size, d, vb.pp("tok"))?;
-        let input_pe = match &cfg.pe {
+        let (mut learned, mut floater) = (None, None);
+        let input: Option<Arc<dyn InputHook>> = match &cfg.pe {
             PeConfig::Sinusoidal { concatenated } => {
                 let layout = if *concatenated {
                     SinusoidalLayout::Concatenated
                 } else {
                     SinusoidalLayout::Interleaved
                 };
-                InputPe::Sinusoidal(SinusoidalEmbedding::new(
+                Some(Arc::new(SinusoidalEmbedding::new(
                     Sinusoidal::new(d)?.with_layout(layout),
                     &dev,
-                )?)
+                )?))
             }
-            PeConfig::Learned { max_positions } => InputPe::Learned(LearnedEmbedding::new(
-                *max_positions,
-                d,
-                vb.pp("pe.learned"),
-            )?),
-            PeConfig::Floater => InputPe::Floater(FloaterEmbedding::new(
-                FloaterConfig::new(d, d.min(64)),
-                vb.pp("pe.floater"),
-            )?),
-            _ => InputPe::None,
+            PeConfig::Learned { max_positions } => {
+                let l = Arc::new(LearnedEmbedding::new(
+                    *max_positions,
+                    d,
+                    vb.pp("pe.learned"),
+                )?);
+                learned = Some(l.clone());
+                Some(l)
+            }
+            PeConfig::Floater => {
+                let f = Arc::new(FloaterEmbedding::new(
+                    FloaterConfig::new(d, d.min(64)),
+                    vb.pp("pe.floater"),
+                )?);
+                floater = Some(f.clone());
+                Some(f)
+            }
+            _ => None,
         };
-        let rope = match &cfg.pe {
+        let query_key: Option<Arc<dyn QueryKeyHook>> = match &cfg.pe {
             PeConfig::Rope {
                 theta,
                 partial,
@@ -368,27 +366,27 @@ impl Transformer {
                 if *interleaved {
                     rc = rc.with_layout(posenc::rope::PairLayout::Interleaved);
                 }
-                Some(Rope::new(rc)?)
+                Some(Arc::new(Rope::new(rc)?))
             }
-            PeConfig::Xpos { theta, scale_base } => Some(
+            PeConfig::Xpos { theta, scale_base } => Some(Arc::new(
                 Rope::new(RopeConfig::new(*theta, hd)?.with_head_dim(hd))?
                     .with_xpos(*scale_base)?,
-            ),
+            )),
             _ => None,
         };
-        let bias = match &cfg.pe {
-            PeConfig::Alibi => SharedBias::Alibi(Alibi::new(
+        let logits: Option<Arc<dyn LogitsHook>> = match &cfg.pe {
+            PeConfig::Alibi => Some(Arc::new(Alibi::new(
                 h,
                 if cfg.mode == Mode::Decoder {
                     AlibiMode::Causal
                 } else {
                     AlibiMode::Bidirectional
                 },
-            )?),
+            )?)),
             PeConfig::T5 {
                 buckets,
                 max_distance,
-            } => SharedBias::T5(T5RelativeBias::new(
+            } => Some(Arc::new(T5RelativeBias::new(
                 posenc::relative::t5::T5Buckets::new(
                     *buckets,
                     *max_distance,
@@ -396,29 +394,28 @@ impl Transformer {
                 )?,
                 h,
                 vb.pp("pe.t5"),
-            )?),
-            _ => SharedBias::None,
+            )?)),
+            _ => None,
         };
         let mut blocks = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
             let vb = vb.pp(format!("blocks.{l}"));
             let shaw = match &cfg.pe {
-                PeConfig::Shaw { k } => Some(ShawRelative::new(*k, hd, vb.pp("shaw"))?),
+                PeConfig::Shaw { k } => Some(Arc::new(ShawRelative::new(*k, hd, vb.pp("shaw"))?)),
                 _ => None,
             };
             blocks.push(Block {
                 ln1: layer_norm(d, 1e-5, vb.pp("ln1"))?,
                 attn: Attention {
-                    qkv: linear(d, 3 * d, vb.pp("attn.qkv"))?,
-                    proj: linear(d, d, vb.pp("attn.proj"))?,
+                    qkv: Lin::new(d, 3 * d, vb.pp("attn.qkv"))?,
+                    proj: Lin::new(d, d, vb.pp("attn.proj"))?,
                     n_heads: h,
-                    head_dim: hd,
-                    causal: cfg.mode == Mode::Decoder,
+                    attn: posenc::tensor::attention::Attention::new(cfg.mode == Mode::Decoder),
                     shaw,
                 },
                 ln2: layer_norm(d, 1e-5, vb.pp("ln2"))?,
-                fc1: linear(d, cfg.d_ff, vb.pp("mlp.fc1"))?,
-                fc2: linear(cfg.d_ff, d, vb.pp("mlp.fc2"))?,
+                fc1: Lin::new(d, cfg.d_ff, vb.pp("mlp.fc1"))?,
+                fc2: Lin::new(cfg.d_ff, d, vb.pp("mlp.fc2"))?,
             });
         }
         let ln_f = layer_norm(d, 1e-5, vb.pp("ln_f"))?;
@@ -427,19 +424,34 @@ impl Transformer {
         let head = if cfg.tied && cfg.mode != Mode::Encoder && cfg.num_outputs == cfg.vocab_size {
             None
         } else {
-            Some(linear(d, cfg.num_outputs, vb.pp("head"))?)
+            Some(Lin::new(d, cfg.num_outputs, vb.pp("head"))?)
         };
-        let _ = seed;
         Ok(Transformer {
             cfg: cfg.clone(),
             tok,
-            input_pe,
-            rope,
-            bias,
+            input,
+            learned,
+            floater,
+            query_key,
+            logits,
             blocks,
             ln_f,
             head,
+            fused: true,
         })
+    }
+
+    /// Runs the fused ops (`true`, the default) or the composed candle
+    /// reference (`false`: candle-nn's linear layers, composed LayerNorm,
+    /// candle's GELU and the reference attention; the same parameters and
+    /// the same function, for tests and comparisons).
+    pub fn set_fused(&mut self, fused: bool) {
+        self.fused = fused;
+    }
+
+    /// Whether the fused ops run.
+    pub fn is_fused(&self) -> bool {
+        self.fused
     }
 
     /// The configuration.
@@ -450,7 +462,7 @@ impl Transformer {
     /// Checks that the model can run at `len` positions (a learned table
     /// cannot go past its rows).
     pub fn check_length(&self, len: usize) -> Result<(), LabError> {
-        if let InputPe::Learned(l) = &self.input_pe {
+        if let Some(l) = &self.learned {
             if len > l.max_positions() {
                 return Err(posenc::Error::PositionOutOfRange {
                     position: len as u64 - 1,
@@ -467,18 +479,20 @@ impl Transformer {
     /// analysis: a learned table's rows or FLOATER's trained vector field
     /// (`None` for other encodings).
     pub fn trained_input(&self) -> Result<Option<TrainedInput>, LabError> {
-        Ok(match &self.input_pe {
-            InputPe::Learned(l) => {
+        if let Some(l) = &self.learned {
+            {
                 let rows = l
                     .weight()
                     .to_dtype(candle_core::DType::F64)?
                     .to_vec2::<f64>()?;
-                Some(TrainedInput::Learned(
+                return Ok(Some(TrainedInput::Learned(
                     posenc::absolute::LearnedTable::from_rows(rows)?,
-                ))
+                )));
             }
-            InputPe::Floater(f) => Some(TrainedInput::Floater(f.to_plain()?)),
-            _ => None,
+        }
+        Ok(match &self.floater {
+            Some(f) => Some(TrainedInput::Floater(f.to_plain()?)),
+            None => None,
         })
     }
 
@@ -487,12 +501,9 @@ impl Transformer {
         let x = self.tok.forward(input)?;
         let scale = token_embedding_recipe(&self.cfg).scale;
         let x = if scale == 1.0 { x } else { (x * scale)? };
-        let p = Positions::Offset(offset);
-        Ok(match &self.input_pe {
-            InputPe::None => x,
-            InputPe::Sinusoidal(s) => s.forward(&x, p)?,
-            InputPe::Learned(l) => l.forward(&x, p)?,
-            InputPe::Floater(f) => f.forward(&x, p)?,
+        Ok(match &self.input {
+            None => x,
+            Some(h) => h.add_positions(&x, Positions::Offset(offset))?,
         })
     }
 
@@ -507,38 +518,52 @@ impl Transformer {
         scaling: Option<&EvalScaling>,
     ) -> Result<Tensor, LabError> {
         self.check_length(offset + input.dim(1)?)?;
-        let rope = scaling.map(|s| &s.rope).or(self.rope.as_ref());
+        let hooks = self.call_hooks(scaling);
         let mut x = self.embed(input, offset)?;
         for b in &self.blocks {
-            x = b.forward(&x, offset, rope, &self.bias)?;
+            x = b.forward(&x, offset, &hooks, self.fused)?;
         }
-        let x = self.ln_f.forward(&x)?;
+        let x = self.ln_f.forward(&x, self.fused)?;
         let x = match self.cfg.mode {
             Mode::Decoder | Mode::TokenEncoder => x,
             Mode::Encoder => x.mean(1)?,
         };
-        Ok(match &self.head {
-            Some(h) => h.forward(&x)?,
-            None => x.broadcast_matmul(&self.tok.embeddings().t()?)?,
-        })
+        // (…, D) → (…, outputs); a tied head multiplies by the token table.
+        match &self.head {
+            Some(h) => h.forward(&x, self.fused),
+            None => ops::linear(&x, self.tok.embeddings(), None, self.fused),
+        }
+    }
+
+    /// The hooks of a call: the model's, or `scaling`'s RoPE in place of its
+    /// own.
+    fn call_hooks<'a>(&'a self, scaling: Option<&'a EvalScaling>) -> CallHooks<'a> {
+        CallHooks {
+            query_key: scaling
+                .map(|s| &s.rope as &dyn QueryKeyHook)
+                .or(self.query_key.as_deref()),
+            logits: self.logits.as_deref(),
+        }
     }
 
     /// The pooled representation of an encoder (before the head), `(B, D)`.
     pub fn pooled(&self, input: &Tensor) -> Result<Tensor, LabError> {
+        let hooks = self.call_hooks(None);
         let mut x = self.embed(input, 0)?;
         for b in &self.blocks {
-            x = b.forward(&x, 0, self.rope.as_ref(), &self.bias)?;
+            x = b.forward(&x, 0, &hooks, self.fused)?;
         }
-        Ok(self.ln_f.forward(&x)?.mean(1)?)
+        Ok(self.ln_f.forward(&x, self.fused)?.mean(1)?)
     }
 
     /// Activations after the input layer and after each block, each
     /// `(B, T, D)`, for probes.
     pub fn hidden_states(&self, input: &Tensor, offset: usize) -> Result<Vec<Tensor>, LabError> {
+        let hooks = self.call_hooks(None);
         let mut x = self.embed(input, offset)?;
         let mut out = vec![x.clone()];
         for b in &self.blocks {
-            x = b.forward(&x, offset, self.rope.as_ref(), &self.bias)?;
+            x = b.forward(&x, offset, &hooks, self.fused)?;
             out.push(x.clone());
         }
         Ok(out)

@@ -3,11 +3,17 @@
 //! candle-nn's `AdamW` keeps its moments private, so a run could not resume
 //! exactly; this one stores them by parameter name so a checkpoint holds the
 //! whole optimiser and `--resume` continues bit for bit.
+//!
+//! [`AdamW::step_clipped`] is the fused path: one pass over the gradients
+//! for the global norm, then one in-place pass per parameter that updates
+//! its moments and weights where they are (no tensor allocated).
+//! [`clip_grad_norm`] followed by [`AdamW::step`] is the composed reference
+//! (candle ops, a new tensor for every intermediate).
 
 use std::collections::{BTreeMap, HashMap};
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Tensor, Var};
+use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Storage, Tensor, Var};
 
 use crate::LabError;
 
@@ -15,8 +21,10 @@ use crate::LabError;
 #[derive(Debug)]
 pub struct AdamW {
     params: Vec<(String, Var)>,
-    m: HashMap<String, Tensor>,
-    v: HashMap<String, Tensor>,
+    /// First moments, row-major as the parameters.
+    m: HashMap<String, Vec<f32>>,
+    /// Second moments.
+    v: HashMap<String, Vec<f32>>,
     /// Steps taken so far.
     pub t: usize,
     /// β₁ (0.9).
@@ -38,8 +46,8 @@ impl AdamW {
         let mut m = HashMap::new();
         let mut v = HashMap::new();
         for (name, var) in &params {
-            m.insert(name.clone(), var.as_tensor().zeros_like()?);
-            v.insert(name.clone(), var.as_tensor().zeros_like()?);
+            m.insert(name.clone(), vec![0f32; var.elem_count()]);
+            v.insert(name.clone(), vec![0f32; var.elem_count()]);
         }
         Ok(AdamW {
             params: params.into_iter().collect(),
@@ -53,8 +61,9 @@ impl AdamW {
         })
     }
 
-    /// One update with learning rate `lr`. Parameters without a gradient
-    /// are left unchanged.
+    /// One update with learning rate `lr` (the composed reference: candle
+    /// ops on the moments as tensors). Parameters without a gradient are
+    /// left unchanged.
     pub fn step(&mut self, grads: &GradStore, lr: f64) -> Result<(), LabError> {
         self.t += 1;
         let bc1 = 1.0 - self.beta1.powi(self.t as i32);
@@ -63,9 +72,12 @@ impl AdamW {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
             };
-            let m = (self.m[name].affine(self.beta1, 0.0)? + g.affine(1.0 - self.beta1, 0.0)?)?;
-            let v = (self.v[name].affine(self.beta2, 0.0)?
-                + g.sqr()?.affine(1.0 - self.beta2, 0.0)?)?;
+            let shape = var.as_tensor().shape();
+            let dev = var.as_tensor().device();
+            let m0 = Tensor::from_slice(&self.m[name], shape, dev)?;
+            let v0 = Tensor::from_slice(&self.v[name], shape, dev)?;
+            let m = (m0.affine(self.beta1, 0.0)? + g.affine(1.0 - self.beta1, 0.0)?)?;
+            let v = (v0.affine(self.beta2, 0.0)? + g.sqr()?.affine(1.0 - self.beta2, 0.0)?)?;
             let mhat = m.affine(1.0 / bc1, 0.0)?;
             let vhat = v.affine(1.0 / bc2, 0.0)?;
             let update = mhat.div(&(vhat.sqrt()? + self.eps)?)?;
@@ -77,18 +89,94 @@ impl AdamW {
             };
             let next = (theta.affine(1.0 - lr * decay, 0.0)? - update.affine(lr, 0.0)?)?;
             var.set(&next)?;
-            self.m.insert(name.clone(), m);
-            self.v.insert(name.clone(), v);
+            self.m
+                .insert(name.clone(), m.flatten_all()?.to_vec1::<f32>()?);
+            self.v
+                .insert(name.clone(), v.flatten_all()?.to_vec1::<f32>()?);
         }
         Ok(())
+    }
+
+    /// One update with learning rate `lr` after clipping the gradients to a
+    /// global L2 norm of `max_norm` (0: no clipping), fused: the squared
+    /// norm is accumulated in `f64` over every gradient in parameter-name
+    /// order, then each parameter and its moments are updated in place.
+    /// Returns the norm before clipping. Parameters without a gradient are
+    /// left unchanged.
+    ///
+    /// # Errors
+    /// [`LabError::Invalid`] for parameters that are not contiguous `f32`
+    /// CPU tensors; candle errors.
+    pub fn step_clipped(
+        &mut self,
+        grads: &GradStore,
+        lr: f64,
+        max_norm: f64,
+    ) -> Result<f64, LabError> {
+        let mut sq = 0.0f64;
+        for (_, var) in &self.params {
+            if let Some(g) = grads.get(var.as_tensor()) {
+                sq += sum_squares(g)?;
+            }
+        }
+        let norm = sq.sqrt();
+        let clip = if max_norm > 0.0 && norm > max_norm {
+            max_norm / (norm + 1e-12)
+        } else {
+            1.0
+        };
+        self.t += 1;
+        let bc1 = 1.0 - self.beta1.powi(self.t as i32);
+        let bc2 = 1.0 - self.beta2.powi(self.t as i32);
+        for (name, var) in &self.params {
+            let Some(g) = grads.get(var.as_tensor()) else {
+                continue;
+            };
+            let theta = var.as_tensor();
+            if theta.dtype() != DType::F32 || !theta.is_contiguous() {
+                return Err(LabError::Invalid(format!(
+                    "fused AdamW needs contiguous f32 parameters ({name}: {:?})",
+                    theta.dtype()
+                )));
+            }
+            let decay = if theta.rank() >= 2 {
+                self.weight_decay
+            } else {
+                0.0
+            };
+            let m = self.m.get_mut(name).expect("moments of every parameter");
+            let v = self.v.get_mut(name).expect("moments of every parameter");
+            let op = AdamWUpdate {
+                m: m.as_mut_ptr(),
+                v: v.as_mut_ptr(),
+                len: m.len(),
+                lr: lr as f32,
+                beta1: self.beta1 as f32,
+                beta2: self.beta2 as f32,
+                eps: self.eps as f32,
+                inv_bc1: (1.0 / bc1) as f32,
+                inv_bc2: (1.0 / bc2) as f32,
+                keep: (1.0 - lr * decay) as f32,
+                clip: clip as f32,
+            };
+            theta.inplace_op2(&g.to_dtype(DType::F32)?.contiguous()?, &op)?;
+        }
+        Ok(norm)
     }
 
     /// The optimiser state as named tensors (`m.NAME`, `v.NAME`, `t`).
     pub fn state(&self) -> Result<HashMap<String, Tensor>, LabError> {
         let mut out = HashMap::new();
-        for (name, _) in &self.params {
-            out.insert(format!("m.{name}"), self.m[name].clone());
-            out.insert(format!("v.{name}"), self.v[name].clone());
+        for (name, var) in &self.params {
+            let (shape, dev) = (var.as_tensor().shape(), var.as_tensor().device());
+            out.insert(
+                format!("m.{name}"),
+                Tensor::from_slice(&self.m[name], shape, dev)?,
+            );
+            out.insert(
+                format!("v.{name}"),
+                Tensor::from_slice(&self.v[name], shape, dev)?,
+            );
         }
         out.insert(
             "t".into(),
@@ -112,13 +200,100 @@ impl AdamW {
                         var.as_tensor().shape()
                     )));
                 }
-                store.insert(name.clone(), t.to_dtype(DType::F32)?);
+                store.insert(
+                    name.clone(),
+                    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                );
             }
         }
         let t = state
             .get("t")
             .ok_or_else(|| LabError::Invalid("checkpoint optimiser state lacks t".into()))?;
         self.t = t.to_vec1::<u32>()?[0] as usize;
+        Ok(())
+    }
+}
+
+/// `Σ g²` of one gradient, accumulated in `f64` in a fixed order.
+fn sum_squares(g: &Tensor) -> Result<f64, LabError> {
+    if g.dtype() == DType::F32 && g.is_contiguous() {
+        let (s, l) = g.storage_and_layout();
+        if let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) = (&*s, l.contiguous_offsets()) {
+            let mut acc = [0f64; 4];
+            for (i, x) in v[a..b].iter().enumerate() {
+                acc[i % 4] += (*x as f64) * (*x as f64);
+            }
+            return Ok(acc.iter().sum());
+        }
+    }
+    Ok(g.to_dtype(DType::F64)?
+        .sqr()?
+        .sum_all()?
+        .to_scalar::<f64>()?)
+}
+
+/// The in-place AdamW update of one parameter: reads its gradient, writes
+/// its moments (buffers owned by [`AdamW`], exclusively borrowed for the
+/// call) and its weights.
+struct AdamWUpdate {
+    m: *mut f32,
+    v: *mut f32,
+    len: usize,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    inv_bc1: f32,
+    inv_bc2: f32,
+    /// `1 − lr·weight_decay`.
+    keep: f32,
+    /// Gradient clipping factor.
+    clip: f32,
+}
+
+impl InplaceOp2 for AdamWUpdate {
+    fn name(&self) -> &'static str {
+        "lab-adamw"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let (CpuStorage::F32(theta), CpuStorage::F32(g)) = (s1, s2) else {
+            candle_core::bail!("fused AdamW: f32 only");
+        };
+        let (Some((t0, t1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+        else {
+            candle_core::bail!("fused AdamW: contiguous tensors only");
+        };
+        if t1 - t0 != self.len || g1 - g0 != self.len {
+            candle_core::bail!(
+                "fused AdamW: sizes {} / {} / {}",
+                t1 - t0,
+                g1 - g0,
+                self.len
+            );
+        }
+        // SAFETY: `m` and `v` point to `len` floats owned by the optimiser,
+        // which holds `&mut` to both for the duration of this call.
+        let (m, v) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.m, self.len),
+                std::slice::from_raw_parts_mut(self.v, self.len),
+            )
+        };
+        let (b1, b2) = (self.beta1, self.beta2);
+        for (((w, &gr), mi), vi) in theta[t0..t1].iter_mut().zip(&g[g0..g1]).zip(m).zip(v) {
+            let gc = gr * self.clip;
+            *mi = b1 * *mi + (1.0 - b1) * gc;
+            *vi = b2 * *vi + (1.0 - b2) * gc * gc;
+            let update = (*mi * self.inv_bc1) / ((*vi * self.inv_bc2).sqrt() + self.eps);
+            *w = *w * self.keep - update * self.lr;
+        }
         Ok(())
     }
 }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{Mode, ModelConfig, TrainConfig};
 use crate::finetune::FinetuneRecord;
 use crate::model::{token_embedding_recipe, EvalScaling, Transformer};
+use crate::ops;
 use crate::optim::{clip_grad_norm, AdamW};
 use crate::tasks::{Task, IGNORE};
 use crate::LabError;
@@ -66,38 +67,51 @@ pub fn make_batch(
 }
 
 /// Mean cross-entropy over scored positions and the per-sequence exact-match
-/// accuracy (every scored position predicted correctly).
+/// accuracy (every scored position predicted correctly), with the fused
+/// cross-entropy ([`ops::cross_entropy`]).
 pub fn loss_and_accuracy(logits: &Tensor, target: &Tensor) -> Result<(Tensor, f64), LabError> {
-    if target.rank() == 1 {
-        // Classification: logits (B, C), labels (B,).
-        let loss = candle_nn::loss::cross_entropy(logits, target)?;
-        let pred = logits.argmax(D::Minus1)?.to_dtype(DType::I64)?;
-        let correct = pred
-            .eq(target)?
-            .to_dtype(DType::F32)?
-            .mean_all()?
-            .to_scalar::<f32>()?;
-        return Ok((loss, correct as f64));
-    }
-    let (b, t, v) = logits.dims3()?;
-    let flat = logits.reshape((b * t, v))?;
-    let tgt = target.reshape(b * t)?;
-    let mask = tgt.ne(IGNORE)?;
-    let safe = mask.where_cond(&tgt, &tgt.zeros_like()?)?;
-    let logp = candle_nn::ops::log_softmax(&flat, D::Minus1)?;
-    let picked = logp.gather(&safe.unsqueeze(1)?, 1)?.squeeze(1)?;
-    let maskf = mask.to_dtype(DType::F32)?;
-    let count = maskf.sum_all()?;
-    let loss = (picked.mul(&maskf)?.sum_all()?.neg()? / count.maximum(1f32)?)?;
-    let pred = flat.argmax(D::Minus1)?.to_dtype(DType::I64)?;
-    let wrong = pred
-        .ne(&safe)?
+    loss_and_accuracy_with(logits, target, true)
+}
+
+/// [`loss_and_accuracy`] with the fused (`true`) or composed cross-entropy.
+pub fn loss_and_accuracy_with(
+    logits: &Tensor,
+    target: &Tensor,
+    fused: bool,
+) -> Result<(Tensor, f64), LabError> {
+    let v = logits.dim(D::Minus1)?;
+    let flat = logits.reshape(((), v))?;
+    let tgt = target.flatten_all()?.to_dtype(DType::I64)?;
+    let loss = ops::cross_entropy(&flat, &tgt, IGNORE, fused)?;
+    // Predictions on the host: argmax of each row.
+    let rows = flat.dim(0)?;
+    let lv = flat
+        .detach()
         .to_dtype(DType::F32)?
-        .mul(&maskf)?
-        .reshape((b, t))?;
-    let per_seq_wrong = wrong.sum(1)?.to_vec1::<f32>()?;
-    let acc = per_seq_wrong.iter().filter(|&&w| w == 0.0).count() as f64 / b as f64;
-    Ok((loss, acc))
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let tv = tgt.to_vec1::<i64>()?;
+    let seqs = target.dim(0)?;
+    let per_seq = rows / seqs.max(1);
+    let mut correct = 0usize;
+    for s in 0..seqs {
+        let ok = (s * per_seq..(s + 1) * per_seq).all(|r| {
+            let t = tv[r];
+            if t == IGNORE {
+                return true;
+            }
+            let row = &lv[r * v..][..v];
+            let mut best = 0;
+            for (i, x) in row.iter().enumerate() {
+                if *x > row[best] {
+                    best = i;
+                }
+            }
+            best as i64 == t
+        });
+        correct += usize::from(ok);
+    }
+    Ok((loss, correct as f64 / seqs.max(1) as f64))
 }
 
 /// What a checkpoint's `config.json` holds.
@@ -159,7 +173,7 @@ impl Lab {
             seed: train.seed,
         };
         let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, device.clone());
-        let m = Transformer::new(&model, train.seed, vb)?;
+        let m = Transformer::new(&model, vb)?;
         init_weights(&varmap, train.seed, &model)?;
         Ok(Lab {
             model: m,
@@ -284,14 +298,38 @@ impl Lab {
         self.varmap.data().lock().expect("varmap lock").clone()
     }
 
-    /// Loss and accuracy on one batch.
+    /// Loss and accuracy on one batch (fused or composed, as the model).
     pub fn batch_loss(
         &self,
         batch: &Batch,
         scaling: Option<&EvalScaling>,
     ) -> Result<(Tensor, f64), LabError> {
         let logits = self.model.forward(&batch.input, 0, scaling)?;
-        loss_and_accuracy(&logits, &batch.target)
+        loss_and_accuracy_with(&logits, &batch.target, self.model.is_fused())
+    }
+
+    /// One optimiser step from `grads` (clipping to `grad_clip`): the fused
+    /// in-place AdamW, or the composed reference when the model runs the
+    /// composed ops. Returns the gradient norm before clipping.
+    pub fn optimizer_step(
+        &self,
+        opt: &mut AdamW,
+        grads: &mut candle_core::backprop::GradStore,
+        lr: f64,
+    ) -> Result<f64, LabError> {
+        let clip = self.meta.train.grad_clip;
+        if self.model.is_fused() {
+            opt.step_clipped(grads, lr, clip)
+        } else {
+            let vars: Vec<candle_core::Var> = {
+                let mut v: Vec<(String, candle_core::Var)> = self.params().into_iter().collect();
+                v.sort_by(|a, b| a.0.cmp(&b.0));
+                v.into_iter().map(|(_, v)| v).collect()
+            };
+            let n = clip_grad_norm(grads, &vars, clip)?;
+            opt.step(grads, lr)?;
+            Ok(n)
+        }
     }
 }
 
@@ -611,12 +649,6 @@ pub(crate) fn run_loop(
         Some(f) => f.batch_seed(step),
         None => batch_seed(cfg.seed, step as u64, 0),
     };
-    let vars: Vec<candle_core::Var> = {
-        let p = lab.params();
-        let mut v: Vec<(String, candle_core::Var)> = p.into_iter().collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v.into_iter().map(|(_, v)| v).collect()
-    };
     let mut metrics_text = String::new();
     if let Some(out) = o.out {
         std::fs::create_dir_all(out).map_err(|e| LabError::Io {
@@ -665,9 +697,9 @@ pub(crate) fn run_loop(
             )));
         }
         let mut grads = loss.backward()?;
-        let gnorm = clip_grad_norm(&mut grads, &vars, cfg.grad_clip)?;
         let lr = cfg.lr_at(step);
-        opt.step(&grads, lr)?;
+        let gnorm = lab.optimizer_step(opt, &mut grads, lr)?;
+        drop(grads);
         lab.meta.step += 1;
         win_loss += loss_v;
         win_acc += acc;
@@ -731,7 +763,6 @@ pub(crate) fn run_loop(
 /// AdamW) without writing anything; returns the seconds of each step.
 pub fn time_steps(lab: &mut Lab, opt: &mut AdamW, steps: usize) -> Result<Vec<f64>, LabError> {
     let cfg = lab.meta.train.clone();
-    let vars: Vec<candle_core::Var> = lab.params().into_values().collect();
     let mut out = Vec::with_capacity(steps);
     for s in 0..steps {
         let t0 = Instant::now();
@@ -739,8 +770,7 @@ pub fn time_steps(lab: &mut Lab, opt: &mut AdamW, steps: usize) -> Result<Vec<f6
         let batch = make_batch(&lab.task, &mut rng, cfg.batch, cfg.train_len, &Device::Cpu)?;
         let (loss, _) = lab.batch_loss(&batch, None)?;
         let mut grads = loss.backward()?;
-        clip_grad_norm(&mut grads, &vars, cfg.grad_clip)?;
-        opt.step(&grads, cfg.lr_at(s))?;
+        lab.optimizer_step(opt, &mut grads, cfg.lr_at(s))?;
         out.push(t0.elapsed().as_secs_f64());
     }
     Ok(out)

@@ -502,49 +502,6 @@ fn run_tasks<R: Send>(n: usize, parallel: bool, f: impl Fn(usize) -> R + Sync + 
     }
 }
 
-/// Defines `$name(level, args…)`, which runs `$body(args…)` compiled for the
-/// instruction set of `level` (the body and everything it calls are
-/// `#[inline(always)]`, so the whole task is vectorised for that level).
-macro_rules! multiversion {
-    ($name:ident => $body:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty) => {
-        #[allow(clippy::too_many_arguments)]
-        fn $name(level: SimdLevel, $($arg: $ty),*) -> $ret {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn v4($($arg: $ty),*) -> $ret {
-                    $body($($arg),*)
-                }
-                #[target_feature(enable = "avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn v3($($arg: $ty),*) -> $ret {
-                    $body($($arg),*)
-                }
-                match level {
-                    // SAFETY: the level was detected on this CPU.
-                    SimdLevel::Avx512 => unsafe { v4($($arg),*) },
-                    SimdLevel::Avx2 => unsafe { v3($($arg),*) },
-                    _ => $body($($arg),*),
-                }
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                let _ = level;
-                $body($($arg),*)
-            }
-        }
-    };
-}
-
-multiversion!(forward_dispatch => forward_task(
-    p: &Problem, task: usize, q_tiles: usize, kt: &[f32], akt: &[f32],
-    out: SendPtr, out_rows: Rows, lse: SendPtr) -> ());
-
-multiversion!(backward_dispatch => backward_task(
-    p: &Problem, task: usize, o: &[f32], o_rows: Rows, d_o: &[f32], do_rows: Rows,
-    lse: &[f32], g: GradRows, ptrs: &BwdPtrs, want: (bool, bool, bool)) -> Partial);
-
 /// The forward pass: writes `out` (laid out as `out_rows`, `(B, H_q, T_q,
 /// D)`) and the log-sum-exp of every row, `lse` (contiguous `(B, H_q, T_q)`;
 /// `−∞` for a query that sees no key, whose output is 0).
@@ -556,55 +513,42 @@ pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], le
     let dm = p.dims;
     assert!(out.len() >= out_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
     assert!(lse.len() >= dm.batch * dm.q_heads * dm.q_len);
-    let d = dm.head_dim;
-    // Rotated keys, transposed: (B, H_k, D, T_k).
-    let kt_len = d * dm.k_len;
-    let mut kt = vec![0f32; dm.batch * dm.kv_heads * kt_len];
     let parallel = p.work() >= PARALLEL_WORK;
-    {
-        let ptr = SendPtr(kt.as_mut_ptr());
-        run_tasks(dm.batch * dm.kv_heads, parallel, |task| {
-            let (b, h) = (task / dm.kv_heads, task % dm.kv_heads);
-            let ptr = ptr;
-            let dst = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(task * kt_len), kt_len) };
-            let mut row = vec![0f32; d];
-            for t in 0..dm.k_len {
-                load_k(p, b, h, t, &mut row);
-                for (x, v) in row.iter().enumerate() {
-                    dst[x * dm.k_len + t] = *v;
-                }
-            }
-        });
-    }
-    // a^K transposed: (D, rows).
-    let nv = p.n_vec_rows();
-    let akt: Vec<f32> = match p.vector.and_then(|v| v.keys) {
-        Some(ak) => {
-            let mut t = vec![0f32; d * nv];
-            unsafe { tile::transpose(nv, d, ak.as_ptr(), d, t.as_mut_ptr(), nv) };
-            t
-        }
-        None => Vec::new(),
-    };
     let q_tiles = dm.q_len.div_ceil(BQ);
     let out_ptr = SendPtr(out.as_mut_ptr());
     let lse_ptr = SendPtr(lse.as_mut_ptr());
-    let kt = &kt;
-    let akt = &akt;
     run_tasks(dm.batch * dm.q_heads * q_tiles, parallel, |task| {
         let (out_ptr, lse_ptr) = (out_ptr, lse_ptr);
-        forward_dispatch(level, p, task, q_tiles, kt, akt, out_ptr, out_rows, lse_ptr)
+        forward_dispatch(level, p, task, q_tiles, out_ptr, out_rows, lse_ptr)
     });
 }
 
+crate::multiversion!(fn forward_dispatch => forward_task(
+    p: &Problem, task: usize, q_tiles: usize, out: SendPtr, out_rows: Rows, lse: SendPtr) -> ());
+
+crate::multiversion!(fn backward_dispatch => backward_task(
+    p: &Problem, task: usize, o: &[f32], o_rows: Rows, d_o: &[f32], do_rows: Rows,
+    lse: &[f32], g: GradRows, ptrs: &BwdPtrs, want: (bool, bool, bool)) -> Partial);
+
+/// Packs the keys `0..n` of `(b, hk)` rotated and transposed: `kt` is
+/// `(D, ld)`, column `t` holding key `t`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+fn pack_kt(p: &Problem, b: usize, hk: usize, n: usize, kt: &mut [f32], ld: usize, row: &mut [f32]) {
+    let d = p.dims.head_dim;
+    for t in 0..n {
+        load_k(p, b, hk, t, row);
+        for (x, v) in row.iter().enumerate() {
+            kt[x * ld + t] = *v;
+        }
+    }
+    let _ = d;
+}
+
+#[inline(always)]
 fn forward_task(
     p: &Problem,
     task: usize,
     q_tiles: usize,
-    kt: &[f32],
-    akt: &[f32],
     out: SendPtr,
     out_rows: Rows,
     lse: SendPtr,
@@ -618,136 +562,152 @@ fn forward_task(
     let i0 = qt * BQ;
     let rows = BQ.min(dm.q_len - i0);
     let nv = p.n_vec_rows();
-    let kt = &kt[(b * dm.kv_heads + hk) * d * dm.k_len..][..d * dm.k_len];
-    let mut q = vec![0f32; rows * d];
-    for r in 0..rows {
-        load_q(p, b, h, i0 + r, &mut q[r * d..][..d]);
-    }
-    // q̃·a^K for every table row: (rows, nv).
-    let mut qa = vec![0f32; if akt.is_empty() { 0 } else { rows * nv }];
-    if !qa.is_empty() {
-        unsafe {
-            tile::gemm_nn(
-                rows,
-                nv,
-                d,
-                q.as_ptr(),
-                d,
-                akt.as_ptr(),
-                nv,
-                qa.as_mut_ptr(),
-                nv,
-                false,
-            )
-        };
-    }
+    let keys = p.vector.and_then(|v| v.keys);
     let values = p.vector.and_then(|v| v.values);
-    let mut wv = vec![0f32; if values.is_some() { rows * nv } else { 0 }];
-    let mut m = vec![f32::NEG_INFINITY; rows];
-    let mut l = vec![0f32; rows];
-    let mut acc = vec![0f32; rows * d];
-    let mut s = vec![0f32; rows * BK];
     let k_end = p.visible(i0 + rows - 1);
-    let mut j0 = 0;
-    while j0 < k_end {
-        let n = BK.min(k_end - j0);
-        unsafe {
-            tile::gemm_nn(
-                rows,
-                n,
-                d,
-                q.as_ptr(),
-                d,
-                kt.as_ptr().add(j0),
-                dm.k_len,
-                s.as_mut_ptr(),
-                n,
-                false,
-            )
-        };
-        for r in 0..rows {
-            let i = i0 + r;
-            let vis = p.visible(i).saturating_sub(j0).min(n);
-            let sr = &mut s[r * n..][..n];
-            if vis == 0 {
-                sr.fill(0.0);
-                continue;
+    let nqa = if keys.is_some() { rows * nv } else { 0 };
+    let nwv = if values.is_some() { rows * nv } else { 0 };
+    let nakt = if keys.is_some() { d * nv } else { 0 };
+    let mut scratch = tile::Scratch::take();
+    let [kt, krow, q, qa, wv, m, l, acc, s, akt] = scratch.split([
+        d * k_end,
+        d,
+        rows * d,
+        nqa,
+        nwv,
+        rows,
+        rows,
+        rows * d,
+        rows * BK,
+        nakt,
+    ]);
+    {
+        {
+            // Rotated keys, transposed: (D, k_end).
+            pack_kt(p, b, hk, k_end, kt, k_end, krow);
+            for r in 0..rows {
+                load_q(p, b, h, i0 + r, &mut q[r * d..][..d]);
             }
-            let qar = if qa.is_empty() {
-                &qa[..]
-            } else {
-                &qa[r * nv..][..nv]
-            };
-            p.add_bias(b, h, i, j0, &mut sr[..vis], qar);
-            let mx = tile::max(&sr[..vis]);
-            let m_new = if mx > m[r] { mx } else { m[r] };
-            if m_new == f32::NEG_INFINITY {
-                // Every key so far is masked by a −∞ bias.
-                sr.fill(0.0);
-                continue;
+            if let Some(ak) = keys {
+                // q̃·a^K for every table row: (rows, nv).
+                unsafe {
+                    tile::transpose(nv, d, ak.as_ptr(), d, akt.as_mut_ptr(), nv);
+                    tile::gemm_nn(
+                        rows,
+                        nv,
+                        d,
+                        q.as_ptr(),
+                        d,
+                        akt.as_ptr(),
+                        nv,
+                        qa.as_mut_ptr(),
+                        nv,
+                        false,
+                    )
+                };
             }
-            let alpha = tile::exp(m[r] - m_new);
-            for v in sr[..vis].iter_mut() {
-                *v = tile::exp(*v - m_new);
-            }
-            sr[vis..].fill(0.0);
-            l[r] = l[r] * alpha + tile::sum(&sr[..vis]);
-            m[r] = m_new;
-            if alpha != 1.0 {
-                tile::scale(alpha, &mut acc[r * d..][..d]);
-                if !wv.is_empty() {
-                    tile::scale(alpha, &mut wv[r * nv..][..nv]);
-                }
-            }
-            if let Some(vt) = p.vector {
-                if !wv.is_empty() {
-                    let qp = p.q_pos.at(b, i, dm.q_len);
-                    let w = &mut wv[r * nv..][..nv];
-                    for (c, pv) in sr[..vis].iter().enumerate() {
-                        let rel = p.k_pos.at(b, j0 + c, dm.k_len) - qp;
-                        w[vt.index.get(rel)] += pv;
+            m.fill(f32::NEG_INFINITY);
+            let mut j0 = 0;
+            while j0 < k_end {
+                let n = BK.min(k_end - j0);
+                unsafe {
+                    tile::gemm_nn(
+                        rows,
+                        n,
+                        d,
+                        q.as_ptr(),
+                        d,
+                        kt.as_ptr().add(j0),
+                        k_end,
+                        s.as_mut_ptr(),
+                        n,
+                        false,
+                    )
+                };
+                for r in 0..rows {
+                    let i = i0 + r;
+                    let vis = p.visible(i).saturating_sub(j0).min(n);
+                    let sr = &mut s[r * n..][..n];
+                    if vis == 0 {
+                        sr.fill(0.0);
+                        continue;
+                    }
+                    let qar = if qa.is_empty() {
+                        &qa[..]
+                    } else {
+                        &qa[r * nv..][..nv]
+                    };
+                    p.add_bias(b, h, i, j0, &mut sr[..vis], qar);
+                    let mx = tile::max(&sr[..vis]);
+                    let m_new = if mx > m[r] { mx } else { m[r] };
+                    if m_new == f32::NEG_INFINITY {
+                        // Every key so far is masked by a −∞ bias.
+                        sr.fill(0.0);
+                        continue;
+                    }
+                    let alpha = tile::exp(m[r] - m_new);
+                    for v in sr[..vis].iter_mut() {
+                        *v = tile::exp(*v - m_new);
+                    }
+                    sr[vis..].fill(0.0);
+                    l[r] = l[r] * alpha + tile::sum(&sr[..vis]);
+                    m[r] = m_new;
+                    if alpha != 1.0 {
+                        tile::scale(alpha, &mut acc[r * d..][..d]);
+                        if !wv.is_empty() {
+                            tile::scale(alpha, &mut wv[r * nv..][..nv]);
+                        }
+                    }
+                    if let (Some(vt), false) = (p.vector, wv.is_empty()) {
+                        let qp = p.q_pos.at(b, i, dm.q_len);
+                        let w = &mut wv[r * nv..][..nv];
+                        for (c, pv) in sr[..vis].iter().enumerate() {
+                            let rel = p.k_pos.at(b, j0 + c, dm.k_len) - qp;
+                            w[vt.index.get(rel)] += pv;
+                        }
                     }
                 }
+                let v0 = p.v_rows.at(b, hk, j0);
+                unsafe {
+                    tile::gemm_nn(
+                        rows,
+                        d,
+                        n,
+                        s.as_ptr(),
+                        n,
+                        p.v.as_ptr().add(v0),
+                        p.v_rows.st,
+                        acc.as_mut_ptr(),
+                        d,
+                        true,
+                    )
+                };
+                j0 += n;
             }
-        }
-        let v0 = p.v_rows.at(b, hk, j0);
-        unsafe {
-            tile::gemm_nn(
-                rows,
-                d,
-                n,
-                s.as_ptr(),
-                n,
-                p.v.as_ptr().add(v0),
-                p.v_rows.st,
-                acc.as_mut_ptr(),
-                d,
-                true,
-            )
-        };
-        j0 += n;
-    }
-    for r in 0..rows {
-        let i = i0 + r;
-        let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(out_rows.at(b, h, i)), d) };
-        let lse_i = unsafe { &mut *lse.0.add((b * dm.q_heads + h) * dm.q_len + i) };
-        if l[r] == 0.0 {
-            o.fill(0.0);
-            *lse_i = f32::NEG_INFINITY;
-            continue;
-        }
-        let inv = 1.0 / l[r];
-        for (ov, av) in o.iter_mut().zip(&acc[r * d..][..d]) {
-            *ov = av * inv;
-        }
-        if let Some(av) = values {
-            for (t, w) in wv[r * nv..][..nv].iter().enumerate() {
-                if *w != 0.0 {
-                    tile::axpy(w * inv, &av[t * d..][..d], o);
+            for r in 0..rows {
+                let i = i0 + r;
+                let o =
+                    unsafe { std::slice::from_raw_parts_mut(out.0.add(out_rows.at(b, h, i)), d) };
+                let lse_i = unsafe { &mut *lse.0.add((b * dm.q_heads + h) * dm.q_len + i) };
+                if l[r] == 0.0 {
+                    o.fill(0.0);
+                    *lse_i = f32::NEG_INFINITY;
+                    continue;
                 }
+                let inv = 1.0 / l[r];
+                for (ov, av) in o.iter_mut().zip(&acc[r * d..][..d]) {
+                    *ov = av * inv;
+                }
+                if let Some(av) = values {
+                    for (t, w) in wv[r * nv..][..nv].iter().enumerate() {
+                        if *w != 0.0 {
+                            tile::axpy(w * inv, &av[t * d..][..d], o);
+                        }
+                    }
+                }
+                *lse_i = m[r] + l[r].ln();
             }
         }
-        *lse_i = m[r] + l[r].ln();
     }
 }
 
@@ -857,6 +817,39 @@ struct BwdPtrs {
     ck: Option<SendPtr>,
 }
 
+/// Writes `scale·Rᵀ·src` (the adjoint of the rotation) into `dst`.
+#[inline(always)]
+fn unrotate(
+    rot: Option<&Rotation>,
+    tables: bool,
+    row: usize,
+    src: &[f32],
+    dst: &mut [f32],
+    scale: f32,
+) {
+    match rot {
+        Some(rot) => {
+            let t = if tables { &rot.q } else { &rot.k };
+            let nf = t.n_freq;
+            rotate_row(
+                src,
+                dst,
+                &t.cos[row * nf..][..nf],
+                &t.sin[row * nf..][..nf],
+                rot.rotary_dim,
+                rot.pairs,
+                true,
+                scale,
+            );
+        }
+        None => {
+            for (o, i) in dst.iter_mut().zip(src) {
+                *o = i * scale;
+            }
+        }
+    }
+}
+
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn backward_task(
@@ -882,348 +875,323 @@ fn backward_task(
         keys: vec![0f32; if want.1 { nv * d } else { 0 }],
         values: vec![0f32; if want.2 { nv * d } else { 0 }],
     };
-    // Rotated keys (T_k, D); gradients of rotated keys and of values.
-    let mut kr = vec![0f32; tk * d];
-    for t in 0..tk {
-        load_k(p, b, hk, t, &mut kr[t * d..][..d]);
-    }
-    let mut dkr = vec![0f32; tk * d];
-    let mut dv = vec![0f32; tk * d];
-    let v_base = p.v_rows.at(b, hk, 0);
-    let mut qs = vec![0f32; tq * d];
-    let mut qt = vec![0f32; d * tq];
-    let mut dot_ = vec![0f32; d * tq];
-    let mut dqs = vec![0f32; tq * d];
-    let mut dvec = vec![0f32; tq];
-    let mut st = vec![0f32; BK * BQ];
-    let mut dpt = vec![0f32; BK * BQ];
-    let mut ds = vec![0f32; BQ * BK];
-    let mut dst_t = vec![0f32; BK * BQ];
     let keys = p.vector.and_then(|v| v.keys);
     let values = p.vector.and_then(|v| v.values);
-    let mut qa = vec![0f32; if keys.is_some() { tq * nv } else { 0 }];
-    let mut doa = vec![0f32; if values.is_some() { tq * nv } else { 0 }];
-    let mut wk = vec![0f32; qa.len()];
-    let mut wv = vec![0f32; doa.len()];
-    let mut akt = Vec::new();
-    let mut avt = Vec::new();
-    if let Some(ak) = keys {
-        akt = vec![0f32; d * nv];
-        unsafe { tile::transpose(nv, d, ak.as_ptr(), d, akt.as_mut_ptr(), nv) };
-    }
-    if let Some(av) = values {
-        avt = vec![0f32; d * nv];
-        unsafe { tile::transpose(nv, d, av.as_ptr(), d, avt.as_mut_ptr(), nv) };
-    }
-    for h in hk * p.group()..(hk + 1) * p.group() {
-        let bh = b * dm.q_heads + h;
-        for t in 0..tq {
-            load_q(p, b, h, t, &mut qs[t * d..][..d]);
-            let dor = &d_o[do_rows.at(b, h, t)..][..d];
-            dvec[t] = tile::dot(dor, &o[o_rows.at(b, h, t)..][..d]);
-            for x in 0..d {
-                dot_[x * tq + t] = dor[x];
-            }
-        }
-        unsafe { tile::transpose(tq, d, qs.as_ptr(), d, qt.as_mut_ptr(), tq) };
-        dqs.fill(0.0);
-        if !qa.is_empty() {
-            unsafe {
-                tile::gemm_nn(
-                    tq,
-                    nv,
-                    d,
-                    qs.as_ptr(),
-                    d,
-                    akt.as_ptr(),
-                    nv,
-                    qa.as_mut_ptr(),
-                    nv,
-                    false,
-                )
-            };
-            wk.fill(0.0);
-        }
-        if !doa.is_empty() {
-            // d_o rows are strided: go through the transposed copy.
-            for t in 0..tq {
-                for r in 0..nv {
-                    let mut acc = 0f32;
-                    for x in 0..d {
-                        acc = dot_[x * tq + t].mul_add(avt[x * nv + r], acc);
-                    }
-                    doa[t * nv + r] = acc;
+    let nk = if keys.is_some() { tq * nv } else { 0 };
+    let nvv = if values.is_some() { tq * nv } else { 0 };
+    let nakt = if keys.is_some() { d * nv } else { 0 };
+    let navt = if values.is_some() { d * nv } else { 0 };
+    let mut scratch = tile::Scratch::take();
+    let [kr, kt, vt, dkr, dv, qs, dqs, dvec, pm, dp, qa, doa, wk, wv, akt, avt] = scratch.split([
+        tk * d,  // kr: rotated keys (T_k, D)
+        d * tk,  // kt: their transpose
+        d * tk,  // vt: values transposed
+        tk * d,  // dkr
+        tk * d,  // dv
+        tq * d,  // qs: rotated, scaled queries
+        tq * d,  // dqs
+        tq,      // dvec
+        BQ * BK, // P
+        BQ * BK, // dP, then dS
+        nk,      // qa
+        nvv,     // doa
+        nk,      // wk
+        nvv,     // wv
+        nakt,    // a^K transposed
+        navt,    // a^V transposed
+    ]);
+    {
+        {
+            for t in 0..tk {
+                load_k(p, b, hk, t, &mut kr[t * d..][..d]);
+                let vrow = &p.v[p.v_rows.at(b, hk, t)..][..d];
+                for x in 0..d {
+                    kt[x * tk + t] = kr[t * d + x];
+                    vt[x * tk + t] = vrow[x];
                 }
             }
-            wv.fill(0.0);
-        }
-        let lse_h = &lse[bh * tq..][..tq];
-        let mut j0 = 0;
-        while j0 < tk {
-            let n = BK.min(tk - j0);
-            // First query that sees key j0.
-            let i_first = if p.causal {
-                (j0 as i64 - p.shift()).clamp(0, tq as i64) as usize
-            } else {
-                0
-            };
-            let mut i0 = (i_first / BQ) * BQ;
-            while i0 < tq {
-                let rows = BQ.min(tq - i0);
-                // Sᵀ (n × rows) = K̃[j0..] · Q̃ᵀ[:, i0..]
-                unsafe {
-                    tile::gemm_nn(
-                        n,
-                        rows,
-                        d,
-                        kr.as_ptr().add(j0 * d),
-                        d,
-                        qt.as_ptr().add(i0),
-                        tq,
-                        st.as_mut_ptr(),
-                        rows,
-                        false,
-                    );
-                    // dPᵀ (n × rows) = V[j0..] · dOᵀ[:, i0..]
-                    tile::gemm_nn(
-                        n,
-                        rows,
-                        d,
-                        p.v.as_ptr().add(v_base + j0 * p.v_rows.st),
-                        p.v_rows.st,
-                        dot_.as_ptr().add(i0),
-                        tq,
-                        dpt.as_mut_ptr(),
-                        rows,
-                        false,
-                    );
+            if let Some(ak) = keys {
+                unsafe { tile::transpose(nv, d, ak.as_ptr(), d, akt.as_mut_ptr(), nv) };
+            }
+            if let Some(av) = values {
+                unsafe { tile::transpose(nv, d, av.as_ptr(), d, avt.as_mut_ptr(), nv) };
+            }
+            for h in hk * p.group()..(hk + 1) * p.group() {
+                let bh = b * dm.q_heads + h;
+                let do0 = do_rows.at(b, h, 0);
+                for t in 0..tq {
+                    load_q(p, b, h, t, &mut qs[t * d..][..d]);
+                    let dor = &d_o[do_rows.at(b, h, t)..][..d];
+                    dvec[t] = tile::dot(dor, &o[o_rows.at(b, h, t)..][..d]);
                 }
-                // Row by row of S (query i): biases, probabilities, dS.
-                let mut srow = [0f32; BK];
-                let mut dprow = [0f32; BK];
-                for r in 0..rows {
-                    let i = i0 + r;
-                    let vis = p.visible(i).saturating_sub(j0).min(n);
-                    if vis == 0 || lse_h[i] == f32::NEG_INFINITY {
-                        for c in 0..n {
-                            ds[r * BK + c] = 0.0;
-                            st[c * rows + r] = 0.0;
-                        }
-                        continue;
-                    }
-                    for c in 0..n {
-                        srow[c] = st[c * rows + r];
-                        dprow[c] = dpt[c * rows + r];
-                    }
-                    let qar = if qa.is_empty() {
-                        &qa[..]
-                    } else {
-                        &qa[i * nv..][..nv]
+                dqs.fill(0.0);
+                if keys.is_some() {
+                    unsafe {
+                        tile::gemm_nn(
+                            tq,
+                            nv,
+                            d,
+                            qs.as_ptr(),
+                            d,
+                            akt.as_ptr(),
+                            nv,
+                            qa.as_mut_ptr(),
+                            nv,
+                            false,
+                        )
                     };
-                    p.add_bias(b, h, i, j0, &mut srow[..vis], qar);
-                    let li = lse_h[i];
-                    for v in srow[..vis].iter_mut() {
-                        *v = tile::exp(*v - li);
-                    }
-                    srow[vis..n].fill(0.0);
-                    let qp = p.q_pos.at(b, i, tq);
-                    if let Some(vt) = p.vector {
-                        if !doa.is_empty() {
-                            let dar = &doa[i * nv..][..nv];
-                            let w = &mut wv[i * nv..][..nv];
-                            for c in 0..vis {
-                                let idx = vt.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
-                                dprow[c] += dar[idx];
-                                w[idx] += srow[c];
+                    wk.fill(0.0);
+                }
+                if values.is_some() {
+                    unsafe {
+                        tile::gemm(
+                            tq,
+                            nv,
+                            d,
+                            d_o.as_ptr().add(do0),
+                            do_rows.st,
+                            1,
+                            avt.as_ptr(),
+                            nv,
+                            doa.as_mut_ptr(),
+                            nv,
+                            false,
+                        )
+                    };
+                    wv.fill(0.0);
+                }
+                let lse_h = &lse[bh * tq..][..tq];
+                let mut i0 = 0;
+                while i0 < tq {
+                    let rows = BQ.min(tq - i0);
+                    let k_end = p.visible(i0 + rows - 1);
+                    let mut j0 = 0;
+                    while j0 < k_end {
+                        let n = BK.min(k_end - j0);
+                        unsafe {
+                            // S (rows × n) = Q̃[i0..] · K̃ᵀ[:, j0..]
+                            tile::gemm_nn(
+                                rows,
+                                n,
+                                d,
+                                qs.as_ptr().add(i0 * d),
+                                d,
+                                kt.as_ptr().add(j0),
+                                tk,
+                                pm.as_mut_ptr(),
+                                BK,
+                                false,
+                            );
+                            // dP (rows × n) = dO[i0..] · Vᵀ[:, j0..]
+                            tile::gemm(
+                                rows,
+                                n,
+                                d,
+                                d_o.as_ptr().add(do0 + i0 * do_rows.st),
+                                do_rows.st,
+                                1,
+                                vt.as_ptr().add(j0),
+                                tk,
+                                dp.as_mut_ptr(),
+                                BK,
+                                false,
+                            );
+                        }
+                        for r in 0..rows {
+                            let i = i0 + r;
+                            let vis = p.visible(i).saturating_sub(j0).min(n);
+                            let pr = &mut pm[r * BK..][..n];
+                            let dpr = &mut dp[r * BK..][..n];
+                            if vis == 0 || lse_h[i] == f32::NEG_INFINITY {
+                                pr.fill(0.0);
+                                dpr.fill(0.0);
+                                continue;
+                            }
+                            let qar = if qa.is_empty() {
+                                &qa[..]
+                            } else {
+                                &qa[i * nv..][..nv]
+                            };
+                            p.add_bias(b, h, i, j0, &mut pr[..vis], qar);
+                            let li = lse_h[i];
+                            for v in pr[..vis].iter_mut() {
+                                *v = tile::exp(*v - li);
+                            }
+                            pr[vis..].fill(0.0);
+                            let qp = p.q_pos.at(b, i, tq);
+                            if let (Some(vt_), false) = (p.vector, doa.is_empty()) {
+                                let dar = &doa[i * nv..][..nv];
+                                let w = &mut wv[i * nv..][..nv];
+                                for c in 0..vis {
+                                    let idx = vt_.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
+                                    dpr[c] += dar[idx];
+                                    w[idx] += pr[c];
+                                }
+                            }
+                            // dS = P ∘ (dP − D_i), in place of dP.
+                            let di = dvec[i];
+                            for (dv_, pv) in dpr.iter_mut().zip(pr.iter()) {
+                                *dv_ = pv * (*dv_ - di);
+                            }
+                            let dsr = &dpr[..vis];
+                            if let (Some(t), true) = (p.scalar, want.0) {
+                                for (c, v) in dsr.iter().enumerate() {
+                                    let idx = t.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
+                                    part.scalar[idx * dm.q_heads + h] += v;
+                                }
+                            }
+                            if let (Some(vt_), false) = (p.vector, wk.is_empty()) {
+                                let w = &mut wk[i * nv..][..nv];
+                                for (c, v) in dsr.iter().enumerate() {
+                                    w[vt_.index.get(p.k_pos.at(b, j0 + c, tk) - qp)] += v;
+                                }
+                            }
+                            if let Some(ptr) = ptrs.dense {
+                                let base = ((bh * tq) + i) * tk + j0;
+                                for (c, v) in dpr.iter().enumerate() {
+                                    unsafe { *ptr.0.add(base + c) = *v };
+                                }
+                            }
+                            if let Some(ptr) = ptrs.cq {
+                                unsafe { *ptr.0.add(bh * tq + i) += tile::sum(dsr) };
+                            }
+                            if let Some(ptr) = ptrs.ck {
+                                for (c, v) in dsr.iter().enumerate() {
+                                    unsafe { *ptr.0.add(bh * tk + j0 + c) -= v };
+                                }
                             }
                         }
-                    }
-                    let di = dvec[i];
-                    for c in 0..n {
-                        let dsv = srow[c] * (dprow[c] - di);
-                        ds[r * BK + c] = dsv;
-                    }
-                    // Probabilities back into the Pᵀ tile for dV.
-                    for c in 0..n {
-                        st[c * rows + r] = srow[c];
-                    }
-                    let dsr = &ds[r * BK..][..vis];
-                    if let Some(t) = p.scalar {
-                        if want.0 {
-                            for (c, v) in dsr.iter().enumerate() {
-                                let idx = t.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
-                                part.scalar[idx * dm.q_heads + h] += v;
-                            }
+                        unsafe {
+                            // dV[j0..] += Pᵀ · dO[i0..]
+                            tile::gemm(
+                                n,
+                                d,
+                                rows,
+                                pm.as_ptr(),
+                                1,
+                                BK,
+                                d_o.as_ptr().add(do0 + i0 * do_rows.st),
+                                do_rows.st,
+                                dv.as_mut_ptr().add(j0 * d),
+                                d,
+                                true,
+                            );
+                            // dK̃[j0..] += dSᵀ · Q̃[i0..]
+                            tile::gemm(
+                                n,
+                                d,
+                                rows,
+                                dp.as_ptr(),
+                                1,
+                                BK,
+                                qs.as_ptr().add(i0 * d),
+                                d,
+                                dkr.as_mut_ptr().add(j0 * d),
+                                d,
+                                true,
+                            );
+                            // dQ̃[i0..] += dS · K̃[j0..]
+                            tile::gemm_nn(
+                                rows,
+                                d,
+                                n,
+                                dp.as_ptr(),
+                                BK,
+                                kr.as_ptr().add(j0 * d),
+                                d,
+                                dqs.as_mut_ptr().add(i0 * d),
+                                d,
+                                true,
+                            );
                         }
+                        j0 += n;
                     }
-                    if let Some(vt) = p.vector {
-                        if !wk.is_empty() {
-                            let w = &mut wk[i * nv..][..nv];
-                            for (c, v) in dsr.iter().enumerate() {
-                                w[vt.index.get(p.k_pos.at(b, j0 + c, tk) - qp)] += v;
-                            }
-                        }
-                    }
-                    if let Some(ptr) = ptrs.dense {
-                        let base = ((bh * tq) + i) * tk + j0;
-                        for (c, v) in ds[r * BK..][..n].iter().enumerate() {
-                            unsafe { *ptr.0.add(base + c) = *v };
-                        }
-                    }
-                    if let Some(ptr) = ptrs.cq {
-                        unsafe { *ptr.0.add(bh * tq + i) += tile::sum(dsr) };
-                    }
-                    if let Some(ptr) = ptrs.ck {
-                        for (c, v) in dsr.iter().enumerate() {
-                            unsafe { *ptr.0.add(bh * tk + j0 + c) -= v };
+                    i0 += rows;
+                }
+                // Shaw's tables: dQ̃ += Wk·a^K, d a^K += Wkᵀ·Q̃, d a^V += Wvᵀ·dO.
+                if let Some(ak) = keys {
+                    unsafe {
+                        tile::gemm_nn(
+                            tq,
+                            d,
+                            nv,
+                            wk.as_ptr(),
+                            nv,
+                            ak.as_ptr(),
+                            d,
+                            dqs.as_mut_ptr(),
+                            d,
+                            true,
+                        );
+                        if want.1 {
+                            tile::gemm(
+                                nv,
+                                d,
+                                tq,
+                                wk.as_ptr(),
+                                1,
+                                nv,
+                                qs.as_ptr(),
+                                d,
+                                part.keys.as_mut_ptr(),
+                                d,
+                                true,
+                            );
                         }
                     }
                 }
-                unsafe {
-                    // dV[j0..] += Pᵀ · dO[i0..]
-                    let dor = do_rows.at(b, h, i0);
-                    tile::gemm_nn(
-                        n,
-                        d,
-                        rows,
-                        st.as_ptr(),
-                        rows,
-                        d_o.as_ptr().add(dor),
-                        do_rows.st,
-                        dv.as_mut_ptr().add(j0 * d),
-                        d,
-                        true,
-                    );
-                    // dK̃[j0..] += dSᵀ · Q̃[i0..]
-                    tile::transpose(rows, n, ds.as_ptr(), BK, dst_t.as_mut_ptr(), rows);
-                    tile::gemm_nn(
-                        n,
-                        d,
-                        rows,
-                        dst_t.as_ptr(),
-                        rows,
-                        qs.as_ptr().add(i0 * d),
-                        d,
-                        dkr.as_mut_ptr().add(j0 * d),
-                        d,
-                        true,
-                    );
-                    // dQ̃[i0..] += dS · K̃[j0..]
-                    tile::gemm_nn(
-                        rows,
-                        d,
-                        n,
-                        ds.as_ptr(),
-                        BK,
-                        kr.as_ptr().add(j0 * d),
-                        d,
-                        dqs.as_mut_ptr().add(i0 * d),
-                        d,
-                        true,
-                    );
+                if values.is_some() && want.2 {
+                    unsafe {
+                        tile::gemm(
+                            nv,
+                            d,
+                            tq,
+                            wv.as_ptr(),
+                            1,
+                            nv,
+                            d_o.as_ptr().add(do0),
+                            do_rows.st,
+                            part.values.as_mut_ptr(),
+                            d,
+                            true,
+                        )
+                    };
                 }
-                i0 += BQ;
-            }
-            j0 += n;
-        }
-        // Shaw's tables: dQ̃ += Wk·a^K, d a^K += Wkᵀ·Q̃, d a^V += Wvᵀ·dO.
-        if let Some(ak) = keys {
-            unsafe {
-                tile::gemm_nn(
-                    tq,
-                    d,
-                    nv,
-                    wk.as_ptr(),
-                    nv,
-                    ak.as_ptr(),
-                    d,
-                    dqs.as_mut_ptr(),
-                    d,
-                    true,
-                )
-            };
-            if want.1 {
-                let mut wkt = vec![0f32; nv * tq];
-                unsafe {
-                    tile::transpose(tq, nv, wk.as_ptr(), nv, wkt.as_mut_ptr(), tq);
-                    tile::gemm_nn(
-                        nv,
-                        d,
-                        tq,
-                        wkt.as_ptr(),
-                        tq,
-                        qs.as_ptr(),
-                        d,
-                        part.keys.as_mut_ptr(),
-                        d,
+                // dq = scale·Rᵀ·dQ̃.
+                for t in 0..tq {
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(ptrs.dq.0.add(g.dq_rows.at(b, h, t)), d)
+                    };
+                    let row = p.rotation.as_ref().map_or(0, |r| r.q_rows.row(b, t, tq));
+                    unrotate(
+                        p.rotation.as_ref(),
                         true,
-                    );
-                }
-            }
-        }
-        if values.is_some() && want.2 {
-            for t in 0..tq {
-                let dor = &d_o[do_rows.at(b, h, t)..][..d];
-                for r in 0..nv {
-                    let w = wv[t * nv + r];
-                    if w != 0.0 {
-                        tile::axpy(w, dor, &mut part.values[r * d..][..d]);
-                    }
-                }
-            }
-        }
-        // dq = scale·Rᵀ·dQ̃.
-        for t in 0..tq {
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(ptrs.dq.0.add(g.dq_rows.at(b, h, t)), d) };
-            let src = &dqs[t * d..][..d];
-            match &p.rotation {
-                Some(rot) => {
-                    let row = rot.q_rows.row(b, t, tq);
-                    let nf = rot.q.n_freq;
-                    rotate_row(
-                        src,
+                        row,
+                        &dqs[t * d..][..d],
                         dst,
-                        &rot.q.cos[row * nf..][..nf],
-                        &rot.q.sin[row * nf..][..nf],
-                        rot.rotary_dim,
-                        rot.pairs,
-                        true,
                         p.scale,
                     );
                 }
-                None => {
-                    for (o, i) in dst.iter_mut().zip(src) {
-                        *o = i * p.scale;
-                    }
-                }
             }
-        }
-    }
-    for t in 0..tk {
-        let dst =
-            unsafe { std::slice::from_raw_parts_mut(ptrs.dk.0.add(g.dk_rows.at(b, hk, t)), d) };
-        let src = &dkr[t * d..][..d];
-        match &p.rotation {
-            Some(rot) => {
-                let row = rot.k_rows.row(b, t, tk);
-                let nf = rot.k.n_freq;
-                rotate_row(
-                    src,
+            for t in 0..tk {
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(ptrs.dk.0.add(g.dk_rows.at(b, hk, t)), d)
+                };
+                let row = p.rotation.as_ref().map_or(0, |r| r.k_rows.row(b, t, tk));
+                unrotate(
+                    p.rotation.as_ref(),
+                    false,
+                    row,
+                    &dkr[t * d..][..d],
                     dst,
-                    &rot.k.cos[row * nf..][..nf],
-                    &rot.k.sin[row * nf..][..nf],
-                    rot.rotary_dim,
-                    rot.pairs,
-                    true,
                     1.0,
                 );
+                let dvd = unsafe {
+                    std::slice::from_raw_parts_mut(ptrs.dv.0.add(g.dv_rows.at(b, hk, t)), d)
+                };
+                dvd.copy_from_slice(&dv[t * d..][..d]);
             }
-            None => dst.copy_from_slice(src),
         }
-        let dvd =
-            unsafe { std::slice::from_raw_parts_mut(ptrs.dv.0.add(g.dv_rows.at(b, hk, t)), d) };
-        dvd.copy_from_slice(&dv[t * d..][..d]);
     }
     part
 }

@@ -36,6 +36,64 @@ mod x86;
 
 pub use rope::{Element, HeadLayout, RopeGeometry, RopeTables, RowMap};
 
+/// Defines `fn $name(level: SimdLevel, args…) -> R`, which runs
+/// `$body(args…)` compiled for the instruction set of `level`: AVX-512F,
+/// AVX2 + FMA, or the portable baseline. The body and everything it calls
+/// must be `#[inline(always)]` so that the whole computation is compiled
+/// (and vectorised, with fused multiply-adds) for that level; `mul_add` in
+/// the baseline instance is a library call, so bodies run at the baseline
+/// only on CPUs without AVX2.
+///
+/// ```
+/// use posenc::kernels::SimdLevel;
+///
+/// #[inline(always)]
+/// fn body(x: &mut [f32]) {
+///     for v in x.iter_mut() {
+///         *v = v.mul_add(2.0, 1.0);
+///     }
+/// }
+/// posenc::multiversion!(fn double_plus_one => body(x: &mut [f32]) -> ());
+///
+/// let mut x = [1.0f32, 2.0];
+/// double_plus_one(SimdLevel::detect(), &mut x);
+/// assert_eq!(x, [3.0, 5.0]);
+/// ```
+#[macro_export]
+macro_rules! multiversion {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident => $body:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty) => {
+        $(#[$meta])*
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name(level: $crate::kernels::SimdLevel, $($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn v4($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn v3($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                match level {
+                    // SAFETY: a level is only handed out where the CPU has it
+                    // (`SimdLevel::detect`, `SimdLevel::available`).
+                    $crate::kernels::SimdLevel::Avx512 => unsafe { v4($($arg),*) },
+                    $crate::kernels::SimdLevel::Avx2 => unsafe { v3($($arg),*) },
+                    _ => $body($($arg),*),
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = level;
+                $body($($arg),*)
+            }
+        }
+    };
+}
+
 /// An instruction-set level for the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SimdLevel {

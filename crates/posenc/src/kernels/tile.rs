@@ -9,19 +9,72 @@
 //! Reductions accumulate in fixed-width lanes and add the lanes in a fixed
 //! order, so a result never depends on the number of threads.
 
+use std::cell::RefCell;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Per-thread scratch memory for kernel tasks: [`Scratch::take`] borrows
+/// the thread's buffer (kept between calls, so a task allocates nothing once
+/// its thread has run a task as large) and gives it back when dropped.
+/// Plain calls, no closures: a task compiled for a SIMD level keeps that
+/// level across them.
+pub struct Scratch {
+    buf: Vec<f32>,
+}
+
+impl Scratch {
+    /// Takes this thread's buffer (an empty one if it is already taken).
+    #[inline(always)]
+    pub fn take() -> Scratch {
+        Scratch {
+            buf: SCRATCH.with(|c| {
+                c.try_borrow_mut()
+                    .map(|mut b| std::mem::take(&mut *b))
+                    .unwrap_or_default()
+            }),
+        }
+    }
+
+    /// `N` zeroed, disjoint buffers of the given sizes.
+    #[inline(always)]
+    pub fn split<const N: usize>(&mut self, sizes: [usize; N]) -> [&mut [f32]; N] {
+        let total: usize = sizes.iter().sum();
+        if self.buf.len() < total {
+            self.buf.resize(total, 0.0);
+        }
+        let mut rest: &mut [f32] = &mut self.buf[..total];
+        rest.fill(0.0);
+        std::array::from_fn(|i| {
+            let (a, b) = std::mem::take(&mut rest).split_at_mut(sizes[i]);
+            rest = b;
+            a
+        })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        SCRATCH.with(|c| {
+            if let Ok(mut b) = c.try_borrow_mut() {
+                if b.capacity() < buf.capacity() {
+                    *b = buf;
+                }
+            }
+        });
+    }
+}
+
 /// Lanes of the fixed-order reductions.
 const LANES: usize = 16;
 
 /// `C[m×n] (+)= A[m×k] · B[k×n]`, all row-major with leading dimensions
 /// `lda`, `ldb`, `ldc`; `accumulate = false` overwrites `C`.
 ///
-/// Register tiles of 4 rows × 16 (or 8) columns: for each `p` one row of
-/// `B` is loaded and multiplied by four broadcast entries of `A`. Each entry
-/// of `C` is a sum over `p` in increasing order.
-///
 /// # Safety
-/// The slices must hold the addressed elements: `a[(m−1)·lda + k − 1]`,
-/// `b[(k−1)·ldb + n − 1]`, `c[(m−1)·ldc + n − 1]` (for non-empty sizes).
+/// As [`gemm`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_nn(
@@ -36,33 +89,81 @@ pub unsafe fn gemm_nn(
     ldc: usize,
     accumulate: bool,
 ) {
+    gemm(m, n, k, a, lda, 1, b, ldb, c, ldc, accumulate)
+}
+
+/// `C[m×n] (+)= A[m×k] · B[k×n]`: element `A[i][p]` is `a[i·a_rs + p·a_cs]`
+/// (so `A` may be a transposed view: `a_rs = 1`), `B` and `C` row-major with
+/// leading dimensions `ldb`, `ldc`; `accumulate = false` overwrites `C`.
+///
+/// Register tiles of 4 rows × 16 (or 8, 4, 1) columns: for each `p` one row
+/// of `B` is loaded and multiplied by four broadcast entries of `A`. Each
+/// entry of `C` is a sum over `p` in increasing order.
+///
+/// # Safety
+/// The pointers must address every element: `A[i][p]` for `i < m`, `p < k`;
+/// `b[(k−1)·ldb + n − 1]`; `c[(m−1)·ldc + n − 1]` (for non-empty sizes).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    let a = Strided {
+        p: a,
+        rs: a_rs,
+        cs: a_cs,
+    };
     let mut j = 0;
     while j + 16 <= n {
-        panel::<16>(m, k, a, lda, b.add(j), ldb, c.add(j), ldc, accumulate);
+        panel::<16>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
         j += 16;
     }
     if j + 8 <= n {
-        panel::<8>(m, k, a, lda, b.add(j), ldb, c.add(j), ldc, accumulate);
+        panel::<8>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
         j += 8;
     }
     if j + 4 <= n {
-        panel::<4>(m, k, a, lda, b.add(j), ldb, c.add(j), ldc, accumulate);
+        panel::<4>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
         j += 4;
     }
     while j < n {
-        panel::<1>(m, k, a, lda, b.add(j), ldb, c.add(j), ldc, accumulate);
+        panel::<1>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
         j += 1;
     }
 }
 
-/// One column panel of width `NR` of [`gemm_nn`].
+/// A strided read-only matrix.
+#[derive(Clone, Copy)]
+struct Strided {
+    p: *const f32,
+    rs: usize,
+    cs: usize,
+}
+
+impl Strided {
+    #[inline(always)]
+    unsafe fn at(&self, i: usize, j: usize) -> f32 {
+        *self.p.add(i * self.rs + j * self.cs)
+    }
+}
+
+/// One column panel of width `NR` of [`gemm`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel<const NR: usize>(
     m: usize,
     k: usize,
-    a: *const f32,
-    lda: usize,
+    a: Strided,
     b: *const f32,
     ldb: usize,
     c: *mut f32,
@@ -79,7 +180,6 @@ unsafe fn panel<const NR: usize>(
                 }
             }
         }
-        let a0 = a.add(i * lda);
         for p in 0..k {
             let bp = b.add(p * ldb);
             let mut brow = [0f32; NR];
@@ -87,7 +187,7 @@ unsafe fn panel<const NR: usize>(
                 *v = *bp.add(x);
             }
             for (r, row) in acc.iter_mut().enumerate() {
-                let av = *a0.add(r * lda + p);
+                let av = a.at(i + r, p);
                 for x in 0..NR {
                     row[x] = av.mul_add(brow[x], row[x]);
                 }
@@ -107,10 +207,9 @@ unsafe fn panel<const NR: usize>(
                 *v = *c.add(i * ldc + x);
             }
         }
-        let a0 = a.add(i * lda);
         for p in 0..k {
             let bp = b.add(p * ldb);
-            let av = *a0.add(p);
+            let av = a.at(i, p);
             for (x, v) in acc.iter_mut().enumerate() {
                 *v = av.mul_add(*bp.add(x), *v);
             }
@@ -355,6 +454,36 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn transposed_a_matches() {
+        let (m, n, k) = (6, 19, 5);
+        // A stored as its transpose: (k × m) row-major.
+        let at: Vec<f32> = (0..k * m).map(|i| (i % 9) as f32 - 4.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 4) as f32).collect();
+        let mut c = vec![f32::NAN; m * n];
+        unsafe {
+            gemm(
+                m,
+                n,
+                k,
+                at.as_ptr(),
+                1,
+                m,
+                b.as_ptr(),
+                n,
+                c.as_mut_ptr(),
+                n,
+                false,
+            )
+        };
+        for i in 0..m {
+            for j in 0..n {
+                let want: f32 = (0..k).map(|p| at[p * m + i] * b[p * n + j]).sum();
+                assert!((c[i * n + j] - want).abs() < 1e-4);
             }
         }
     }

@@ -1,0 +1,799 @@
+//! The lab's fused CPU ops, each a candle custom op with its backward pass,
+//! beside the composed candle reference it is tested against:
+//!
+//! | op | fused | reference |
+//! |---|---|---|
+//! | `y = x·Wᵀ + b` | [`linear`] (one GEMM forward; dx, dW, db in one backward call) | `candle_nn::Linear` |
+//! | LayerNorm | [`layer_norm`] (one pass per row, saved mean and 1/σ) | mean, variance, normalise, scale, shift |
+//! | GELU (tanh approximation) | [`gelu`] | candle's `gelu` |
+//! | cross-entropy from logits | [`cross_entropy`] (log-sum-exp per row; the gradient is `softmax − onehot`) | `log_softmax`, `gather`, mask, mean |
+//!
+//! Every op takes `fused: bool`; `false` runs the reference. The fused ops
+//! work on contiguous `f32` CPU tensors (others fall back to the reference).
+//! Rows are split over rayon's threads only when the op is large enough;
+//! every output element is computed in a fixed order and parameter
+//! gradients are reduced over fixed chunks of rows added in order, so
+//! results do not depend on the number of threads.
+
+use std::sync::Mutex;
+
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Tensor, D,
+};
+use posenc::kernels::{tile, SimdLevel};
+use rayon::prelude::*;
+
+use crate::LabError;
+
+/// Rows per chunk of the fixed-order parameter-gradient reductions.
+const CHUNK: usize = 64;
+/// Elements below which an op stays on the calling thread.
+const PARALLEL_ELEMS: usize = 1 << 15;
+/// Multiply-adds below which a product stays on one thread.
+const PARALLEL_MACS: usize = 1 << 20;
+
+fn f32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
+    match s {
+        CpuStorage::F32(v) => match l.contiguous_offsets() {
+            Some((a, b)) => Ok(&v[a..b]),
+            None => candle_core::bail!("{what}: fused op needs a contiguous tensor"),
+        },
+        _ => candle_core::bail!("{what}: fused op needs f32"),
+    }
+}
+
+/// Runs `f` on a tensor's `f32` data in row-major order, without a copy when
+/// it is contiguous.
+fn view<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    if t.is_contiguous() && t.dtype() == DType::F32 {
+        let (s, l) = t.storage_and_layout();
+        if let candle_core::Storage::Cpu(CpuStorage::F32(v)) = &*s {
+            if let Some((a, b)) = l.contiguous_offsets() {
+                return Ok(f(&v[a..b]));
+            }
+        }
+    }
+    let v = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(f(&v))
+}
+
+fn fusable(ts: &[&Tensor]) -> bool {
+    ts.iter()
+        .all(|t| matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32)
+}
+
+fn threads_for(work: usize) -> usize {
+    if work >= PARALLEL_MACS {
+        rayon::current_num_threads()
+    } else {
+        1
+    }
+}
+
+/// `C (m×n) = α·C + A·B` with row and column strides (any layout), on
+/// `threads` threads.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: &mut [f32],
+    (c_rs, c_cs): (isize, isize),
+    accumulate: bool,
+    a: &[f32],
+    (a_rs, a_cs): (isize, isize),
+    b: &[f32],
+    (b_rs, b_cs): (isize, isize),
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return;
+    }
+    let threads = threads_for(m * n * k);
+    let par = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the callers pass slices holding every addressed element.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            c_cs,
+            c_rs,
+            accumulate,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// `Σ_rows x[r, c]` for a row-major `(rows, cols)` buffer, over fixed chunks
+/// of rows added in order.
+fn column_sums(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let chunks = rows.div_ceil(CHUNK);
+    let part = |ci: usize| {
+        let mut acc = vec![0f32; cols];
+        for r in ci * CHUNK..((ci + 1) * CHUNK).min(rows) {
+            for (a, v) in acc.iter_mut().zip(&x[r * cols..][..cols]) {
+                *a += v;
+            }
+        }
+        acc
+    };
+    let parts: Vec<Vec<f32>> = if rows * cols >= PARALLEL_ELEMS * 4 {
+        (0..chunks).into_par_iter().map(part).collect()
+    } else {
+        (0..chunks).map(part).collect()
+    };
+    let mut out = vec![0f32; cols];
+    for p in parts {
+        for (o, v) in out.iter_mut().zip(p) {
+            *o += v;
+        }
+    }
+    out
+}
+
+/// Splits `out` into rows of `width` and runs `f(row index, row)`, on several
+/// threads when the buffer is large.
+fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if out.len() >= PARALLEL_ELEMS && rayon::current_num_threads() > 1 {
+        out.par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(r, row)| f(r, row));
+    } else {
+        out.chunks_mut(width)
+            .enumerate()
+            .for_each(|(r, row)| f(r, row));
+    }
+}
+
+// ---------------------------------------------------------------- linear
+
+/// `y = x·Wᵀ + b` for `x` `(…, in)`, `W` `(out, in)`, `b` `(out,)`.
+struct Linear;
+
+fn linear_fwd(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    d_in: usize,
+    d_out: usize,
+) -> Vec<f32> {
+    let mut y = vec![0f32; n * d_out];
+    if let Some(b) = bias {
+        for row in y.chunks_mut(d_out) {
+            row.copy_from_slice(b);
+        }
+    }
+    // y (n × out) += x (n × in) · Wᵀ (in × out): Wᵀ has row stride 1, column stride in.
+    matmul(
+        n,
+        d_out,
+        d_in,
+        &mut y,
+        (d_out as isize, 1),
+        bias.is_some(),
+        x,
+        (d_in as isize, 1),
+        w,
+        (1, d_in as isize),
+    );
+    y
+}
+
+/// `dx = dy·W`, `dW = dyᵀ·x`, `db = Σ dy`.
+fn linear_bwd(
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    n: usize,
+    d_in: usize,
+    d_out: usize,
+    want_bias: bool,
+) -> (Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
+    let mut dx = vec![0f32; n * d_in];
+    matmul(
+        n,
+        d_in,
+        d_out,
+        &mut dx,
+        (d_in as isize, 1),
+        false,
+        dy,
+        (d_out as isize, 1),
+        w,
+        (d_in as isize, 1),
+    );
+    let mut dw = vec![0f32; d_out * d_in];
+    matmul(
+        d_out,
+        d_in,
+        n,
+        &mut dw,
+        (d_in as isize, 1),
+        false,
+        dy,
+        (1, d_out as isize),
+        x,
+        (d_in as isize, 1),
+    );
+    let db = want_bias.then(|| column_sums(dy, n, d_out));
+    (dx, dw, db)
+}
+
+fn linear_dims(x: &Layout, w: &Layout) -> candle_core::Result<(usize, usize, usize, Shape)> {
+    let (d_out, d_in) = w.shape().dims2()?;
+    let xd = x.shape().dims();
+    if xd.last() != Some(&d_in) {
+        candle_core::bail!("linear: input {:?} does not end in {d_in}", xd);
+    }
+    let n = x.shape().elem_count() / d_in.max(1);
+    let mut out = xd.to_vec();
+    *out.last_mut().expect("non-empty") = d_out;
+    Ok((n, d_in, d_out, Shape::from(out)))
+}
+
+impl CustomOp3 for Linear {
+    fn name(&self) -> &'static str {
+        "lab-linear"
+    }
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+        sb: &CpuStorage,
+        lb: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, d_in, d_out, shape) = linear_dims(lx, lw)?;
+        let y = linear_fwd(
+            f32s(sx, lx, "linear x")?,
+            f32s(sw, lw, "linear W")?,
+            Some(f32s(sb, lb, "linear b")?),
+            n,
+            d_in,
+            d_out,
+        );
+        Ok((CpuStorage::F32(y), shape))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw, db) = linear_grads(x, w, dy, true)?;
+        Ok((
+            Some(dx),
+            Some(dw),
+            db.map(|d| d.reshape(b.shape())).transpose()?,
+        ))
+    }
+}
+
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "lab-linear-nobias"
+    }
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, d_in, d_out, shape) = linear_dims(lx, lw)?;
+        let y = linear_fwd(
+            f32s(sx, lx, "linear x")?,
+            f32s(sw, lw, "linear W")?,
+            None,
+            n,
+            d_in,
+            d_out,
+        );
+        Ok((CpuStorage::F32(y), shape))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw, _) = linear_grads(x, w, dy, false)?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+fn linear_grads(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    bias: bool,
+) -> candle_core::Result<(Tensor, Tensor, Option<Tensor>)> {
+    let (d_out, d_in) = w.dims2()?;
+    let n = x.elem_count() / d_in.max(1);
+    let (dx, dw, db) = view(x, |xv| {
+        view(w, |wv| {
+            view(dy, |dyv| linear_bwd(xv, wv, dyv, n, d_in, d_out, bias))
+        })
+    })???;
+    let dev = x.device();
+    Ok((
+        Tensor::from_vec(dx, x.shape(), dev)?,
+        Tensor::from_vec(dw, (d_out, d_in), dev)?,
+        db.map(|d| Tensor::from_vec(d, d_out, dev)).transpose()?,
+    ))
+}
+
+/// `x·Wᵀ (+ b)` for `x` `(…, in)`, `W` `(out, in)`: fused, or candle-nn's
+/// `Linear` (the reference).
+///
+/// # Errors
+/// Shape mismatches; candle errors.
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, fused: bool) -> Result<Tensor, LabError> {
+    let mut all = vec![x, w];
+    all.extend(b);
+    if fused && fusable(&all) {
+        let x = x.contiguous()?;
+        return Ok(match b {
+            Some(b) => x.apply_op3(w, b, Linear)?,
+            None => x.apply_op2(w, Linear)?,
+        });
+    }
+    let lin = candle_nn::Linear::new(w.clone(), b.cloned());
+    Ok(candle_core::Module::forward(&lin, x)?)
+}
+
+// ---------------------------------------------------------------- layer norm
+
+/// LayerNorm over the last axis, saving each row's mean and 1/σ.
+struct LayerNormOp {
+    eps: f32,
+    stats: Mutex<Vec<(f32, f32)>>,
+}
+
+impl CustomOp3 for LayerNormOp {
+    fn name(&self) -> &'static str {
+        "lab-layer-norm"
+    }
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+        sb: &CpuStorage,
+        lb: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32s(sx, lx, "layer norm x")?;
+        let w = f32s(sw, lw, "layer norm weight")?;
+        let b = f32s(sb, lb, "layer norm bias")?;
+        let d = w.len();
+        if d == 0 || lx.shape().dims().last() != Some(&d) || b.len() != d {
+            candle_core::bail!("layer norm: shapes {:?}, {d}, {}", lx.shape(), b.len());
+        }
+        let rows = x.len() / d;
+        let mut y = vec![0f32; x.len()];
+        let mut stats = vec![(0f32, 0f32); rows];
+        let eps = self.eps;
+        let level = SimdLevel::detect();
+        // Blocks of CHUNK rows.
+        let block = CHUNK * d;
+        let run = |bi: usize, (yr, st): (&mut [f32], &mut [(f32, f32)])| {
+            ln_fwd(level, &x[bi * block..][..yr.len()], w, b, yr, st, eps)
+        };
+        if x.len() >= PARALLEL_ELEMS && rayon::current_num_threads() > 1 {
+            y.par_chunks_mut(block)
+                .zip(stats.par_chunks_mut(CHUNK))
+                .enumerate()
+                .for_each(|(bi, p)| run(bi, p));
+        } else {
+            y.chunks_mut(block)
+                .zip(stats.chunks_mut(CHUNK))
+                .enumerate()
+                .for_each(|(bi, p)| run(bi, p));
+        }
+        *self.stats.lock().expect("stats lock") = stats;
+        Ok((CpuStorage::F32(y), lx.shape().clone()))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let d = w.elem_count();
+        let stats = self.stats.lock().expect("stats lock").clone();
+        let (dx, dw, db) = view(x, |xv| {
+            view(w, |wv| {
+                view(dy, |dyv| layer_norm_bwd(xv, wv, dyv, &stats, d))
+            })
+        })???;
+        let dev = x.device();
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), dev)?),
+            Some(Tensor::from_vec(dw, w.shape(), dev)?),
+            Some(Tensor::from_vec(db, w.shape(), dev)?),
+        ))
+    }
+}
+
+/// LayerNorm forward over whole rows of `x`: `y`, and `(mean, 1/σ)` per row.
+#[inline(always)]
+fn ln_fwd_body(x: &[f32], w: &[f32], b: &[f32], y: &mut [f32], stats: &mut [(f32, f32)], eps: f32) {
+    let d = w.len();
+    for ((xr, yr), st) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)).zip(stats) {
+        let mean = tile::sum(xr) / d as f32;
+        let mut var_acc = [0f32; 8];
+        let mut i = 0;
+        while i + 8 <= d {
+            for l in 0..8 {
+                let c = xr[i + l] - mean;
+                var_acc[l] += c * c;
+            }
+            i += 8;
+        }
+        for (l, v) in xr[i..].iter().enumerate() {
+            let c = v - mean;
+            var_acc[l] += c * c;
+        }
+        let var = var_acc.iter().sum::<f32>() / d as f32;
+        let rstd = 1.0 / (var + eps).sqrt();
+        for i in 0..d {
+            yr[i] = (xr[i] - mean) * rstd * w[i] + b[i];
+        }
+        *st = (mean, rstd);
+    }
+}
+posenc::multiversion!(fn ln_fwd => ln_fwd_body(
+    x: &[f32], w: &[f32], b: &[f32], y: &mut [f32], stats: &mut [(f32, f32)], eps: f32) -> ());
+
+/// LayerNorm backward over whole rows: `dx` and the per-row products
+/// `dy·x̂` (summed into `dw` by the caller).
+#[inline(always)]
+fn ln_bwd_body(
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    stats: &[(f32, f32)],
+    dx: &mut [f32],
+    prod: &mut [f32],
+) {
+    let d = w.len();
+    for ((((xr, gr), st), dxr), pr) in x
+        .chunks_exact(d)
+        .zip(dy.chunks_exact(d))
+        .zip(stats)
+        .zip(dx.chunks_exact_mut(d))
+        .zip(prod.chunks_exact_mut(d))
+    {
+        let (mean, rstd) = *st;
+        // g = dy·w; dx = rstd·(g − mean(g) − x̂·mean(g·x̂))
+        let mut sg = [0f32; 8];
+        let mut sgx = [0f32; 8];
+        for i in 0..d {
+            let g = gr[i] * w[i];
+            let xh = (xr[i] - mean) * rstd;
+            sg[i % 8] += g;
+            sgx[i % 8] += g * xh;
+            pr[i] = gr[i] * xh;
+        }
+        let mg = sg.iter().sum::<f32>() / d as f32;
+        let mgx = sgx.iter().sum::<f32>() / d as f32;
+        for i in 0..d {
+            let g = gr[i] * w[i];
+            let xh = (xr[i] - mean) * rstd;
+            dxr[i] = rstd * (g - mg - xh * mgx);
+        }
+    }
+}
+posenc::multiversion!(fn ln_bwd => ln_bwd_body(
+    x: &[f32], w: &[f32], dy: &[f32], stats: &[(f32, f32)], dx: &mut [f32], prod: &mut [f32]) -> ());
+
+/// LayerNorm's backward pass on row-major buffers: `(dx, dw, db)`.
+fn layer_norm_bwd(
+    xv: &[f32],
+    wv: &[f32],
+    dyv: &[f32],
+    stats: &[(f32, f32)],
+    d: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    {
+        let rows = xv.len() / d;
+        let mut dx = vec![0f32; xv.len()];
+        let mut prod = vec![0f32; xv.len()];
+        let level = SimdLevel::detect();
+        let block = CHUNK * d;
+        let run = |bi: usize, (dxr, pr): (&mut [f32], &mut [f32])| {
+            let n = dxr.len();
+            ln_bwd(
+                level,
+                &xv[bi * block..][..n],
+                wv,
+                &dyv[bi * block..][..n],
+                &stats[bi * CHUNK..][..n / d],
+                dxr,
+                pr,
+            )
+        };
+        if xv.len() >= PARALLEL_ELEMS && rayon::current_num_threads() > 1 {
+            dx.par_chunks_mut(block)
+                .zip(prod.par_chunks_mut(block))
+                .enumerate()
+                .for_each(|(bi, p)| run(bi, p));
+        } else {
+            dx.chunks_mut(block)
+                .zip(prod.chunks_mut(block))
+                .enumerate()
+                .for_each(|(bi, p)| run(bi, p));
+        }
+        let dw = column_sums(&prod, rows, d);
+        let db = column_sums(dyv, rows, d);
+        (dx, dw, db)
+    }
+}
+
+/// LayerNorm over the last axis with `weight` and `bias` `(D,)`: fused, or
+/// composed from candle ops (mean, variance, normalise, scale, shift).
+///
+/// # Errors
+/// Shape mismatches; candle errors.
+pub fn layer_norm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    fused: bool,
+) -> Result<Tensor, LabError> {
+    if fused && fusable(&[x, weight, bias]) {
+        return Ok(x.contiguous()?.apply_op3(
+            weight,
+            bias,
+            LayerNormOp {
+                eps: eps as f32,
+                stats: Mutex::new(Vec::new()),
+            },
+        )?);
+    }
+    let d = x.dim(D::Minus1)? as f64;
+    let mean = (x.sum_keepdim(D::Minus1)? / d)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = (xc.sqr()?.sum_keepdim(D::Minus1)? / d)?;
+    let xn = xc.broadcast_div(&(var + eps)?.sqrt()?)?;
+    Ok(xn.broadcast_mul(weight)?.broadcast_add(bias)?)
+}
+
+// ---------------------------------------------------------------- GELU
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+
+/// GELU, tanh approximation (Hendrycks & Gimpel 2016), as candle's `gelu`.
+struct Gelu;
+
+impl CustomOp1 for Gelu {
+    fn name(&self) -> &'static str {
+        "lab-gelu"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32s(s, l, "gelu")?;
+        let mut y = vec![0f32; x.len()];
+        let level = SimdLevel::detect();
+        for_rows(&mut y, 4096, |r, yr| {
+            gelu_fwd(level, &x[r * 4096..][..yr.len()], yr)
+        });
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+    fn bwd(&self, x: &Tensor, _res: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let dx = view(x, |xv| view(dy, |dyv| gelu_bwd(xv, dyv)))??;
+        Ok(Some(Tensor::from_vec(dx, x.shape(), x.device())?))
+    }
+}
+
+#[inline(always)]
+fn gelu_fwd_body(x: &[f32], y: &mut [f32]) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        let t = tile::tanh(SQRT_2_OVER_PI * v * (1.0 + 0.044715 * v * v));
+        *o = 0.5 * v * (1.0 + t);
+    }
+}
+posenc::multiversion!(fn gelu_fwd => gelu_fwd_body(x: &[f32], y: &mut [f32]) -> ());
+
+#[inline(always)]
+fn gelu_bwd_body(x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    for ((o, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
+        let u = SQRT_2_OVER_PI * v * (1.0 + 0.044715 * v * v);
+        let t = tile::tanh(u);
+        let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * v * v);
+        *o = g * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du);
+    }
+}
+posenc::multiversion!(fn gelu_bwd_rows => gelu_bwd_body(x: &[f32], dy: &[f32], dx: &mut [f32]) -> ());
+
+fn gelu_bwd(xv: &[f32], dyv: &[f32]) -> Vec<f32> {
+    let mut dx = vec![0f32; xv.len()];
+    let level = SimdLevel::detect();
+    for_rows(&mut dx, 4096, |r, dr| {
+        let base = r * 4096;
+        gelu_bwd_rows(level, &xv[base..][..dr.len()], &dyv[base..][..dr.len()], dr)
+    });
+    dx
+}
+
+/// GELU (tanh approximation): fused, or candle's `gelu`.
+///
+/// # Errors
+/// Candle errors.
+pub fn gelu(x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
+    if fused && fusable(&[x]) {
+        return Ok(x.contiguous()?.apply_op1(Gelu)?);
+    }
+    Ok(x.gelu()?)
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+/// Mean cross-entropy of `(N, V)` logits against `N` targets (`ignore`
+/// rows are not scored), saving the log-sum-exp of each row.
+struct CrossEntropy {
+    targets: Vec<i64>,
+    ignore: i64,
+    lse: Mutex<Vec<f32>>,
+}
+
+impl CrossEntropy {
+    fn count(&self) -> usize {
+        self.targets.iter().filter(|&&t| t != self.ignore).count()
+    }
+}
+
+impl CustomOp1 for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "lab-cross-entropy"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32s(s, l, "cross-entropy logits")?;
+        let (n, v) = l.shape().dims2()?;
+        if self.targets.len() != n {
+            candle_core::bail!("cross-entropy: {n} rows, {} targets", self.targets.len());
+        }
+        let mut lse = vec![0f32; n];
+        let mut loss = vec![0f32; n];
+        if let Some(&t) = self
+            .targets
+            .iter()
+            .find(|&&t| t != self.ignore && (t < 0 || t as usize >= v))
+        {
+            candle_core::bail!("cross-entropy: target {t} outside 0..{v}");
+        }
+        xent_rows(SimdLevel::detect(), x, v, &mut lse);
+        for r in 0..n {
+            let t = self.targets[r];
+            if t != self.ignore {
+                loss[r] = lse[r] - x[r * v + t as usize];
+            }
+        }
+        let total = loss.iter().map(|&l| l as f64).sum::<f64>() / self.count().max(1) as f64;
+        *self.lse.lock().expect("lse lock") = lse;
+        Ok((CpuStorage::F32(vec![total as f32]), Shape::from(())))
+    }
+    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let (n, v) = x.dims2()?;
+        let g = g.to_dtype(DType::F32)?.to_scalar::<f32>()? / self.count().max(1) as f32;
+        let lse = self.lse.lock().expect("lse lock").clone();
+        let dx = view(x, |xv| self.grad(xv, &lse, g, n, v))?;
+        Ok(Some(Tensor::from_vec(dx, (n, v), x.device())?))
+    }
+}
+
+/// The log-sum-exp of every row of `x` (rows of `v`).
+#[inline(always)]
+fn xent_rows_body(x: &[f32], v: usize, lse: &mut [f32]) {
+    for (row, l) in x.chunks_exact(v).zip(lse) {
+        let m = tile::max(row);
+        let mut acc = [0f32; 8];
+        let mut i = 0;
+        while i + 8 <= v {
+            for k in 0..8 {
+                acc[k] += tile::exp(row[i + k] - m);
+            }
+            i += 8;
+        }
+        for (k, z) in row[i..].iter().enumerate() {
+            acc[k] += tile::exp(z - m);
+        }
+        *l = m + acc.iter().sum::<f32>().ln();
+    }
+}
+posenc::multiversion!(fn xent_rows => xent_rows_body(x: &[f32], v: usize, lse: &mut [f32]) -> ());
+
+/// `g·softmax(x)` per row.
+#[inline(always)]
+fn softmax_rows_body(x: &[f32], lse: &[f32], g: f32, out: &mut [f32]) {
+    let v = x.len() / lse.len().max(1);
+    for ((row, l), o) in x.chunks_exact(v).zip(lse).zip(out.chunks_exact_mut(v)) {
+        for (ov, z) in o.iter_mut().zip(row) {
+            *ov = tile::exp(z - l) * g;
+        }
+    }
+}
+posenc::multiversion!(fn softmax_rows => softmax_rows_body(x: &[f32], lse: &[f32], g: f32, out: &mut [f32]) -> ());
+
+impl CrossEntropy {
+    fn grad(&self, xv: &[f32], lse: &[f32], g: f32, n: usize, v: usize) -> Vec<f32> {
+        let mut dx = vec![0f32; n * v];
+        softmax_rows(SimdLevel::detect(), xv, lse, g, &mut dx);
+        for r in 0..n {
+            let t = self.targets[r];
+            if t == self.ignore {
+                dx[r * v..][..v].fill(0.0);
+            } else {
+                dx[r * v + t as usize] -= g;
+            }
+        }
+        dx
+    }
+}
+
+/// Mean cross-entropy of logits `(N, V)` against `N` targets, skipping
+/// rows whose target is `ignore`: fused, or composed (`log_softmax`,
+/// `gather`, mask, mean).
+///
+/// # Errors
+/// Shape mismatches, targets outside the vocabulary; candle errors.
+pub fn cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    ignore: i64,
+    fused: bool,
+) -> Result<Tensor, LabError> {
+    let (n, _) = logits.dims2()?;
+    if targets.dims() != [n] {
+        return Err(LabError::Invalid(format!(
+            "cross-entropy: {n} rows of logits, targets {:?}",
+            targets.dims()
+        )));
+    }
+    if fused && fusable(&[logits]) {
+        let t = targets.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+        return Ok(logits.contiguous()?.apply_op1(CrossEntropy {
+            targets: t,
+            ignore,
+            lse: Mutex::new(Vec::new()),
+        })?);
+    }
+    let tgt = targets.to_dtype(DType::I64)?;
+    let mask = tgt.ne(ignore)?;
+    let safe = mask.where_cond(&tgt, &tgt.zeros_like()?)?;
+    let logp = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+    let picked = logp.gather(&safe.unsqueeze(1)?, 1)?.squeeze(1)?;
+    let maskf = mask.to_dtype(DType::F32)?;
+    let count = maskf.sum_all()?;
+    Ok((picked.mul(&maskf)?.sum_all()?.neg()? / count.maximum(1f32)?)?)
+}

@@ -1,0 +1,232 @@
+//! The lab's fused ops against their composed references (values and
+//! gradients), and whole training runs: fused and composed give the same
+//! losses, and the fused run does not depend on the thread count.
+
+mod common;
+
+use candle_core::{Device, Tensor, Var};
+use posenc::analysis::SplitMix64;
+use posenc_lab::config::{Mode, PeConfig};
+use posenc_lab::ops;
+use posenc_lab::optim::AdamW;
+use posenc_lab::tasks::{Task, TaskKind, IGNORE};
+use posenc_lab::train::{batch_seed, make_batch, Lab};
+
+const DEV: Device = Device::Cpu;
+
+fn data(n: usize, seed: u64, scale: f64) -> Vec<f32> {
+    let mut r = SplitMix64::new(seed);
+    (0..n).map(|_| (r.normal() * scale) as f32).collect()
+}
+
+fn var(shape: &[usize], seed: u64, scale: f64) -> Var {
+    let n = shape.iter().product();
+    Var::from_tensor(&Tensor::from_vec(data(n, seed, scale), shape, &DEV).unwrap()).unwrap()
+}
+
+fn vals(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// `max |a − b| / max(|b|, floor)`.
+fn rel(a: &Tensor, b: &Tensor, floor: f32) -> f32 {
+    let (a, b) = (vals(a), vals(b));
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(floor, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| {
+            assert!(x.is_finite(), "non-finite {x}");
+            (x - y).abs() / scale
+        })
+        .fold(0.0, f32::max)
+}
+
+/// Runs `f` fused and composed on the same variables; compares the outputs
+/// and the gradients of a random linear functional of them.
+fn compare(vars: &[&Var], tol: f32, what: &str, f: impl Fn(bool) -> Tensor) {
+    let a = f(true);
+    let b = f(false);
+    let e = rel(&a, &b, 1e-3);
+    assert!(e < tol, "{what}: outputs differ by {e}");
+    let w = Tensor::from_vec(data(a.elem_count(), 99, 1.0), a.shape(), &DEV).unwrap();
+    let ga = (a * &w).unwrap().sum_all().unwrap().backward().unwrap();
+    let gb = (b * &w).unwrap().sum_all().unwrap().backward().unwrap();
+    for (i, v) in vars.iter().enumerate() {
+        let e = rel(ga.get(v).unwrap(), gb.get(v).unwrap(), 1e-2);
+        assert!(
+            e < tol * 5.0,
+            "{what}: gradient of input {i} differs by {e}"
+        );
+    }
+}
+
+const SIZES: [usize; 6] = [1, 2, 3, 127, 128, 129];
+
+#[test]
+fn linear_matches_candle_nn() {
+    for &n in &SIZES {
+        for (d_in, d_out) in [(1, 1), (3, 5), (32, 96), (129, 7)] {
+            let x = var(&[2, n, d_in], 1, 1.0);
+            let w = var(&[d_out, d_in], 2, 0.3);
+            let b = var(&[d_out], 3, 0.3);
+            compare(
+                &[&x, &w, &b],
+                1e-5,
+                &format!("linear {n}×{d_in}→{d_out}"),
+                |fused| ops::linear(&x, &w, Some(&b), fused).unwrap(),
+            );
+            compare(&[&x, &w], 1e-5, "linear without bias", |fused| {
+                ops::linear(&x, &w, None, fused).unwrap()
+            });
+        }
+    }
+}
+
+#[test]
+fn layer_norm_matches_the_composed_ops() {
+    for &n in &SIZES {
+        for d in [1, 2, 3, 8, 32, 129] {
+            let x = var(&[n, d], 4, 2.0);
+            let w = var(&[d], 5, 1.0);
+            let b = var(&[d], 6, 1.0);
+            // d = 1: x̂ is 0 and the input gradient vanishes; compare anyway.
+            compare(
+                &[&x, &w, &b],
+                2e-5,
+                &format!("layer norm {n}×{d}"),
+                |fused| ops::layer_norm(&x, &w, &b, 1e-5, fused).unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn gelu_matches_candle() {
+    for &n in &SIZES {
+        let x = var(&[n, 37], 7, 3.0);
+        compare(&[&x], 2e-6, &format!("gelu {n}"), |fused| {
+            ops::gelu(&x, fused).unwrap()
+        });
+    }
+}
+
+#[test]
+fn cross_entropy_matches_the_composed_ops() {
+    for &n in &SIZES {
+        for v in [1, 2, 3, 33, 129] {
+            let x = var(&[n, v], 8, 3.0);
+            let mut r = SplitMix64::new(n as u64);
+            let t: Vec<i64> = (0..n)
+                .map(|i| {
+                    if i % 5 == 4 {
+                        IGNORE
+                    } else {
+                        r.below(v as u64) as i64
+                    }
+                })
+                .collect();
+            let t = Tensor::from_vec(t, n, &DEV).unwrap();
+            compare(&[&x], 2e-5, &format!("cross-entropy {n}×{v}"), |fused| {
+                ops::cross_entropy(&x, &t, IGNORE, fused).unwrap()
+            });
+        }
+    }
+    // A target outside the vocabulary is an error, not a read out of bounds.
+    let x = var(&[2, 3], 9, 1.0);
+    let bad = Tensor::new(&[0i64, 3], &DEV).unwrap();
+    assert!(ops::cross_entropy(&x, &bad, IGNORE, true).is_err());
+}
+
+/// Every encoding, 50 steps: the losses of the fused run and of the run
+/// with the composed reference ops (same seed, same batches) agree within
+/// 1e-4 relative at every step.
+#[test]
+fn fifty_steps_fused_and_composed_agree() {
+    let task = Task::new(TaskKind::Copy, 8).unwrap();
+    let pes = [
+        PeConfig::Nope,
+        PeConfig::parse("sinusoidal", 24, 4).unwrap(),
+        PeConfig::parse("learned", 24, 4).unwrap(),
+        PeConfig::parse("floater", 24, 4).unwrap(),
+        PeConfig::parse("rope", 24, 4).unwrap(),
+        PeConfig::parse("rope-interleaved", 24, 4).unwrap(),
+        PeConfig::parse("xpos", 24, 4).unwrap(),
+        PeConfig::parse("alibi", 24, 4).unwrap(),
+        PeConfig::parse("t5", 24, 4).unwrap(),
+        PeConfig::parse("shaw", 24, 4).unwrap(),
+    ];
+    for pe in pes {
+        let label = pe.label();
+        let losses = |fused: bool| -> Vec<f64> {
+            let m = common::model(Mode::Decoder, &task, pe.clone());
+            let mut lab =
+                Lab::new(m, common::run(TaskKind::Copy, 50, 24, 7), task.clone()).unwrap();
+            lab.model.set_fused(fused);
+            let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
+            (0..50)
+                .map(|s| {
+                    let mut rng = SplitMix64::new(batch_seed(7, s, 0));
+                    let b = make_batch(&lab.task, &mut rng, 16, 24, &DEV).unwrap();
+                    let (loss, _) = lab.batch_loss(&b, None).unwrap();
+                    let l = loss.to_scalar::<f32>().unwrap() as f64;
+                    let mut g = loss.backward().unwrap();
+                    lab.optimizer_step(&mut opt, &mut g, 3e-3).unwrap();
+                    l
+                })
+                .collect()
+        };
+        let (a, b) = (losses(true), losses(false));
+        for (s, (x, y)) in a.iter().zip(&b).enumerate() {
+            let e = (x - y).abs() / y.abs();
+            assert!(
+                e < 1e-4,
+                "{label} step {s}: fused {x} vs composed {y} ({e:.2e})"
+            );
+        }
+        assert!(
+            a[49] < a[0],
+            "{label}: the loss went down ({} → {})",
+            a[0],
+            a[49]
+        );
+    }
+}
+
+/// Training is deterministic for a seed, and the fused kernels give the same
+/// bits on one thread as on two.
+#[test]
+fn training_does_not_depend_on_the_thread_count() {
+    let task = Task::new(TaskKind::Copy, 8).unwrap();
+    let run = |threads: usize| -> Vec<u32> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let mut m = common::model(
+                Mode::Decoder,
+                &task,
+                PeConfig::parse("shaw", 96, 4).unwrap(),
+            );
+            m.d_model = 64;
+            m.d_ff = 256;
+            let mut lab = Lab::new(m, common::run(TaskKind::Copy, 8, 96, 3), task.clone()).unwrap();
+            let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
+            (0..8)
+                .map(|s| {
+                    let mut rng = SplitMix64::new(batch_seed(3, s, 0));
+                    let b = make_batch(&lab.task, &mut rng, 32, 96, &DEV).unwrap();
+                    let (loss, _) = lab.batch_loss(&b, None).unwrap();
+                    let l = loss.to_scalar::<f32>().unwrap();
+                    let mut g = loss.backward().unwrap();
+                    lab.optimizer_step(&mut opt, &mut g, 3e-3).unwrap();
+                    l.to_bits()
+                })
+                .collect()
+        })
+    };
+    let one = run(1);
+    assert_eq!(one, run(1), "same seed, same thread count");
+    assert_eq!(one, run(2), "one thread vs two");
+}
