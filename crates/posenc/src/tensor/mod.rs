@@ -3,11 +3,14 @@
 //! - [`absolute`]: modules that add absolute encodings to embeddings;
 //! - [`bias`]: attention biases and relative terms as tensors;
 //! - [`rope`]: rotary embeddings on queries and keys, fused and
-//!   differentiable.
+//!   differentiable;
+//! - [`scan`]: differentiable `O(T)` cumulative sums.
 
 pub mod absolute;
 pub mod bias;
+mod host;
 pub mod rope;
+pub mod scan;
 
 use candle_core::Tensor;
 
