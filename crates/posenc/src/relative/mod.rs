@@ -4,15 +4,19 @@
 //!
 //! - [`alibi`]: ALiBi (Press et al. 2022), a fixed linear penalty per head;
 //! - [`t5`]: T5's bucketed relative attention bias (Raffel et al. 2020);
-//! - [`shaw`]: Shaw et al. (2018), learned relative key and value vectors.
+//! - [`shaw`]: Shaw et al. (2018), learned relative key and value vectors;
+//! - [`fire`]: FIRE (Li et al. 2024), an MLP of the log-transformed,
+//!   progressively interpolated distance.
 //!
 //! The tensor versions live in [`tensor::bias`](crate::tensor::bias).
 
 pub mod alibi;
+pub mod fire;
 pub mod shaw;
 pub mod t5;
 
 pub use alibi::{alibi_slopes, Alibi, AlibiMode};
+pub use fire::{Fire, FireConfig, FireMlp, FireMode};
 pub use shaw::Shaw;
 pub use t5::{relative_position_bucket, T5Bias, T5Buckets};
 

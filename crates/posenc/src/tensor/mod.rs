@@ -4,10 +4,12 @@
 //! - [`bias`]: attention biases and relative terms as tensors;
 //! - [`rope`]: rotary embeddings on queries and keys, fused and
 //!   differentiable;
+//! - [`fire`]: FIRE's learned bias, `(1 or B, H, Tq, Tk)`;
 //! - [`scan`]: differentiable `O(T)` cumulative sums.
 
 pub mod absolute;
 pub mod bias;
+pub mod fire;
 mod host;
 pub mod rope;
 pub mod scan;
