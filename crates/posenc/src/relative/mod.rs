@@ -6,16 +6,20 @@
 //! - [`t5`]: T5's bucketed relative attention bias (Raffel et al. 2020);
 //! - [`shaw`]: Shaw et al. (2018), learned relative key and value vectors;
 //! - [`fire`]: FIRE (Li et al. 2024), an MLP of the log-transformed,
-//!   progressively interpolated distance.
+//!   progressively interpolated distance;
+//! - [`cope`]: CoPE (Golovneva et al. 2024), positions counted by gates on
+//!   the context.
 //!
 //! The tensor versions live in [`tensor::bias`](crate::tensor::bias).
 
 pub mod alibi;
+pub mod cope;
 pub mod fire;
 pub mod shaw;
 pub mod t5;
 
 pub use alibi::{alibi_slopes, Alibi, AlibiMode};
+pub use cope::{Cope, CopeConfig};
 pub use fire::{Fire, FireConfig, FireMlp, FireMode};
 pub use shaw::Shaw;
 pub use t5::{relative_position_bucket, T5Bias, T5Buckets};

@@ -5,10 +5,12 @@
 //! - [`rope`]: rotary embeddings on queries and keys, fused and
 //!   differentiable;
 //! - [`fire`]: FIRE's learned bias, `(1 or B, H, Tq, Tk)`;
+//! - [`cope`]: CoPE's contextual-position bias, `(B, H, Tq, Tk)`;
 //! - [`scan`]: differentiable `O(T)` cumulative sums.
 
 pub mod absolute;
 pub mod bias;
+pub mod cope;
 pub mod fire;
 mod host;
 pub mod rope;
