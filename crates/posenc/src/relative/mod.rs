@@ -8,19 +8,23 @@
 //! - [`fire`]: FIRE (Li et al. 2024), an MLP of the log-transformed,
 //!   progressively interpolated distance;
 //! - [`cope`]: CoPE (Golovneva et al. 2024), positions counted by gates on
-//!   the context.
+//!   the context;
+//! - [`forgetting`]: forgetting attention (Lin et al. 2025), cumulative
+//!   log-sigmoid forget gates as a data-dependent ALiBi.
 //!
 //! The tensor versions live in [`tensor::bias`](crate::tensor::bias).
 
 pub mod alibi;
 pub mod cope;
 pub mod fire;
+pub mod forgetting;
 pub mod shaw;
 pub mod t5;
 
 pub use alibi::{alibi_slopes, Alibi, AlibiMode};
 pub use cope::{Cope, CopeConfig};
 pub use fire::{Fire, FireConfig, FireMlp, FireMode};
+pub use forgetting::{ForgetBiasInit, ForgetGate, ForgetGateConfig};
 pub use shaw::Shaw;
 pub use t5::{relative_position_bucket, T5Bias, T5Buckets};
 

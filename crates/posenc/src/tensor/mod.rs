@@ -4,14 +4,16 @@
 //! - [`bias`]: attention biases and relative terms as tensors;
 //! - [`rope`]: rotary embeddings on queries and keys, fused and
 //!   differentiable;
-//! - [`fire`]: FIRE's learned bias, `(1 or B, H, Tq, Tk)`;
-//! - [`cope`]: CoPE's contextual-position bias, `(B, H, Tq, Tk)`;
-//! - [`scan`]: differentiable `O(T)` cumulative sums.
+//! - [`fire`], [`cope`], [`forgetting`]: the learned biases FIRE, CoPE and
+//!   forgetting attention, each an additive `(B or 1, H, Tq, Tk)` logits
+//!   bias (forgetting attention also as its compact `(B, H, T)` cumulative
+//!   form), with [`scan`]'s differentiable `O(T)` cumulative sums.
 
 pub mod absolute;
 pub mod bias;
 pub mod cope;
 pub mod fire;
+pub mod forgetting;
 mod host;
 pub mod rope;
 pub mod scan;
