@@ -12,7 +12,10 @@
 //! - [`forgetting`]: forgetting attention (Lin et al. 2025), cumulative
 //!   log-sigmoid forget gates as a data-dependent ALiBi.
 //!
-//! The tensor versions live in [`tensor::bias`](crate::tensor::bias).
+//! The tensor versions live in [`tensor::bias`](crate::tensor::bias) (ALiBi,
+//! T5, Shaw), [`tensor::fire`](crate::tensor::fire),
+//! [`tensor::cope`](crate::tensor::cope) and
+//! [`tensor::forgetting`](crate::tensor::forgetting).
 
 pub mod alibi;
 pub mod cope;
