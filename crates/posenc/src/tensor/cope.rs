@@ -355,24 +355,24 @@ impl CopeOp {
         (self.npos - 1) as f64
     }
 
-    /// Visibility of key `j` for row `row = (b·H + h)·Tq + i`.
-    fn visible(&self, row: usize, j: usize) -> bool {
-        match &self.mask {
-            None => true,
-            Some(m) => {
-                let i = row % self.tq;
-                let b = row / (self.tq * self.heads);
-                let bm = if self.mask_rows == 1 { 0 } else { b };
-                m[(bm * self.tq + i) * self.tk + j] != 0
-            }
-        }
+    /// The visibility of the keys of row `row = (b·H + h)·Tq + i` (`None`:
+    /// every key visible).
+    fn visibility(&self, row: usize) -> Option<&[u8]> {
+        self.mask.as_ref().map(|m| {
+            let i = row % self.tq;
+            let b = row / (self.tq * self.heads);
+            let bm = if self.mask_rows == 1 { 0 } else { b };
+            let start = (bm * self.tq + i) * self.tk;
+            &m[start..start + self.tk]
+        })
     }
 
     /// Gates and unclamped positions of one row.
     fn row<T: WithDType>(&self, row: usize, gl: &[T], g: &mut [f64], p: &mut [f64]) {
+        let vis = self.visibility(row);
         let mut acc = 0.0;
         for j in (0..self.tk).rev() {
-            g[j] = if self.visible(row, j) {
+            g[j] = if vis.is_none_or(|v| v[j] != 0) {
                 sigmoid(gl[j].to_f64())
             } else {
                 0.0
