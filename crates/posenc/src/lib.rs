@@ -8,7 +8,9 @@
 //!   sinusoidal (Vaswani et al. 2017, both layouts), learned, FLOATER
 //!   (Liu et al. 2020);
 //! - **relative** encodings inside attention ([`relative`]): Shaw et al.
-//!   (2018), T5 buckets (Raffel et al. 2020), ALiBi (Press et al. 2022);
+//!   (2018), T5 buckets (Raffel et al. 2020), ALiBi (Press et al. 2022),
+//!   and the learned biases FIRE (Li et al. 2024), CoPE (Golovneva et al.
+//!   2024) and forgetting attention (Lin et al. 2025);
 //! - **rotary** encodings on queries and keys ([`rope`]): RoPE (Su et al.
 //!   2021) with every Hugging Face scaling (linear, dynamic NTK, YaRN,
 //!   LongRoPE, Llama 3, ...), read straight from a model's `config.json`,

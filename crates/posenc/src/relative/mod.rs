@@ -4,15 +4,30 @@
 //!
 //! - [`alibi`]: ALiBi (Press et al. 2022), a fixed linear penalty per head;
 //! - [`t5`]: T5's bucketed relative attention bias (Raffel et al. 2020);
-//! - [`shaw`]: Shaw et al. (2018), learned relative key and value vectors.
+//! - [`shaw`]: Shaw et al. (2018), learned relative key and value vectors;
+//! - [`fire`]: FIRE (Li et al. 2024), an MLP of the log-transformed,
+//!   progressively interpolated distance;
+//! - [`cope`]: CoPE (Golovneva et al. 2024), positions counted by gates on
+//!   the context;
+//! - [`forgetting`]: forgetting attention (Lin et al. 2025), cumulative
+//!   log-sigmoid forget gates as a data-dependent ALiBi.
 //!
-//! The tensor versions live in [`tensor::bias`](crate::tensor::bias).
+//! The tensor versions live in [`tensor::bias`](crate::tensor::bias) (ALiBi,
+//! T5, Shaw), [`tensor::fire`](crate::tensor::fire),
+//! [`tensor::cope`](crate::tensor::cope) and
+//! [`tensor::forgetting`](crate::tensor::forgetting).
 
 pub mod alibi;
+pub mod cope;
+pub mod fire;
+pub mod forgetting;
 pub mod shaw;
 pub mod t5;
 
 pub use alibi::{alibi_slopes, Alibi, AlibiMode};
+pub use cope::{Cope, CopeConfig};
+pub use fire::{Fire, FireConfig, FireMlp, FireMode};
+pub use forgetting::{ForgetBiasInit, ForgetGate, ForgetGateConfig};
 pub use shaw::Shaw;
 pub use t5::{relative_position_bucket, T5Bias, T5Buckets};
 

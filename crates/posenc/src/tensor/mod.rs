@@ -4,6 +4,10 @@
 //! - [`bias`]: attention biases and relative terms as tensors;
 //! - [`rope`]: rotary embeddings on queries and keys, fused and
 //!   differentiable;
+//! - [`fire`], [`cope`], [`forgetting`]: the learned biases FIRE, CoPE and
+//!   forgetting attention, each an additive `(B or 1, H, Tq, Tk)` logits
+//!   bias (forgetting attention also as its compact `(B, H, T)` cumulative
+//!   form), with [`scan`]'s differentiable `O(T)` cumulative sums;
 //! - [`hooks`]: the input, query/key, logits and values hooks as traits,
 //!   implemented by every encoding;
 //! - [`attention`]: differentiable attention with those hooks inside, fused
@@ -13,8 +17,13 @@
 pub mod absolute;
 pub mod attention;
 pub mod bias;
+pub mod cope;
+pub mod fire;
+pub mod forgetting;
 pub mod hooks;
+mod host;
 pub mod rope;
+pub mod scan;
 
 use candle_core::Tensor;
 
