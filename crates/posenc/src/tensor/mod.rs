@@ -3,9 +3,12 @@
 //! - [`absolute`]: modules that add absolute encodings to embeddings;
 //! - [`bias`]: attention biases and relative terms as tensors;
 //! - [`rope`]: rotary embeddings on queries and keys, fused and
-//!   differentiable.
+//!   differentiable;
+//! - [`axial`]: multi-axis rotary embeddings (M-RoPE, 2-D vision RoPE) with
+//!   per-axis position ids, on the same kernels.
 
 pub mod absolute;
+pub mod axial;
 pub mod bias;
 pub mod rope;
 
