@@ -28,8 +28,9 @@
 //!   2·10^6 for SmolLM3), else 10000.
 //! - **head dimension**: DeepSeek's `qk_rope_head_dim` (the rotated part of
 //!   MLA heads; transformers sets `head_dim` to it), else `head_dim` (when
-//!   non-zero), else `hidden_size / num_attention_heads` (floor, as Python's
-//!   `//`).
+//!   non-zero), else the config class's default (256 for Gemma 2/3/4, 128
+//!   for Llama 4), else `hidden_size / num_attention_heads` (floor, as
+//!   Python's `//`). Gemma 4's full-attention layers use `global_head_dim`.
 //! - **rotary dimension**: GPT-J/CodeGen `rotary_dim` if given, else
 //!   `int(head_dim · partial_rotary_factor)` with `partial_rotary_factor` from
 //!   the parameters, the top level, or GPT-NeoX `rotary_pct`; its default is 1,
@@ -64,7 +65,10 @@ use crate::error::{check_dim, check_size, Error, Result};
 
 /// `model_type`s whose rotary pairs are interleaved `(x[2i], x[2i+1])`
 /// unless the config says `rope_interleave: false`.
-pub const INTERLEAVED_MODEL_TYPES: &[&str] = &["gptj", "codegen", "deepseek_v2", "deepseek_v3"];
+/// Llama 4 multiplies complex pairs (`view_as_complex`). A `_text` suffix is
+/// ignored.
+pub const INTERLEAVED_MODEL_TYPES: &[&str] =
+    &["gptj", "codegen", "deepseek_v2", "deepseek_v3", "llama4"];
 
 /// The RoPE-related keys of a Hugging Face `config.json`. Every field is
 /// optional; unknown keys are ignored. Defaults are applied by
@@ -182,6 +186,24 @@ const MODEL_DEFAULT_THETA: &[(&str, f64)] = &[
 /// `model_type` without a `_text` suffix (`qwen3_vl_text` is `qwen3_vl`).
 pub(crate) fn base_model_type(model_type: &str) -> &str {
     model_type.strip_suffix("_text").unwrap_or(model_type)
+}
+
+/// The model types whose config class has a default `head_dim` (used when
+/// the file gives none, before `hidden_size / num_attention_heads`).
+const MODEL_DEFAULT_HEAD_DIM: &[(&str, usize)] = &[
+    ("gemma2", 256),
+    ("gemma3", 256),
+    ("gemma3n", 256),
+    ("gemma4", 256),
+    ("llama4", 128),
+];
+
+pub(crate) fn model_default_head_dim(model_type: &str) -> Option<usize> {
+    let m = base_model_type(model_type);
+    MODEL_DEFAULT_HEAD_DIM
+        .iter()
+        .find(|(n, _)| *n == m)
+        .map(|&(_, d)| d)
 }
 
 pub(crate) fn model_default_theta(model_type: &str) -> Option<f64> {
@@ -677,11 +699,14 @@ impl RopeConfig {
             return Err(Error::InvalidTheta(theta));
         }
 
-        let head_dim = match (ov.head_dim, hf.qk_rope_head_dim, hf.head_dim) {
-            (Some(d), _, _) => d,
-            (None, Some(d), _) => d,
-            (None, None, Some(d)) if d > 0 => d,
-            _ => {
+        let explicit = ov
+            .head_dim
+            .or(hf.qk_rope_head_dim)
+            .or(hf.head_dim.filter(|&d| d > 0))
+            .or_else(|| model_default_head_dim(model_type));
+        let head_dim = match explicit {
+            Some(d) => d,
+            None => {
                 let hidden = hf.hidden_size.ok_or_else(|| {
                     Error::missing(
                         "head_dim",
@@ -822,7 +847,9 @@ impl RopeConfig {
         let layout = match hf.rope_interleave {
             Some(true) => PairLayout::Interleaved,
             Some(false) => PairLayout::HalfSplit,
-            None if INTERLEAVED_MODEL_TYPES.contains(&model_type) => PairLayout::Interleaved,
+            None if INTERLEAVED_MODEL_TYPES.contains(&base_model_type(model_type)) => {
+                PairLayout::Interleaved
+            }
             None => PairLayout::HalfSplit,
         };
 

@@ -79,7 +79,8 @@ impl HfVisionConfig {
         Ok(t)
     }
 
-    /// The encoder's head dimension: `head_dim`, else width / heads.
+    /// The encoder's head dimension: `head_dim`, else width (`embed_dim`,
+    /// else `hidden_size`) / heads.
     ///
     /// # Errors
     /// [`Error::MissingKey`], [`Error::ZeroHeads`], [`Error::TooLarge`].
@@ -87,7 +88,8 @@ impl HfVisionConfig {
         let d = match self.head_dim {
             Some(d) if d > 0 => d,
             _ => {
-                let width = self.hidden_size.or(self.embed_dim).ok_or_else(|| {
+                // Qwen2-VL's `hidden_size` is the language model's; its encoder width is `embed_dim`
+                let width = self.embed_dim.or(self.hidden_size).ok_or_else(|| {
                     Error::missing("vision_config.hidden_size", Some("or embed_dim / head_dim"))
                 })?;
                 let heads = self.num_attention_heads.ok_or_else(|| {
