@@ -106,11 +106,18 @@ fn check_tables(
             let theta = theirs.inv_freq()[j] as f64;
             let p = pos[theirs.axes()[j]] as f64;
             let bound = TABLE_ABS
-                + theirs.attention_factor() * p * theta * rel(ours.inv_freq()[j] as f64, theta) * 1.0001;
+                + theirs.attention_factor()
+                    * p
+                    * theta
+                    * rel(ours.inv_freq()[j] as f64, theta)
+                    * 1.0001;
             let oe = (oc[r * n + j] as f64 - cr[j])
                 .abs()
                 .max((os[r * n + j] as f64 - sr[j]).abs());
-            assert!(oe <= bound, "{ctx}: own table at {pos:?}, pair {j}: {oe:e} > {bound:e}");
+            assert!(
+                oe <= bound,
+                "{ctx}: own table at {pos:?}, pair {j}: {oe:e} > {bound:e}"
+            );
         }
     }
     worst
@@ -120,7 +127,10 @@ fn check_freqs(ctx: &str, ours: &[f32], theirs: &[f64]) {
     assert_eq!(ours.len(), theirs.len(), "{ctx}: number of frequencies");
     for (j, (&o, &t)) in ours.iter().zip(theirs).enumerate() {
         let e = rel(o as f64, t);
-        assert!(e <= INV_FREQ_REL, "{ctx}: inv_freq[{j}] = {o:e}, transformers {t:e}");
+        assert!(
+            e <= INV_FREQ_REL,
+            "{ctx}: inv_freq[{j}] = {o:e}, transformers {t:e}"
+        );
     }
 }
 
@@ -142,13 +152,28 @@ fn check_layers(name: &str, m: &ModelRope, exp: &Value) {
         let ctx = format!("{name} / {lt}");
         let cfg = m.layer_type(lt).unwrap();
         let f = cfg.frequencies(None).unwrap();
-        assert_eq!(f.rope_type, e["rope_type"].as_str().unwrap(), "{ctx}: rope_type");
-        assert_eq!(f.rotary_dim as u64, e["rotary_dim"].as_u64().unwrap(), "{ctx}: rotary_dim");
-        assert_eq!(cfg.head_dim() as u64, e["head_dim"].as_u64().unwrap(), "{ctx}: head_dim");
+        assert_eq!(
+            f.rope_type,
+            e["rope_type"].as_str().unwrap(),
+            "{ctx}: rope_type"
+        );
+        assert_eq!(
+            f.rotary_dim as u64,
+            e["rotary_dim"].as_u64().unwrap(),
+            "{ctx}: rotary_dim"
+        );
+        assert_eq!(
+            cfg.head_dim() as u64,
+            e["head_dim"].as_u64().unwrap(),
+            "{ctx}: head_dim"
+        );
         let inv = f64s(&e["inv_freq"]);
         check_freqs(&ctx, &f.inv_freq, &inv);
         let af = e["attention_factor"].as_f64().unwrap();
-        assert!(rel(f.attention_factor, af) <= ATTN_REL, "{ctx}: attention factor");
+        assert!(
+            rel(f.attention_factor, af) <= ATTN_REL,
+            "{ctx}: attention factor"
+        );
         let n = inv.len();
         let theirs = AxialFrequencies::new(
             "t",
@@ -194,27 +219,48 @@ fn segment(v: &Value) -> Segment {
 fn check_mrope(name: &str, m: &ModelRope, exp: &Value) {
     let e = &exp["mrope"];
     let (section, layout) = m.mrope_section().expect("an M-RoPE model");
-    assert_eq!(section, u64s(&e["section"]).iter().map(|&v| v as usize).collect::<Vec<_>>().as_slice(), "{name}: section");
+    assert_eq!(
+        section,
+        u64s(&e["section"])
+            .iter()
+            .map(|&v| v as usize)
+            .collect::<Vec<_>>()
+            .as_slice(),
+        "{name}: section"
+    );
     assert_eq!(
         layout == MropeLayout::Interleaved,
         e["interleaved"].as_bool().unwrap(),
         "{name}: interleaved"
     );
     let want_axes: Vec<usize> = u64s(&e["axes"]).iter().map(|&v| v as usize).collect();
-    assert_eq!(mrope_axes(section, want_axes.len(), layout).unwrap(), want_axes, "{name}: axes (transformers' recomposition)");
+    assert_eq!(
+        mrope_axes(section, want_axes.len(), layout).unwrap(),
+        want_axes,
+        "{name}: axes (transformers' recomposition)"
+    );
     // position ids of get_rope_index, exactly
     let rules = m.index_rules().unwrap();
     let merge = m.spatial_merge_size().unwrap();
     for s in e["sequences"].as_array().unwrap() {
         let ctx = format!("{name} / {}", s["name"].as_str().unwrap());
-        let segs: Vec<Segment> = s["segments"].as_array().unwrap().iter().map(segment).collect();
+        let segs: Vec<Segment> = s["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(segment)
+            .collect();
         let ids = rope_index(&segs, rules, merge).unwrap();
         let want = s["position_ids"].as_array().unwrap();
         let got = ids.by_axis();
         for a in 0..3 {
             assert_eq!(got[a], u64s(&want[a]), "{ctx}: axis {a}");
         }
-        assert_eq!(ids.delta(), s["rope_delta"].as_i64().unwrap() as i128, "{ctx}: rope_delta");
+        assert_eq!(
+            ids.delta(),
+            s["rope_delta"].as_i64().unwrap() as i128,
+            "{ctx}: rope_delta"
+        );
     }
     // tables at 3-axis positions
     let lt = &m.layer_types()[0].name;
@@ -255,7 +301,8 @@ fn check_vision(name: &str, exp: &Value) {
         k => panic!("{k}"),
     };
     // the kind posenc reads from the config itself
-    let cfg = posenc::rope::HfRopeConfig::from_file(&dir().join(format!("{name}.config.json"))).unwrap();
+    let cfg =
+        posenc::rope::HfRopeConfig::from_file(&dir().join(format!("{name}.config.json"))).unwrap();
     let vc = cfg.vision_config.as_deref().unwrap();
     assert_eq!(
         VisionRopeKind::for_model(cfg.model_type.as_deref().unwrap(), vc.model_type.as_deref()),
@@ -263,7 +310,11 @@ fn check_vision(name: &str, exp: &Value) {
         "{name}: vision kind"
     );
     let head_dim = vc.head_dim().unwrap();
-    assert_eq!(head_dim as u64, v["head_dim"].as_u64().unwrap(), "{name}: vision head_dim");
+    assert_eq!(
+        head_dim as u64,
+        v["head_dim"].as_u64().unwrap(),
+        "{name}: vision head_dim"
+    );
     let theta = vc.theta(10000.0).unwrap();
     assert_eq!(theta, v["rope_theta"].as_f64().unwrap());
     let ours = kind.frequencies(theta, head_dim).unwrap();
@@ -291,8 +342,12 @@ fn check_vision(name: &str, exp: &Value) {
             grid_positions(g[0] as usize, g[1] as usize).unwrap()
         }
         VisionRopeKind::Llama4 => {
-            let all = llama4_vision_positions(v["patches_per_side"].as_u64().unwrap() as usize).unwrap();
-            u64s(&v["token_indices"]).iter().map(|&i| all[i as usize]).collect()
+            let all =
+                llama4_vision_positions(v["patches_per_side"].as_u64().unwrap() as usize).unwrap();
+            u64s(&v["token_indices"])
+                .iter()
+                .map(|&i| all[i as usize])
+                .collect()
         }
     };
     assert_eq!(got_pos, want_pos, "{name}: vision positions");
@@ -346,7 +401,11 @@ fn fixture_set_is_complete() {
 
 #[test]
 fn qwen_vl_mrope_matches_transformers() {
-    for name in ["qwen2-vl-7b-instruct", "qwen2.5-vl-7b-instruct", "qwen3-vl-8b-instruct"] {
+    for name in [
+        "qwen2-vl-7b-instruct",
+        "qwen2.5-vl-7b-instruct",
+        "qwen3-vl-8b-instruct",
+    ] {
         let (m, exp) = load(name);
         check_layers(name, &m, &exp);
         check_mrope(name, &m, &exp);
@@ -364,7 +423,10 @@ fn gemma_layer_types_match_transformers() {
     }
     // Gemma 3 4B: linear ×8 on the full layers only, 10^4 on the sliding ones
     let (m, _) = load("gemma-3-4b-it");
-    assert_eq!(m.layer_type("full_attention").unwrap().rope_type(), "linear");
+    assert_eq!(
+        m.layer_type("full_attention").unwrap().rope_type(),
+        "linear"
+    );
     assert_eq!(m.layer_type("full_attention").unwrap().theta(), 1e6);
     assert_eq!(m.layer_type("sliding_attention").unwrap().theta(), 1e4);
     // Gemma 4: the full layers rotate a quarter of a 512-wide head
@@ -395,7 +457,10 @@ fn nope_layers_match_transformers() {
     for (p, want) in u64s(&t["positions"]).iter().zip(f64s(&t["scales_f32"])) {
         let got = temp.scale(*p);
         // transformers evaluates in float32
-        assert!((got - want).abs() <= 2e-7 * want, "position {p}: {got} vs {want}");
+        assert!(
+            (got - want).abs() <= 2e-7 * want,
+            "position {p}: {got} vs {want}"
+        );
     }
     assert_eq!(
         m.attention_chunk_size(),
@@ -431,5 +496,10 @@ fn deepseek_softmax_scale_matches_transformers() {
     let s = m.softmax_scale().unwrap();
     let want = exp["softmax_scale"].as_f64().unwrap();
     assert!(rel(s, want) < 1e-14, "{s} vs {want}");
-    assert!(rel(m.softmax_scale_factor().unwrap(), exp["softmax_scale_factor"].as_f64().unwrap()) < 1e-14);
+    assert!(
+        rel(
+            m.softmax_scale_factor().unwrap(),
+            exp["softmax_scale_factor"].as_f64().unwrap()
+        ) < 1e-14
+    );
 }

@@ -133,7 +133,11 @@ impl AxialFrequencies {
     ///
     /// # Errors
     /// As [`new`](Self::new).
-    pub fn from_frequencies(f: &RopeFrequencies, axis: Vec<usize>, num_axes: usize) -> Result<Self> {
+    pub fn from_frequencies(
+        f: &RopeFrequencies,
+        axis: Vec<usize>,
+        num_axes: usize,
+    ) -> Result<Self> {
         Self::new(
             f.rope_type.clone(),
             f.inv_freq.clone(),

@@ -35,7 +35,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::axial::AxialFrequencies;
-use super::config::{base_model_type, HfOverrides, HfRopeConfig, HfRopeParameters, HfRopeParametersField, RopeConfig};
+use super::config::{
+    base_model_type, HfOverrides, HfRopeConfig, HfRopeParameters, HfRopeParametersField, RopeConfig,
+};
 use super::limits::{MAX_LAYERS, MAX_LAYER_TYPES};
 use super::mrope::{IndexRules, Mrope, MropeLayout};
 use super::scaling::yarn::softmax_scale_factor;
@@ -111,7 +113,11 @@ impl AttnTemperature {
     /// evaluates it in `float32`; the two agree below position 2^24, where
     /// `float32` still holds `p + 1` exactly).
     pub fn scale(&self, position: u64) -> f64 {
-        (((position as f64) + 1.0) / self.floor_scale).floor().ln_1p() * self.attn_scale + 1.0
+        (((position as f64) + 1.0) / self.floor_scale)
+            .floor()
+            .ln_1p()
+            * self.attn_scale
+            + 1.0
     }
 
     /// The scales of positions `offset .. offset + len`, as `f32` (one per
@@ -172,7 +178,12 @@ const MROPE_MODELS: &[(&str, [usize; 3], MropeLayout, bool)] = &[
     ("qwen2_5_vl", [16, 24, 24], MropeLayout::Chunked, false),
     ("qwen2_5_omni", [16, 24, 24], MropeLayout::Chunked, false),
     ("qwen3_vl", [24, 20, 20], MropeLayout::Interleaved, false),
-    ("qwen3_vl_moe", [24, 20, 20], MropeLayout::Interleaved, false),
+    (
+        "qwen3_vl_moe",
+        [24, 20, 20],
+        MropeLayout::Interleaved,
+        false,
+    ),
     ("qwen3_5", [11, 11, 10], MropeLayout::Interleaved, false),
     ("qwen3_5_moe", [11, 11, 10], MropeLayout::Interleaved, false),
     ("glm4v", [8, 12, 12], MropeLayout::Chunked, true),
@@ -275,7 +286,10 @@ impl ModelRope {
                 if l.len() < n {
                     return Err(Error::invalid(
                         "no_rope_layers",
-                        format!("has {} entries for {n} layers (one per layer is needed)", l.len()),
+                        format!(
+                            "has {} entries for {n} layers (one per layer is needed)",
+                            l.len()
+                        ),
                     ));
                 }
                 Some(l[..n].iter().map(|f| f.is_set()).collect())
@@ -331,7 +345,14 @@ impl ModelRope {
             }
             (None, Some(_)) if m == "llama4" => rope_flags.as_ref().map(|f| {
                 f.iter()
-                    .map(|&r| if r { "chunked_attention" } else { "full_attention" }.to_string())
+                    .map(|&r| {
+                        if r {
+                            "chunked_attention"
+                        } else {
+                            "full_attention"
+                        }
+                        .to_string()
+                    })
                     .collect()
             }),
             _ => None,
@@ -342,7 +363,11 @@ impl ModelRope {
             Some(l) => {
                 for n in l {
                     if !type_names.contains(n) {
-                        check_size("number of distinct layer types", type_names.len() + 1, MAX_LAYER_TYPES)?;
+                        check_size(
+                            "number of distinct layer types",
+                            type_names.len() + 1,
+                            MAX_LAYER_TYPES,
+                        )?;
                         type_names.push(n.clone());
                     }
                 }
@@ -351,14 +376,19 @@ impl ModelRope {
         }
 
         // --- parameters of each type ----------------------------------------
-        let nested = |f: &HfRopeParametersField| -> Option<BTreeMap<String, Option<HfRopeParameters>>> {
-            match f {
-                HfRopeParametersField::PerLayerType(map) if !map.is_empty() => Some(map.clone()),
-                _ => None,
-            }
-        };
+        let nested =
+            |f: &HfRopeParametersField| -> Option<BTreeMap<String, Option<HfRopeParameters>>> {
+                match f {
+                    HfRopeParametersField::PerLayerType(map) if !map.is_empty() => {
+                        Some(map.clone())
+                    }
+                    _ => None,
+                }
+            };
         let scaling_flat = match &t.rope_scaling {
-            Some(HfRopeParametersField::Flat(p)) if **p != HfRopeParameters::default() => Some((**p).clone()),
+            Some(HfRopeParametersField::Flat(p)) if **p != HfRopeParameters::default() => {
+                Some((**p).clone())
+            }
             _ => None,
         };
         let nested_params = t
@@ -385,15 +415,13 @@ impl ModelRope {
                 let entry = match map.get(name) {
                     Some(e) => e.clone(),
                     None if gemma3 => Some(HfRopeParameters::default()),
-                    None => {
-                        return Err(Error::invalid(
-                            "rope_parameters",
-                            format!(
-                                "nested by layer type ({}) without an entry for layer type {name:?}",
-                                map.keys().cloned().collect::<Vec<_>>().join(", ")
-                            ),
-                        ))
-                    }
+                    None => return Err(Error::invalid(
+                        "rope_parameters",
+                        format!(
+                            "nested by layer type ({}) without an entry for layer type {name:?}",
+                            map.keys().cloned().collect::<Vec<_>>().join(", ")
+                        ),
+                    )),
                 };
                 // Gemma 3 replaces a missing or null entry by plain RoPE
                 let entry = if gemma3 {
@@ -456,7 +484,8 @@ impl ModelRope {
                     let name = layer_types
                         .as_ref()
                         .map_or("full_attention", |l| l[i].as_str());
-                    let rope = rope_flags.as_ref().is_none_or(|f| f[i]) && !nope_types.iter().any(|x| x == name);
+                    let rope = rope_flags.as_ref().is_none_or(|f| f[i])
+                        && !nope_types.iter().any(|x| x == name);
                     if rope {
                         LayerRope::Rope(name.to_string())
                     } else {
@@ -468,7 +497,11 @@ impl ModelRope {
         };
         // keep only the types some layer uses (all of them when the layers are unknown)
         if !layers.is_empty() {
-            types.retain(|ty| layers.iter().any(|l| matches!(l, LayerRope::Rope(n) if *n == ty.name)));
+            types.retain(|ty| {
+                layers
+                    .iter()
+                    .any(|l| matches!(l, LayerRope::Rope(n) if *n == ty.name))
+            });
         }
         types.sort_by(|a, b| a.name.cmp(&b.name));
 
@@ -476,7 +509,12 @@ impl ModelRope {
         let model_mrope = MROPE_MODELS.iter().find(|(n, ..)| *n == m);
         let any_params = nested_params
             .as_ref()
-            .and_then(|map| map.values().flatten().find(|p| p.mrope_section.is_some()).cloned())
+            .and_then(|map| {
+                map.values()
+                    .flatten()
+                    .find(|p| p.mrope_section.is_some())
+                    .cloned()
+            })
             .or_else(|| flat_params.clone());
         let section = any_params.as_ref().and_then(|p| p.mrope_section.clone());
         let mrope = match (section, model_mrope) {
@@ -499,11 +537,18 @@ impl ModelRope {
             (None, None) => None,
         };
         if let Some((s, layout)) = &mrope {
-            check_size("number of mrope sections", s.len(), super::limits::MAX_HEAD_DIM / 2)?;
+            check_size(
+                "number of mrope sections",
+                s.len(),
+                super::limits::MAX_HEAD_DIM / 2,
+            )?;
             for ty in &mut types {
                 // GLM-4V interleaves its pairs (repeat_interleave) unless the config says otherwise
                 if model_mrope.is_some_and(|x| x.3) && t.rope_interleave.is_none() {
-                    ty.config = ty.config.clone().with_layout(super::PairLayout::Interleaved);
+                    ty.config = ty
+                        .config
+                        .clone()
+                        .with_layout(super::PairLayout::Interleaved);
                 }
                 Mrope::new(ty.config.clone(), s.clone(), *layout)?;
             }
@@ -511,12 +556,16 @@ impl ModelRope {
         let vision = t.vision_config.as_deref();
         let index_rules = mrope
             .as_ref()
-            .and_then(|_| IndexRules::for_model(&model_type, vision.and_then(|v| v.tokens_per_second)))
+            .and_then(|_| {
+                IndexRules::for_model(&model_type, vision.and_then(|v| v.tokens_per_second))
+            })
             .or_else(|| mrope.as_ref().map(|_| IndexRules::Qwen2Vl));
-        let spatial_merge_size = mrope.as_ref().map(|_| vision.and_then(|v| v.spatial_merge_size).unwrap_or(2));
+        let spatial_merge_size = mrope
+            .as_ref()
+            .map(|_| vision.and_then(|v| v.spatial_merge_size).unwrap_or(2));
 
         // --- Llama 4 temperature tuning, chunked attention ----------------------
-        let has_nope = layers.iter().any(|l| *l == LayerRope::NoPe);
+        let has_nope = layers.contains(&LayerRope::NoPe);
         let tuning = t
             .attn_temperature_tuning
             .map(|f| f.is_set())
@@ -529,14 +578,18 @@ impl ModelRope {
         } else {
             None
         };
-        let attention_chunk_size = t
-            .attention_chunk_size
-            .or(if m == "llama4" { Some(8192) } else { None });
+        let attention_chunk_size =
+            t.attention_chunk_size
+                .or(if m == "llama4" { Some(8192) } else { None });
 
         // --- DeepSeek softmax scale -----------------------------------------
         let (softmax_scale_factor, qk_head_dim) = if SOFTMAX_SCALE_MODELS.contains(&m) {
             let p = flat_params.clone().unwrap_or_default();
-            let rt = p.rope_type.clone().or(p.legacy_type.clone()).unwrap_or_else(|| "default".into());
+            let rt = p
+                .rope_type
+                .clone()
+                .or(p.legacy_type.clone())
+                .unwrap_or_else(|| "default".into());
             let f = if rt != "default" {
                 softmax_scale_factor(p.factor.unwrap_or(1.0), p.mscale_all_dim)
             } else {
@@ -585,7 +638,10 @@ impl ModelRope {
     }
     /// The RoPE of one layer type.
     pub fn layer_type(&self, name: &str) -> Option<&RopeConfig> {
-        self.types.iter().find(|t| t.name == name).map(|t| &t.config)
+        self.types
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| &t.config)
     }
     /// One entry per layer (empty when the config gives no number of layers).
     pub fn layers(&self) -> &[LayerRope] {
@@ -644,10 +700,14 @@ impl ModelRope {
     /// # Errors
     /// [`Error::InvalidValue`] for an unknown layer type, then those of
     /// [`RopeConfig::frequencies`].
-    pub fn axial_frequencies(&self, name: &str, seq_len: Option<usize>) -> Result<AxialFrequencies> {
-        let c = self
-            .layer_type(name)
-            .ok_or_else(|| Error::invalid("layer type", format!("{name:?} has no RoPE in this model")))?;
+    pub fn axial_frequencies(
+        &self,
+        name: &str,
+        seq_len: Option<usize>,
+    ) -> Result<AxialFrequencies> {
+        let c = self.layer_type(name).ok_or_else(|| {
+            Error::invalid("layer type", format!("{name:?} has no RoPE in this model"))
+        })?;
         match self.mrope(name)? {
             Some(m) => m.frequencies(seq_len),
             None => {

@@ -39,9 +39,9 @@ pub use config::{
     Flag, HfRopeConfig, HfRopeParameters, HfRopeParametersField, RopeConfig,
     INTERLEAVED_MODEL_TYPES,
 };
+pub use frequencies::{default_inv_freq, PairLayout, RopeFrequencies};
 pub use layers::{AttnTemperature, LayerRope, ModelRope};
 pub use mrope::{Mrope, MropeLayout};
-pub use frequencies::{default_inv_freq, PairLayout, RopeFrequencies};
 pub use rotary::Rope;
 pub use scaling::{RopeScaling, KNOWN_ROPE_TYPES};
 pub use xpos::XPos;

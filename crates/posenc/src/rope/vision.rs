@@ -69,7 +69,9 @@ impl HfVisionConfig {
     /// or `default` (the model's default).
     pub fn theta(&self, default: f64) -> Result<f64> {
         let from_params = match &self.rope_parameters {
-            Some(f) => f.resolve("vision_config.rope_parameters")?.and_then(|p| p.rope_theta),
+            Some(f) => f
+                .resolve("vision_config.rope_parameters")?
+                .and_then(|p| p.rope_theta),
             None => None,
         };
         let t = from_params.or(self.rope_theta).unwrap_or(default);
@@ -92,9 +94,9 @@ impl HfVisionConfig {
                 let width = self.embed_dim.or(self.hidden_size).ok_or_else(|| {
                     Error::missing("vision_config.hidden_size", Some("or embed_dim / head_dim"))
                 })?;
-                let heads = self.num_attention_heads.ok_or_else(|| {
-                    Error::missing("vision_config.num_attention_heads", None)
-                })?;
+                let heads = self
+                    .num_attention_heads
+                    .ok_or_else(|| Error::missing("vision_config.num_attention_heads", None))?;
                 if heads == 0 {
                     return Err(Error::ZeroHeads);
                 }
@@ -177,7 +179,13 @@ pub fn grid_positions(h: usize, w: usize) -> Result<Vec<[u64; 2]>> {
 /// As [`pixtral`].
 pub fn qwen_vl_vision(theta: f64, head_dim: usize) -> Result<AxialFrequencies> {
     check_quarter("qwen-vl vision head_dim", head_dim)?;
-    let f = AxialFrequencies::axial(theta, head_dim, 2, AxisSplit::Chunked, PairLayout::HalfSplit)?;
+    let f = AxialFrequencies::axial(
+        theta,
+        head_dim,
+        2,
+        AxisSplit::Chunked,
+        PairLayout::HalfSplit,
+    )?;
     AxialFrequencies::new(
         "qwen-vl-vision",
         f.inv_freq().to_vec(),
@@ -205,7 +213,12 @@ pub fn qwen_vl_vision(theta: f64, head_dim: usize) -> Result<AxialFrequencies> {
 /// multiples of `m`; [`Error::TooLarge`] for more than [`MAX_TOKENS`]
 /// patches.
 pub fn qwen_vl_vision_positions(t: usize, h: usize, w: usize, m: usize) -> Result<Vec<[u64; 2]>> {
-    for (what, v) in [("grid t", t), ("grid h", h), ("grid w", w), ("spatial_merge_size", m)] {
+    for (what, v) in [
+        ("grid t", t),
+        ("grid h", h),
+        ("grid w", w),
+        ("spatial_merge_size", m),
+    ] {
         check_dim(what, v, false)?;
     }
     if !h.is_multiple_of(m) || !w.is_multiple_of(m) {
@@ -246,7 +259,13 @@ pub fn qwen_vl_vision_positions(t: usize, h: usize, w: usize, m: usize) -> Resul
 /// As [`pixtral`].
 pub fn llama4_vision(theta: f64, head_dim: usize) -> Result<AxialFrequencies> {
     check_quarter("llama4 vision head_dim", head_dim)?;
-    let f = AxialFrequencies::axial(theta, head_dim, 2, AxisSplit::Chunked, PairLayout::Interleaved)?;
+    let f = AxialFrequencies::axial(
+        theta,
+        head_dim,
+        2,
+        AxisSplit::Chunked,
+        PairLayout::Interleaved,
+    )?;
     AxialFrequencies::new(
         "llama4-vision",
         f.inv_freq().to_vec(),

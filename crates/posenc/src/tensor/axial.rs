@@ -166,7 +166,12 @@ impl AxialRope {
             },
             got: format!("{:?}", x.dims()),
         })?;
-        let g = RopeGeometry::from_dims(dims, self.layout, self.freqs.rotary_dim(), self.freqs.layout());
+        let g = RopeGeometry::from_dims(
+            dims,
+            self.layout,
+            self.freqs.rotary_dim(),
+            self.freqs.layout(),
+        );
         g.check()?;
         Ok(g)
     }
@@ -232,7 +237,10 @@ impl AxialRope {
                 if v.len() != n * na {
                     return Err(Error::Shape {
                         what: "multi-axis positions",
-                        expected: format!("{} values (batch {b} × seq_len {t} × {na} axes)", n * na),
+                        expected: format!(
+                            "{} values (batch {b} × seq_len {t} × {na} axes)",
+                            n * na
+                        ),
                         got: format!("{}", v.len()),
                     });
                 }
@@ -263,9 +271,7 @@ impl AxialRope {
                             limit: usize::MAX as u64,
                             what: "rope offset + seq_len",
                         })?;
-                        (0..b)
-                            .flat_map(|_| o as u64..(o + t) as u64)
-                            .collect()
+                        (0..b).flat_map(|_| o as u64..(o + t) as u64).collect()
                     }
                     Positions::Ids(ids) => {
                         if ids.dims() != [b, t] {
@@ -383,7 +389,11 @@ impl AxialRope {
     ///
     /// # Errors
     /// As [`apply`](Self::apply).
-    pub fn rotate<'a>(&self, x: &Tensor, positions: impl Into<AxisPositions<'a>>) -> Result<Tensor> {
+    pub fn rotate<'a>(
+        &self,
+        x: &Tensor,
+        positions: impl Into<AxisPositions<'a>>,
+    ) -> Result<Tensor> {
         let g = self.check_fused(x, "input")?;
         let h = self.host(positions.into(), g.batch, g.seq_len)?;
         let (tables, rows) = self.tables(&h)?;
@@ -432,7 +442,10 @@ impl AxialRope {
         let (gk, ak) = self.check_inplace(k, "keys")?;
         Self::check_pair(q, &gq, k, &gk)?;
         if aq == ak {
-            return Err(Error::invalid("in-place rope", "queries and keys share one buffer"));
+            return Err(Error::invalid(
+                "in-place rope",
+                "queries and keys share one buffer",
+            ));
         }
         let h = self.host(positions.into(), gq.batch, gq.seq_len)?;
         let (tables, rows) = self.tables(&h)?;

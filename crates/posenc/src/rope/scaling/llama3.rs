@@ -91,9 +91,7 @@ pub(crate) fn inv_freq(s: &RopeScaling, base: f64, dim: usize) -> Vec<f32> {
             let smoothed = (1.0f32 - smooth) * inv_llama / fac + smooth * inv_llama;
             // ~(wavelen < high) * ~(wavelen > low); frequencies are finite, never NaN
             // (empty when the band edges coincide: the smoothing factor would be 0/0)
-            let medium = span != 0.0
-                && wavelen >= high_freq_wavelen
-                && wavelen <= low_freq_wavelen;
+            let medium = span != 0.0 && wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
             if medium {
                 smoothed
             } else {
