@@ -415,13 +415,15 @@ impl ModelRope {
                 let entry = match map.get(name) {
                     Some(e) => e.clone(),
                     None if gemma3 => Some(HfRopeParameters::default()),
-                    None => return Err(Error::invalid(
-                        "rope_parameters",
-                        format!(
+                    None => {
+                        return Err(Error::invalid(
+                            "rope_parameters",
+                            format!(
                             "nested by layer type ({}) without an entry for layer type {name:?}",
                             map.keys().cloned().collect::<Vec<_>>().join(", ")
                         ),
-                    )),
+                        ))
+                    }
                 };
                 // Gemma 3 replaces a missing or null entry by plain RoPE
                 let entry = if gemma3 {
