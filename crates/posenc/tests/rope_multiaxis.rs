@@ -176,9 +176,10 @@ fn vision_positions_and_frequencies() {
     // of every pair is position × its frequency
     let f = pixtral(1e4, 16).unwrap();
     let (c, _) = f.cos_sin_f64(&[3, 5]).unwrap();
-    for j in 0..8 {
+    assert_eq!(c.len(), 8);
+    for (j, (&cj, &fj)) in c.iter().zip(f.inv_freq()).enumerate() {
         let p = if j < 4 { 3.0 } else { 5.0 };
-        assert_eq!(c[j], (p * f.inv_freq()[j] as f64).cos());
+        assert_eq!(cj, (p * fj as f64).cos());
     }
     // generic axial RoPE
     let f =

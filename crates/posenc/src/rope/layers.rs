@@ -127,6 +127,61 @@ impl AttnTemperature {
             .map(|t| self.scale(offset.saturating_add(t)) as f32)
             .collect()
     }
+
+    /// The scales of positions `offset .. offset + len` as a `(1, 1, len, 1)`
+    /// `f32` tensor: multiply `(B, H, T, D)` queries by it (transformers
+    /// scales the queries of NoPE layers after the projection, before the
+    /// attention).
+    ///
+    /// ```
+    /// use candle_core::{Device, Tensor};
+    /// use posenc::rope::layers::AttnTemperature;
+    /// let s = AttnTemperature::LLAMA4.scales_tensor(8190, 3, &Device::Cpu)?;
+    /// let q = Tensor::ones((2, 4, 3, 8), candle_core::DType::F32, &Device::Cpu)?;
+    /// let q = q.broadcast_mul(&s)?;
+    /// assert_eq!(q.dims(), &[2, 4, 3, 8]);
+    /// # Ok::<(), posenc::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Those of candle.
+    pub fn scales_tensor(
+        &self,
+        offset: u64,
+        len: usize,
+        device: &candle_core::Device,
+    ) -> Result<candle_core::Tensor> {
+        Ok(candle_core::Tensor::from_vec(
+            self.scales(offset, len),
+            (1, 1, len, 1),
+            device,
+        )?)
+    }
+}
+
+/// Which of `n_layers` layers use RoPE when every `interval`-th layer is a
+/// NoPE layer (Llama 4's and SmolLM3's default, `no_rope_layer_interval`,
+/// 4: RoPE in layers 0–2, NoPE in layer 3, ...): `true` where layer `i`
+/// uses RoPE, `(i + 1) mod interval ≠ 0`.
+///
+/// ```
+/// use posenc::rope::layers::irope_layers;
+/// assert_eq!(irope_layers(8, 4)?, [true, true, true, false, true, true, true, false]);
+/// # Ok::<(), posenc::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidValue`] for `interval = 0`; [`Error::TooLarge`] for more
+/// than [`MAX_LAYERS`] layers.
+pub fn irope_layers(n_layers: usize, interval: usize) -> Result<Vec<bool>> {
+    check_size("number of layers", n_layers, MAX_LAYERS)?;
+    if interval == 0 {
+        return Err(Error::invalid(
+            "no_rope_layer_interval",
+            "must be at least 1 (every k-th layer is NoPE)",
+        ));
+    }
+    Ok((0..n_layers).map(|i| (i + 1) % interval != 0).collect())
 }
 
 /// One layer type with RoPE and its configuration.
@@ -295,14 +350,7 @@ impl ModelRope {
                 Some(l[..n].iter().map(|f| f.is_set()).collect())
             }
             (_, Some(n)) if uses_interval => {
-                let k = t.no_rope_layer_interval.unwrap_or(4);
-                if k == 0 {
-                    return Err(Error::invalid(
-                        "no_rope_layer_interval",
-                        "must be at least 1 (every k-th layer is NoPE)",
-                    ));
-                }
-                Some((0..n).map(|i| (i + 1) % k != 0).collect())
+                Some(irope_layers(n, t.no_rope_layer_interval.unwrap_or(4))?)
             }
             _ => None,
         };

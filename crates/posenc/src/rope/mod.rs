@@ -40,7 +40,7 @@ pub use config::{
     INTERLEAVED_MODEL_TYPES,
 };
 pub use frequencies::{default_inv_freq, PairLayout, RopeFrequencies};
-pub use layers::{AttnTemperature, LayerRope, ModelRope};
+pub use layers::{irope_layers, AttnTemperature, LayerRope, ModelRope};
 pub use mrope::{Mrope, MropeLayout};
 pub use rotary::Rope;
 pub use scaling::{RopeScaling, KNOWN_ROPE_TYPES};
