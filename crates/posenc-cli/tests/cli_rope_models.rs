@@ -331,3 +331,45 @@ fn hostile_configs_exit_2_with_one_line() {
         }
     }
 }
+
+#[test]
+fn show_rope2d_draws_and_rejects_bad_grids() {
+    let dir = std::env::temp_dir().join(format!("posenc-cli-rope2d-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = dir.join("sim.png");
+    let out = posenc(&[
+        "show",
+        "rope2d:variant=pixtral",
+        "--grid",
+        "12x20",
+        "--dim",
+        "32",
+        "-o",
+        png.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+    let out = posenc(&[
+        "show", "rope2d", "--grid", "5x7", "--patch", "0,0", "--color", "plain",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("patch (0, 0)") && text.contains("5×7"),
+        "{text}"
+    );
+    for bad in [
+        vec!["show", "rope2d", "--grid", "0x7"],
+        vec!["show", "rope2d", "--grid", "100000x2"],
+        vec!["show", "rope2d", "--grid", "4x4", "--patch", "9,9"],
+        vec!["show", "rope2d:variant=bogus"],
+        vec!["show", "rope2d", "--dim", "18"],
+        vec!["show", "rope", "--grid", "4x4"],
+    ] {
+        fails(&bad);
+    }
+}

@@ -342,6 +342,10 @@ fn check_vision(name: &str, exp: &Value) {
             grid_positions(g[0] as usize, g[1] as usize).unwrap()
         }
         VisionRopeKind::Llama4 => {
+            assert_eq!(
+                vc.patches_per_side().unwrap() as u64,
+                v["patches_per_side"].as_u64().unwrap()
+            );
             let all =
                 llama4_vision_positions(v["patches_per_side"].as_u64().unwrap() as usize).unwrap();
             u64s(&v["token_indices"])

@@ -43,25 +43,47 @@ pub struct HfVisionConfig {
     pub hidden_size: Option<usize>,
     /// Qwen2-VL's encoder width.
     pub embed_dim: Option<usize>,
-    /// Number of heads (`num_heads` in Qwen-VL).
-    #[serde(alias = "num_heads")]
+    /// Number of heads.
     pub num_attention_heads: Option<usize>,
+    /// Qwen-VL's name of the number of heads (used without `num_attention_heads`).
+    pub num_heads: Option<usize>,
     /// Explicit head dimension.
     pub head_dim: Option<usize>,
     /// RoPE base.
     pub rope_theta: Option<f64>,
     /// transformers 5 parameters (may hold `rope_theta`).
     pub rope_parameters: Option<HfRopeParametersField>,
-    /// Image side in pixels (Llama 4).
-    pub image_size: Option<usize>,
-    /// Patch side in pixels.
-    pub patch_size: Option<usize>,
+    /// Image side in pixels (Llama 4), or `[height, width]`.
+    pub image_size: Option<Side>,
+    /// Patch side in pixels, or `[height, width]`.
+    pub patch_size: Option<Side>,
     /// Qwen-VL: patches merged `m × m` into one language-model token.
     pub spatial_merge_size: Option<usize>,
     /// Qwen-VL: frames per temporal patch.
-    pub temporal_patch_size: Option<usize>,
+    pub temporal_patch_size: Option<Side>,
     /// Qwen2.5-VL: temporal positions per second of video.
     pub tokens_per_second: Option<f64>,
+}
+
+/// A size that transformers accepts as one number or a list (`int |
+/// list[int]`): `image_size`, `patch_size`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Side {
+    /// One value for both sides.
+    One(usize),
+    /// One value per side.
+    Many(Vec<usize>),
+}
+
+impl Side {
+    /// The first side (the only one for a square).
+    pub fn first(&self) -> Option<usize> {
+        match self {
+            Side::One(v) => Some(*v),
+            Side::Many(v) => v.first().copied(),
+        }
+    }
 }
 
 impl HfVisionConfig {
@@ -81,6 +103,30 @@ impl HfVisionConfig {
         Ok(t)
     }
 
+    /// Patches per side of a square image, `image_size / patch_size`
+    /// (Llama 4's grid).
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`] without both sizes; [`Error::InvalidDimension`]
+    /// for a zero patch size or fewer than one patch; [`Error::TooLarge`]
+    /// for more than [`MAX_TOKENS`] patches.
+    pub fn patches_per_side(&self) -> Result<usize> {
+        let image = self
+            .image_size
+            .as_ref()
+            .and_then(Side::first)
+            .ok_or_else(|| Error::missing("vision_config.image_size", None))?;
+        let patch = self
+            .patch_size
+            .as_ref()
+            .and_then(Side::first)
+            .ok_or_else(|| Error::missing("vision_config.patch_size", None))?;
+        check_dim("vision_config.patch_size", patch, false)?;
+        let side = check_dim("patches per side", image / patch, false)?;
+        check_size("number of patches", side.saturating_mul(side), MAX_TOKENS)?;
+        Ok(side)
+    }
+
     /// The encoder's head dimension: `head_dim`, else width (`embed_dim`,
     /// else `hidden_size`) / heads.
     ///
@@ -96,6 +142,7 @@ impl HfVisionConfig {
                 })?;
                 let heads = self
                     .num_attention_heads
+                    .or(self.num_heads)
                     .ok_or_else(|| Error::missing("vision_config.num_attention_heads", None))?;
                 if heads == 0 {
                     return Err(Error::ZeroHeads);
