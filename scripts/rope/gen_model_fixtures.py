@@ -220,11 +220,8 @@ def mrope_case(config, rope):
     sequences = []
     all_pos = []
     for name, segs, seconds in MROPE_SEQUENCES[base]:
-        video_grids = [s for s in segs if s[0] == "video"]
-        if base == "qwen3_vl" and video_grids:
-            # the frames are passed as one video grid of T frames (the processor's video_grid_thw)
-            pass
-        pos, delta = rope_index(config, segs if base != "qwen3_vl" else qwen3_segments(segs), seconds)
+        # Qwen3-VL: each frame is its own one-frame grid after its timestamp text
+        pos, delta = rope_index(config, segs, seconds)
         segs_json = []
         for s in segs:
             if s[0] == "video":
@@ -244,10 +241,6 @@ def mrope_case(config, rope):
         "cos_f64": cos[:, :half].tolist(),
         "sin_f64": sin[:, :half].tolist(),
     }
-
-
-def qwen3_segments(segs):
-    return segs  # frames are already listed one by one with their timestamp text
 
 
 # --------------------------------------------------------------------------- vision
