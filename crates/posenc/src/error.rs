@@ -46,8 +46,9 @@ pub enum Error {
     #[error("invalid rope_theta = {0}: must be finite and > 0")]
     InvalidTheta(f64),
 
-    /// Llama 3 scaling needs `low_freq_factor < high_freq_factor`.
-    #[error("llama3 rope scaling needs low_freq_factor < high_freq_factor, got low_freq_factor = {low}, high_freq_factor = {high}")]
+    /// Llama 3 scaling needs `low_freq_factor ≤ high_freq_factor` (equal
+    /// factors leave no smoothing band, as in Llama 4).
+    #[error("llama3 rope scaling needs low_freq_factor <= high_freq_factor, got low_freq_factor = {low}, high_freq_factor = {high}")]
     FreqFactorOrder {
         /// `low_freq_factor`.
         low: f64,
@@ -167,6 +168,19 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A size read from user input (a config file, a grid, a list of
+    /// positions) is above the bound posenc accepts; checked before anything
+    /// of that size is allocated.
+    #[error("{what} = {value} is too large (at most {max})")]
+    TooLarge {
+        /// What was too large (for example `head_dim`, `num_hidden_layers`).
+        what: &'static str,
+        /// The value given (saturated at `u64::MAX`).
+        value: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
+
     /// An error from candle.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
@@ -205,6 +219,19 @@ pub fn check_finite(name: &'static str, value: f64) -> Result<f64> {
         Ok(value)
     } else {
         Err(Error::NotFinite { name, value })
+    }
+}
+
+/// Checks that a size read from user input is at most `max`.
+pub fn check_size(what: &'static str, value: usize, max: usize) -> Result<usize> {
+    if value > max {
+        Err(Error::TooLarge {
+            what,
+            value: value as u64,
+            max: max as u64,
+        })
+    } else {
+        Ok(value)
     }
 }
 

@@ -159,12 +159,28 @@ fn bad_factors() {
 
 #[test]
 fn llama3_band_order() {
-    let e = hf(
+    // Equal factors load (Llama 4 Scout: both 1): no smoothing band, every
+    // frequency is kept or divided by the factor, as transformers computes it.
+    let cfg = RopeConfig::from_hf_json_str(
         r#"{"head_dim": 128, "rope_theta": 500000.0, "max_position_embeddings": 131072,
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192}}"#,
+    )
+    .unwrap();
+    let f = cfg.frequencies(None).unwrap();
+    let plain = posenc::rope::scaling::default_inv_freq_f32(500000.0, 128);
+    let edge = 8192.0 / 4.0;
+    for (i, (&s, &p)) in f.inv_freq.iter().zip(&plain).enumerate() {
+        let wavelen = 2.0 * std::f64::consts::PI / p as f64;
+        let want = if wavelen > edge { p / 8.0 } else { p };
+        assert_eq!(s, want, "pair {i}");
+    }
+    let e = hf(
+        r#"{"head_dim": 128, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 2.0,
+                         "original_max_position_embeddings": 8192}}"#,
     );
-    assert!(matches!(e, Error::FreqFactorOrder { low, high } if low == 4.0 && high == 4.0));
+    assert!(matches!(e, Error::FreqFactorOrder { low, high } if low == 4.0 && high == 2.0));
     let e = RopeConfig::new(500000.0, 128)
         .unwrap()
         .with_scaling(RopeScaling::Llama3 {

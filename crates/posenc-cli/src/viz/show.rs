@@ -13,7 +13,8 @@ use super::output::{check_writable, format_of, parse_size, write_figure, ColorCh
 #[derive(Args, Debug, Clone)]
 pub struct ShowArgs {
     /// The encoding: sinusoidal, rope, alibi, t5, shaw, learned, floater,
-    /// xpos or binary, optionally with `:KEY=VALUE,...`.
+    /// xpos, binary or rope2d (`rope2d:variant=axial|pixtral|llama4`),
+    /// optionally with `:KEY=VALUE,...`.
     pub encoding: String,
     /// Encoding options.
     #[command(flatten)]
@@ -27,6 +28,12 @@ pub struct ShowArgs {
     /// Terminal colours.
     #[arg(long, value_enum, default_value_t = ColorChoice::Auto)]
     pub color: ColorChoice,
+    /// `rope2d`: the grid of patches, HxW (default 16x16).
+    #[arg(long)]
+    pub grid: Option<String>,
+    /// `rope2d`: the patch compared with every other, ROW,COL (default the centre).
+    #[arg(long)]
+    pub patch: Option<String>,
 }
 
 /// Default model dimension of `show`.
@@ -41,9 +48,22 @@ pub fn show(a: ShowArgs) -> Result<(), String> {
         format_of(path)?;
         check_writable(path)?;
     }
-    let spec = parse_spec(&a.encoding, &a.opts)?;
-    let enc = build(&spec, DEFAULT_DIM, DEFAULT_POSITIONS)?;
-    let pic = enc.picture()?;
+    let pic = if super::rope2d::is_rope2d(&a.encoding) {
+        super::rope2d::picture(
+            &a.encoding,
+            a.grid.as_deref(),
+            a.patch.as_deref(),
+            a.opts.dim,
+            a.opts.theta,
+        )?
+    } else {
+        if a.grid.is_some() || a.patch.is_some() {
+            return Err("--grid and --patch are options of `posenc show rope2d`".into());
+        }
+        let spec = parse_spec(&a.encoding, &a.opts)?;
+        let enc = build(&spec, DEFAULT_DIM, DEFAULT_POSITIONS)?;
+        enc.picture()?
+    };
     match &a.output {
         Some(path) => {
             write_picture(&pic, path, size)?;

@@ -12,18 +12,25 @@
 //!   `rope_parameters` (transformers 5 name). The type is `rope_type`, or the
 //!   legacy `type`, default `"default"`. A `rope_parameters` nested by layer
 //!   type (`{"full_attention": {...}, "sliding_attention": {...}}`) uses its
-//!   `full_attention` entry. Phi-3's legacy names are mapped as
+//!   `full_attention` entry ([`ModelRope`](super::layers::ModelRope) reads
+//!   every entry). The multimodal `"mrope"` type is `default` (the M-RoPE
+//!   axes are read by [`ModelRope`](super::layers::ModelRope)); `dynamic`
+//!   with a non-zero `alpha` is `ntk_alpha` (Hunyuan) and `ntk` with
+//!   `mixed_b` is mixed NTK (vLLM). Phi-3's legacy names are mapped as
 //!   `Phi3Config._rope_scaling_adjustment` (transformers 4.43+) does: type
 //!   `"su"` is `longrope`, and so is `"yarn"` in a `phi3` config that carries
 //!   `long_factor`/`short_factor` (early Phi-3 checkpoints called their
 //!   LongRoPE factors by those names).
 //! - **base**: `rope_theta` inside the parameters, else the top-level
-//!   `rope_theta`, else GPT-NeoX's `rotary_emb_base`, else 10000
-//!   (transformers' `default_theta`).
+//!   `rope_theta`, else GPT-NeoX's `rotary_emb_base`, else the model's
+//!   `default_theta` in transformers (10^6 for Qwen2-VL, Qwen2.5-VL and
+//!   Gemma 3's full-attention layers, 5·10^5 for Qwen3-VL and Llama 4,
+//!   2·10^6 for SmolLM3), else 10000.
 //! - **head dimension**: DeepSeek's `qk_rope_head_dim` (the rotated part of
 //!   MLA heads; transformers sets `head_dim` to it), else `head_dim` (when
-//!   non-zero), else `hidden_size / num_attention_heads` (floor, as Python's
-//!   `//`).
+//!   non-zero), else the config class's default (256 for Gemma 2/3/4, 128
+//!   for Llama 4), else `hidden_size / num_attention_heads` (floor, as
+//!   Python's `//`). Gemma 4's full-attention layers use `global_head_dim`.
 //! - **rotary dimension**: GPT-J/CodeGen `rotary_dim` if given, else
 //!   `int(head_dim · partial_rotary_factor)` with `partial_rotary_factor` from
 //!   the parameters, the top level, or GPT-NeoX `rotary_pct`; its default is 1,
@@ -38,7 +45,13 @@
 //!   `rope_interleave` defaults to true); half-split (`rotate_half`) for
 //!   everything else.
 //!
-//! Every other key of the file is ignored.
+//! - **multimodal configs**: when the file has a `text_config` (Qwen3-VL,
+//!   Gemma 3, Llama 4), the language model's keys are read from it (its
+//!   `model_type` defaults to the outer one), as transformers builds the
+//!   text config from it; otherwise from the top level.
+//!
+//! Every size is bounded ([`limits`](super::limits)) before anything is
+//! allocated. Every other key of the file is ignored.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -46,12 +59,16 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::frequencies::{PairLayout, RopeFrequencies};
+use super::limits::{MAX_CONFIG_BYTES, MAX_HEAD_DIM};
 use super::scaling::{RopeScaling, KNOWN_ROPE_TYPES};
-use crate::error::{check_dim, Error, Result};
+use crate::error::{check_dim, check_size, Error, Result};
 
 /// `model_type`s whose rotary pairs are interleaved `(x[2i], x[2i+1])`
 /// unless the config says `rope_interleave: false`.
-pub const INTERLEAVED_MODEL_TYPES: &[&str] = &["gptj", "codegen", "deepseek_v2", "deepseek_v3"];
+/// Llama 4 multiplies complex pairs (`view_as_complex`). A `_text` suffix is
+/// ignored.
+pub const INTERLEAVED_MODEL_TYPES: &[&str] =
+    &["gptj", "codegen", "deepseek_v2", "deepseek_v3", "llama4"];
 
 /// The RoPE-related keys of a Hugging Face `config.json`. Every field is
 /// optional; unknown keys are ignored. Defaults are applied by
@@ -94,10 +111,170 @@ pub struct HfRopeConfig {
     pub rope_parameters: Option<HfRopeParametersField>,
     /// DeepSeek: whether the rotary pairs are interleaved.
     pub rope_interleave: Option<bool>,
+    /// DeepSeek MLA: the non-rotated part of each query/key head
+    /// (`qk_head_dim = qk_nope_head_dim + qk_rope_head_dim`).
+    pub qk_nope_head_dim: Option<usize>,
+    /// Number of decoder layers.
+    pub num_hidden_layers: Option<usize>,
+    /// The attention type of each layer (`full_attention`,
+    /// `sliding_attention`, `chunked_attention`, `linear_attention`, ...).
+    pub layer_types: Option<Vec<String>>,
+    /// Gemma 3 (legacy): one full-attention layer every this many (default 6).
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 3 (legacy): the base of the sliding-window layers (default 10000).
+    pub rope_local_base_freq: Option<f64>,
+    /// Gemma 4: the head dimension of the full-attention layers (default 512).
+    pub global_head_dim: Option<usize>,
+    /// Llama 4, SmolLM3: per layer, non-zero (or `true`) where the layer
+    /// uses RoPE, zero where it is a NoPE layer.
+    pub no_rope_layers: Option<Vec<Flag>>,
+    /// Llama 4, SmolLM3: without `no_rope_layers`, every this-many-th layer
+    /// is NoPE (default 4).
+    pub no_rope_layer_interval: Option<usize>,
+    /// Llama 4: the RoPE layers attend within chunks of this many tokens.
+    pub attention_chunk_size: Option<usize>,
+    /// Llama 4: scale the queries of NoPE layers with the position
+    /// (default true).
+    pub attn_temperature_tuning: Option<Flag>,
+    /// Llama 4: temperature tuning's `floor_scale` (default 8192).
+    pub floor_scale: Option<f64>,
+    /// Llama 4: temperature tuning's `attn_scale` (default 0.1).
+    pub attn_scale: Option<f64>,
+    /// Multimodal models: the language model's config.
+    pub text_config: Option<Box<HfRopeConfig>>,
+    /// Multimodal models: the vision encoder's config.
+    pub vision_config: Option<Box<super::vision::HfVisionConfig>>,
+}
+
+/// A config value that is a boolean or a number (`no_rope_layers` entries,
+/// Llama 4's `attn_temperature_tuning`, stored as `4` in its checkpoints):
+/// true when `true` or non-zero, as Python's truthiness.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Flag {
+    /// `true` / `false`.
+    Bool(bool),
+    /// A number; non-zero is true.
+    Number(f64),
+}
+
+impl Flag {
+    /// Python's truthiness of the value.
+    pub fn is_set(self) -> bool {
+        match self {
+            Flag::Bool(b) => b,
+            Flag::Number(v) => v != 0.0,
+        }
+    }
+}
+
+/// The model types whose `default_theta` in transformers is not 10000, with
+/// that base (see [the module](self)). Names are matched without a `_text`
+/// suffix.
+const MODEL_DEFAULT_THETA: &[(&str, f64)] = &[
+    ("qwen2_vl", 1e6),
+    ("qwen2_5_vl", 1e6),
+    ("qwen2_5_omni", 1e6),
+    ("qwen3_vl", 5e5),
+    ("qwen3_vl_moe", 5e5),
+    ("llama4", 5e5),
+    ("smollm3", 2e6),
+    ("gemma3", 1e6),
+    ("gemma3n", 1e6),
+];
+
+/// `model_type` without a `_text` suffix (`qwen3_vl_text` is `qwen3_vl`).
+pub(crate) fn base_model_type(model_type: &str) -> &str {
+    model_type.strip_suffix("_text").unwrap_or(model_type)
+}
+
+/// The model types whose config class has a default `head_dim` (used when
+/// the file gives none, before `hidden_size / num_attention_heads`).
+const MODEL_DEFAULT_HEAD_DIM: &[(&str, usize)] = &[
+    ("gemma2", 256),
+    ("gemma3", 256),
+    ("gemma3n", 256),
+    ("gemma4", 256),
+    ("llama4", 128),
+];
+
+pub(crate) fn model_default_head_dim(model_type: &str) -> Option<usize> {
+    let m = base_model_type(model_type);
+    MODEL_DEFAULT_HEAD_DIM
+        .iter()
+        .find(|(n, _)| *n == m)
+        .map(|&(_, d)| d)
+}
+
+pub(crate) fn model_default_theta(model_type: &str) -> Option<f64> {
+    let m = base_model_type(model_type);
+    MODEL_DEFAULT_THETA
+        .iter()
+        .find(|(n, _)| *n == m)
+        .map(|&(_, t)| t)
+}
+
+impl HfRopeConfig {
+    /// The keys of the language model: `text_config` when the file has one
+    /// (its `model_type` defaulting to the outer one), else the file itself.
+    pub fn text(&self) -> HfRopeConfig {
+        match &self.text_config {
+            Some(t) => {
+                let mut t = (**t).clone();
+                if t.model_type.is_none() {
+                    t.model_type = self.model_type.clone();
+                }
+                if t.vision_config.is_none() {
+                    t.vision_config = self.vision_config.clone();
+                }
+                t.text_config = None;
+                t
+            }
+            None => self.clone(),
+        }
+    }
+
+    /// Reads a `config.json` file (at most
+    /// [`MAX_CONFIG_BYTES`](super::limits::MAX_CONFIG_BYTES)).
+    ///
+    /// # Errors
+    /// [`Error::Io`], [`Error::TooLarge`] for a larger file, [`Error::Json`].
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let len = std::fs::metadata(path).map_err(io)?.len();
+        if len > MAX_CONFIG_BYTES {
+            return Err(Error::TooLarge {
+                what: "config file size in bytes",
+                value: len,
+                max: MAX_CONFIG_BYTES,
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        serde_json::from_str(&text).map_err(|source| Error::Json {
+            path: Some(path.to_path_buf()),
+            source,
+        })
+    }
+
+    /// Parses the text of a `config.json`.
+    ///
+    /// # Errors
+    /// [`Error::Json`] (without a path).
+    pub fn from_json_str(s: &str) -> Result<Self> {
+        serde_json::from_str(s).map_err(|source| Error::Json { path: None, source })
+    }
 }
 
 /// `rope_scaling` / `rope_parameters`: one dict, or one per layer type.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// A dict with at least one dict-valued entry is nested by layer type (its
+/// dict or `null` entries are the layer types; other keys, such as a stray
+/// top-level `rope_theta`, are ignored, as transformers only reads the keys
+/// that are layer types); otherwise it is one flat dict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum HfRopeParametersField {
     /// `{"full_attention": {...}, "sliding_attention": {...}}` (Gemma 3 style).
@@ -145,6 +322,14 @@ pub struct HfRopeParameters {
     pub low_freq_factor: Option<f64>,
     /// Llama 3 `high_freq_factor`.
     pub high_freq_factor: Option<f64>,
+    /// Multimodal RoPE: frequencies per axis (t, h, w).
+    pub mrope_section: Option<Vec<usize>>,
+    /// Multimodal RoPE: axes interleaved (Qwen3-VL) rather than chunked.
+    pub mrope_interleaved: Option<bool>,
+    /// vLLM mixed NTK: the exponent `b` (with `rope_type: "ntk"`).
+    pub mixed_b: Option<f64>,
+    /// Hunyuan NTK-alpha: the scale `α` (with `type: "dynamic"`).
+    pub alpha: Option<f64>,
 }
 
 impl HfRopeParameters {
@@ -153,9 +338,61 @@ impl HfRopeParameters {
     }
 }
 
+/// Keys of a flat parameter dict (a `null` value under one of them is not a
+/// layer type without RoPE).
+const FLAT_KEYS: &[&str] = &[
+    "rope_type",
+    "type",
+    "rope_theta",
+    "partial_rotary_factor",
+    "factor",
+    "original_max_position_embeddings",
+    "attention_factor",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "truncate",
+    "short_factor",
+    "long_factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "mrope_section",
+    "mrope_interleaved",
+    "mixed_b",
+    "alpha",
+];
+
+impl<'de> Deserialize<'de> for HfRopeParametersField {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let v = serde_json::Value::deserialize(d)?;
+        let serde_json::Value::Object(map) = v else {
+            return Err(D::Error::custom(
+                "rope parameters must be a dict (or a dict of dicts by layer type)",
+            ));
+        };
+        if map.values().any(serde_json::Value::is_object) {
+            let mut out = BTreeMap::new();
+            for (k, v) in map {
+                if v.is_object() || (v.is_null() && !FLAT_KEYS.contains(&k.as_str())) {
+                    let p: Option<HfRopeParameters> =
+                        serde_json::from_value(v).map_err(D::Error::custom)?;
+                    out.insert(k, p);
+                }
+            }
+            Ok(HfRopeParametersField::PerLayerType(out))
+        } else {
+            let p: HfRopeParameters =
+                serde_json::from_value(serde_json::Value::Object(map)).map_err(D::Error::custom)?;
+            Ok(HfRopeParametersField::Flat(Box::new(p)))
+        }
+    }
+}
+
 impl HfRopeParametersField {
     /// The parameters that apply to full-attention layers.
-    fn resolve(&self, key: &str) -> Result<Option<HfRopeParameters>> {
+    pub(crate) fn resolve(&self, key: &str) -> Result<Option<HfRopeParameters>> {
         match self {
             HfRopeParametersField::Flat(p) => Ok(Some((**p).clone())),
             HfRopeParametersField::PerLayerType(m) if m.is_empty() => Ok(None),
@@ -377,15 +614,7 @@ impl RopeConfig {
     /// path) if it is not JSON of the expected shape; then those of
     /// [`from_hf`](Self::from_hf).
     pub fn from_hf_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let hf: HfRopeConfig = serde_json::from_str(&text).map_err(|source| Error::Json {
-            path: Some(path.to_path_buf()),
-            source,
-        })?;
-        Self::from_hf(&hf)
+        Self::from_hf(&HfRopeConfig::from_file(path)?)
     }
 
     /// Reads the text of a Hugging Face `config.json`.
@@ -394,9 +623,7 @@ impl RopeConfig {
     /// [`Error::Json`] (without a path) if it is not JSON of the expected
     /// shape; then those of [`from_hf`](Self::from_hf).
     pub fn from_hf_json_str(s: &str) -> Result<Self> {
-        let hf: HfRopeConfig =
-            serde_json::from_str(s).map_err(|source| Error::Json { path: None, source })?;
-        Self::from_hf(&hf)
+        Self::from_hf(&HfRopeConfig::from_json_str(s)?)
     }
 
     /// Validates a parsed `config.json` into a runtime configuration, with
@@ -410,7 +637,7 @@ impl RopeConfig {
     /// [`Error::InvalidValue`] for a per-layer `rope_parameters` without
     /// `full_attention`; and those of [`validate`](Self::validate).
     pub fn from_hf(hf: &HfRopeConfig) -> Result<Self> {
-        let model_type = hf.model_type.as_deref().unwrap_or("");
+        let hf = hf.text();
         // rope_scaling wins over rope_parameters (convert_rope_params_to_dict)
         let mut params = None;
         if let Some(f) = &hf.rope_scaling {
@@ -422,6 +649,17 @@ impl RopeConfig {
             }
         }
         let p = params.unwrap_or_default();
+        Self::from_hf_params(&hf, &p, &HfOverrides::default())
+    }
+
+    /// One RoPE from the (text) config `hf` and one set of parameters `p`
+    /// (one entry of `rope_parameters`), with per-layer-type overrides.
+    pub(crate) fn from_hf_params(
+        hf: &HfRopeConfig,
+        p: &HfRopeParameters,
+        ov: &HfOverrides,
+    ) -> Result<Self> {
+        let model_type = hf.model_type.as_deref().unwrap_or("");
 
         let mut rope_type = p
             .rope_type
@@ -434,6 +672,15 @@ impl RopeConfig {
         if rope_type == "su" || (rope_type == "yarn" && phi3_factors) {
             rope_type = "longrope".to_string();
         }
+        // Qwen2-VL's convert_rope_params_to_dict: the M-RoPE axes do not
+        // change the frequencies.
+        if rope_type == "mrope" {
+            rope_type = "default".to_string();
+        }
+        // HunYuanDenseV1RotaryEmbedding: a fixed alpha is not dynamic.
+        if rope_type == "dynamic" && p.alpha.is_some_and(|a| a != 0.0) {
+            rope_type = "ntk_alpha".to_string();
+        }
         if !KNOWN_ROPE_TYPES.contains(&rope_type.as_str()) {
             return Err(Error::UnknownRopeType {
                 name: rope_type,
@@ -443,17 +690,23 @@ impl RopeConfig {
 
         let theta = p
             .rope_theta
+            .or(ov.theta)
             .or(hf.rope_theta)
             .or(hf.rotary_emb_base)
+            .or_else(|| model_default_theta(model_type))
             .unwrap_or(10000.0);
         if !(theta.is_finite() && theta > 0.0) {
             return Err(Error::InvalidTheta(theta));
         }
 
-        let head_dim = match (hf.qk_rope_head_dim, hf.head_dim) {
-            (Some(d), _) => d,
-            (None, Some(d)) if d > 0 => d,
-            _ => {
+        let explicit = ov
+            .head_dim
+            .or(hf.qk_rope_head_dim)
+            .or(hf.head_dim.filter(|&d| d > 0))
+            .or_else(|| model_default_head_dim(model_type));
+        let head_dim = match explicit {
+            Some(d) => d,
+            None => {
                 let hidden = hf.hidden_size.ok_or_else(|| {
                     Error::missing(
                         "head_dim",
@@ -475,10 +728,12 @@ impl RopeConfig {
             }
         };
         check_dim("head_dim", head_dim, false)?;
+        check_size("head_dim", head_dim, MAX_HEAD_DIM)?;
 
-        let default_prf = match model_type {
+        let default_prf = match base_model_type(model_type) {
             "gpt_neox" => 0.25,
-            "phi" => 0.5,
+            "phi" | "glm4v_moe" => 0.5,
+            "qwen3_5" | "qwen3_5_moe" => 0.25,
             _ => 1.0,
         };
         let prf = p
@@ -497,6 +752,7 @@ impl RopeConfig {
         } else {
             (head_dim as f64 * prf) as usize
         };
+        check_size("rotary_dim", rotary_dim, MAX_HEAD_DIM)?;
         check_dim("rotary_dim", rotary_dim, true)?;
         if rotary_dim > head_dim {
             return Err(Error::InvalidDimension {
@@ -519,8 +775,17 @@ impl RopeConfig {
             "linear" => RopeScaling::Linear {
                 factor: need_f(p.factor, "factor")?,
             },
-            "ntk" => RopeScaling::Ntk {
-                alpha: need_f(p.factor, "factor")?,
+            "ntk" => match p.mixed_b {
+                Some(mixed_b) => RopeScaling::MixedNtk {
+                    factor: need_f(p.factor, "factor")?,
+                    mixed_b,
+                },
+                None => RopeScaling::Ntk {
+                    alpha: need_f(p.factor, "factor")?,
+                },
+            },
+            "ntk_alpha" => RopeScaling::NtkAlpha {
+                alpha: need_f(p.alpha, "alpha")?,
             },
             "dynamic" => RopeScaling::Dynamic {
                 factor: need_f(p.factor, "factor")?,
@@ -582,7 +847,9 @@ impl RopeConfig {
         let layout = match hf.rope_interleave {
             Some(true) => PairLayout::Interleaved,
             Some(false) => PairLayout::HalfSplit,
-            None if INTERLEAVED_MODEL_TYPES.contains(&model_type) => PairLayout::Interleaved,
+            None if INTERLEAVED_MODEL_TYPES.contains(&base_model_type(model_type)) => {
+                PairLayout::Interleaved
+            }
             None => PairLayout::HalfSplit,
         };
 
@@ -601,4 +868,14 @@ impl RopeConfig {
         cfg.validate()?;
         Ok(cfg)
     }
+}
+
+/// What a layer type changes in the config it shares with the others
+/// (Gemma 3's `rope_local_base_freq`, Gemma 4's `global_head_dim`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HfOverrides {
+    /// Base used when the parameters have none (before the top-level one).
+    pub theta: Option<f64>,
+    /// Head dimension of this layer type.
+    pub head_dim: Option<usize>,
 }

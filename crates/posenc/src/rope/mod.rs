@@ -14,17 +14,34 @@
 //!   LongRoPE, Llama 3, proportional) plus fixed NTK, one module each in
 //!   [`scaling`].
 //! - [`Rope`] and [`xpos::XPos`]: the encodings, on `f64` head vectors.
+//! - [`axial`]: multi-axis RoPE (one position per axis), the core of
+//!   [`mrope`] (Qwen2-VL's M-RoPE and Qwen3-VL's interleaved M-RoPE, with
+//!   the position-id builder) and [`vision`] (Pixtral, Qwen-VL and Llama 4
+//!   2-D RoPE).
+//! - [`layers`]: a model's RoPE layer by layer ([`ModelRope`]): per-layer
+//!   types (Gemma 3, Gemma 4), NoPE layers (Llama 4, SmolLM3), Llama 4's
+//!   attention-temperature tuning.
+//! - [`limits`]: the bounds on every size read from user input.
 
+pub mod axial;
 pub mod config;
 pub mod frequencies;
+pub mod layers;
+pub mod limits;
+pub mod mrope;
 pub mod rotary;
 pub mod scaling;
+pub mod vision;
 pub mod xpos;
 
+pub use axial::{AxialFrequencies, AxisSplit};
 pub use config::{
-    HfRopeConfig, HfRopeParameters, HfRopeParametersField, RopeConfig, INTERLEAVED_MODEL_TYPES,
+    Flag, HfRopeConfig, HfRopeParameters, HfRopeParametersField, RopeConfig,
+    INTERLEAVED_MODEL_TYPES,
 };
 pub use frequencies::{default_inv_freq, PairLayout, RopeFrequencies};
+pub use layers::{irope_layers, AttnTemperature, LayerRope, ModelRope};
+pub use mrope::{Mrope, MropeLayout};
 pub use rotary::Rope;
 pub use scaling::{RopeScaling, KNOWN_ROPE_TYPES};
 pub use xpos::XPos;

@@ -4,6 +4,8 @@
 //! - [`bias`]: attention biases and relative terms as tensors;
 //! - [`rope`]: rotary embeddings on queries and keys, fused and
 //!   differentiable;
+//! - [`axial`]: multi-axis rotary embeddings (M-RoPE, 2-D vision RoPE) with
+//!   per-axis position ids, on the same kernels;
 //! - [`fire`], [`cope`], [`forgetting`]: the learned biases FIRE, CoPE and
 //!   forgetting attention, each an additive `(B or 1, H, Tq, Tk)` logits
 //!   bias (forgetting attention also as its compact `(B, H, T)` cumulative
@@ -16,6 +18,7 @@
 
 pub mod absolute;
 pub mod attention;
+pub mod axial;
 pub mod bias;
 pub mod cope;
 pub mod fire;

@@ -198,7 +198,7 @@ pub struct RotationTables {
 
 /// Resolved positions of one call.
 #[derive(Debug, Clone)]
-enum Rows {
+pub(crate) enum Rows {
     Offset(usize),
     Ids(Vec<usize>),
 }
@@ -916,33 +916,48 @@ impl Rope {
         let cos = Tensor::from_slice(c, shape, dev)?.to_dtype(cdt)?;
         let sin = Tensor::from_slice(s, shape, dev)?.to_dtype(cdt)?;
         let xf = x.to_dtype(cdt)?;
-        let (rd, d) = (g.rotary_dim, g.head_dim);
-        let rot = xf.narrow(3, 0, rd)?;
-        let y = match g.pairs {
-            PairLayout::HalfSplit => {
-                let a = rot.narrow(3, 0, nf)?;
-                let b = rot.narrow(3, nf, nf)?;
-                let ya = (a.broadcast_mul(&cos)? - b.broadcast_mul(&sin)?)?;
-                let yb = (b.broadcast_mul(&cos)? + a.broadcast_mul(&sin)?)?;
-                Tensor::cat(&[ya, yb], 3)?
-            }
-            PairLayout::Interleaved => {
-                let (d0, d1, d2, _) = rot.dims4()?;
-                let r5 = rot.reshape((d0, d1, d2, nf, 2))?;
-                let a = r5.narrow(4, 0, 1)?.squeeze(4)?;
-                let b = r5.narrow(4, 1, 1)?.squeeze(4)?;
-                let ya = (a.broadcast_mul(&cos)? - b.broadcast_mul(&sin)?)?;
-                let yb = (b.broadcast_mul(&cos)? + a.broadcast_mul(&sin)?)?;
-                Tensor::stack(&[ya, yb], 4)?.reshape((d0, d1, d2, rd))?
-            }
-        };
-        let y = if rd < d {
-            Tensor::cat(&[y, xf.narrow(3, rd, d - rd)?], 3)?
-        } else {
-            y
-        };
+        let y = rotate_with_tables(&xf, &cos, &sin, g.rotary_dim, g.pairs)?;
         Ok(y.to_dtype(x.dtype())?)
     }
+}
+
+/// The composed rotation of the reference paths: `x` is `(d0, d1, d2, D)`,
+/// `cos` and `sin` broadcast to `(d0, d1, d2, rotary_dim / 2)`; pairs of
+/// `layout` in the first `rotary_dim` entries are rotated, the rest passes
+/// through. Differentiable by candle's autograd.
+pub(crate) fn rotate_with_tables(
+    xf: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    rd: usize,
+    pairs: PairLayout,
+) -> Result<Tensor> {
+    let d = xf.dim(3)?;
+    let nf = rd / 2;
+    let rot = xf.narrow(3, 0, rd)?;
+    let y = match pairs {
+        PairLayout::HalfSplit => {
+            let a = rot.narrow(3, 0, nf)?;
+            let b = rot.narrow(3, nf, nf)?;
+            let ya = (a.broadcast_mul(cos)? - b.broadcast_mul(sin)?)?;
+            let yb = (b.broadcast_mul(cos)? + a.broadcast_mul(sin)?)?;
+            Tensor::cat(&[ya, yb], 3)?
+        }
+        PairLayout::Interleaved => {
+            let (d0, d1, d2, _) = rot.dims4()?;
+            let r5 = rot.reshape((d0, d1, d2, nf, 2))?;
+            let a = r5.narrow(4, 0, 1)?.squeeze(4)?;
+            let b = r5.narrow(4, 1, 1)?.squeeze(4)?;
+            let ya = (a.broadcast_mul(cos)? - b.broadcast_mul(sin)?)?;
+            let yb = (b.broadcast_mul(cos)? + a.broadcast_mul(sin)?)?;
+            Tensor::stack(&[ya, yb], 4)?.reshape((d0, d1, d2, rd))?
+        }
+    };
+    Ok(if rd < d {
+        Tensor::cat(&[y, xf.narrow(3, rd, d - rd)?], 3)?
+    } else {
+        y
+    })
 }
 
 /// Default xPos `scale_base` (Sun et al. 2022).
@@ -950,15 +965,15 @@ pub const DEFAULT_XPOS_SCALE_BASE: f64 = 512.0;
 
 /// The fused kernel as a candle op (out of place with backward, or in place).
 #[derive(Clone)]
-struct RopeOp {
-    tables: Arc<Tables>,
-    rows: Arc<Rows>,
-    role: Role,
-    layout: HeadLayout,
-    rotary_dim: usize,
-    pairs: PairLayout,
-    level: SimdLevel,
-    inverse: bool,
+pub(crate) struct RopeOp {
+    pub(crate) tables: Arc<Tables>,
+    pub(crate) rows: Arc<Rows>,
+    pub(crate) role: Role,
+    pub(crate) layout: HeadLayout,
+    pub(crate) rotary_dim: usize,
+    pub(crate) pairs: PairLayout,
+    pub(crate) level: SimdLevel,
+    pub(crate) inverse: bool,
 }
 
 impl RopeOp {

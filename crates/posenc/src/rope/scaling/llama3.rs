@@ -13,6 +13,14 @@
 //!                                     θ_i' = (1 − t) · θ_i / s + t · θ_i
 //! ```
 //!
+//! With `low_freq_factor = high_freq_factor` (Llama 4 Scout: both 1) the two
+//! band edges coincide and there is no smoothing band: every frequency is
+//! either kept or divided by `s`. transformers only logs a warning for such a
+//! config and computes this table; its smoothing factor is then `0/0` but is
+//! never selected (a wavelength exactly on the edge, where it would be, keeps
+//! its frequency here). Strictly inverted factors (`low > high`) are an
+//! error.
+//!
 //! transformers: `_compute_llama3_parameters`, entirely in `f32` tensors
 //! (`2π / inv_freq` is a reciprocal then a product, band edges are compared
 //! in `f32`); reproduced operation by operation so that every pair lands in
@@ -34,7 +42,7 @@ pub(crate) fn validate(s: &RopeScaling) -> Result<()> {
     check_positive("factor", *factor)?;
     check_positive("low_freq_factor", *low_freq_factor)?;
     check_positive("high_freq_factor", *high_freq_factor)?;
-    if low_freq_factor >= high_freq_factor {
+    if low_freq_factor > high_freq_factor {
         return Err(Error::FreqFactorOrder {
             low: *low_freq_factor,
             high: *high_freq_factor,
@@ -82,7 +90,8 @@ pub(crate) fn inv_freq(s: &RopeScaling, base: f64, dim: usize) -> Vec<f32> {
             let smooth = ((1.0f32 / wavelen) * ocl - low) / span;
             let smoothed = (1.0f32 - smooth) * inv_llama / fac + smooth * inv_llama;
             // ~(wavelen < high) * ~(wavelen > low); frequencies are finite, never NaN
-            let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
+            // (empty when the band edges coincide: the smoothing factor would be 0/0)
+            let medium = span != 0.0 && wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
             if medium {
                 smoothed
             } else {

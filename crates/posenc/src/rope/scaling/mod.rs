@@ -20,12 +20,20 @@
 //! | `llama3` | [`RopeScaling::Llama3`] | Meta 2024 (Llama 3.1) |
 //! | `proportional` | [`RopeScaling::Proportional`] | transformers 5.x (Gemma-style partial RoPE) |
 //! | `ntk` | [`RopeScaling::Ntk`] | bloc97 2023 (fixed NTK-aware base) |
+//! | `ntk` with `mixed_b` | [`RopeScaling::MixedNtk`] | Su 2023 (mixed NTK, vLLM) |
+//! | `dynamic` with `alpha` | [`RopeScaling::NtkAlpha`] | Hunyuan (fixed NTK-aware base, transformers' `ntk_alpha`) |
+//!
+//! Every computed table is checked: a frequency or attention factor that is
+//! not finite (a factor so small that `θ / s` overflows, an `mscale` that
+//! makes YaRN's denominator zero) is an error, never a NaN table.
 
 pub mod dynamic;
 pub mod linear;
 pub mod llama3;
 pub mod longrope;
+pub mod mixed_ntk;
 pub mod ntk;
+pub mod ntk_alpha;
 pub mod proportional;
 pub mod yarn;
 
@@ -42,6 +50,7 @@ pub const KNOWN_ROPE_TYPES: &[&str] = &[
     "llama3",
     "proportional",
     "ntk",
+    "ntk_alpha",
 ];
 
 /// One RoPE scaling with its parameters.
@@ -136,6 +145,20 @@ pub enum RopeScaling {
         /// The scale `α` (> 0); `rope_scaling.factor` in a config.
         alpha: f64,
     },
+    /// Mixed NTK (Su 2023; vLLM's `ntk` with `mixed_b`): pair `i` slowed by
+    /// `exp(a · i^b)`, the slowest by the whole factor. See [`mixed_ntk`].
+    MixedNtk {
+        /// Factor of the slowest pair (> 0).
+        factor: f64,
+        /// Exponent `b` of the mix (finite; 1 is vLLM's fixed NTK).
+        mixed_b: f64,
+    },
+    /// NTK-alpha (Hunyuan's `dynamic` with `alpha`): the fixed NTK-aware base
+    /// `base · α^(d/(d−2))`, independent of the length. See [`ntk_alpha`].
+    NtkAlpha {
+        /// The scale `α` (> 0).
+        alpha: f64,
+    },
 }
 
 impl RopeScaling {
@@ -149,7 +172,8 @@ impl RopeScaling {
             RopeScaling::LongRope { .. } => "longrope",
             RopeScaling::Llama3 { .. } => "llama3",
             RopeScaling::Proportional { .. } => "proportional",
-            RopeScaling::Ntk { .. } => "ntk",
+            RopeScaling::Ntk { .. } | RopeScaling::MixedNtk { .. } => "ntk",
+            RopeScaling::NtkAlpha { .. } => "ntk_alpha",
         }
     }
 
@@ -186,7 +210,10 @@ impl RopeScaling {
                 factor,
                 partial_rotary_factor,
             } => proportional::validate(*factor, *partial_rotary_factor),
-            RopeScaling::Ntk { alpha } => ntk::validate(*alpha, rotary_dim),
+            RopeScaling::Ntk { alpha } | RopeScaling::NtkAlpha { alpha } => {
+                ntk::validate(*alpha, rotary_dim)
+            }
+            RopeScaling::MixedNtk { factor, mixed_b } => mixed_ntk::validate(*factor, *mixed_b),
         }
     }
 
@@ -204,7 +231,7 @@ impl RopeScaling {
         seq_len: Option<usize>,
     ) -> Result<(Vec<f32>, f64)> {
         self.validate(theta, rotary_dim)?;
-        Ok(match self {
+        let (inv, attention_factor) = match self {
             RopeScaling::Default => (default_inv_freq_f32(theta, rotary_dim), 1.0),
             RopeScaling::Linear { factor } => (linear::inv_freq(theta, rotary_dim, *factor), 1.0),
             RopeScaling::Dynamic {
@@ -230,9 +257,35 @@ impl RopeScaling {
                 proportional::inv_freq(theta, rotary_dim, *factor, *partial_rotary_factor),
                 1.0,
             ),
-            RopeScaling::Ntk { alpha } => (ntk::inv_freq(theta, rotary_dim, *alpha), 1.0),
-        })
+            RopeScaling::Ntk { alpha } | RopeScaling::NtkAlpha { alpha } => {
+                (ntk::inv_freq(theta, rotary_dim, *alpha), 1.0)
+            }
+            RopeScaling::MixedNtk { factor, mixed_b } => (
+                mixed_ntk::inv_freq(theta, rotary_dim, *factor, *mixed_b),
+                1.0,
+            ),
+        };
+        check_table(&inv, attention_factor)?;
+        Ok((inv, attention_factor))
     }
+}
+
+/// Every frequency finite and ≥ 0, the attention factor finite and > 0:
+/// what a computed table must satisfy for its cos/sin to be finite.
+fn check_table(inv: &[f32], attention_factor: f64) -> Result<()> {
+    if let Some(&bad) = inv.iter().find(|v| !(v.is_finite() && **v >= 0.0)) {
+        return Err(Error::NotFinite {
+            name: "inv_freq (computed from the scaling parameters)",
+            value: bad as f64,
+        });
+    }
+    if !(attention_factor.is_finite() && attention_factor > 0.0) {
+        return Err(Error::InvalidFactor {
+            name: "attention_factor (computed from the scaling parameters)",
+            value: attention_factor,
+        });
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------

@@ -61,6 +61,31 @@ pub fn default_attention_factor(
     }
 }
 
+/// DeepSeek's softmax-scale correction: the factor by which DeepSeek-V2/V3
+/// multiply the attention scale `1/√d_qk` when YaRN (or any non-default
+/// scaling) has a non-zero `mscale_all_dim` — `mscale(factor,
+/// mscale_all_dim)²` (DeepSeek-AI 2024, *DeepSeek-V2*, arXiv:2405.04434;
+/// transformers' `yarn_apply_mscale`). 1 otherwise.
+///
+/// ```
+/// use posenc::rope::scaling::yarn::{get_mscale, softmax_scale_factor};
+/// // DeepSeek-V3: factor 40, mscale_all_dim 1
+/// let m = 0.1 * 40f64.ln() + 1.0;
+/// assert!((softmax_scale_factor(40.0, Some(1.0)) - m * m).abs() < 1e-15);
+/// assert_eq!(softmax_scale_factor(40.0, None), 1.0);
+/// assert_eq!(softmax_scale_factor(40.0, Some(0.0)), 1.0);
+/// # let _ = get_mscale;
+/// ```
+pub fn softmax_scale_factor(factor: f64, mscale_all_dim: Option<f64>) -> f64 {
+    match mscale_all_dim {
+        Some(m) if m != 0.0 => {
+            let s = get_mscale(factor, m);
+            s * s
+        }
+        _ => 1.0,
+    }
+}
+
 /// `find_correction_dim`: the (fractional) dimension index whose frequency
 /// makes `num_rotations` turns over `max_position_embeddings` positions.
 pub fn find_correction_dim(
