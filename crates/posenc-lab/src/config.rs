@@ -54,11 +54,33 @@ pub enum PeConfig {
         /// Clipping distance k.
         k: usize,
     },
+    /// RoPE in most layers and none in every `interval`-th (Llama 4's iRoPE:
+    /// `interval` 4, RoPE in three layers of four).
+    Irope {
+        /// Base θ.
+        theta: f64,
+        /// Every `interval`-th layer has no positional encoding.
+        interval: usize,
+    },
+    /// FIRE (Li et al. 2024): an MLP of the log-transformed relative distance
+    /// with progressive interpolation, one module shared by all layers (as
+    /// T5's table), added to the logits.
+    Fire,
+    /// CoPE (Golovneva et al. 2024): positions counted by gates on the
+    /// context, per layer, added to the logits.
+    Cope {
+        /// Position embeddings (counts are clamped below it).
+        npos_max: usize,
+    },
+    /// Forgetting attention (Lin et al. 2025): cumulative log-sigmoid forget
+    /// gates of each layer's input, `c_i − c_j`, added to the logits
+    /// (decoders only).
+    Fox,
 }
 
 impl PeConfig {
     /// The names accepted by [`PeConfig::parse`].
-    pub const NAMES: [&'static str; 11] = [
+    pub const NAMES: [&'static str; 15] = [
         "nope",
         "sinusoidal",
         "sinusoidal-concat",
@@ -70,6 +92,10 @@ impl PeConfig {
         "alibi",
         "t5",
         "shaw",
+        "irope",
+        "fire",
+        "cope",
+        "fox",
     ];
 
     /// Parses a command-line name, with the model's maximum length for the
@@ -105,6 +131,15 @@ impl PeConfig {
                 max_distance: 128,
             },
             "shaw" => PeConfig::Shaw { k: shaw_k },
+            "irope" => PeConfig::Irope {
+                theta: 10000.0,
+                interval: 4,
+            },
+            "fire" => PeConfig::Fire,
+            "cope" => PeConfig::Cope {
+                npos_max: max_len.max(2),
+            },
+            "fox" => PeConfig::Fox,
             _ => {
                 return Err(LabError::Invalid(format!(
                     "unknown positional encoding {name:?}; known: {}",
@@ -138,6 +173,10 @@ impl PeConfig {
             PeConfig::Alibi => "alibi".into(),
             PeConfig::T5 { .. } => "t5".into(),
             PeConfig::Shaw { k } => format!("shaw-k{k}"),
+            PeConfig::Irope { .. } => "irope".into(),
+            PeConfig::Fire => "fire".into(),
+            PeConfig::Cope { .. } => "cope".into(),
+            PeConfig::Fox => "fox".into(),
         }
     }
 }
@@ -194,7 +233,10 @@ impl ModelConfig {
             ));
         }
         let hd = self.d_model / self.n_heads;
-        if matches!(self.pe, PeConfig::Rope { .. } | PeConfig::Xpos { .. }) && !hd.is_multiple_of(2)
+        if matches!(
+            self.pe,
+            PeConfig::Rope { .. } | PeConfig::Xpos { .. } | PeConfig::Irope { .. }
+        ) && !hd.is_multiple_of(2)
         {
             return bad(format!(
                 "head dimension {hd} must be even for rotary encodings"
@@ -216,6 +258,22 @@ impl ModelConfig {
         }
         if self.vocab_size == 0 || self.num_outputs == 0 {
             return bad("empty vocabulary".into());
+        }
+        if let PeConfig::Irope { interval, .. } = self.pe {
+            if interval == 0 {
+                return bad("irope interval must be at least 1".into());
+            }
+        }
+        if let PeConfig::Cope { npos_max } = self.pe {
+            if !(2..=1 << 16).contains(&npos_max) {
+                return bad(format!("CoPE npos_max {npos_max} must be in 2..=65536"));
+            }
+        }
+        if self.pe == PeConfig::Fox && self.mode != Mode::Decoder {
+            return bad(
+                "forgetting attention (fox) is causal: it needs a decoder (a bidirectional model would see c_i − c_j grow for keys after the query)"
+                    .into(),
+            );
         }
         Ok(())
     }

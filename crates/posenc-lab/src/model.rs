@@ -27,13 +27,18 @@ use candle_nn::{embedding, linear, Embedding, VarBuilder};
 use posenc::absolute::floater::FloaterConfig;
 use posenc::absolute::sinusoidal::{Sinusoidal, SinusoidalLayout};
 use posenc::relative::alibi::{Alibi, AlibiMode};
-use posenc::rope::RopeConfig;
+use posenc::rope::{RopeConfig, RopeScaling};
 use posenc::tensor::absolute::{
     FloaterEmbedding, LearnedEmbedding, Positions, SinusoidalEmbedding,
 };
 use posenc::tensor::attention::{AttentionHooks, AttnPositions};
 use posenc::tensor::bias::{ShawRelative, T5RelativeBias};
-use posenc::tensor::hooks::{InputHook, LogitsHook, QueryKeyHook, ValuesHook};
+use posenc::tensor::cope::CopeBias;
+use posenc::tensor::fire::FireBias;
+use posenc::tensor::forgetting::ForgettingBias;
+use posenc::tensor::hooks::{
+    CumulativeBias, DenseBias, InputHook, LogitsHook, QueryKeyHook, ValuesHook,
+};
 use posenc::tensor::rope::Rope;
 
 use crate::config::{Mode, ModelConfig, PeConfig};
@@ -97,57 +102,73 @@ pub struct EvalScaling {
 
 impl EvalScaling {
     /// Builds the scaling `kind` (`none`, `linear`, `ntk`, `dynamic`,
-    /// `yarn`) with `factor` for a model trained at `train_len`, through
-    /// the same Hugging Face config path users take.
+    /// `yarn`) with `factor` for a RoPE (or iRoPE) model trained at
+    /// `train_len`, with the same defaults a Hugging Face config would get:
+    /// YaRN's β_fast 32 and β_slow 1 with the attention factor derived from
+    /// `factor`; dynamic NTK rescales only past `train_len`.
+    ///
+    /// # Errors
+    /// [`LabError::Invalid`] for a model without RoPE or an unknown kind;
+    /// the scaling's own checks (a factor that is not finite and positive).
     pub fn new(
         cfg: &ModelConfig,
         kind: &str,
         factor: f64,
         train_len: usize,
     ) -> Result<Self, LabError> {
-        let PeConfig::Rope {
-            theta,
-            partial,
-            interleaved,
-        } = cfg.pe
-        else {
-            return Err(LabError::Invalid(format!(
-                "--scaling needs a RoPE model; this one uses {}",
-                cfg.pe.label()
-            )));
+        let (theta, partial, interleaved) = match cfg.pe {
+            PeConfig::Rope {
+                theta,
+                partial,
+                interleaved,
+            } => (theta, partial, interleaved),
+            PeConfig::Irope { theta, .. } => (theta, 1.0, false),
+            _ => {
+                return Err(LabError::Invalid(format!(
+                    "--scaling needs a RoPE model; this one uses {}",
+                    cfg.pe.label()
+                )))
+            }
         };
         let hd = cfg.head_dim();
+        // transformers: int(head_dim · partial_rotary_factor).
+        let rd = (hd as f64 * partial) as usize;
         let scaling = match kind {
-            "none" => String::new(),
-            "linear" => {
-                format!(r#", "rope_scaling": {{"rope_type": "linear", "factor": {factor}}}"#)
-            }
-            "ntk" => format!(r#", "rope_scaling": {{"rope_type": "ntk", "factor": {factor}}}"#),
-            "dynamic" => format!(
-                r#", "rope_scaling": {{"rope_type": "dynamic", "factor": {factor}, "original_max_position_embeddings": {train_len}}}"#
-            ),
-            "yarn" => format!(
-                r#", "rope_scaling": {{"rope_type": "yarn", "factor": {factor}, "original_max_position_embeddings": {train_len}}}"#
-            ),
+            "none" => RopeScaling::Default,
+            "linear" => RopeScaling::Linear { factor },
+            "ntk" => RopeScaling::Ntk { alpha: factor },
+            "dynamic" => RopeScaling::Dynamic {
+                factor,
+                max_position_embeddings: train_len,
+            },
+            "yarn" => RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: train_len,
+                attention_factor: None,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                mscale: None,
+                mscale_all_dim: None,
+                truncate: true,
+            },
             other => {
                 return Err(LabError::Invalid(format!(
                     "unknown scaling {other:?}; known: none, linear, ntk, dynamic, yarn"
                 )))
             }
         };
-        let json = format!(
-            r#"{{"head_dim": {hd}, "num_attention_heads": {}, "rope_theta": {theta}, "partial_rotary_factor": {partial}, "max_position_embeddings": {}{scaling}}}"#,
-            cfg.n_heads,
-            // Dynamic NTK reads the training length from
-            // max_position_embeddings (as transformers does) and rescales
-            // only beyond it; the others take the extended context.
-            if kind == "dynamic" {
-                train_len
-            } else {
-                (train_len as f64 * factor.max(1.0)).ceil() as usize
-            },
-        );
-        let mut rc = RopeConfig::from_hf_json_str(&json)?;
+        // Dynamic NTK reads the training length from max_position_embeddings
+        // (as transformers does) and rescales only beyond it; the others
+        // record the extended context.
+        let max_positions = if kind == "dynamic" {
+            train_len
+        } else {
+            (train_len as f64 * factor.max(1.0)).ceil() as usize
+        };
+        let mut rc = RopeConfig::new(theta, rd)?
+            .with_head_dim(hd)
+            .with_max_position_embeddings(max_positions)
+            .with_scaling(scaling)?;
         if interleaved {
             rc = rc.with_layout(posenc::rope::PairLayout::Interleaved);
         }
@@ -201,14 +222,26 @@ struct CallHooks<'a> {
     logits: Option<&'a dyn LogitsHook>,
 }
 
+/// A layer's own logits hook computed from its input each call (CoPE from
+/// the queries and keys, forgetting attention from the layer's input).
+enum LayerBias {
+    Cope(CopeBias),
+    Fox(ForgettingBias),
+}
+
 struct Attention {
     qkv: Lin,
     proj: Lin,
     n_heads: usize,
     attn: posenc::tensor::attention::Attention,
+    /// Whether the model's query/key hook acts in this layer (iRoPE leaves
+    /// it out of every k-th layer).
+    rotary: bool,
     /// Shaw et al.'s tables are per layer: the logits and values hooks of
     /// this layer.
     shaw: Option<Arc<ShawRelative>>,
+    /// CoPE or forgetting attention, per layer.
+    learned: Option<LayerBias>,
 }
 
 impl Attention {
@@ -221,13 +254,35 @@ impl Attention {
     ) -> Result<Tensor, LabError> {
         // (B, T, D) → (B, T, 3D): queries, keys and values of every head.
         let qkv = self.qkv.forward(x, fused)?;
+        let pos = AttnPositions::same(Positions::Offset(offset));
+        let own: Option<Box<dyn LogitsHook>> = match &self.learned {
+            None => None,
+            Some(LayerBias::Cope(c)) => {
+                // (B, T, 3D) → q, k (B, H, T, hd): the gates need q·k.
+                let (b, t, _) = qkv.dims3()?;
+                let d = qkv.dim(2)? / 3;
+                let split = |i: usize| -> Result<Tensor, LabError> {
+                    Ok(qkv
+                        .narrow(2, i * d, d)?
+                        .reshape((b, t, self.n_heads, d / self.n_heads))?
+                        .transpose(1, 2)?
+                        .contiguous()?)
+                };
+                let p = Positions::Offset(offset);
+                Some(Box::new(DenseBias(c.bias(&split(0)?, &split(1)?, p, p)?)))
+            }
+            Some(LayerBias::Fox(f)) => {
+                // c (B, H, T) from this layer's input: bias c_i − c_j.
+                let c = f.cumulative(x, None)?;
+                Some(Box::new(CumulativeBias { q: c.clone(), k: c }))
+            }
+        };
         let shaw_logits = self.shaw.as_deref().map(|s| s as &dyn LogitsHook);
         let call = AttentionHooks {
-            query_key: hooks.query_key,
-            logits: shaw_logits.or(hooks.logits),
+            query_key: if self.rotary { hooks.query_key } else { None },
+            logits: shaw_logits.or(own.as_deref()).or(hooks.logits),
             values: self.shaw.as_deref().map(|s| s as &dyn ValuesHook),
         };
-        let pos = AttnPositions::same(Positions::Offset(offset));
         // (B, T, 3D) → (B, T, D): rotation, biases, mask, softmax and the
         // weighted values in one op (fused), or composed (reference).
         let out = if fused {
@@ -307,6 +362,8 @@ pub struct Transformer {
     query_key: Option<Arc<dyn QueryKeyHook>>,
     /// The logits hook shared by all layers (ALiBi, T5).
     logits: Option<Arc<dyn LogitsHook>>,
+    /// FIRE, shared by all layers: its bias is computed once per call.
+    fire: Option<FireBias>,
     blocks: Vec<Block>,
     ln_f: LayerNorm,
     head: Option<Lin>,
@@ -372,6 +429,26 @@ impl Transformer {
                 Rope::new(RopeConfig::new(*theta, hd)?.with_head_dim(hd))?
                     .with_xpos(*scale_base)?,
             )),
+            PeConfig::Irope { theta, .. } => Some(Arc::new(Rope::new(
+                RopeConfig::new(*theta, hd)?.with_head_dim(hd),
+            )?)),
+            _ => None,
+        };
+        // iRoPE: which layers rotate (Llama 4's `no_rope_layer_interval`).
+        let rotary_layers = match &cfg.pe {
+            PeConfig::Irope { interval, .. } => {
+                posenc::rope::layers::irope_layers(cfg.n_layers, *interval)?
+            }
+            _ => vec![true; cfg.n_layers],
+        };
+        let fire = match &cfg.pe {
+            PeConfig::Fire => {
+                let mut fc = posenc::relative::fire::FireConfig::new(h)?;
+                if cfg.mode != Mode::Decoder {
+                    fc.mode = posenc::relative::fire::FireMode::Bidirectional;
+                }
+                Some(FireBias::new(fc, vb.pp("pe.fire"))?)
+            }
             _ => None,
         };
         let logits: Option<Arc<dyn LogitsHook>> = match &cfg.pe {
@@ -404,6 +481,18 @@ impl Transformer {
                 PeConfig::Shaw { k } => Some(Arc::new(ShawRelative::new(*k, hd, vb.pp("shaw"))?)),
                 _ => None,
             };
+            let learned = match &cfg.pe {
+                PeConfig::Cope { npos_max } => Some(LayerBias::Cope(CopeBias::new(
+                    posenc::relative::cope::CopeConfig::new(hd, *npos_max)?
+                        .with_causal(cfg.mode == Mode::Decoder),
+                    vb.pp("cope"),
+                )?)),
+                PeConfig::Fox => Some(LayerBias::Fox(ForgettingBias::new(
+                    posenc::relative::forgetting::ForgetGateConfig::new(d, h)?,
+                    vb.pp("fox"),
+                )?)),
+                _ => None,
+            };
             blocks.push(Block {
                 ln1: layer_norm(d, 1e-5, vb.pp("ln1"))?,
                 attn: Attention {
@@ -411,7 +500,9 @@ impl Transformer {
                     proj: Lin::new(d, d, vb.pp("attn.proj"))?,
                     n_heads: h,
                     attn: posenc::tensor::attention::Attention::new(cfg.mode == Mode::Decoder),
+                    rotary: rotary_layers[l],
                     shaw,
+                    learned,
                 },
                 ln2: layer_norm(d, 1e-5, vb.pp("ln2"))?,
                 fc1: Lin::new(d, cfg.d_ff, vb.pp("mlp.fc1"))?,
@@ -434,6 +525,7 @@ impl Transformer {
             floater,
             query_key,
             logits,
+            fire,
             blocks,
             ln_f,
             head,
@@ -518,7 +610,8 @@ impl Transformer {
         scaling: Option<&EvalScaling>,
     ) -> Result<Tensor, LabError> {
         self.check_length(offset + input.dim(1)?)?;
-        let hooks = self.call_hooks(scaling);
+        let fire = self.fire_bias(input.dim(1)?, offset)?;
+        let hooks = self.call_hooks(scaling, fire.as_ref());
         let mut x = self.embed(input, offset)?;
         for b in &self.blocks {
             x = b.forward(&x, offset, &hooks, self.fused)?;
@@ -536,19 +629,38 @@ impl Transformer {
     }
 
     /// The hooks of a call: the model's, or `scaling`'s RoPE in place of its
-    /// own.
-    fn call_hooks<'a>(&'a self, scaling: Option<&'a EvalScaling>) -> CallHooks<'a> {
+    /// own; `fire` is this call's FIRE bias.
+    fn call_hooks<'a>(
+        &'a self,
+        scaling: Option<&'a EvalScaling>,
+        fire: Option<&'a DenseBias>,
+    ) -> CallHooks<'a> {
         CallHooks {
             query_key: scaling
                 .map(|s| &s.rope as &dyn QueryKeyHook)
                 .or(self.query_key.as_deref()),
-            logits: self.logits.as_deref(),
+            logits: fire
+                .map(|f| f as &dyn LogitsHook)
+                .or(self.logits.as_deref()),
         }
+    }
+
+    /// FIRE's `(1, H, T, T)` bias for `t` positions from `offset`, shared by
+    /// every layer of one call.
+    fn fire_bias(&self, t: usize, offset: usize) -> Result<Option<DenseBias>, LabError> {
+        Ok(match &self.fire {
+            Some(f) => {
+                let p = Positions::Offset(offset);
+                Some(DenseBias(f.forward(t, t, p, p)?))
+            }
+            None => None,
+        })
     }
 
     /// The pooled representation of an encoder (before the head), `(B, D)`.
     pub fn pooled(&self, input: &Tensor) -> Result<Tensor, LabError> {
-        let hooks = self.call_hooks(None);
+        let fire = self.fire_bias(input.dim(1)?, 0)?;
+        let hooks = self.call_hooks(None, fire.as_ref());
         let mut x = self.embed(input, 0)?;
         for b in &self.blocks {
             x = b.forward(&x, 0, &hooks, self.fused)?;
@@ -559,7 +671,8 @@ impl Transformer {
     /// Activations after the input layer and after each block, each
     /// `(B, T, D)`, for probes.
     pub fn hidden_states(&self, input: &Tensor, offset: usize) -> Result<Vec<Tensor>, LabError> {
-        let hooks = self.call_hooks(None);
+        let fire = self.fire_bias(input.dim(1)?, offset)?;
+        let hooks = self.call_hooks(None, fire.as_ref());
         let mut x = self.embed(input, offset)?;
         let mut out = vec![x.clone()];
         for b in &self.blocks {
@@ -567,5 +680,86 @@ impl Transformer {
             out.push(x.clone());
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Mode;
+
+    /// The typed scalings give the frequencies that the same settings give
+    /// through a Hugging Face config (the path users take).
+    #[test]
+    fn eval_scalings_equal_the_hf_config_path() {
+        for (pe, partial) in [
+            (PeConfig::parse("rope", 32, 2).unwrap(), 1.0),
+            (
+                PeConfig::Rope {
+                    theta: 500.0,
+                    partial: 0.5,
+                    interleaved: false,
+                },
+                0.5,
+            ),
+        ] {
+            let cfg = ModelConfig {
+                mode: Mode::Decoder,
+                vocab_size: 10,
+                num_outputs: 10,
+                d_model: 32,
+                n_layers: 1,
+                n_heads: 2,
+                d_ff: 64,
+                tied: true,
+                pe: pe.clone(),
+            };
+            let theta = match pe {
+                PeConfig::Rope { theta, .. } => theta,
+                _ => unreachable!(),
+            };
+            for kind in ["linear", "ntk", "dynamic", "yarn"] {
+                let (factor, len) = (4.0, 32usize);
+                let typed = EvalScaling::new(&cfg, kind, factor, len).unwrap();
+                let orig = if kind == "dynamic" || kind == "yarn" {
+                    format!(r#", "original_max_position_embeddings": {len}"#)
+                } else {
+                    String::new()
+                };
+                let mpe = if kind == "dynamic" { len } else { 4 * len };
+                let json = format!(
+                    r#"{{"head_dim": 16, "num_attention_heads": 2, "rope_theta": {theta}, "partial_rotary_factor": {partial}, "max_position_embeddings": {mpe}, "rope_scaling": {{"rope_type": "{kind}", "factor": {factor}{orig}}}}}"#
+                );
+                let hf = RopeConfig::from_hf_json_str(&json).unwrap();
+                assert_eq!(
+                    typed.rope.frequencies(),
+                    Rope::new(hf.clone()).unwrap().frequencies(),
+                    "{kind}"
+                );
+                // Past the training length (dynamic NTK grows its base).
+                for seq in [16, 64, 200] {
+                    let x = candle_core::Tensor::zeros(
+                        (1, 1, seq, 16),
+                        candle_core::DType::F32,
+                        &candle_core::Device::Cpu,
+                    )
+                    .unwrap();
+                    let (a, _) = typed.rope.apply(&x.ones_like().unwrap(), &x, 0).unwrap();
+                    let (b, _) = Rope::new(hf.clone())
+                        .unwrap()
+                        .apply(&x.ones_like().unwrap(), &x, 0)
+                        .unwrap();
+                    let d = (a - b)
+                        .unwrap()
+                        .abs()
+                        .unwrap()
+                        .max_all()
+                        .unwrap()
+                        .to_scalar::<f32>()
+                        .unwrap();
+                    assert_eq!(d, 0.0, "{kind} at {seq}");
+                }
+            }
+        }
     }
 }

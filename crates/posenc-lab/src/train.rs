@@ -430,7 +430,10 @@ fn init_weights(varmap: &VarMap, seed: u64, model: &ModelConfig) -> Result<(), L
     names.sort();
     let mut rng = SplitMix64::new(seed ^ 0x0005_EED0_FA11_u64);
     for name in names {
-        let is_pe = name.starts_with("pe.") || name.contains("shaw");
+        let is_pe = name.starts_with("pe.")
+            || name.contains("shaw")
+            || name.contains(".cope.")
+            || name.contains(".fox.");
         let is_norm = name.contains(".ln") || name.starts_with("ln");
         if is_pe || is_norm {
             continue;

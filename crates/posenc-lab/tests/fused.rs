@@ -155,6 +155,10 @@ fn fifty_steps_fused_and_composed_agree() {
         PeConfig::parse("alibi", 24, 4).unwrap(),
         PeConfig::parse("t5", 24, 4).unwrap(),
         PeConfig::parse("shaw", 24, 4).unwrap(),
+        PeConfig::parse("irope", 24, 4).unwrap(),
+        PeConfig::parse("fire", 24, 4).unwrap(),
+        PeConfig::parse("cope", 24, 4).unwrap(),
+        PeConfig::parse("fox", 24, 4).unwrap(),
     ];
     for pe in pes {
         let label = pe.label();
@@ -211,7 +215,7 @@ fn training_does_not_depend_on_the_thread_count() {
             );
             m.d_model = 64;
             m.d_ff = 256;
-            let mut lab = Lab::new(m, common::run(TaskKind::Copy, 8, 96, 3), task.clone()).unwrap();
+            let lab = Lab::new(m, common::run(TaskKind::Copy, 8, 96, 3), task.clone()).unwrap();
             let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
             (0..8)
                 .map(|s| {

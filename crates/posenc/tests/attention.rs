@@ -207,8 +207,16 @@ fn ids(c: &Case, len: usize, offset: usize, seed: u64) -> Tensor {
 /// Overwrites the variables of a `VarMap` with deterministic values (candle's
 /// own initialisation draws from an unseeded generator).
 fn seeded(vm: &VarMap, seed: u64) -> Vec<Var> {
-    let mut vars = vm.all_vars();
-    vars.sort_by_key(|v| v.elem_count());
+    // By name: a VarMap iterates in hash order.
+    let mut named: Vec<(String, Var)> = vm
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let vars: Vec<Var> = named.into_iter().map(|(_, v)| v).collect();
     for (i, v) in vars.iter().enumerate() {
         let t = Tensor::from_vec(data(v.elem_count(), seed + i as u64), v.shape(), &DEV).unwrap();
         v.set(&t).unwrap();

@@ -533,15 +533,13 @@ crate::multiversion!(fn backward_dispatch => backward_task(
 /// Packs the keys `0..n` of `(b, hk)` rotated and transposed: `kt` is
 /// `(D, ld)`, column `t` holding key `t`.
 #[inline(always)]
-fn pack_kt(p: &Problem, b: usize, hk: usize, n: usize, kt: &mut [f32], ld: usize, row: &mut [f32]) {
+fn pack_kt(p: &Problem, b: usize, hk: usize, n: usize, kt: &mut [f32], rows: &mut [f32]) {
     let d = p.dims.head_dim;
     for t in 0..n {
-        load_k(p, b, hk, t, row);
-        for (x, v) in row.iter().enumerate() {
-            kt[x * ld + t] = *v;
-        }
+        load_k(p, b, hk, t, &mut rows[t * d..][..d]);
     }
-    let _ = d;
+    // SAFETY: `rows` holds n × d, `kt` d × n.
+    unsafe { tile::transpose(n, d, rows.as_ptr(), d, kt.as_mut_ptr(), n) };
 }
 
 #[inline(always)]
@@ -571,7 +569,7 @@ fn forward_task(
     let mut scratch = tile::Scratch::take();
     let [kt, krow, q, qa, wv, m, l, acc, s, akt] = scratch.split([
         d * k_end,
-        d,
+        d * k_end,
         rows * d,
         nqa,
         nwv,
@@ -584,7 +582,7 @@ fn forward_task(
     {
         {
             // Rotated keys, transposed: (D, k_end).
-            pack_kt(p, b, hk, k_end, kt, k_end, krow);
+            pack_kt(p, b, hk, k_end, kt, krow);
             for r in 0..rows {
                 load_q(p, b, h, i0 + r, &mut q[r * d..][..d]);
             }
@@ -607,6 +605,9 @@ fn forward_task(
                 };
             }
             m.fill(f32::NEG_INFINITY);
+            l.fill(0.0);
+            acc.fill(0.0);
+            wv.fill(0.0);
             let mut j0 = 0;
             while j0 < k_end {
                 let n = BK.min(k_end - j0);
@@ -904,11 +905,19 @@ fn backward_task(
         {
             for t in 0..tk {
                 load_k(p, b, hk, t, &mut kr[t * d..][..d]);
-                let vrow = &p.v[p.v_rows.at(b, hk, t)..][..d];
-                for x in 0..d {
-                    kt[x * tk + t] = kr[t * d + x];
-                    vt[x * tk + t] = vrow[x];
-                }
+            }
+            dkr.fill(0.0);
+            dv.fill(0.0);
+            unsafe {
+                tile::transpose(tk, d, kr.as_ptr(), d, kt.as_mut_ptr(), tk);
+                tile::transpose(
+                    tk,
+                    d,
+                    p.v.as_ptr().add(p.v_rows.at(b, hk, 0)),
+                    p.v_rows.st,
+                    vt.as_mut_ptr(),
+                    tk,
+                );
             }
             if let Some(ak) = keys {
                 unsafe { tile::transpose(nv, d, ak.as_ptr(), d, akt.as_mut_ptr(), nv) };

@@ -37,7 +37,9 @@ impl Scratch {
         }
     }
 
-    /// `N` zeroed, disjoint buffers of the given sizes.
+    /// `N` disjoint buffers of the given sizes. Their contents are
+    /// whatever the last task left (initialised floats, never uninitialised
+    /// memory): callers write or zero each buffer before reading it.
     #[inline(always)]
     pub fn split<const N: usize>(&mut self, sizes: [usize; N]) -> [&mut [f32]; N] {
         let total: usize = sizes.iter().sum();
@@ -45,7 +47,6 @@ impl Scratch {
             self.buf.resize(total, 0.0);
         }
         let mut rest: &mut [f32] = &mut self.buf[..total];
-        rest.fill(0.0);
         std::array::from_fn(|i| {
             let (a, b) = std::mem::take(&mut rest).split_at_mut(sizes[i]);
             rest = b;
