@@ -37,6 +37,21 @@ pub enum LabError {
         #[source]
         source: std::io::Error,
     },
+    /// A length whose forward pass would not fit the memory budget even for
+    /// one sequence, refused before anything is allocated.
+    #[error(
+        "length {len} needs about {need_mb} MB for one sequence, over the {budget_mb} MB evaluation budget ({why})"
+    )]
+    TooLong {
+        /// The length asked for.
+        len: usize,
+        /// Estimated peak memory of one sequence, in MB.
+        need_mb: u64,
+        /// The budget, in MB.
+        budget_mb: u64,
+        /// What grows with the length.
+        why: &'static str,
+    },
     /// A length past the rows of a learned absolute position table: the
     /// model has no encoding for those positions, so it can be neither
     /// fine-tuned nor run there.

@@ -546,6 +546,40 @@ impl Transformer {
         self.fused
     }
 
+    /// An upper estimate of the bytes a forward pass without gradients
+    /// (a [`frozen`](crate::train::Lab::frozen) model) holds at its peak for
+    /// `batch` sequences of `len` tokens, and what dominates it. Activations
+    /// of one block at a time (the fused attention keeps no `T × T`
+    /// matrix), the logits, and the `T × T` biases of the encodings that
+    /// build one (FIRE once per call, CoPE per layer).
+    pub fn eval_bytes(&self, batch: usize, len: usize) -> (u128, &'static str) {
+        let c = &self.cfg;
+        let (b, t) = (batch as u128, len as u128);
+        let (d, f, v, h) = (
+            c.d_model as u128,
+            c.d_ff as u128,
+            c.num_outputs.max(c.vocab_size) as u128,
+            c.n_heads as u128,
+        );
+        // Per token: the residual stream and LayerNorm (3D), the packed
+        // projection and attention output (4D), the MLP (2·d_ff), the logits
+        // and their host copy (2V), with a factor 2 for allocator slack.
+        let tokens = 2 * 4 * b * t * (7 * d + 2 * f + 2 * v);
+        let square = match c.pe {
+            // FIRE: the bias and the MLP's inputs and outputs per distance.
+            PeConfig::Fire => 4 * 4 * h * t * t,
+            // CoPE: gates, counts, interpolation weights and the bias.
+            PeConfig::Cope { .. } => 6 * 4 * b * h * t * t,
+            _ => 0,
+        };
+        let why = if square > tokens {
+            "its T × T positional bias"
+        } else {
+            "activations and logits"
+        };
+        (tokens + square, why)
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.cfg

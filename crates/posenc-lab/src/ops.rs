@@ -180,12 +180,17 @@ fn linear_fwd(
     d_in: usize,
     d_out: usize,
 ) -> Vec<f32> {
-    let mut y = vec![0f32; n * d_out];
-    if let Some(b) = bias {
-        for row in y.chunks_mut(d_out) {
-            row.copy_from_slice(b);
+    let mut y = match bias {
+        Some(b) => {
+            let mut y = Vec::with_capacity(n * d_out);
+            for _ in 0..n {
+                y.extend_from_slice(b);
+            }
+            y
         }
-    }
+        // SAFETY: the product below overwrites every element.
+        None => unsafe { tile::vec_for_overwrite(n * d_out) },
+    };
     // y (n × out) += x (n × in) · Wᵀ (in × out): Wᵀ has row stride 1, column stride in.
     matmul(
         n,
@@ -212,7 +217,8 @@ fn linear_bwd(
     d_out: usize,
     want_bias: bool,
 ) -> (Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
-    let mut dx = vec![0f32; n * d_in];
+    // SAFETY: both products overwrite every element (accumulate = false).
+    let mut dx = unsafe { tile::vec_for_overwrite(n * d_in) };
     matmul(
         n,
         d_in,
@@ -225,7 +231,7 @@ fn linear_bwd(
         w,
         (d_in as isize, 1),
     );
-    let mut dw = vec![0f32; d_out * d_in];
+    let mut dw = unsafe { tile::vec_for_overwrite(d_out * d_in) };
     matmul(
         d_out,
         d_in,
@@ -398,7 +404,8 @@ impl CustomOp3 for LayerNormOp {
             candle_core::bail!("layer norm: shapes {:?}, {d}, {}", lx.shape(), b.len());
         }
         let rows = x.len() / d;
-        let mut y = vec![0f32; x.len()];
+        // SAFETY: every row of y is written below.
+        let mut y = unsafe { tile::vec_for_overwrite(x.len()) };
         let mut stats = vec![(0f32, 0f32); rows];
         let eps = self.eps;
         let level = SimdLevel::detect();
@@ -527,8 +534,9 @@ fn layer_norm_bwd(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     {
         let rows = xv.len() / d;
-        let mut dx = vec![0f32; xv.len()];
-        let mut prod = vec![0f32; xv.len()];
+        // SAFETY: every row of dx and prod is written below.
+        let mut dx = unsafe { tile::vec_for_overwrite(xv.len()) };
+        let mut prod = unsafe { tile::vec_for_overwrite(xv.len()) };
         let level = SimdLevel::detect();
         let block = CHUNK * d;
         let run = |bi: usize, (dxr, pr): (&mut [f32], &mut [f32])| {
@@ -603,7 +611,8 @@ impl CustomOp1 for Gelu {
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = f32s(s, l, "gelu")?;
-        let mut y = vec![0f32; x.len()];
+        // SAFETY: every element is written below.
+        let mut y = unsafe { tile::vec_for_overwrite(x.len()) };
         let level = SimdLevel::detect();
         for_rows(&mut y, 4096, |r, yr| {
             gelu_fwd(level, &x[r * 4096..][..yr.len()], yr)
@@ -637,7 +646,8 @@ fn gelu_bwd_body(x: &[f32], dy: &[f32], dx: &mut [f32]) {
 posenc::multiversion!(fn gelu_bwd_rows => gelu_bwd_body(x: &[f32], dy: &[f32], dx: &mut [f32]) -> ());
 
 fn gelu_bwd(xv: &[f32], dyv: &[f32]) -> Vec<f32> {
-    let mut dx = vec![0f32; xv.len()];
+    // SAFETY: every element is written below.
+    let mut dx = unsafe { tile::vec_for_overwrite(xv.len()) };
     let level = SimdLevel::detect();
     for_rows(&mut dx, 4096, |r, dr| {
         let base = r * 4096;
@@ -747,7 +757,8 @@ posenc::multiversion!(fn softmax_rows => softmax_rows_body(x: &[f32], lse: &[f32
 
 impl CrossEntropy {
     fn grad(&self, xv: &[f32], lse: &[f32], g: f32, n: usize, v: usize) -> Vec<f32> {
-        let mut dx = vec![0f32; n * v];
+        // SAFETY: softmax_rows writes every element.
+        let mut dx = unsafe { tile::vec_for_overwrite(n * v) };
         softmax_rows(SimdLevel::detect(), xv, lse, g, &mut dx);
         for r in 0..n {
             let t = self.targets[r];

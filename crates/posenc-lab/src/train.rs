@@ -293,6 +293,22 @@ impl Lab {
         write_atomic(&dir.join("config.json"), json.as_bytes())
     }
 
+    /// The model with its parameters detached from autograd (sharing their
+    /// storage): a forward pass through it records no graph, so each
+    /// activation is freed as soon as the next layer has used it. For
+    /// evaluation; it sees later training steps (the storage is shared).
+    pub fn frozen(&self) -> Result<Transformer, LabError> {
+        let tensors: HashMap<String, Tensor> = self
+            .params()
+            .into_iter()
+            .map(|(k, v)| (k, v.as_tensor().detach()))
+            .collect();
+        let vb = VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu);
+        let mut m = Transformer::new(&self.meta.model, vb)?;
+        m.set_fused(self.model.is_fused());
+        Ok(m)
+    }
+
     /// The named parameters.
     pub fn params(&self) -> HashMap<String, candle_core::Var> {
         self.varmap.data().lock().expect("varmap lock").clone()
@@ -813,8 +829,19 @@ pub struct EvalResult {
     pub accuracy: Vec<f64>,
 }
 
+/// Memory a forward pass of [`evaluate`] may take (bytes); larger batches
+/// are split into micro-batches that fit, and a length that does not fit
+/// even one sequence is [`LabError::TooLong`].
+pub const EVAL_MEMORY_BUDGET: u64 = 1 << 30;
+
 /// Evaluates on `batches × batch` fresh sequences per length (seeded
-/// independently of training).
+/// independently of training), through the [`frozen`](Lab::frozen) model:
+/// a batch whose forward pass would exceed [`EVAL_MEMORY_BUDGET`] runs as
+/// micro-batches (the loss is the same mean over the batch's scored tokens).
+///
+/// # Errors
+/// [`LabError::TooLong`] before any allocation for a length that does not
+/// fit one sequence; a learned table too short; candle errors.
 pub fn evaluate(
     lab: &Lab,
     lengths: &[usize],
@@ -823,18 +850,50 @@ pub fn evaluate(
     scaling: Option<&EvalScaling>,
 ) -> Result<EvalResult, LabError> {
     let device = Device::Cpu;
+    let model = lab.frozen()?;
     let mut loss = Vec::new();
     let mut accuracy = Vec::new();
     for &len in lengths {
-        lab.model.check_length(len)?;
+        model.check_length(len)?;
+        let micro = micro_batch(&model, len, batch)?;
         let (mut l, mut a) = (0.0, 0.0);
         for b in 0..batches {
             let mut rng =
                 SplitMix64::new(batch_seed(lab.meta.train.seed, (len * 1000 + b) as u64, 1));
-            let batch = make_batch(&lab.task, &mut rng, batch, len, &device)?;
-            let (ls, acc) = lab.batch_loss(&batch, scaling)?;
-            l += ls.to_scalar::<f32>()? as f64;
-            a += acc;
+            let full = make_batch(&lab.task, &mut rng, batch, len, &device)?;
+            if micro >= batch {
+                let logits = model.forward(&full.input, 0, scaling)?;
+                let (ls, acc) = loss_and_accuracy_with(&logits, &full.target, model.is_fused())?;
+                l += ls.to_scalar::<f32>()? as f64;
+                a += acc;
+                continue;
+            }
+            // Micro-batches: the mean over all scored tokens of the batch.
+            let (mut sum, mut count, mut correct) = (0.0f64, 0usize, 0.0f64);
+            let mut start = 0;
+            while start < batch {
+                let n = micro.min(batch - start);
+                let input = full.input.narrow(0, start, n)?;
+                let target = full.target.narrow(0, start, n)?;
+                let scored = if target.rank() == 1 {
+                    n
+                } else {
+                    target
+                        .flatten_all()?
+                        .to_vec1::<i64>()?
+                        .iter()
+                        .filter(|&&t| t != IGNORE)
+                        .count()
+                };
+                let logits = model.forward(&input, 0, scaling)?;
+                let (ls, acc) = loss_and_accuracy_with(&logits, &target, model.is_fused())?;
+                sum += ls.to_scalar::<f32>()? as f64 * scored as f64;
+                count += scored;
+                correct += acc * n as f64;
+                start += n;
+            }
+            l += sum / count.max(1) as f64;
+            a += correct / batch as f64;
         }
         loss.push(l / batches as f64);
         accuracy.push(a / batches as f64);
@@ -844,6 +903,29 @@ pub fn evaluate(
         loss,
         accuracy,
     })
+}
+
+/// The largest number of sequences of `len` tokens (at most `batch`) whose
+/// forward pass fits [`EVAL_MEMORY_BUDGET`].
+///
+/// # Errors
+/// [`LabError::TooLong`] if not even one fits.
+pub fn micro_batch(model: &Transformer, len: usize, batch: usize) -> Result<usize, LabError> {
+    let (one, why) = model.eval_bytes(1, len);
+    let budget = EVAL_MEMORY_BUDGET as u128;
+    if one > budget {
+        return Err(LabError::TooLong {
+            len,
+            need_mb: (one >> 20).min(u64::MAX as u128) as u64,
+            budget_mb: EVAL_MEMORY_BUDGET >> 20,
+            why,
+        });
+    }
+    let mut n = batch.max(1);
+    while n > 1 && model.eval_bytes(n, len).0 > budget {
+        n = n.div_ceil(2);
+    }
+    Ok(n)
 }
 
 /// The shuffle test (Haviv et al. 2022 §5): loss on the last
@@ -880,6 +962,7 @@ pub fn shuffle_test(
         )));
     }
     let device = Device::Cpu;
+    let model = lab.frozen()?;
     let (mut a, mut b) = (0.0, 0.0);
     for i in 0..batches {
         let mut rng = SplitMix64::new(batch_seed(lab.meta.train.seed, i as u64, 2));
@@ -906,7 +989,7 @@ pub fn shuffle_test(
         let tgt = Tensor::new(masked, &device)?;
         for (inp, acc) in [(input, &mut a), (shuffled, &mut b)] {
             let x = Tensor::new(inp, &device)?;
-            let logits = lab.model.forward(&x, 0, None)?;
+            let logits = model.forward(&x, 0, None)?;
             let (l, _) = loss_and_accuracy(&logits, &tgt)?;
             *acc += l.to_scalar::<f32>()? as f64;
         }
@@ -941,12 +1024,13 @@ pub fn probe(
     batch: usize,
 ) -> Result<ProbeResult, LabError> {
     let device = Device::Cpu;
+    let model = lab.frozen()?;
     let collect = |stream: u64| -> Result<Vec<Tensor>, LabError> {
         let mut per_layer: Vec<Vec<Tensor>> = Vec::new();
         for i in 0..batches {
             let mut rng = SplitMix64::new(batch_seed(lab.meta.train.seed, i as u64, stream));
             let b = make_batch(&lab.task, &mut rng, batch, length, &device)?;
-            let acts = lab.model.hidden_states(&b.input, 0)?;
+            let acts = model.hidden_states(&b.input, 0)?;
             if per_layer.is_empty() {
                 per_layer = vec![Vec::new(); acts.len()];
             }

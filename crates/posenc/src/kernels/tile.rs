@@ -68,6 +68,19 @@ impl Drop for Scratch {
     }
 }
 
+/// A vector of `n` floats for a kernel to overwrite, without the memset of
+/// `vec![0.0; n]` (as candle's own `alloc_uninit`).
+///
+/// # Safety
+/// The caller writes every element before anything reads it (and before the
+/// vector is returned, dropped after a panic excepted).
+#[allow(clippy::uninit_vec)]
+pub unsafe fn vec_for_overwrite(n: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n);
+    v.set_len(n);
+    v
+}
+
 /// Lanes of the fixed-order reductions.
 const LANES: usize = 16;
 
@@ -243,8 +256,11 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 5.000_000_1e-1);
     let e = p.mul_add(r2, r) + 1.0;
-    // 2^n for n in [−126, 128): exponent bits.
-    let bits = ((n as i32 + 127) as u32) << 23;
+    // 2^n for n in [−126, 127]: exponent bits. `n` is integral, so adding
+    // 1.5·2^23 leaves it in the low mantissa bits as a two's-complement
+    // integer (an `as i32` conversion would not vectorise: it saturates).
+    let ni = (n + 12_582_912.0).to_bits().wrapping_sub(0x4B40_0000);
+    let bits = ni.wrapping_add(127) << 23;
     let y = e * f32::from_bits(bits);
     if x < -87.3 {
         0.0

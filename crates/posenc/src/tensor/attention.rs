@@ -911,8 +911,13 @@ impl Shared {
             }
         }
         check_extent(&prob)?;
-        let mut out = vec![0f32; d.batch * d.q_heads * d.q_len * d.head_dim];
-        let mut lse = vec![0f32; d.batch * d.q_heads * d.q_len];
+        // SAFETY: the kernel writes every row of the output (zeros for a
+        // query that sees no key) and every log-sum-exp.
+        let mut out = unsafe {
+            crate::kernels::tile::vec_for_overwrite(d.batch * d.q_heads * d.q_len * d.head_dim)
+        };
+        let mut lse =
+            unsafe { crate::kernels::tile::vec_for_overwrite(d.batch * d.q_heads * d.q_len) };
         k::forward(&prob, &mut out, self.g.out_rows, &mut lse, self.plan.level);
         Ok((out, lse))
     }
@@ -1250,9 +1255,12 @@ fn backward(sh: &Shared, out: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tenso
         Inputs::Separate => {
             let (hq, hk) = (d.q_heads, d.kv_heads);
             let (q_sh, kv_sh) = (sh.inputs[0].shape().clone(), sh.inputs[1].shape().clone());
-            gq = vec![0f32; q_sh.elem_count()];
-            gk = vec![0f32; kv_sh.elem_count()];
-            gv = vec![0f32; kv_sh.elem_count()];
+            // SAFETY: the backward pass writes every element of dq, dk, dv.
+            unsafe {
+                gq = crate::kernels::tile::vec_for_overwrite(q_sh.elem_count());
+                gk = crate::kernels::tile::vec_for_overwrite(kv_sh.elem_count());
+                gv = crate::kernels::tile::vec_for_overwrite(kv_sh.elem_count());
+            }
             let contiguous = |heads: usize, len: usize| match sh.g.layout {
                 HeadLayout::Bthd => k::Rows::bthd(heads, len, d.head_dim),
                 HeadLayout::Bhtd => k::Rows::bhtd(heads, len, d.head_dim),
@@ -1266,7 +1274,8 @@ fn backward(sh: &Shared, out: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tenso
             gqkv = Vec::new();
         }
         Inputs::Packed => {
-            gqkv = vec![0f32; sh.inputs[0].elem_count()];
+            // SAFETY: dq, dk and dv tile the packed buffer, every element written.
+            gqkv = unsafe { crate::kernels::tile::vec_for_overwrite(sh.inputs[0].elem_count()) };
             let base = gqkv.as_mut_ptr();
             let w = (d.q_heads + 2 * d.kv_heads) * d.head_dim;
             let r = |off: usize| k::Rows {
