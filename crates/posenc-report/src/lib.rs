@@ -1,217 +1,113 @@
-//! `posenc report`: the seeds' walk-through, seven experiments (models
-//! trained here, and analytic checks), and every encoding family with its
-//! formula, values and measured properties — each claim with a verdict
-//! computed from the measurement by a rule stated beside it. Writes
-//! `index.html` (self-contained), `report.md` with `figures/*.png`, and
-//! `results.json`; trained results are cached under `cache/`.
+//! # posenc-report — the seeds' claims, measured
+//!
+//! The engine of `posenc report`: the seeds' walk-through, seven
+//! experiments (models trained with [`posenc_lab`], and analytic checks),
+//! and every encoding family with its formula, values and measured
+//! properties — each claim with a verdict computed from the measurement by
+//! a rule stated beside it. [`run`] writes `index.html` (self-contained),
+//! `report.md` with `figures/*.png`, and `results.json`; trained results
+//! are cached under `cache/`.
+#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use clap::Args;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::{CliError, CliResult};
+pub mod claims;
+pub mod corpus;
+pub mod experiments;
+pub mod families;
+pub mod figures;
+pub mod html;
+pub mod preset;
+pub mod walkthrough;
 
-mod experiments;
-mod families;
-mod figures;
-mod html;
-mod preset;
-mod walkthrough;
-
+pub use claims::Verdict;
 use experiments::{Claim, ExpOutput};
+use families::Family;
 
-/// Arguments of `posenc report`.
-#[derive(Args, Debug)]
-pub struct ReportArgs {
+/// An error to show the user, in one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportError(pub String);
+
+impl std::fmt::Display for ReportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ReportError {}
+
+macro_rules! from_error {
+    ($($t:ty),*) => {$(
+        impl From<$t> for ReportError {
+            fn from(e: $t) -> Self {
+                ReportError(e.to_string())
+            }
+        }
+    )*};
+}
+
+from_error!(
+    posenc::Error,
+    posenc_lab::LabError,
+    posenc_plot::PlotError,
+    std::io::Error,
+    serde_json::Error,
+    String
+);
+
+/// Result of the report's functions.
+pub type Result<T = (), E = ReportError> = std::result::Result<T, E>;
+
+/// What `posenc report` was asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
     /// Output directory.
-    #[arg(long, default_value = "report")]
     pub out: PathBuf,
     /// Experiment preset: quick, full, smoke, or a path to a JSON preset.
-    #[arg(long, default_value = "quick")]
     pub preset: String,
     /// Run only experiment N (1–7).
-    #[arg(long)]
     pub only: Option<usize>,
+    /// A UTF-8 text for every text experiment, in place of the preset's
+    /// (`--corpus FILE`).
+    pub corpus: Option<PathBuf>,
 }
 
-/// The outcome of comparing a measurement with a claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Verdict {
-    /// The measurement meets the claim's rule.
-    #[serde(rename = "reproduced")]
-    Reproduced,
-    /// The measurement meets a weaker form of the rule.
-    #[serde(rename = "partly")]
-    Partly,
-    /// The measurement does not meet the rule.
-    #[serde(rename = "not reproduced")]
-    NotReproduced,
-}
-
-impl Verdict {
-    /// The verdict as written in reports (`reproduced`, `partly`, `not reproduced`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Reproduced => "reproduced",
-            Verdict::Partly => "partly",
-            Verdict::NotReproduced => "not reproduced",
-        }
-    }
-
-    /// `Reproduced` when `ok`, otherwise `NotReproduced`.
-    pub fn from_bool(ok: bool) -> Self {
-        if ok {
-            Verdict::Reproduced
-        } else {
-            Verdict::NotReproduced
-        }
-    }
-}
-
-/// The rule for seed 001's claim that the similarity of PE(p) and PE(p + k)
-/// decreases with k, from the fraction of non-increasing steps and
-/// Spearman's ρ between k and the cosine; shared by the report and
-/// `posenc analyze`.
-pub fn similarity_verdict(monotone_fraction: f64, spearman: f64) -> (Verdict, &'static str) {
-    let rule = "reproduced if strictly non-increasing (fraction 1.0); partly if Spearman ρ(k, cos) ≤ −0.9 (falls overall, with ripples); else not reproduced";
-    let v = if monotone_fraction >= 1.0 {
-        Verdict::Reproduced
-    } else if spearman <= -0.9 {
-        Verdict::Partly
-    } else {
-        Verdict::NotReproduced
-    };
-    (v, rule)
-}
-
-/// One measured property with its verdict.
-#[derive(Debug, Clone, Serialize)]
-pub struct Property {
-    /// Stable identifier, e.g. `sinusoidal.linear-map`.
-    pub id: String,
-    /// The claim, in words.
-    pub claim: String,
-    /// Where the claim comes from (paper, section; seed).
-    pub source: String,
-    /// What was measured, in words.
-    pub metric: String,
-    /// The measured value(s).
-    pub value: serde_json::Value,
-    /// The value the source gives, where it gives one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expected: Option<serde_json::Value>,
-    /// The rule that turns the value into the verdict.
-    pub rule: String,
-    /// The verdict.
-    pub verdict: Verdict,
-}
-
-/// One encoding family's section.
-#[derive(Debug, Clone, Serialize)]
-pub struct Family {
-    /// Identifier, e.g. `sinusoidal`.
-    pub id: String,
-    /// Display name.
-    pub name: String,
-    /// Paper(s).
-    pub paper: String,
-    /// Where the position enters the transformer.
-    pub hooks: Vec<String>,
-    /// The formula, as plain text.
-    pub formula: String,
-    /// Markdown body: explanation and a small table of values.
-    #[serde(skip)]
-    pub body: String,
-    /// Measured properties.
-    pub properties: Vec<Property>,
-}
-
-/// The whole report.
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    /// Tool and version.
-    pub generated_by: String,
+/// What a run wrote.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Figures written.
+    pub figures: usize,
     /// Seconds it took.
     pub seconds: f64,
-    /// Every family.
-    pub families: Vec<Family>,
+    /// The experiments' verdicts, counted in [`Verdict::ALL`]'s order.
+    pub claims: [usize; 6],
+    /// The families' verdicts, counted the same way.
+    pub families: [usize; 6],
 }
 
-impl Report {
-    fn verdict_counts(&self) -> (usize, usize, usize) {
-        let mut c = (0, 0, 0);
-        for p in self.families.iter().flat_map(|f| &f.properties) {
-            match p.verdict {
-                Verdict::Reproduced => c.0 += 1,
-                Verdict::Partly => c.1 += 1,
-                Verdict::NotReproduced => c.2 += 1,
-            }
-        }
-        c
-    }
-
-    fn markdown(&self) -> String {
-        let mut s = String::new();
-        s.push_str("# posenc report: positional encodings, measured\n\n");
-        s.push_str(
-            "Attention treats its input as a set: permute the tokens and the outputs are permuted \
-             the same way. A positional encoding gives the model the order back, at one of three \
-             places — the **input** (absolute encodings added to the embeddings), the **queries \
-             and keys** (rotary encodings), or the **attention logits and values** (relative \
-             encodings). This report states, for each family, its formula, a few of its values, and \
-             properties measured by `posenc` itself; every verdict is computed from the measurement \
-             by the rule printed next to it.\n\n",
-        );
-        let (r, p, n) = self.verdict_counts();
-        s.push_str(&format!(
-            "Generated by `{}` in {:.1} s: **{r} reproduced, {p} partly, {n} not reproduced**. \
-             Regenerate with `cargo run --release -- report`.\n\n",
-            self.generated_by, self.seconds
-        ));
-        s.push_str("| family | enters at | properties | verdicts |\n|---|---|---|---|\n");
-        for f in &self.families {
-            let v: Vec<&str> = f.properties.iter().map(|p| p.verdict.as_str()).collect();
-            s.push_str(&format!(
-                "| [{}](#{}) | {} | {} | {} |\n",
-                f.name,
-                f.id,
-                f.hooks.join(", "),
-                f.properties.len(),
-                summarize(&v)
-            ));
-        }
-        s.push('\n');
-        for f in &self.families {
-            s.push_str(&format!("<a id=\"{}\"></a>\n## {}\n\n", f.id, f.name));
-            s.push_str(&format!(
-                "*{}* — enters at: {}.\n\n",
-                f.paper,
-                f.hooks.join(", ")
-            ));
-            s.push_str(&format!("```text\n{}\n```\n\n", f.formula.trim_end()));
-            s.push_str(f.body.trim_end());
-            s.push_str("\n\n");
-            if !f.properties.is_empty() {
-                s.push_str("| property | measured | rule | verdict |\n|---|---|---|---|\n");
-                for p in &f.properties {
-                    s.push_str(&format!(
-                        "| **{}** — {} <br><sub>{}; `{}`</sub> | {} | {} | **{}** |\n",
-                        cell(&p.claim),
-                        cell(&p.metric),
-                        cell(&p.source),
-                        p.id,
-                        cell(&compact_json(&p.value)),
-                        cell(&p.rule),
-                        p.verdict.as_str()
-                    ));
-                }
-                s.push('\n');
-            }
-        }
-        s
+impl Summary {
+    /// One line for the terminal.
+    pub fn line(&self, out: &std::path::Path) -> String {
+        let words = |c: &[usize; 6]| {
+            claims::summarize(
+                Verdict::ALL
+                    .iter()
+                    .zip(c)
+                    .flat_map(|(v, n)| std::iter::repeat_n(*v, *n)),
+            )
+        };
+        format!(
+            "wrote {} (index.html, report.md, results.json, {} figures) in {:.1} s: claims {}; families {}",
+            out.display(),
+            self.figures,
+            self.seconds,
+            words(&self.claims),
+            words(&self.families)
+        )
     }
 }
 
@@ -220,22 +116,13 @@ pub fn cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }
 
-fn summarize(v: &[&str]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    for name in ["reproduced", "partly", "not reproduced"] {
-        let c = v.iter().filter(|x| **x == name).count();
-        if c > 0 {
-            out.push(format!("{c} {name}"));
-        }
-    }
-    out.join(", ")
-}
-
-fn compact_json(v: &serde_json::Value) -> String {
+/// A JSON value in one table cell: numbers with 4 decimals, objects as
+/// `key: value` lines.
+pub fn compact_json(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::Number(n) => n
             .as_f64()
-            .map(|x| crate::output::num(x, 4))
+            .map(|x| num(x, 4))
             .unwrap_or_else(|| n.to_string()),
         serde_json::Value::Object(m) => m
             .iter()
@@ -247,19 +134,9 @@ fn compact_json(v: &serde_json::Value) -> String {
             a.iter().map(compact_json).collect::<Vec<_>>().join(", ")
         ),
         serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "NaN".into(),
         other => other.to_string(),
     }
-}
-
-/// Builds the analytic family sections (no I/O).
-pub fn build() -> CliResult<Report> {
-    let start = Instant::now();
-    let families = families::all()?;
-    Ok(Report {
-        generated_by: format!("posenc {}", env!("CARGO_PKG_VERSION")),
-        seconds: start.elapsed().as_secs_f64(),
-        families,
-    })
 }
 
 /// `results.json`.
@@ -267,6 +144,7 @@ pub fn build() -> CliResult<Report> {
 struct Results<'a> {
     generated_by: &'a str,
     preset: &'a preset::Preset,
+    corpus: &'a corpus::TextCorpus,
     only: Option<usize>,
     seconds: f64,
     verdict_rule: &'static str,
@@ -275,13 +153,20 @@ struct Results<'a> {
     families: &'a [Family],
 }
 
-fn claims_table(claims: &[&Claim]) -> String {
+/// The claims as a Markdown table: claim, source, our numbers, the
+/// paper's, the rule and the verdict.
+pub fn claims_table(claims: &[&Claim]) -> String {
     let mut s = String::from(
         "| claim | source | ours | paper | rule | verdict |\n|---|---|---|---|---|---|\n",
     );
     for c in claims {
+        let diverged = if c.diverged.is_empty() {
+            String::new()
+        } else {
+            format!("<br>diverged: {}", cell(&c.diverged.join("; ")))
+        };
         s.push_str(&format!(
-            "| **{}** <br><sub>`{}`</sub> | {} | {}: {} | {} | {} | **{}** |\n",
+            "| **{}** <br><sub>`{}`</sub> | {} | {}: {}{diverged} | {} | {} | **{}** |\n",
             cell(&c.claim),
             c.id,
             cell(&c.source),
@@ -353,32 +238,36 @@ fn section_md(s: &ExpOutput, level: &str) -> String {
     m
 }
 
-fn count(v: impl Iterator<Item = Verdict>) -> (usize, usize, usize) {
-    let mut c = (0, 0, 0);
-    for x in v {
-        match x {
-            Verdict::Reproduced => c.0 += 1,
-            Verdict::Partly => c.1 += 1,
-            Verdict::NotReproduced => c.2 += 1,
-        }
-    }
-    c
+/// The verdict words, counted, for the page's first paragraph.
+fn counted(c: [usize; 6]) -> String {
+    claims::summarize(
+        Verdict::ALL
+            .iter()
+            .zip(c)
+            .flat_map(|(v, n)| std::iter::repeat_n(*v, n)),
+    )
 }
 
-pub fn run(a: ReportArgs) -> CliResult {
+/// Runs the report: trains (or reads from the cache) every experiment of
+/// the preset on its text (or `--corpus`'s) and writes the files.
+pub fn run(a: &Options) -> Result<Summary> {
     let start = Instant::now();
     let preset = preset::Preset::load(&a.preset)?;
+    std::fs::create_dir_all(a.out.join("figures"))
+        .map_err(|e| ReportError(format!("cannot create {}: {e}", a.out.display())))?;
+    let cache = a.out.join("cache");
+    let text = corpus::TextCorpus::resolve(&preset.corpus, a.corpus.as_deref(), &cache)?;
+    text.check_window(preset.longest_text_window())?;
     eprintln!(
-        "posenc report: preset {} ({}); writing to {}",
+        "posenc report: preset {} ({}); text: {}; writing to {}",
         preset.name,
         preset.description,
+        text.name,
         a.out.display()
     );
-    std::fs::create_dir_all(a.out.join("figures"))
-        .map_err(|e| CliError(format!("cannot create {}: {e}", a.out.display())))?;
-    let report = build()?;
+    let families = families::all()?;
     let walk = walkthrough::build_section()?;
-    let mut ctx = experiments::Ctx::new(&preset, a.out.join("cache"));
+    let mut ctx = experiments::Ctx::new(&preset, text.clone(), cache);
     let exps = experiments::run_all(&mut ctx, a.only)?;
     // Figures.
     let mut pngs: HashMap<String, Vec<u8>> = HashMap::new();
@@ -392,8 +281,8 @@ pub fn run(a: ReportArgs) -> CliResult {
         pngs.insert(format!("figures/{}", f.file), png);
     }
     let claims: Vec<&Claim> = exps.iter().flat_map(|e| &e.claims).collect();
-    let (r, p, n) = count(claims.iter().map(|c| c.verdict));
-    let (fr, fp, fn_) = report.verdict_counts();
+    let claim_counts = claims::count(claims.iter().map(|c| c.verdict));
+    let family_counts = claims::count(families::verdicts(&families));
     let seconds = start.elapsed().as_secs_f64();
     // Markdown.
     let mut md = String::new();
@@ -406,17 +295,36 @@ pub fn run(a: ReportArgs) -> CliResult {
          encodings). This page walks through the idea with the seeds' own example, then checks \
          what the papers claim on models trained here, then lists every family with its \
          formula and measured properties. Every verdict is computed from a measurement by the \
-         rule printed next to it; a claim that does not reproduce at our scale says so, with \
-         the numbers.\n\n",
+         rule printed next to it, fixed in the code before the runs; a claim that does not \
+         reproduce at our scale says so, with the numbers. A tie, a NaN or a diverged run is \
+         reported as such, never as \"partly\" or \"reproduced\".\n\n",
     );
     md.push_str(&format!(
-        "Generated by `posenc {}` with preset **{}** in {:.1} s{}: experiments **{r} reproduced, {p} partly, {n} not reproduced**; encoding families {fr} reproduced, {fp} partly, {fn_} not reproduced. Regenerate with `cargo run --release -- report` (`--preset full` for longer runs, `--only N` for one experiment).\n\n",
+        "Generated by `posenc {}` with preset **{}** in {:.1} s{}, on {}: experiments **{}**; encoding families {}. Regenerate with `cargo run --release -- report` (`--preset full` for longer runs, `--only N` for one experiment, `--corpus FILE` for another text).\n\n",
         env!("CARGO_PKG_VERSION"),
         preset.name,
         seconds,
         a.only.map(|n| format!(" (only experiment {n})")).unwrap_or_default(),
+        text.description(),
+        counted(claim_counts),
+        counted(family_counts),
     ));
     md.push_str(&section_md(&walk, "##"));
+    let quiz: Vec<&Claim> = claims::experiments::QUIZ
+        .iter()
+        .filter_map(|q| claims.iter().find(|c| c.id == q.id).copied())
+        .collect();
+    if !quiz.is_empty() {
+        md.push_str("## Seed 001's quiz\n\n");
+        md.push_str(
+            "Seed 001 asks three questions and answers them: can BERT work well without a \
+             positional encoding (no), can GPT (yes), and can a RoPE decoder trained on 1024 \
+             tokens generate 2048 well (only after extrapolation or interpolation). Each answer \
+             is a claim, judged on the models trained below.\n\n",
+        );
+        md.push_str(&claims_table(&quiz));
+        md.push('\n');
+    }
     md.push_str("## The claims at a glance\n\n");
     md.push_str(&claims_table(&claims));
     md.push('\n');
@@ -424,9 +332,11 @@ pub fn run(a: ReportArgs) -> CliResult {
         md.push_str(&section_md(e, "##"));
     }
     md.push_str("# Encoding families\n\n");
-    let fam = report.markdown();
-    let fam_body = fam.split_once("\n\n").map(|x| x.1).unwrap_or(&fam);
-    md.push_str(fam_body);
+    md.push_str(&format!(
+        "Each family's formula, a few of its values, and properties measured by `posenc` itself (`posenc analyze` applies the same rules): {}.\n\n",
+        counted(family_counts)
+    ));
+    md.push_str(&families::markdown(&families));
     write_atomic(&a.out.join("report.md"), md.as_bytes())?;
     let page = html::page("posenc report", &md, &|p| pngs.get(p).cloned());
     write_atomic(&a.out.join("index.html"), page.as_bytes())?;
@@ -434,31 +344,45 @@ pub fn run(a: ReportArgs) -> CliResult {
     let results = Results {
         generated_by: &generated_by,
         preset: &preset,
+        corpus: &text,
         only: a.only,
         seconds,
-        verdict_rule: "each claim's verdict is computed from `value` by its `rule`: reproduced, partly, or not reproduced",
+        verdict_rule: "each claim's verdict is computed from `value` by its `rule`: reproduced, partly, not reproduced, tie, NaN (a number the rule needs is not one) or diverged (a run behind it diverged; named in `diverged`)",
         claims,
         experiments: exps
             .iter()
             .map(|e| serde_json::json!({"id": e.id, "title": e.title, "seconds": e.seconds, "cached": e.cached, "figures": e.figures.iter().map(|f| format!("figures/{}", f.file)).collect::<Vec<_>>()}))
             .collect(),
-        families: &report.families,
+        families: &families,
     };
     write_atomic(
         &a.out.join("results.json"),
         serde_json::to_string_pretty(&results)?.as_bytes(),
     )?;
-    println!(
-        "wrote {} (index.html, report.md, results.json, {} figures) in {:.1} s: claims {r} reproduced, {p} partly, {n} not reproduced; families {fr}/{fp}/{fn_}",
-        a.out.display(),
-        pngs.len(),
-        seconds
-    );
-    Ok(())
+    Ok(Summary {
+        figures: pngs.len(),
+        seconds,
+        claims: claim_counts,
+        families: family_counts,
+    })
 }
 
 /// Writes a file through a temporary file and a rename, so a reader never
 /// sees half a report (the lab's checkpoint writer).
-fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> CliResult {
+pub(crate) fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result {
     Ok(posenc_lab::train::write_atomic(path, bytes)?)
+}
+
+/// Formats a number compactly with `prec` decimals (scientific outside
+/// 1e-4..1e6).
+pub fn num(v: f64, prec: usize) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let a = v.abs();
+    if !(1e-4..1e6).contains(&a) {
+        format!("{v:.prec$e}")
+    } else {
+        format!("{v:.prec$}")
+    }
 }

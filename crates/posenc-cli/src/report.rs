@@ -1,0 +1,45 @@
+//! `posenc report`: the arguments; the engine is the `posenc-report` crate.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::{CliError, CliResult};
+
+/// Arguments of `posenc report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Output directory.
+    #[arg(long, default_value = "report")]
+    pub out: PathBuf,
+    /// Experiment preset: quick, full, smoke, or a path to a JSON preset.
+    #[arg(long, default_value = "quick")]
+    pub preset: String,
+    /// Run only experiment N (1–7).
+    #[arg(long)]
+    pub only: Option<usize>,
+    /// Rerun every text experiment (language models, masked language
+    /// models) on this UTF-8 file instead of the preset's text (default:
+    /// Pride and Prejudice); its last 10% is the validation text.
+    #[arg(long, value_name = "FILE")]
+    pub corpus: Option<PathBuf>,
+}
+
+impl From<posenc_report::ReportError> for CliError {
+    fn from(e: posenc_report::ReportError) -> Self {
+        CliError(e.0)
+    }
+}
+
+/// Runs `posenc report`.
+pub fn run(a: ReportArgs) -> CliResult {
+    let out = a.out.clone();
+    let summary = posenc_report::run(&posenc_report::Options {
+        out: a.out,
+        preset: a.preset,
+        only: a.only,
+        corpus: a.corpus,
+    })?;
+    println!("{}", summary.line(&out));
+    Ok(())
+}
