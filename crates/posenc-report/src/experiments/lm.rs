@@ -121,6 +121,24 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         p.seeds,
         unigram
     );
+    if let Some(t) = &p.lm.trend {
+        o.text.push_str(&format!(
+            "\n\n**NoPE's gap with scale.** Haviv et al. find NoPE's gap to the positional \
+             models narrowing as the models grow, so the same run is repeated at {} smaller \
+             size(s) ({}) with {}; at every size the gap is NoPE's validation loss minus the \
+             best of those positional encodings', per seed.",
+            t.sizes.len(),
+            t.sizes
+                .iter()
+                .map(|s| format!(
+                    "d_model {}, {} layer(s), {} steps",
+                    s.d_model, s.layers, s.steps
+                ))
+                .collect::<Vec<_>>()
+                .join("; "),
+            t.encodings.join(", ")
+        ));
+    }
     let trend_total =
         p.lm.trend
             .as_ref()

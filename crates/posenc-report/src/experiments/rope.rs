@@ -330,7 +330,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     }
     o.figures.push(Fig::new(
         "e3-loss-per-position.png",
-        &format!("Experiment 3: validation loss at each position of windows of {max_len} (mean over seeds {seeds:?}) for each RoPE scaling; the model was trained at L = {l} (the vertical line). Past L only PI and the NTK-style scalings keep the loss near its in-distribution level."),
+        &format!("Experiment 3: validation loss at each position of windows of {max_len} (mean over seeds {seeds:?}) for each RoPE scaling; the model was trained at L = {l} (the vertical line)."),
         FigSpec::Line {
             title: format!("RoPE trained at L = {l}: loss against position"),
             x_label: "position in the window".into(),
