@@ -681,7 +681,7 @@ pub fn load_for_eval(rec: &RunRecord, dir: &Path) -> Result<Option<Lab>> {
 /// Fine-tunes `lab` in memory for `steps` steps at `len` with `scaling`
 /// kept in training (Position Interpolation fine-tuning when it is
 /// `linear`), constant learning rate `lr`: the lab's
-/// [`posenc_lab::finetune`].
+/// [`posenc_lab::finetune()`].
 pub fn finetune(
     lab: &mut Lab,
     scaling: Option<ScalingSpec>,
