@@ -68,7 +68,8 @@ pub struct TrainArgs {
     #[arg(long = "shaw-k", default_value_t = 16)]
     pub shaw_k: usize,
     /// UTF-8 text file for `--task lm` or `--task mlm` (default: the
-    /// built-in grammar).
+    /// built-in grammar). Training reads its first 90%; `posenc eval`,
+    /// `probe` and `shuffle` read only its last 10%.
     #[arg(long)]
     pub corpus: Option<PathBuf>,
     /// Checkpoint directory.
@@ -390,7 +391,9 @@ fn parse_lengths(s: &str) -> CliResult<Vec<usize>> {
 }
 
 pub fn eval(a: EvalArgs) -> CliResult {
-    let lab = Lab::load(&a.checkpoint)?;
+    // Scored on the corpus's validation text (its last 10%), never trained on.
+    let mut lab = Lab::load(&a.checkpoint)?;
+    lab.task = lab.task.validation();
     let lengths = parse_lengths(&a.lengths)?;
     let train_len = lab.meta.train.train_len;
     let mut res = train::EvalResult {
@@ -460,7 +463,9 @@ pub fn eval(a: EvalArgs) -> CliResult {
 }
 
 pub fn probe(a: ProbeArgs) -> CliResult {
-    let lab = Lab::load(&a.checkpoint)?;
+    // Scored on the corpus's validation text (its last 10%), never trained on.
+    let mut lab = Lab::load(&a.checkpoint)?;
+    lab.task = lab.task.validation();
     let len = a.length.unwrap_or(lab.meta.train.train_len);
     let r = train::probe(&lab, len, 4, 16)?;
     if a.json {
@@ -498,7 +503,9 @@ pub fn probe(a: ProbeArgs) -> CliResult {
 }
 
 pub fn shuffle(a: ProbeArgs) -> CliResult {
-    let lab = Lab::load(&a.checkpoint)?;
+    // Scored on the corpus's validation text (its last 10%), never trained on.
+    let mut lab = Lab::load(&a.checkpoint)?;
+    lab.task = lab.task.validation();
     let len = a.length.unwrap_or(lab.meta.train.train_len);
     let r = train::shuffle_test(&lab, len, (len / 4).max(1), 4, 16)?;
     if a.json {

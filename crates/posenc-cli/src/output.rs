@@ -1,17 +1,7 @@
 //! Readable tables for the terminal.
 
-/// Formats a number compactly with `prec` significant decimals.
-pub fn num(v: f64, prec: usize) -> String {
-    if v == 0.0 {
-        return "0".into();
-    }
-    let a = v.abs();
-    if !(1e-4..1e6).contains(&a) {
-        format!("{v:.prec$e}")
-    } else {
-        format!("{v:.prec$}")
-    }
-}
+/// Formats a number compactly with `prec` decimals (the report's format).
+pub use posenc_report::num;
 
 /// Renders rows of cells as an aligned text table with a header line.
 pub fn table(header: &[String], rows: &[Vec<String>]) -> String {

@@ -3,10 +3,12 @@
 //! Encoder and decoder transformers small enough to train on a laptop CPU,
 //! with any positional encoding of [`posenc`] plugged in at its hook, and the
 //! built-in tasks that test the seeds' claims ([`tasks`]), trained with
-//! [`train::train`] and fine-tuned at a new length with [`finetune()`].
+//! [`train::train`], fine-tuned at a new length with [`finetune()`], and
+//! measured position by position with [`eval::loss_per_position`].
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod eval;
 pub mod finetune;
 pub mod model;
 pub mod ops;
@@ -14,6 +16,7 @@ pub mod optim;
 pub mod tasks;
 pub mod train;
 
+pub use eval::{loss_per_position, PositionLoss};
 pub use finetune::{finetune, FinetuneOptions, FinetuneRecord, ScalingKind, ScalingSpec};
 
 /// Errors of the lab: bad arguments, corrupt checkpoints, candle failures.

@@ -17,6 +17,20 @@
 //! | lm | characters of a corpus (built-in grammar or a file) | language modelling |
 //! | mlm | encoder: a corpus window with 15% of its characters replaced by `[MASK]`; predict them | "can BERT work without positions?" (seed 001; Haviv et al. 2022 §6) |
 //!
+//! ## Corpora: vocabulary and the validation split
+//!
+//! A corpus ([`Corpus`]) is tokenised one token per distinct character: the
+//! vocabulary grows to fit the text (Russian, Chinese or any other UTF-8
+//! text keeps every character), up to [`MAX_VOCAB`] distinct characters,
+//! past which building it is an error that says how many the text has —
+//! never a silent mapping of rare characters to a replacement token.
+//!
+//! The last [`VALIDATION_FRACTION`] of the text (10%) is validation and is
+//! never trained on: a task draws its windows from the first 90% of the
+//! tokens ([`Split::Train`], the default) or from the last 10% only
+//! ([`Split::Validation`], [`Task::validation`]); no window crosses the
+//! boundary, so no validation window overlaps the training text.
+//!
 //! ## Masked language modelling
 //!
 //! `mlm` follows BERT (Devlin et al. 2019, §3.1) with two documented
@@ -72,6 +86,22 @@ pub const IGNORE: i64 = -100;
 /// Expected fraction of the positions of an `mlm` window that are masked
 /// (BERT's 15%).
 pub const MASK_RATE: f64 = 0.15;
+/// The most distinct characters a corpus may have (its vocabulary). A
+/// character vocabulary of Chinese text needs a few thousand; the logits of
+/// a step grow with it (batch × length × vocabulary floats).
+pub const MAX_VOCAB: usize = 8192;
+/// The fraction of a corpus, at its end, that is validation text.
+pub const VALIDATION_FRACTION: f64 = 0.1;
+
+/// The part of a corpus a task draws its windows from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Split {
+    /// The first 90% of the tokens: what training sees.
+    Train,
+    /// The last 10%: evaluation only.
+    Validation,
+}
 
 /// One training or evaluation example.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +206,9 @@ pub struct Task {
     pub kind: TaskKind,
     /// Number of content symbols (copy, reverse, sort, count, order).
     pub n_symbols: u32,
+    /// The part of the corpus windows are drawn from (`lm`, `mlm`); the
+    /// synthetic tasks draw fresh examples either way.
+    pub split: Split,
     corpus: Option<Corpus>,
 }
 
@@ -195,6 +228,7 @@ impl Task {
         Ok(Task {
             kind,
             n_symbols,
+            split: Split::Train,
             corpus,
         })
     }
@@ -216,8 +250,24 @@ impl Task {
         Ok(Task {
             kind,
             n_symbols: 0,
+            split: Split::Train,
             corpus: Some(Corpus::from_text(text)?),
         })
+    }
+
+    /// The same task drawing from the validation part of its corpus (the
+    /// last 10%, never trained on): what evaluation uses. For the synthetic
+    /// tasks, the same task.
+    pub fn validation(&self) -> Self {
+        self.with_split(Split::Validation)
+    }
+
+    /// The same task drawing from `split`.
+    pub fn with_split(&self, split: Split) -> Self {
+        Task {
+            split,
+            ..self.clone()
+        }
     }
 
     /// The corpus, for language modelling.
@@ -339,14 +389,21 @@ impl Task {
                 });
             }
             TaskKind::Lm => {
+                // Every next character is scored. (Not through the padding
+                // below: a corpus's token 0 is its most frequent character,
+                // not PAD.)
                 let c = self.corpus.as_ref().expect("lm task has a corpus");
-                let f = c.window(rng, length + 1)?;
-                (f, 1)
+                let f = c.window(rng, length + 1, self.split)?;
+                return Ok(Example {
+                    input: f[..length].to_vec(),
+                    target: f[1..].iter().map(|&t| t as i64).collect(),
+                    label: None,
+                });
             }
             TaskKind::Mlm => {
                 let c = self.corpus.as_ref().expect("mlm task has a corpus");
                 let mask = self.mask_token().expect("mlm task has a mask token");
-                let mut input = c.window(rng, length)?;
+                let mut input = c.window(rng, length, self.split)?;
                 let mut target = vec![IGNORE; length];
                 for p in masked_positions(rng, length) {
                     target[p] = input[p] as i64;
@@ -404,6 +461,14 @@ pub fn masked_positions(rng: &mut SplitMix64, n: usize) -> Vec<usize> {
     chosen
 }
 
+/// The first validation token of a text of `n` tokens: the last
+/// [`VALIDATION_FRACTION`] (rounded up, at least one token) is validation.
+pub fn split_point(n: usize) -> usize {
+    let valid =
+        ((n as f64 * VALIDATION_FRACTION).ceil() as usize).clamp(1, n.saturating_sub(1).max(1));
+    n - valid
+}
+
 /// `width` decimal digit tokens of `v`, least-significant first.
 fn digits(mut v: u64, width: usize) -> Vec<u32> {
     (0..width)
@@ -418,39 +483,68 @@ fn digits(mut v: u64, width: usize) -> Vec<u32> {
 /// A character corpus and its vocabulary.
 #[derive(Debug, Clone)]
 pub struct Corpus {
-    /// The characters of the vocabulary; token `i` is `vocab[i]`.
+    /// The characters of the vocabulary, most frequent first (ties in
+    /// character order); token `i` is `vocab[i]`.
     pub vocab: Vec<char>,
     /// The text as tokens.
     pub tokens: Vec<u32>,
+    /// The first token of the validation part: training windows lie in
+    /// `tokens[..split_at]`, validation windows in `tokens[split_at..]`.
+    pub split_at: usize,
 }
 
 impl Corpus {
-    /// Builds a corpus from text: one token per distinct character (at most
-    /// 256 distinct characters; rarer ones map to the first token, `'\u{FFFD}'`).
+    /// Builds a corpus from text: one token per distinct character, the
+    /// vocabulary as large as the text needs; the last
+    /// [`VALIDATION_FRACTION`] of the tokens is the validation part.
+    ///
+    /// # Errors
+    /// [`LabError::Invalid`] for fewer than 16 characters, or for more than
+    /// [`MAX_VOCAB`] distinct ones (the message says how many).
     pub fn from_text(text: &str) -> Result<Self, LabError> {
         let mut counts = std::collections::BTreeMap::new();
         for ch in text.chars() {
             *counts.entry(ch).or_insert(0usize) += 1;
         }
-        if text.chars().count() < 16 {
+        let n = text.chars().count();
+        if n < 16 {
             return Err(LabError::Invalid(
                 "corpus is too short (need at least 16 characters)".into(),
             ));
         }
+        if counts.len() > MAX_VOCAB {
+            return Err(LabError::Invalid(format!(
+                "the corpus has {} distinct characters; the lab's character vocabulary holds at most {MAX_VOCAB}",
+                counts.len()
+            )));
+        }
         let mut by_freq: Vec<(char, usize)> = counts.into_iter().collect();
         by_freq.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut vocab = vec!['\u{FFFD}'];
-        vocab.extend(by_freq.iter().take(255).map(|(c, _)| *c));
+        let vocab: Vec<char> = by_freq.iter().map(|(c, _)| *c).collect();
         let index: std::collections::HashMap<char, u32> = vocab
             .iter()
             .enumerate()
             .map(|(i, c)| (*c, i as u32))
             .collect();
-        let tokens = text
-            .chars()
-            .map(|c| index.get(&c).copied().unwrap_or(0))
-            .collect();
-        Ok(Corpus { vocab, tokens })
+        let tokens = text.chars().map(|c| index[&c]).collect();
+        Ok(Corpus {
+            vocab,
+            tokens,
+            split_at: split_point(n),
+        })
+    }
+
+    /// The text of `tokens`, back through the vocabulary.
+    pub fn decode(&self, tokens: &[u32]) -> String {
+        tokens.iter().map(|&t| self.vocab[t as usize]).collect()
+    }
+
+    /// The tokens of one part.
+    pub fn part(&self, split: Split) -> &[u32] {
+        match split {
+            Split::Train => &self.tokens[..self.split_at],
+            Split::Validation => &self.tokens[self.split_at..],
+        }
     }
 
     /// A synthetic corpus of about `chars` characters with long-range
@@ -506,15 +600,42 @@ impl Corpus {
         Corpus::from_text(&text).expect("synthetic corpus is long enough")
     }
 
-    /// A random window of `n` tokens.
-    pub fn window(&self, rng: &mut SplitMix64, n: usize) -> Result<Vec<u32>, LabError> {
-        if n > self.tokens.len() {
+    /// Where a random window of `n` tokens of `split` starts (an index
+    /// into [`tokens`](Self::tokens)): uniform over the starts that keep the
+    /// whole window inside the part.
+    ///
+    /// # Errors
+    /// [`LabError::Invalid`] if the part is shorter than `n`.
+    pub fn window_start(
+        &self,
+        rng: &mut SplitMix64,
+        n: usize,
+        split: Split,
+    ) -> Result<usize, LabError> {
+        let (lo, len) = match split {
+            Split::Train => (0, self.split_at),
+            Split::Validation => (self.split_at, self.tokens.len() - self.split_at),
+        };
+        if n > len {
             return Err(LabError::Invalid(format!(
-                "window of {n} tokens is longer than the corpus ({} tokens)",
-                self.tokens.len()
+                "window of {n} tokens is longer than the corpus's {} part ({len} tokens)",
+                match split {
+                    Split::Train => "training",
+                    Split::Validation => "validation",
+                }
             )));
         }
-        let start = rng.below((self.tokens.len() - n + 1) as u64) as usize;
+        Ok(lo + rng.below((len - n + 1) as u64) as usize)
+    }
+
+    /// A random window of `n` tokens of `split`.
+    pub fn window(
+        &self,
+        rng: &mut SplitMix64,
+        n: usize,
+        split: Split,
+    ) -> Result<Vec<u32>, LabError> {
+        let start = self.window_start(rng, n, split)?;
         Ok(self.tokens[start..start + n].to_vec())
     }
 
@@ -668,7 +789,122 @@ mod tests {
         }
         let f = Task::lm_from_text("hello world, hello posenc! hello again.").unwrap();
         assert_eq!(f.corpus().unwrap().tokens.len(), 39);
+        // Token 0 is the text's most frequent character (here 'l'), scored
+        // like any other: no character is mistaken for padding.
+        assert_eq!(f.corpus().unwrap().vocab[0], 'l');
+        let e = f.sample(&mut rng, 34).unwrap();
+        assert!(e.input.contains(&0));
+        assert!(e.target.iter().all(|&y| y != IGNORE));
+        assert_eq!(
+            e.target[..33],
+            e.input[1..].iter().map(|&t| t as i64).collect::<Vec<_>>()[..]
+        );
         assert!(Task::lm_from_text("short").is_err());
+    }
+
+    /// Text whose first 90% uses only `a`/`b` and whose last 10% uses only
+    /// `x`/`y`: a window that crossed the split would mix them.
+    fn two_part_text(n: usize) -> String {
+        let split = split_point(n);
+        (0..n)
+            .map(|i| match (i < split, i % 3 == 0) {
+                (true, true) => 'a',
+                (true, false) => 'b',
+                (false, true) => 'x',
+                (false, false) => 'y',
+            })
+            .collect()
+    }
+
+    #[test]
+    fn no_validation_window_overlaps_the_training_text() {
+        let n = 2000;
+        let text = two_part_text(n);
+        let c = Corpus::from_text(&text).unwrap();
+        assert_eq!(c.split_at, 1800);
+        assert_eq!(c.part(Split::Train).len(), 1800);
+        assert_eq!(c.part(Split::Validation).len(), 200);
+        let mut rng = SplitMix64::new(7);
+        for len in [1usize, 2, 17, 64, 200] {
+            for _ in 0..300 {
+                let s = c.window_start(&mut rng, len, Split::Train).unwrap();
+                assert!(s + len <= c.split_at, "training window {s}..{}", s + len);
+                let s = c.window_start(&mut rng, len, Split::Validation).unwrap();
+                assert!(s >= c.split_at && s + len <= n, "validation window {s}");
+            }
+        }
+        // Both ends are reachable: the whole part is used.
+        let starts: Vec<usize> = (0..4000)
+            .map(|_| c.window_start(&mut rng, 190, Split::Validation).unwrap())
+            .collect();
+        assert_eq!(starts.iter().min(), Some(&1800));
+        assert_eq!(starts.iter().max(), Some(&1810));
+        assert!(c.window_start(&mut rng, 201, Split::Validation).is_err());
+        assert!(c.window_start(&mut rng, 1801, Split::Train).is_err());
+        // Through the tasks: training examples never see x or y, validation
+        // examples never see a or b (inputs and targets).
+        for kind in [TaskKind::Lm, TaskKind::Mlm] {
+            let train = Task::from_text(kind, &text).unwrap();
+            assert_eq!(train.split, Split::Train);
+            let valid = train.validation();
+            assert_eq!(valid.split, Split::Validation);
+            let corpus = train.corpus().unwrap();
+            let chars = |e: &Example| -> String {
+                let mut t: Vec<u32> = e
+                    .input
+                    .iter()
+                    .copied()
+                    .filter(|&t| Some(t) != train.mask_token())
+                    .collect();
+                t.extend(e.target.iter().filter(|&&y| y != IGNORE).map(|&y| y as u32));
+                corpus.decode(&t)
+            };
+            for _ in 0..200 {
+                let e = train.sample(&mut rng, 63).unwrap();
+                assert!(chars(&e).chars().all(|ch| ch == 'a' || ch == 'b'));
+                let e = valid.sample(&mut rng, 63).unwrap();
+                assert!(chars(&e).chars().all(|ch| ch == 'x' || ch == 'y'));
+            }
+        }
+        // Split points: the last 10% rounded up, at least one token.
+        assert_eq!(split_point(16), 14);
+        assert_eq!(split_point(20), 18);
+        assert_eq!(split_point(21), 18);
+        assert_eq!(split_point(684_768), 616_291);
+    }
+
+    #[test]
+    fn the_vocabulary_grows_to_fit_russian_and_chinese_text() {
+        // Seed 000's Russian and a Chinese text with more distinct characters
+        // than the old 256-entry vocabulary: every character keeps its own
+        // token and the text decodes back exactly.
+        let ru = "Все этапы в блоке кодировщика модели трансформера работают \
+                  независимо для каждого токена. Позиционное кодирование!";
+        let zh: String = (0..600u32)
+            .map(|i| char::from_u32(0x4E00 + i).unwrap())
+            .chain("位置编码使模型能够理解序列顺序。".chars())
+            .collect();
+        for text in [ru.to_string(), zh.clone(), format!("{ru}{zh}")] {
+            let c = Corpus::from_text(&text).unwrap();
+            let mut distinct: Vec<char> = text.chars().collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert_eq!(c.vocab.len(), distinct.len());
+            assert_eq!(c.decode(&c.tokens), text);
+            let t = Task::from_text(TaskKind::Mlm, &text).unwrap();
+            assert_eq!(t.vocab_size(), distinct.len() + 1);
+        }
+        assert!(Corpus::from_text(&zh).unwrap().vocab.len() > 600);
+        // Past MAX_VOCAB: an error that says how many.
+        let huge: String = (0..MAX_VOCAB as u32 + 5)
+            .map(|i| char::from_u32(0x4E00 + i).unwrap())
+            .collect();
+        let e = Corpus::from_text(&huge).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("{} distinct characters", MAX_VOCAB + 5)),
+            "{e}"
+        );
+        assert!(e.contains(&MAX_VOCAB.to_string()), "{e}");
     }
 
     #[test]

@@ -1081,35 +1081,13 @@ pub fn probe(
     })
 }
 
-/// Solves `A w = b` for symmetric positive-definite `A` (Cholesky, f64).
+/// Solves `A w = b` for symmetric positive-definite `A` (Cholesky, f64:
+/// [`posenc::analysis::cholesky_solve`]).
 fn solve_spd(a: &Tensor, b: &Tensor) -> Result<Tensor, LabError> {
     let a = a.to_vec2::<f64>()?;
     let b: Vec<f64> = b.i((.., 0))?.to_vec1::<f64>()?;
-    let n = a.len();
-    let mut l = vec![vec![0.0f64; n]; n];
-    for i in 0..n {
-        for j in 0..=i {
-            let s: f64 = (0..j).map(|k| l[i][k] * l[j][k]).sum();
-            if i == j {
-                let v = a[i][i] - s;
-                if v <= 0.0 {
-                    return Err(LabError::Invalid(
-                        "probe: matrix not positive definite".into(),
-                    ));
-                }
-                l[i][j] = v.sqrt();
-            } else {
-                l[i][j] = (a[i][j] - s) / l[j][j];
-            }
-        }
-    }
-    let mut z = vec![0.0; n];
-    for i in 0..n {
-        z[i] = (b[i] - (0..i).map(|k| l[i][k] * z[k]).sum::<f64>()) / l[i][i];
-    }
-    let mut w = vec![0.0; n];
-    for i in (0..n).rev() {
-        w[i] = (z[i] - (i + 1..n).map(|k| l[k][i] * w[k]).sum::<f64>()) / l[i][i];
-    }
+    let n = b.len();
+    let w = posenc::analysis::cholesky_solve(&a, &b)
+        .map_err(|e| LabError::Invalid(format!("probe: {e}")))?;
     Ok(Tensor::from_vec(w, (n, 1), &Device::Cpu)?)
 }

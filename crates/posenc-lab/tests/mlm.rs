@@ -36,7 +36,8 @@ fn mlm() -> Task {
 /// Checks one example against the corpus; returns the number of masks.
 fn check_example(task: &Task, e: &Example, length: usize) -> usize {
     let mask = task.mask_token().unwrap();
-    let corpus = &task.corpus().unwrap().tokens;
+    // The part of the corpus the task draws from (training by default).
+    let corpus = task.corpus().unwrap().part(task.split);
     assert_eq!(e.input.len(), length);
     assert_eq!(e.target.len(), length);
     assert_eq!(e.label, None);
@@ -62,7 +63,7 @@ fn check_example(task: &Task, e: &Example, length: usize) -> usize {
         masks == (expected.floor() as usize).max(1) || masks == expected.ceil() as usize,
         "{masks} masks at length {length}"
     );
-    // Unmasked inputs (and the targets put back) are a window of the corpus.
+    // Unmasked inputs (and the targets put back) are a window of that part.
     assert!(
         corpus.windows(length).any(|w| w == original.as_slice()),
         "length {length}: not a window of the corpus"
@@ -109,10 +110,12 @@ fn examples_at_edge_lengths_satisfy_the_invariants() {
             check_example(&t, &e, length);
         }
     }
-    // From a text corpus too, up to its full length.
+    // From a text corpus too, up to the full length of its training part
+    // (the first 90%; the rest is validation).
     let text = "the cat sees bob. the dogs chase alice.";
     let f = Task::from_text(TaskKind::Mlm, text).unwrap();
-    let n = text.chars().count();
+    let n = f.corpus().unwrap().split_at;
+    assert_eq!(n, 35);
     for length in [1, 2, n - 1, n] {
         let e = f.sample(&mut rng, length).unwrap();
         check_example(&f, &e, length);
@@ -332,8 +335,8 @@ fn a_corpus_file_builds_an_mlm_task() {
         c.dedup();
         c.len()
     };
-    // Characters, the replacement character, and [MASK].
-    assert_eq!(task.vocab_size(), n_chars + 2);
+    // Characters and [MASK].
+    assert_eq!(task.vocab_size(), n_chars + 1);
     let lab = Lab::new(model(&task, "learned"), tc, task).unwrap();
     let mut rng = SplitMix64::new(1);
     let b = make_batch(&lab.task, &mut rng, 4, 16, &Device::Cpu).unwrap();

@@ -1,6 +1,8 @@
 //! Measured properties of encodings: distinctness of positions, similarity
 //! against distance, linear shift maps, relative invariance, RoFormer's
-//! long-term decay bound, wavelengths.
+//! long-term decay bound (for any frequencies), wavelengths — and the plain
+//! f64 linear algebra they and the lab's probes need (Cholesky solve, ridge
+//! regression), written once here.
 //!
 //! Every function here measures; none asserts. The report and
 //! `posenc analyze` turn the measurements into verdicts with rules they
@@ -408,19 +410,127 @@ pub fn norm_change(
 /// [`Error::InvalidTheta`] for a bad base.
 pub fn rope_decay_bound(d: usize, base: f64, distances: &[f64]) -> Result<Vec<f64>> {
     let theta = crate::rope::frequencies::default_inv_freq(base, d)?;
-    Ok(distances
+    Ok(decay_bound(&theta, distances))
+}
+
+/// RoFormer's relative upper bound for any frequencies `θ_i` (a scaled
+/// RoPE's, or any head dimension's): `(1 / n) · Σ_{j=1}^{n} |S_j|` with
+/// `S_j = Σ_{i<j} e^{i·r·θ_i}` and `n = inv_freq.len()`, at each distance
+/// `r`; [`rope_decay_bound`] is this with the default frequencies. NaN for
+/// no frequencies.
+///
+/// ```
+/// use posenc::analysis::decay_bound;
+/// // At r = 0 every term is 1: the bound is (n + 1) / 2.
+/// assert_eq!(decay_bound(&[1.0, 0.1, 0.01], &[0.0]), vec![2.0]);
+/// ```
+pub fn decay_bound(inv_freq: &[f64], distances: &[f64]) -> Vec<f64> {
+    distances
         .iter()
         .map(|&r| {
             let (mut re, mut im, mut total) = (0.0f64, 0.0f64, 0.0f64);
-            for &t in &theta {
+            for &t in inv_freq {
                 let (s, c) = (r * t).sin_cos();
                 re += c;
                 im += s;
                 total += (re * re + im * im).sqrt();
             }
-            total / theta.len() as f64
+            total / inv_freq.len() as f64
         })
-        .collect())
+        .collect()
+}
+
+/// Solves `A w = b` for a symmetric positive-definite `A` (rows) by
+/// Cholesky factorisation `A = L Lᵀ`, in f64. Only the lower triangle of
+/// `A` (`a[i][j]`, `j ≤ i`) is read.
+///
+/// # Errors
+/// [`Error::InvalidValue`] if `A` is not square and as long as `b`, or not
+/// positive definite (a pivot ≤ 0).
+///
+/// ```
+/// use posenc::analysis::cholesky_solve;
+/// let w = cholesky_solve(&[vec![4.0, 2.0], vec![2.0, 3.0]], &[2.0, 5.0])?;
+/// assert!((w[0] + 0.5).abs() < 1e-12 && (w[1] - 2.0).abs() < 1e-12);
+/// # Ok::<(), posenc::Error>(())
+/// ```
+pub fn cholesky_solve(a: &[Vec<f64>], b: &[f64]) -> Result<Vec<f64>> {
+    let n = a.len();
+    if b.len() != n || a.iter().any(|r| r.len() != n) {
+        return Err(Error::invalid(
+            "matrix",
+            "Cholesky solve needs a square matrix as long as the right-hand side",
+        ));
+    }
+    let mut l = vec![vec![0.0f64; n]; n];
+    for i in 0..n {
+        for j in 0..=i {
+            let s: f64 = (0..j).map(|k| l[i][k] * l[j][k]).sum();
+            if i == j {
+                let v = a[i][i] - s;
+                if v <= 0.0 || !v.is_finite() {
+                    return Err(Error::invalid(
+                        "matrix",
+                        "not positive definite (Cholesky pivot ≤ 0)",
+                    ));
+                }
+                l[i][j] = v.sqrt();
+            } else {
+                l[i][j] = (a[i][j] - s) / l[j][j];
+            }
+        }
+    }
+    let mut z = vec![0.0; n];
+    for i in 0..n {
+        z[i] = (b[i] - (0..i).map(|k| l[i][k] * z[k]).sum::<f64>()) / l[i][i];
+    }
+    let mut w = vec![0.0; n];
+    for i in (0..n).rev() {
+        w[i] = (z[i] - (i + 1..n).map(|k| l[k][i] * w[k]).sum::<f64>()) / l[i][i];
+    }
+    Ok(w)
+}
+
+/// Ridge regression: the `w` minimising `‖X w − y‖² + λ‖w‖²`, from the
+/// normal equations `(XᵀX + λI) w = Xᵀy` solved by [`cholesky_solve`]
+/// (rows of `x` are samples).
+///
+/// # Errors
+/// [`Error::InvalidValue`] for no samples, rows of different lengths, a
+/// `y` of another length, or normal equations that are not positive
+/// definite (λ = 0 with collinear columns).
+///
+/// ```
+/// use posenc::analysis::ridge;
+/// // y = 2·x₀ − x₁, recovered exactly with λ → 0.
+/// let x = vec![vec![1.0, 0.0], vec![0.0, 1.0], vec![1.0, 1.0]];
+/// let w = ridge(&x, &[2.0, -1.0, 1.0], 1e-12)?;
+/// assert!((w[0] - 2.0).abs() < 1e-9 && (w[1] + 1.0).abs() < 1e-9);
+/// # Ok::<(), posenc::Error>(())
+/// ```
+pub fn ridge(x: &[Vec<f64>], y: &[f64], lambda: f64) -> Result<Vec<f64>> {
+    let d = x.first().map_or(0, Vec::len);
+    if x.is_empty() || d == 0 || y.len() != x.len() || x.iter().any(|r| r.len() != d) {
+        return Err(Error::invalid(
+            "samples",
+            "ridge regression needs equally long non-empty rows, one target per row",
+        ));
+    }
+    let mut a = vec![vec![0.0; d]; d];
+    let mut b = vec![0.0; d];
+    for (row, &t) in x.iter().zip(y) {
+        for i in 0..d {
+            b[i] += row[i] * t;
+            for j in 0..=i {
+                a[i][j] += row[i] * row[j];
+            }
+        }
+    }
+    // The lower triangle is all Cholesky reads.
+    for (i, row) in a.iter_mut().enumerate() {
+        row[i] += lambda;
+    }
+    cholesky_solve(&a, &b)
 }
 
 /// Wavelength `2π / ω` of each frequency, in positions.
@@ -565,6 +675,56 @@ mod tests {
         assert!((spearman(&a, &[4.0, 3.0, 2.0, 1.0]) + 1.0).abs() < 1e-12);
         assert!((spearman(&a, &[1.0, 1.0, 2.0, 2.0]) - 0.894_427_190_999_915_9).abs() < 1e-12);
         assert!(spearman(&a, &[1.0]).is_nan());
+    }
+
+    #[test]
+    fn decay_bound_of_the_default_frequencies_is_rope_decay_bound() {
+        let theta = crate::rope::frequencies::default_inv_freq(10000.0, 64).unwrap();
+        let d = [0.0, 1.0, 17.5, 300.0];
+        assert_eq!(
+            decay_bound(&theta, &d),
+            rope_decay_bound(64, 10000.0, &d).unwrap()
+        );
+        // r = 0: |S_j| = j, so the mean is (n + 1) / 2 for any frequencies.
+        assert_eq!(decay_bound(&[0.3; 7], &[0.0]), vec![4.0]);
+        assert!(decay_bound(&[], &[1.0])[0].is_nan());
+    }
+
+    #[test]
+    fn cholesky_and_ridge_recover_known_solutions() {
+        // A = M Mᵀ + I is positive definite; b = A w.
+        let m = [[1.0, 2.0, 0.5], [0.0, 1.0, -1.0], [3.0, 0.0, 1.0]];
+        let a: Vec<Vec<f64>> = (0..3)
+            .map(|i| {
+                (0..3)
+                    .map(|j| {
+                        (0..3).map(|k| m[i][k] * m[j][k]).sum::<f64>()
+                            + if i == j { 1.0 } else { 0.0 }
+                    })
+                    .collect()
+            })
+            .collect();
+        let w = [0.5, -2.0, 1.25];
+        let b: Vec<f64> = a.iter().map(|r| dot(r, &w)).collect();
+        let got = cholesky_solve(&a, &b).unwrap();
+        for (g, e) in got.iter().zip(w) {
+            assert!((g - e).abs() < 1e-12, "{got:?}");
+        }
+        assert!(cholesky_solve(&[vec![1.0, 2.0], vec![2.0, 1.0]], &[1.0, 1.0]).is_err());
+        assert!(cholesky_solve(&[vec![1.0]], &[1.0, 2.0]).is_err());
+        // Ridge: y = 1 + 3x on 5 points, with an intercept column.
+        let x: Vec<Vec<f64>> = (0..5).map(|i| vec![1.0, i as f64]).collect();
+        let y: Vec<f64> = (0..5).map(|i| 1.0 + 3.0 * i as f64).collect();
+        let w = ridge(&x, &y, 1e-12).unwrap();
+        assert!(
+            (w[0] - 1.0).abs() < 1e-9 && (w[1] - 3.0).abs() < 1e-9,
+            "{w:?}"
+        );
+        // λ shrinks the weights toward 0.
+        let shrunk = ridge(&x, &y, 100.0).unwrap();
+        assert!(norm(&shrunk) < norm(&w));
+        assert!(ridge(&[], &[], 1.0).is_err());
+        assert!(ridge(&x, &y[..3], 1.0).is_err());
     }
 
     #[test]

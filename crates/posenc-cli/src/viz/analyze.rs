@@ -46,23 +46,8 @@ pub struct AnalyzeArgs {
 /// Default dimension of `analyze` (the papers' d = 128).
 pub const DEFAULT_DIM: usize = 128;
 
-pub use crate::report::Verdict;
-
-/// A claim from a paper or seed, with the rule that judges it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Claim {
-    /// The claim, in words.
-    pub claim: String,
-    /// Where it comes from.
-    pub source: String,
-    /// The value the source gives, where it gives one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expected: Option<Value>,
-    /// The rule that turns the value into the verdict.
-    pub rule: String,
-    /// The verdict.
-    pub verdict: Verdict,
-}
+pub use posenc_report::claims::Judgement as Claim;
+use posenc_report::claims::{properties as rules, Judged};
 
 /// One measurement.
 #[derive(Debug, Clone, Serialize)]
@@ -115,20 +100,9 @@ impl Collector {
     }
 }
 
-fn claim(
-    claim: &str,
-    source: &str,
-    expected: Option<Value>,
-    rule: &str,
-    verdict: Verdict,
-) -> Option<Claim> {
-    Some(Claim {
-        claim: claim.into(),
-        source: source.into(),
-        expected,
-        rule: rule.into(),
-        verdict,
-    })
+/// A claim judged by one of the rules the report shares.
+fn claim(claim: &str, source: &str, expected: Option<Value>, judged: Judged) -> Option<Claim> {
+    Some(Claim::new(claim, source, expected, judged))
 }
 
 fn e(err: posenc::Error) -> String {
@@ -306,14 +280,12 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
     });
     let kf: Vec<f64> = offsets.iter().map(|&k| k as f64).collect();
     let rho = analysis::spearman(&kf, &curve.cosine);
-    let (verdict, rule) = crate::report::similarity_verdict(mono, rho);
-    let cl = sinusoidal.map(|_| ()).and_then(|_| {
+    let cl = sinusoidal.and_then(|_| {
         claim(
             "The similarity of PE(p) and PE(p + k) decreases monotonically as k grows",
             "seed 001",
             None,
-            rule,
-            verdict,
+            rules::similarity_monotone(mono, rho),
         )
     });
     c.add(
@@ -371,8 +343,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
                 "PE(p)·PE(p + k) depends on k only",
                 "Vaswani et al. 2017 §3.5",
                 Some(json!(0.0)),
-                "reproduced if ≤ 1e-9",
-                Verdict::from_bool(dep <= 1e-9),
+                rules::shift_invariant_similarity(dep),
             )
         }),
     );
@@ -393,8 +364,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
                 "Encodings of different positions never repeat",
                 "seed 001 (\"why 10000\")",
                 None,
-                "reproduced if the minimum distance is > 1e-6 (a shift is an isometry, so this is the minimum over all pairs)",
-                Verdict::from_bool(dist.min_distance > 1e-6),
+                rules::distinct_positions(dist.min_distance),
             )
         }),
     );
@@ -436,8 +406,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
                         "PE(pos + k) is a linear function of PE(pos) for every fixed k",
                         "Vaswani et al. 2017 §3.5; seed 004",
                         Some(json!(0.0)),
-                        "reproduced if ≤ 1e-9 (f64)",
-                        Verdict::from_bool(worst <= 1e-9),
+                        rules::linear_map(worst),
                     ),
                 );
                 c.plot(
@@ -533,8 +502,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
                         "The same linear map, found without the formula",
                         "seed 004",
                         None,
-                        "reproduced if ≤ 1e-6",
-                        Verdict::from_bool(r <= 1e-6),
+                        rules::fitted_linear_map(r),
                     )
                 }),
             ),
@@ -548,15 +516,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
         let two_pi = 2.0 * std::f64::consts::PI;
         let base = s.base();
         let (wmin, wmax) = (wl[0], wl[wl.len() - 1]);
-        let ratios: Vec<f64> = wl.windows(2).map(|w| w[1] / w[0]).collect();
-        let geo_dev = ratios
-            .iter()
-            .map(|r| (r / ratios.first().copied().unwrap_or(1.0) - 1.0).abs())
-            .fold(0.0, f64::max);
-        let ok = (wmin / two_pi - 1.0).abs() < 1e-12
-            && wmax < two_pi * base * (1.0 + 1e-12)
-            && wmax >= two_pi * base.powf((d as f64 - 2.0) / d as f64) * (1.0 - 1e-12)
-            && geo_dev < 1e-9;
+        let geo_dev = rules::ratio_deviation(&wl);
         c.add(
             "wavelengths",
             "wavelength 2π/ω_i of each frequency, in positions",
@@ -566,8 +526,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
                 &format!("Wavelengths form a geometric progression from 2π to {base}·2π"),
                 "Vaswani et al. 2017 §3.5; seed 004",
                 Some(json!({"min_over_2pi": 1.0, "max_over_2pi": base})),
-                "reproduced if min = 2π (1e-12), 2π·base^((D−2)/D) ≤ max ≤ 2π·base, and consecutive ratios equal (1e-9)",
-                Verdict::from_bool(ok),
+                rules::geometric_wavelengths(wmin / two_pi, wmax / two_pi, geo_dev, base, d, 1e-12),
             ),
         );
         c.plot("wavelengths", wavelength_plot(&enc.label, &wl, None, base));
@@ -593,19 +552,6 @@ fn wavelength_plot(label: &str, wl: &[f64], reference: Option<&[f64]>, base: f64
             format!("{base}·2π"),
             vec![(0.0, base * two_pi), (last, base * two_pi)],
         ))
-}
-
-/// RoFormer's bound `(1/(d/2)) Σ_j |Σ_{i<j} e^{i r θ_i}|` for arbitrary
-/// frequencies (the library's `rope_decay_bound` uses the default ones).
-fn decay_bound(inv_freq: &[f64], r: f64) -> f64 {
-    let (mut re, mut im, mut total) = (0.0f64, 0.0f64, 0.0f64);
-    for &t in inv_freq {
-        let (s, c) = (r * t).sin_cos();
-        re += c;
-        im += s;
-        total += (re * re + im * im).sqrt();
-    }
-    total / inv_freq.len() as f64
 }
 
 fn rotary(
@@ -646,8 +592,7 @@ fn rotary(
             "q·k after the encoding depends on the relative position m − n only",
             if is_xpos { "Sun et al. 2022 (xPos)" } else { "Su et al. 2021 (RoFormer) §3.2" },
             Some(json!(0.0)),
-            "reproduced if ≤ 1e-9",
-            Verdict::from_bool(inv_err <= 1e-9),
+            rules::relative_score(inv_err),
         ),
     );
 
@@ -662,8 +607,7 @@ fn rotary(
                 "RoPE is a rotation: it keeps the norm",
                 "Su et al. 2021 (RoFormer) §3.2",
                 Some(json!(0.0)),
-                "reproduced if ≤ 1e-9",
-                Verdict::from_bool(nc <= 1e-9),
+                rules::norm_preserved(nc),
             )
         } else {
             None
@@ -673,33 +617,23 @@ fn rotary(
     // 3. Long-term decay (RoFormer §3.4.3): the reference curve and this one.
     let dists: Vec<f64> = (0..=a.decay_max).map(|r| r as f64).collect();
     let reference = analysis::rope_decay_bound(128, 10000.0, &dists).map_err(e)?;
-    let ref_at = |r: usize| {
-        analysis::rope_decay_bound(128, 10000.0, &[r as f64])
-            .map(|v| v[0])
-            .unwrap_or(f64::NAN)
-    };
-    let (b0, b100) = (ref_at(0), ref_at(100));
-    let ok0 = (b0 - 32.5).abs() <= 1e-9;
-    let ok100 = (b100 - 10.2).abs() <= 0.1;
-    let own: Vec<f64> = dists.iter().map(|&r| decay_bound(&inv, r)).collect();
+    let at_paper = analysis::rope_decay_bound(128, 10000.0, &rules::ROFORMER_DECAY.map(|(r, _)| r))
+        .map_err(e)?;
+    let (b0, b100, b250) = (at_paper[0], at_paper[1], at_paper[2]);
+    let own = analysis::decay_bound(&inv, &dists);
     c.add(
         "decay-bound",
         format!(
             "RoFormer's relative upper bound (1/(d/2))·Σ_j |S_j| for distances 0..={}: d = 128, base 10000, and this encoding's frequencies",
             a.decay_max
         ),
-        json!({"reference_d128_base10000": {"at_0": b0, "at_100": b100, "curve": reference},
+        json!({"reference_d128_base10000": {"at_0": b0, "at_100": b100, "at_250": b250, "curve": reference},
                "this_encoding": {"at_0": own[0], "at_max": own[own.len() - 1], "curve": own}}),
         claim(
-            "The bound decays with distance: 32.5 at 0 and about 10.2 at 100 (d = 128, base 10000)",
+            "The bound decays with distance: 32.5 at 0, about 10.2 at 100 and 6.6 at 250 (d = 128, base 10000)",
             "Su et al. 2021 (RoFormer) §3.4.3, Fig. 2",
-            Some(json!({"at_0": 32.5, "at_100": 10.2})),
-            "reproduced if |b(0) − 32.5| ≤ 1e-9 and |b(100) − 10.2| ≤ 0.1; partly if one holds",
-            match (ok0, ok100) {
-                (true, true) => Verdict::Reproduced,
-                (false, false) => Verdict::NotReproduced,
-                _ => Verdict::Partly,
-            },
+            Some(json!({"at_0": 32.5, "at_100": 10.2, "at_250": 6.6})),
+            rules::roformer_decay([b0, b100, b250]),
         ),
     );
     let mut plot = LinePlot::new()
@@ -733,9 +667,7 @@ fn rotary(
                 analysis::wavelengths(&f.inv_freq.iter().map(|&x| x as f64).collect::<Vec<_>>())
             })
     };
-    let ok = (wmin / two_pi - 1.0).abs() < 1e-6
-        && wmax <= two_pi * theta * (1.0 + 1e-6)
-        && wmax >= two_pi * theta.powf((d as f64 - 2.0) / d as f64) * (1.0 - 1e-6);
+    let wl_dev = rules::ratio_deviation(&wl);
     c.add(
         "wavelengths",
         "inverse frequency θ_i and wavelength 2π/θ_i of each pair, in positions",
@@ -746,8 +678,7 @@ fn rotary(
                 &format!("Wavelengths form a geometric progression from 2π to {theta}·2π"),
                 "Su et al. 2021 (θ_i = base^(−2i/d)); Vaswani et al. 2017 §3.5",
                 Some(json!({"min_over_2pi": 1.0, "max_over_2pi": theta})),
-                "reproduced if min = 2π and 2π·θ^((d−2)/d) ≤ max ≤ 2π·θ (f32 frequencies: 1e-6)",
-                Verdict::from_bool(ok),
+                rules::geometric_wavelengths(wmin / two_pi, wmax / two_pi, wl_dev, theta, d, 1e-6),
             )
         } else {
             None
@@ -804,8 +735,7 @@ fn bias(enc: &Encoding, c: &mut Collector) -> Result<(), String> {
                 _ => "Shaw et al. 2018",
             },
             Some(json!(0.0)),
-            "reproduced if 0 (exact)",
-            Verdict::from_bool(worst == 0.0),
+            rules::toeplitz_bias(worst),
         ),
     );
     match &enc.built {
@@ -827,8 +757,7 @@ fn bias(enc: &Encoding, c: &mut Collector) -> Result<(), String> {
                         "For n heads the slopes are the geometric sequence 2^(−8/n), 2^(−16/n), …, 2^(−8)",
                         "Press et al. 2022 (ALiBi) §3",
                         None,
-                        "reproduced if every slope is within 1e-12 (relative) of 2^(−8h/n)",
-                        Verdict::from_bool(dev <= 1e-12),
+                        rules::alibi_geometric(dev),
                     )
                 } else {
                     None
@@ -878,8 +807,7 @@ fn bias(enc: &Encoding, c: &mut Collector) -> Result<(), String> {
                     "Small distances get one bucket each, larger ones logarithmically wider buckets up to max_distance, beyond which all share one bucket",
                     "Raffel et al. 2020 (T5) §2.1; transformers T5Attention._relative_position_bucket",
                     None,
-                    "reproduced if bucket(r) = r for |r| < max_exact, non-decreasing in |r|, and constant for |r| ≥ max_distance",
-                    Verdict::from_bool(exact && monotone && flat),
+                    rules::t5_buckets(exact, monotone, flat),
                 ),
             );
             c.plot(
@@ -924,8 +852,7 @@ fn bias(enc: &Encoding, c: &mut Collector) -> Result<(), String> {
                     "Relative positions are clipped to [−k, k]: 2k + 1 learned vectors",
                     "Shaw et al. 2018 §3.2",
                     Some(json!(2 * k + 1)),
-                    "reproduced if the rows used number 2k + 1 when |j − i| reaches beyond k",
-                    Verdict::from_bool(distinct as i64 == 2 * k + 1),
+                    rules::shaw_clipping(distinct, k as usize),
                 ),
             );
             c.plot(

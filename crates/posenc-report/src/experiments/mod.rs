@@ -11,13 +11,15 @@ use posenc_lab::model::EvalScaling;
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::TaskKind;
 use posenc_lab::train::{self, Lab, ProbeResult, ShuffleResult, TrainOptions};
-use posenc_lab::{FinetuneOptions, ScalingSpec};
+use posenc_lab::{FinetuneOptions, PositionLoss, ScalingSpec};
 use serde::{Deserialize, Serialize};
 
-use super::figures::Fig;
-use super::preset::{Preset, Stage};
-use super::Verdict;
-use crate::{CliError, CliResult};
+use crate::claims::experiments::ClaimDef;
+use crate::claims::Verdict;
+use crate::corpus::{fnv, TextCorpus};
+use crate::figures::Fig;
+use crate::preset::{Preset, Stage};
+use crate::{ReportError, Result};
 
 mod analytic;
 mod encoders;
@@ -30,8 +32,13 @@ mod shaw;
 /// Hash of every source file of the library and the lab (`build.rs`).
 const TRAINING_SOURCE: &str = env!("POSENC_TRAINING_SOURCE_HASH");
 
-/// This file: the training helper and the caches every experiment shares.
-const SHARED_SOURCE: &str = include_str!("mod.rs");
+/// This file (the training helper and the caches every experiment shares)
+/// and the claims' rules: a change to either re-runs the experiments.
+const SHARED_SOURCE: &str = concat!(
+    include_str!("mod.rs"),
+    include_str!("../claims/mod.rs"),
+    include_str!("../claims/experiments.rs")
+);
 
 /// One claim checked by an experiment: an entry of `results.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,6 +63,10 @@ pub struct Claim {
     pub verdict: Verdict,
     /// Seeds of the runs behind the value.
     pub seeds: Vec<u64>,
+    /// Runs behind the value that diverged (named; their seeds stay in the
+    /// means, which are then undefined).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diverged: Vec<String>,
     /// Preset used.
     pub preset: String,
 }
@@ -107,32 +118,34 @@ impl ExpOutput {
         }
     }
 
-    /// Adds a claim.
+    /// Adds a claim: its id, words, source and rule come from `def`, its
+    /// verdict from the rule's function (turned into
+    /// [`Verdict::Diverged`] when a run behind it diverged).
     #[allow(clippy::too_many_arguments)]
-    fn claim(
+    pub fn claim(
         &mut self,
         ctx: &Ctx,
-        id: &str,
-        claim: &str,
-        source: &str,
+        def: &ClaimDef,
         metric: &str,
         value: serde_json::Value,
         paper: serde_json::Value,
-        rule: &str,
         verdict: Verdict,
         seeds: Vec<u64>,
+        diverged: Vec<String>,
     ) {
+        debug_assert_eq!(def.experiment, self.id, "{}", def.id);
         self.claims.push(Claim {
-            id: format!("e{}.{id}", self.id),
+            id: def.id.into(),
             experiment: self.id,
-            claim: claim.into(),
-            source: source.into(),
+            claim: def.claim.into(),
+            source: def.source.into(),
             metric: metric.into(),
             value,
             paper,
-            rule: rule.into(),
-            verdict,
+            rule: def.rule.into(),
+            verdict: verdict.unless_diverged(&diverged),
             seeds,
+            diverged,
             preset: ctx.preset.name.clone(),
         });
     }
@@ -150,7 +163,7 @@ pub struct Experiment {
     /// The part of the preset it reads.
     pub config: fn(&Preset) -> serde_json::Value,
     /// Runs it.
-    pub run: fn(&mut Ctx) -> CliResult<ExpOutput>,
+    pub run: fn(&mut Ctx) -> Result<ExpOutput>,
 }
 
 /// Every experiment, in order.
@@ -166,10 +179,13 @@ pub fn all() -> Vec<Experiment> {
     ]
 }
 
-/// The state experiments share: the preset, the cache and the progress bar.
+/// The state experiments share: the preset, the text, the cache and the
+/// progress bar.
 pub struct Ctx<'a> {
     /// The preset.
     pub preset: &'a Preset,
+    /// The text of the language-model experiments.
+    pub corpus: TextCorpus,
     /// `OUT/cache`.
     pub cache: PathBuf,
     progress: Progress,
@@ -220,9 +236,10 @@ impl Progress {
 
 impl<'a> Ctx<'a> {
     /// A context writing its cache under `cache`.
-    pub fn new(preset: &'a Preset, cache: PathBuf) -> Self {
+    pub fn new(preset: &'a Preset, corpus: TextCorpus, cache: PathBuf) -> Self {
         Ctx {
             preset,
+            corpus,
             cache,
             progress: Progress {
                 start: Instant::now(),
@@ -237,7 +254,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// Declares how many training runs the current experiment will make.
-    fn plan(&mut self, runs: usize) {
+    pub fn plan(&mut self, runs: usize) {
         self.progress.runs_total = runs;
         self.progress.runs_done = 0;
         self.progress.draw("");
@@ -249,23 +266,18 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// FNV-1a, 64 bits: the cache keys.
-pub fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// The cache file of an experiment under `cache`: preset, experiment, and a
-/// hash of its part of the preset, the crate's version, and the sources
-/// (library, lab, this file, the experiment's own file).
-pub fn cache_path(cache: &Path, preset: &Preset, e: &Experiment) -> PathBuf {
+/// hash of its part of the preset, the text's hash, the crate's version, and
+/// the sources (library, lab, this file and the rules, the experiment's own
+/// file).
+pub fn cache_path(cache: &Path, preset: &Preset, corpus: &TextCorpus, e: &Experiment) -> PathBuf {
     let code = fnv(format!("{}|{SHARED_SOURCE}", e.source).as_bytes());
     let key = format!(
-        "{}|{}|{}|{}|{TRAINING_SOURCE}|{code:016x}",
+        "{}|{}|{}|{}|{}|{TRAINING_SOURCE}|{code:016x}",
         preset.name,
         e.id,
         (e.config)(preset),
+        corpus.hash,
         env!("CARGO_PKG_VERSION")
     );
     cache.join(&preset.name).join(format!(
@@ -278,11 +290,11 @@ pub fn cache_path(cache: &Path, preset: &Preset, e: &Experiment) -> PathBuf {
 
 /// Runs the experiments (all, or only `only`), each from the cache when its
 /// key matches.
-pub fn run_all(ctx: &mut Ctx, only: Option<usize>) -> CliResult<Vec<ExpOutput>> {
+pub fn run_all(ctx: &mut Ctx, only: Option<usize>) -> Result<Vec<ExpOutput>> {
     let exps = all();
     if let Some(n) = only {
         if !(1..=exps.len()).contains(&n) {
-            return Err(CliError(format!(
+            return Err(ReportError(format!(
                 "--only {n}: there are experiments 1 to {}",
                 exps.len()
             )));
@@ -299,7 +311,7 @@ pub fn run_all(ctx: &mut Ctx, only: Option<usize>) -> CliResult<Vec<ExpOutput>> 
         ctx.progress.slug = e.slug.into();
         ctx.progress.runs_total = 0;
         ctx.progress.runs_done = 0;
-        let path = cache_path(&ctx.cache, ctx.preset, e);
+        let path = cache_path(&ctx.cache, ctx.preset, &ctx.corpus, e);
         let cached = std::fs::read_to_string(&path)
             .ok()
             .and_then(|t| serde_json::from_str::<ExpOutput>(&t).ok());
@@ -316,7 +328,7 @@ pub fn run_all(ctx: &mut Ctx, only: Option<usize>) -> CliResult<Vec<ExpOutput>> 
                 if let Some(dir) = path.parent() {
                     std::fs::create_dir_all(dir)?;
                 }
-                super::write_atomic(&path, serde_json::to_string(&o)?.as_bytes())?;
+                crate::write_atomic(&path, serde_json::to_string(&o)?.as_bytes())?;
                 o
             }
         };
@@ -345,10 +357,21 @@ pub struct RunSpec {
     pub stage: Stage,
     /// Seed.
     pub seed: u64,
-    /// Lengths evaluated.
+    /// Lengths evaluated (validation text for `lm` and `mlm`).
     pub eval_lengths: Vec<usize>,
+    /// Lengths at which the loss per position is measured (decoders and
+    /// token encoders).
+    #[serde(default)]
+    pub position_lengths: Vec<usize>,
     /// Also run the position probe and the shuffle test (decoders).
     pub probe_and_shuffle: bool,
+    /// The hash of the text a corpus task reads ([`TextCorpus::hash`]),
+    /// filled in by [`train_run`].
+    #[serde(default)]
+    pub corpus: Option<String>,
+    /// The file the lab reads that text from (not part of the key).
+    #[serde(skip)]
+    pub corpus_file: Option<PathBuf>,
 }
 
 /// Loss and accuracy at one length, or why the model cannot run there.
@@ -369,7 +392,8 @@ pub struct EvalPoint {
 pub struct RunRecord {
     /// The run.
     pub spec: RunSpec,
-    /// Training loss at the end.
+    /// Training loss at the end (NaN when it diverged).
+    #[serde(deserialize_with = "nan_as_null")]
     pub train_loss: f64,
     /// Seconds of training.
     pub seconds: f64,
@@ -379,6 +403,18 @@ pub struct RunRecord {
     pub probe: Option<ProbeResult>,
     /// Shuffle test.
     pub shuffle: Option<ShuffleResult>,
+    /// Loss per position at each of `spec.position_lengths` the model can
+    /// run at.
+    #[serde(default)]
+    pub positions: Vec<PositionLoss>,
+    /// Why training stopped, when it diverged (then every number is NaN).
+    #[serde(default)]
+    pub diverged: Option<String>,
+}
+
+/// Reads `null` (how serde_json writes NaN) back as NaN.
+fn nan_as_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 impl RunRecord {
@@ -396,6 +432,33 @@ impl RunRecord {
     pub fn acc(&self, len: usize) -> f64 {
         self.at(len).and_then(|e| e.accuracy).unwrap_or(f64::NAN)
     }
+
+    /// The loss per position at `len`, if measured.
+    pub fn positions_at(&self, len: usize) -> Option<&PositionLoss> {
+        self.positions.iter().find(|p| p.length == len)
+    }
+
+    /// The mean loss on positions `range` of windows of `len` (NaN when not
+    /// measured).
+    pub fn loss_over(&self, len: usize, range: std::ops::Range<usize>) -> f64 {
+        self.positions_at(len)
+            .map(|p| p.mean_over(range))
+            .unwrap_or(f64::NAN)
+    }
+
+    /// `Some(label)` when this run diverged, for a claim's `diverged` list.
+    pub fn diverged_label(&self) -> Option<String> {
+        self.diverged
+            .as_ref()
+            .map(|why| format!("{}: {why}", self.spec.label()))
+    }
+}
+
+/// The diverged runs among `runs`, named.
+pub fn diverged<'a>(runs: impl IntoIterator<Item = &'a RunRecord>) -> Vec<String> {
+    runs.into_iter()
+        .filter_map(RunRecord::diverged_label)
+        .collect()
 }
 
 impl RunSpec {
@@ -409,13 +472,17 @@ impl RunSpec {
             stage: stage.clone(),
             seed,
             eval_lengths: vec![stage.train_len],
+            position_lengths: Vec::new(),
             probe_and_shuffle: false,
+            corpus: None,
+            corpus_file: None,
         }
     }
 
     fn key(&self) -> u64 {
         let s = serde_json::to_string(self).expect("serialisable");
-        let shared = fnv(SHARED_SOURCE.as_bytes());
+        // The training helper only: the claims' rules do not change a run.
+        let shared = fnv(include_str!("mod.rs").as_bytes());
         fnv(format!(
             "{}|{TRAINING_SOURCE}|{shared:016x}|{s}",
             env!("CARGO_PKG_VERSION")
@@ -424,7 +491,7 @@ impl RunSpec {
     }
 
     /// A fresh lab for this run.
-    pub fn lab(&self) -> CliResult<Lab> {
+    pub fn lab(&self) -> Result<Lab> {
         let kind = TaskKind::parse(&self.task)?;
         let s = &self.stage;
         let tc = TrainConfig {
@@ -440,7 +507,11 @@ impl RunSpec {
             grad_clip: 1.0,
             seed: self.seed,
             log_every: (s.steps / 10).max(1),
-            corpus: None,
+            corpus: if kind.uses_corpus() {
+                self.corpus_file.clone()
+            } else {
+                None
+            },
         };
         let task = train::load_task(&tc)?;
         let model = ModelConfig {
@@ -475,7 +546,7 @@ pub fn eval_points(
     batches: usize,
     batch: usize,
     scaling: Option<&EvalScaling>,
-) -> CliResult<Vec<EvalPoint>> {
+) -> Result<Vec<EvalPoint>> {
     let mut out = Vec::new();
     for &len in lengths {
         out.push(
@@ -499,16 +570,26 @@ pub fn eval_points(
 }
 
 /// Trains (or reads from the run cache) one run; returns its record and
-/// its checkpoint directory.
-pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> CliResult<(RunRecord, PathBuf)> {
+/// its checkpoint directory. A corpus task reads the context's text (its
+/// hash joins the run's key); evaluation, the loss per position, the probe
+/// and the shuffle test use the validation text only. A run whose training
+/// diverges is recorded as such (every number NaN), not dropped.
+pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> Result<(RunRecord, PathBuf)> {
+    let mut spec = spec.clone();
+    if TaskKind::parse(&spec.task)?.uses_corpus() {
+        spec.corpus = Some(ctx.corpus.hash.clone());
+        spec.corpus_file = ctx.corpus.file.clone();
+    }
+    let spec = &spec;
     let dir = ctx.cache.join("runs").join(format!("{:016x}", spec.key()));
     let rec_path = dir.join("record.json");
-    if let Some(r) = std::fs::read_to_string(&rec_path)
+    if let Some(mut r) = std::fs::read_to_string(&rec_path)
         .ok()
         .and_then(|t| serde_json::from_str::<RunRecord>(&t).ok())
     {
-        if dir.join("config.json").exists() {
+        if r.diverged.is_some() || dir.join("config.json").exists() {
             ctx.tick(&format!("{} (cached)", spec.label()));
+            r.spec.corpus_file = spec.corpus_file.clone();
             return Ok((r, dir));
         }
     }
@@ -516,48 +597,98 @@ pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> CliResult<(RunRecord, PathBuf
     let mut opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
     // A stale checkpoint from an interrupted run must not be resumed.
     let _ = std::fs::remove_dir_all(&dir);
-    let summary = train::train(&mut lab, &mut opt, &TrainOptions::quiet(&dir))?;
     let s = &spec.stage;
-    let eval = eval_points(&lab, &spec.eval_lengths, s.eval_batches, s.batch, None)?;
-    let (probe, shuffle) = if spec.probe_and_shuffle {
-        let l = s.train_len;
-        (
-            Some(train::probe(&lab, l, 2, s.batch)?),
-            Some(train::shuffle_test(
-                &lab,
-                l,
-                (l / 4).max(1),
-                s.eval_batches,
-                s.batch,
-            )?),
-        )
-    } else {
-        (None, None)
+    let rec = match train::train(&mut lab, &mut opt, &TrainOptions::quiet(&dir)) {
+        Ok(summary) => {
+            lab.task = lab.task.validation();
+            let eval = eval_points(&lab, &spec.eval_lengths, s.eval_batches, s.batch, None)?;
+            let mut positions = Vec::new();
+            for &len in &spec.position_lengths {
+                if lab.model.check_length(len).is_ok() {
+                    positions.push(posenc_lab::loss_per_position(
+                        &lab,
+                        len,
+                        s.eval_batches,
+                        s.batch,
+                        None,
+                    )?);
+                }
+            }
+            let (probe, shuffle) = if spec.probe_and_shuffle {
+                let l = s.train_len;
+                (
+                    Some(train::probe(&lab, l, 2, s.batch)?),
+                    Some(train::shuffle_test(
+                        &lab,
+                        l,
+                        (l / 4).max(1),
+                        s.eval_batches,
+                        s.batch,
+                    )?),
+                )
+            } else {
+                (None, None)
+            };
+            RunRecord {
+                spec: spec.clone(),
+                train_loss: summary.final_loss,
+                seconds: summary.seconds,
+                eval,
+                probe,
+                shuffle,
+                positions,
+                diverged: None,
+            }
+        }
+        Err(e) if e.to_string().contains("diverged") => RunRecord {
+            spec: spec.clone(),
+            train_loss: f64::NAN,
+            seconds: 0.0,
+            eval: spec
+                .eval_lengths
+                .iter()
+                .map(|&length| EvalPoint {
+                    length,
+                    loss: None,
+                    accuracy: None,
+                    error: Some(e.to_string()),
+                })
+                .collect(),
+            probe: None,
+            shuffle: None,
+            positions: Vec::new(),
+            diverged: Some(e.to_string()),
+        },
+        Err(e) => return Err(e.into()),
     };
-    let rec = RunRecord {
-        spec: spec.clone(),
-        train_loss: summary.final_loss,
-        seconds: summary.seconds,
-        eval,
-        probe,
-        shuffle,
-    };
-    super::write_atomic(&rec_path, serde_json::to_string(&rec)?.as_bytes())?;
+    std::fs::create_dir_all(&dir)?;
+    crate::write_atomic(&rec_path, serde_json::to_string(&rec)?.as_bytes())?;
     ctx.tick(&spec.label());
     Ok((rec, dir))
+}
+
+/// The trained model of a run, for evaluation: loaded from its checkpoint,
+/// drawing from the validation text. `None` for a diverged run.
+pub fn load_for_eval(rec: &RunRecord, dir: &Path) -> Result<Option<Lab>> {
+    if rec.diverged.is_some() {
+        return Ok(None);
+    }
+    let mut lab = Lab::load(dir)?;
+    lab.task = lab.task.validation();
+    Ok(Some(lab))
 }
 
 /// Fine-tunes `lab` in memory for `steps` steps at `len` with `scaling`
 /// kept in training (Position Interpolation fine-tuning when it is
 /// `linear`), constant learning rate `lr`: the lab's
-/// [`posenc_lab::finetune`].
+/// [`posenc_lab::finetune()`].
 pub fn finetune(
     lab: &mut Lab,
     scaling: Option<ScalingSpec>,
     len: usize,
     steps: usize,
     lr: f64,
-) -> CliResult {
+) -> Result {
     let mut o = FinetuneOptions::new(len, steps, lr);
     o.scaling = scaling;
     posenc_lab::finetune(lab, &o)?;
@@ -565,21 +696,6 @@ pub fn finetune(
 }
 
 // -------------------------------------------------------------- helpers ---
-
-/// Mean and sample standard deviation (0 for one value) of the finite values.
-pub fn mean_std(v: &[f64]) -> (f64, f64) {
-    let f: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    if f.is_empty() {
-        return (f64::NAN, f64::NAN);
-    }
-    let m = f.iter().sum::<f64>() / f.len() as f64;
-    let s = if f.len() > 1 {
-        (f.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (f.len() - 1) as f64).sqrt()
-    } else {
-        0.0
-    };
-    (m, s)
-}
 
 /// `x` with 4 significant decimals for tables (`—` for NaN).
 pub fn f4(x: f64) -> String {
@@ -608,14 +724,12 @@ pub fn jnum(x: f64) -> serde_json::Value {
     }
 }
 
-/// Three-way verdict: `full` → reproduced, else `weak` → partly.
-pub fn verdict3(full: bool, weak: bool) -> Verdict {
-    if full {
-        Verdict::Reproduced
-    } else if weak {
-        Verdict::Partly
+/// `mean ± sd` for tables (`—` for NaN; the sd is left out when undefined).
+pub fn pm(s: crate::claims::Stat) -> String {
+    if s.sd.is_finite() {
+        format!("{} ± {}", f4(s.mean), f4(s.sd))
     } else {
-        Verdict::NotReproduced
+        f4(s.mean)
     }
 }
 

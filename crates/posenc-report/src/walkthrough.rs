@@ -7,12 +7,19 @@ use posenc::analysis::{self, SplitMix64};
 
 use super::experiments::{f4, ExpOutput, Table};
 use super::figures::{Fig, FigSpec, HeatSpec, LineSpec};
-use crate::viz::encodings::{build, parse_spec, EncodingOpts};
-use crate::CliResult;
+use crate::Result;
 
-fn picture(spec: &str) -> CliResult<crate::viz::encodings::Picture> {
-    let s = parse_spec(spec, &EncodingOpts::default())?;
-    Ok(build(&s, 16, 32)?.picture()?)
+/// The seeds' picture: the sinusoidal table of 32 positions in 16
+/// dimensions (rows are positions).
+fn seed_table() -> Result<Vec<Vec<f64>>> {
+    Ok(Sinusoidal::new(16)?.table_range(0, 32)?)
+}
+
+/// The bits of positions 0..32, least significant first (5 bits).
+fn seed_bits() -> Vec<Vec<f64>> {
+    (0..32usize)
+        .map(|p| (0..5).map(|k| ((p >> k) & 1) as f64).collect())
+        .collect()
 }
 
 fn table(data: &[Vec<f64>], labels: &[String]) -> Vec<Vec<String>> {
@@ -30,7 +37,7 @@ fn table(data: &[Vec<f64>], labels: &[String]) -> Vec<Vec<String>> {
 }
 
 /// The walk-through section (no claims).
-pub fn build_section() -> CliResult<ExpOutput> {
+pub fn build_section() -> Result<ExpOutput> {
     let mut o = ExpOutput {
         id: 0,
         title: "Walk-through: what a positional encoding is".into(),
@@ -132,14 +139,13 @@ pub fn build_section() -> CliResult<ExpOutput> {
         header,
         rows: table(&sum, &labels),
     });
-    let pic = picture("sinusoidal")?;
-    let p0 = &pic.panels[0];
+    let seed = seed_table()?;
     o.figures.push(Fig::new(
         "w2-sinusoidal-32x16.png",
         "The seeds' picture: the sinusoidal encoding of 32 positions in 16 dimensions (seed 000).",
         FigSpec::Heatmap(HeatSpec {
             title: "Sinusoidal encoding, 32 positions × 16 dimensions".into(),
-            data: p0.data.clone(),
+            data: seed.clone(),
             x_label: "position".into(),
             y_label: "dimension".into(),
             colorbar: "PE".into(),
@@ -147,14 +153,14 @@ pub fn build_section() -> CliResult<ExpOutput> {
             diverging: true,
         }),
     ));
-    let bin = picture("binary")?;
-    if let Some(bits) = bin.bits.clone() {
-        o.figures.push(Fig::new(
-            "w3-binary-analogy.png",
-            "The binary-counter analogy: bits flip at halving rates, like the sinusoid's dimensions.",
-            FigSpec::Binary { bits, table: bin.panels[0].data.clone() },
-        ));
-    }
+    o.figures.push(Fig::new(
+        "w3-binary-analogy.png",
+        "The binary-counter analogy: bits flip at halving rates, like the sinusoid's dimensions.",
+        FigSpec::Binary {
+            bits: seed_bits(),
+            table: seed,
+        },
+    ));
     let four: Vec<Vec<f64>> = (0..8)
         .map(|p| {
             let (a, b) = (

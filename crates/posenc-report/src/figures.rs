@@ -7,7 +7,7 @@ use posenc_plot::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{CliError, CliResult};
+use crate::{ReportError, Result};
 
 /// A heatmap's data and labels.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -49,12 +49,43 @@ impl HeatSpec {
     }
 }
 
+/// JSON has no NaN: serde_json writes it as `null`, and these read `null`
+/// back as NaN, so that a cached figure with a missing value (a diverged
+/// seed, a length a model cannot run at, one seed's undefined spread) reads
+/// back as it was written.
+mod nan {
+    use serde::{Deserialize, Deserializer};
+
+    fn f(x: Option<f64>) -> f64 {
+        x.unwrap_or(f64::NAN)
+    }
+
+    pub fn values<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        Ok(Vec::<Option<f64>>::deserialize(d)?
+            .into_iter()
+            .map(f)
+            .collect())
+    }
+
+    pub fn maybe_values<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<f64>>, D::Error> {
+        Ok(Option::<Vec<Option<f64>>>::deserialize(d)?.map(|v| v.into_iter().map(f).collect()))
+    }
+
+    pub fn points<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(f64, f64)>, D::Error> {
+        Ok(Vec::<(Option<f64>, Option<f64>)>::deserialize(d)?
+            .into_iter()
+            .map(|(x, y)| (f(x), f(y)))
+            .collect())
+    }
+}
+
 /// One line series.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LineSpec {
     /// Legend name.
     pub name: String,
     /// Points.
+    #[serde(deserialize_with = "nan::points")]
     pub points: Vec<(f64, f64)>,
     /// Markers on the points.
     pub markers: bool,
@@ -66,8 +97,10 @@ pub struct BarSpec {
     /// Legend name.
     pub name: String,
     /// One value per group.
+    #[serde(deserialize_with = "nan::values")]
     pub values: Vec<f64>,
     /// Error bars (spread), if any.
+    #[serde(default, deserialize_with = "nan::maybe_values")]
     pub errors: Option<Vec<f64>>,
 }
 
@@ -139,8 +172,8 @@ impl Fig {
     }
 
     /// Renders the PNG.
-    pub fn png(&self) -> CliResult<Vec<u8>> {
-        let err = |e: posenc_plot::PlotError| CliError(format!("figure {}: {e}", self.file));
+    pub fn png(&self) -> Result<Vec<u8>> {
+        let err = |e: posenc_plot::PlotError| ReportError(format!("figure {}: {e}", self.file));
         match &self.spec {
             FigSpec::Heatmap(h) => h.heatmap().and_then(|h| h.to_png_bytes(760, 420)),
             FigSpec::Panels { title, panels } => panels
@@ -235,6 +268,41 @@ pub fn base64(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_with_nan_read_back_from_json() {
+        let f = Fig::new(
+            "x.png",
+            "x",
+            FigSpec::Bar {
+                title: "t".into(),
+                groups: vec!["a".into(), "b".into()],
+                y_label: "y".into(),
+                series: vec![BarSpec {
+                    name: "s".into(),
+                    values: vec![1.0, f64::NAN],
+                    errors: Some(vec![f64::NAN, 0.5]),
+                }],
+            },
+        );
+        let back: Fig = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
+        let FigSpec::Bar { series, .. } = back.spec else {
+            panic!("not a bar chart")
+        };
+        assert_eq!(series[0].values[0], 1.0);
+        assert!(series[0].values[1].is_nan());
+        let e = series[0].errors.as_ref().unwrap();
+        assert!(e[0].is_nan() && e[1] == 0.5);
+        let l = LineSpec {
+            name: "l".into(),
+            points: vec![(0.0, f64::NAN), (1.0, 2.0)],
+            markers: false,
+        };
+        let back: LineSpec = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
+        assert!(back.points[0].1.is_nan() && back.points[1] == (1.0, 2.0));
+    }
+
     #[test]
     fn base64_matches_rfc4648_vectors() {
         for (i, o) in [

@@ -4,13 +4,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{CliError, CliResult};
+use crate::{ReportError, Result};
 
 /// The built-in presets: name and file contents.
 pub const BUILT_IN: [(&str, &str); 3] = [
-    ("quick", include_str!("../../../../presets/quick.json")),
-    ("full", include_str!("../../../../presets/full.json")),
-    ("smoke", include_str!("../../../../presets/smoke.json")),
+    ("quick", include_str!("../../../presets/quick.json")),
+    ("full", include_str!("../../../presets/full.json")),
+    ("smoke", include_str!("../../../presets/smoke.json")),
 ];
 
 /// One training setup: the model's shape and the run.
@@ -53,8 +53,8 @@ pub struct Encoders {
     pub mlm: Option<EncodersMlm>,
 }
 
-/// Experiment 1's masked language models (the `mlm` task on the built-in
-/// corpus).
+/// Experiment 1's masked language models (the `mlm` task on the report's
+/// text).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EncodersMlm {
@@ -70,9 +70,25 @@ pub struct EncodersMlm {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Lm {
-    /// Training setup.
+    /// Training setup (the largest size).
     pub run: Stage,
     /// Encodings compared.
+    pub encodings: Vec<String>,
+    /// Smaller sizes for the trend of NoPE's gap with scale (absent in
+    /// older preset files: the trend is then not measured and says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trend: Option<Trend>,
+}
+
+/// The NoPE gap's trend with scale: the same run at smaller sizes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Trend {
+    /// Training setups smaller than `lm.run`, smallest first; `lm.run` is
+    /// the largest size.
+    pub sizes: Vec<Stage>,
+    /// Encodings trained at each size: NoPE and the positional encodings
+    /// the best is chosen from (each also in `lm.encodings`).
     pub encodings: Vec<String>,
 }
 
@@ -92,6 +108,10 @@ pub struct RopeExp {
     pub yarn_beta_fast: f64,
     /// YaRN β_slow (rotations below which a pair is fully interpolated).
     pub yarn_beta_slow: f64,
+    /// How many of the preset's seeds to train (the first ones); the rules
+    /// compare scalings beyond the seed-to-seed spread, which needs two.
+    #[serde(default = "one")]
+    pub n_seeds: usize,
 }
 
 /// Experiment 5 (length generalisation).
@@ -126,6 +146,10 @@ fn one() -> usize {
     1
 }
 
+fn default_corpus() -> String {
+    crate::corpus::DEFAULT.into()
+}
+
 /// Experiment 7 (analytic).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -146,6 +170,11 @@ pub struct Preset {
     pub description: String,
     /// Seeds of the multi-seed experiments.
     pub seeds: Vec<u64>,
+    /// The text of the language-model experiments: `pride-and-prejudice`
+    /// (the default), `grammar` (the lab's synthetic grammar) or a path to
+    /// a UTF-8 file; `posenc report --corpus FILE` overrides it.
+    #[serde(default = "default_corpus")]
+    pub corpus: String,
     /// Experiment 1.
     pub encoders: Encoders,
     /// Experiments 2 and 4.
@@ -161,27 +190,46 @@ pub struct Preset {
 }
 
 impl Preset {
+    /// The longest window of text (characters) an experiment evaluates on
+    /// the validation part: the language model at 2L (+1 for the next
+    /// token), RoPE at its largest factor, the masked LM at its length.
+    pub fn longest_text_window(&self) -> usize {
+        let lm = 2 * self.lm.run.train_len + 1;
+        let trend = self
+            .lm
+            .trend
+            .iter()
+            .flat_map(|t| &t.sizes)
+            .map(|s| s.train_len + 1)
+            .max()
+            .unwrap_or(0);
+        let rope =
+            self.rope.factors.iter().max().copied().unwrap_or(1) * self.rope.run.train_len + 1;
+        let mlm = self.encoders.mlm.as_ref().map_or(0, |m| m.run.train_len);
+        lm.max(trend).max(rope).max(mlm)
+    }
+
     /// A built-in preset by name, or a JSON file by path.
-    pub fn load(name_or_path: &str) -> CliResult<Preset> {
+    pub fn load(name_or_path: &str) -> Result<Preset> {
         let text = match BUILT_IN.iter().find(|(n, _)| *n == name_or_path) {
             Some((_, t)) => t.to_string(),
             None if name_or_path.ends_with(".json") => std::fs::read_to_string(name_or_path)
-                .map_err(|e| CliError(format!("cannot read preset {name_or_path}: {e}")))?,
+                .map_err(|e| ReportError(format!("cannot read preset {name_or_path}: {e}")))?,
             None => {
-                return Err(CliError(format!(
+                return Err(ReportError(format!(
                     "unknown preset {name_or_path:?}; known: {} (or a path to a .json preset)",
                     BUILT_IN.map(|(n, _)| n).join(", ")
                 )))
             }
         };
         let p: Preset = serde_json::from_str(&text)
-            .map_err(|e| CliError(format!("preset {name_or_path}: {e}")))?;
+            .map_err(|e| ReportError(format!("preset {name_or_path}: {e}")))?;
         p.validate()?;
         Ok(p)
     }
 
-    fn validate(&self) -> CliResult {
-        let bad = |m: String| Err(CliError(format!("preset {}: {m}", self.name)));
+    fn validate(&self) -> Result {
+        let bad = |m: String| Err(ReportError(format!("preset {}: {m}", self.name)));
         if self.seeds.is_empty() {
             return bad("no seeds".into());
         }
@@ -215,6 +263,32 @@ impl Preset {
                     self.seeds.len()
                 ));
             }
+        }
+        if let Some(t) = &self.lm.trend {
+            if t.sizes.is_empty() {
+                return bad("lm.trend.sizes is empty".into());
+            }
+            for (i, st) in t.sizes.iter().enumerate() {
+                if st.steps == 0 || st.batch == 0 || st.train_len < 8 || st.eval_batches == 0 {
+                    return bad(format!(
+                        "lm.trend.sizes[{i}]: steps, batch and eval_batches must be ≥ 1 and train_len ≥ 8"
+                    ));
+                }
+            }
+            if !t.encodings.iter().any(|e| e == "nope") || t.encodings.len() < 2 {
+                return bad("lm.trend.encodings must include nope and another".into());
+            }
+            if let Some(e) = t.encodings.iter().find(|e| !self.lm.encodings.contains(e)) {
+                return bad(format!(
+                    "lm.trend.encodings: {e} is not in lm.encodings (the largest size)"
+                ));
+            }
+        }
+        if !(1..=self.seeds.len()).contains(&self.rope.n_seeds) {
+            return bad(format!(
+                "rope.n_seeds must be in 1..={} (the preset's seeds)",
+                self.seeds.len()
+            ));
         }
         if !(1..=self.seeds.len()).contains(&self.shaw.n_seeds) {
             return bad(format!(
@@ -250,10 +324,10 @@ mod tests {
     }
 
     /// A built-in preset as JSON, changed by `f`, parsed and validated.
-    fn edited(f: impl Fn(&mut serde_json::Value)) -> CliResult<Preset> {
+    fn edited(f: impl Fn(&mut serde_json::Value)) -> Result<Preset> {
         let mut v: serde_json::Value = serde_json::from_str(BUILT_IN[2].1).unwrap();
         f(&mut v);
-        let p: Preset = serde_json::from_value(v).map_err(|e| CliError(e.to_string()))?;
+        let p: Preset = serde_json::from_value(v).map_err(|e| ReportError(e.to_string()))?;
         p.validate()?;
         Ok(p)
     }
@@ -288,7 +362,46 @@ mod tests {
         });
         assert_eq!(three.unwrap().shaw.n_seeds, 3);
         assert!(edited(|v| v["shaw"]["n_seeds"] = 0.into()).is_err());
-        // The smoke preset has one seed.
-        assert!(edited(|v| v["shaw"]["n_seeds"] = 2.into()).is_err());
+        // The smoke preset has two seeds.
+        assert!(edited(|v| v["shaw"]["n_seeds"] = 3.into()).is_err());
+    }
+
+    #[test]
+    fn the_trend_the_rope_seeds_and_the_corpus_are_checked() {
+        let p = edited(|_| {}).unwrap();
+        assert_eq!(p.corpus, "pride-and-prejudice");
+        assert_eq!(p.rope.n_seeds, 2);
+        assert!(p.lm.trend.is_some());
+        // Older preset files: no corpus (the default), no trend, one rope seed.
+        let old = edited(|v| {
+            let o = v.as_object_mut().unwrap();
+            o.remove("corpus");
+            v["lm"].as_object_mut().unwrap().remove("trend");
+            v["rope"].as_object_mut().unwrap().remove("n_seeds");
+        })
+        .unwrap();
+        assert_eq!(old.corpus, "pride-and-prejudice");
+        assert_eq!(old.lm.trend, None);
+        assert_eq!(old.rope.n_seeds, 1);
+        assert!(edited(|v| v["rope"]["n_seeds"] = 3.into()).is_err());
+        assert!(edited(|v| v["rope"]["n_seeds"] = 0.into()).is_err());
+        assert!(edited(|v| v["lm"]["trend"]["sizes"] = serde_json::json!([])).is_err());
+        assert!(edited(
+            |v| v["lm"]["trend"]["encodings"] = serde_json::json!(["sinusoidal", "learned"])
+        )
+        .is_err());
+        // A trend encoding must also be trained at the largest size.
+        assert!(
+            edited(|v| v["lm"]["trend"]["encodings"] = serde_json::json!(["nope", "alibi"]))
+                .is_err()
+        );
+        assert!(edited(|v| v["lm"]["trend"]["sizes"][0]["steps"] = 0.into()).is_err());
+        // The longest validation window: RoPE at 2 × 16, plus the next token.
+        assert_eq!(p.longest_text_window(), 33);
+        for (name, _) in BUILT_IN {
+            let p = Preset::load(name).unwrap();
+            assert!(p.rope.n_seeds >= 2, "{name}: the spread needs two seeds");
+            assert!(p.lm.trend.is_some(), "{name}: no trend");
+        }
     }
 }

@@ -4,10 +4,13 @@
 use posenc::analysis::SplitMix64;
 use serde_json::json;
 
-use super::{f4, jnum, verdict3, Ctx, ExpOutput, Experiment, Table};
-use crate::report::figures::{Fig, FigSpec, LineSpec};
-use crate::{CliError, CliResult};
+use super::{f4, jnum, Ctx, ExpOutput, Experiment, Table};
+use crate::claims::experiments as rules;
+use crate::claims::properties::{roformer_decay, ROFORMER_DECAY};
+use crate::figures::{Fig, FigSpec, LineSpec};
+use crate::Result;
 
+/// Experiment 7.
 pub const EXPERIMENT: Experiment = Experiment {
     id: 7,
     slug: "analytic",
@@ -16,52 +19,7 @@ pub const EXPERIMENT: Experiment = Experiment {
     run,
 };
 
-#[allow(clippy::needless_range_loop)]
-/// Solves the normal equations `(XᵀX + λI) w = Xᵀy` by Cholesky, in f64.
-fn ridge(x: &[Vec<f64>], y: &[f64], lambda: f64) -> CliResult<Vec<f64>> {
-    let d = x[0].len();
-    let mut a = vec![vec![0.0; d]; d];
-    let mut b = vec![0.0; d];
-    for (row, &t) in x.iter().zip(y) {
-        for i in 0..d {
-            b[i] += row[i] * t;
-            for j in 0..=i {
-                a[i][j] += row[i] * row[j];
-            }
-        }
-    }
-    for i in 0..d {
-        a[i][i] += lambda;
-    }
-    let mut l = vec![vec![0.0; d]; d];
-    for i in 0..d {
-        for j in 0..=i {
-            let s: f64 = (0..j).map(|k| l[i][k] * l[j][k]).sum();
-            if i == j {
-                let v = a[i][i] - s;
-                if v <= 0.0 {
-                    return Err(CliError(
-                        "PI fit: normal equations not positive definite".into(),
-                    ));
-                }
-                l[i][i] = v.sqrt();
-            } else {
-                l[i][j] = (a[i][j] - s) / l[j][j];
-            }
-        }
-    }
-    let mut z = vec![0.0; d];
-    for i in 0..d {
-        z[i] = (b[i] - (0..i).map(|k| l[i][k] * z[k]).sum::<f64>()) / l[i][i];
-    }
-    let mut w = vec![0.0; d];
-    for i in (0..d).rev() {
-        w[i] = (z[i] - (i + 1..d).map(|k| l[k][i] * w[k]).sum::<f64>()) / l[i][i];
-    }
-    Ok(w)
-}
-
-fn run(ctx: &mut Ctx) -> CliResult<ExpOutput> {
+fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let p = ctx.preset.analytic.clone();
     let mut o = ExpOutput::new(
         7,
@@ -71,19 +29,19 @@ fn run(ctx: &mut Ctx) -> CliResult<ExpOutput> {
     let dist: Vec<f64> = (0..=256).map(|r| r as f64).collect();
     let decay = posenc::analysis::rope_decay_bound(128, 10000.0, &dist)?;
     let at = |r: usize| decay[r];
-    let paper = [(0usize, 32.5), (100, 10.2), (250, 6.6)];
+    let paper = ROFORMER_DECAY.map(|(r, v)| (r as usize, v));
     let errs: Vec<f64> = paper.iter().map(|(r, v)| (at(*r) - v).abs() / v).collect();
     let worst = errs.iter().cloned().fold(0.0, f64::max);
+    let judged = roformer_decay(paper.map(|(r, _)| at(r)));
+    debug_assert_eq!(judged.rule, rules::ROPE_DECAY.rule);
     o.claim(
         ctx,
-        "rope-decay",
-        "RoPE's relative upper bound decays with the relative distance.",
-        "Su et al. 2021 (RoFormer), §3.4.3 and Fig. 2 (d = 128, base 10000)",
+        &rules::ROPE_DECAY,
         "(1/(d/2)) Σ_j |Σ_{i<j} e^{i r θ_i}| at r = 0, 100, 250",
         json!({"r=0": jnum(at(0)), "r=100": jnum(at(100)), "r=250": jnum(at(250)), "worst_relative_error": jnum(worst)}),
         json!({"r=0": 32.5, "r=100": 10.2, "r=250": 6.6}),
-        "reproduced if every value is within 5% of the paper's; partly if within 15%",
-        verdict3(worst <= 0.05, worst <= 0.15),
+        judged.verdict,
+        vec![],
         vec![],
     );
     o.figures.push(Fig::new(
@@ -118,7 +76,7 @@ fn run(ctx: &mut Ctx) -> CliResult<ExpOutput> {
     let mut rng = SplitMix64::new(7);
     let xs: Vec<Vec<f64>> = (0..=t).map(|s| basis(s as f64)).collect();
     let ys: Vec<f64> = (0..=t).map(|_| 2.0 * rng.uniform() - 1.0).collect();
-    let w = ridge(&xs, &ys, 1e-9)?;
+    let w = posenc::analysis::ridge(&xs, &ys, 1e-9)?;
     let a = |s: f64| basis(s).iter().zip(&w).map(|(b, w)| b * w).sum::<f64>();
     let inside = (0..=t).map(|s| a(s as f64).abs()).fold(0.0, f64::max);
     let interp = (0..2 * t)
@@ -146,15 +104,13 @@ fn run(ctx: &mut Ctx) -> CliResult<ExpOutput> {
     );
     o.claim(
         ctx,
-        "pi-fit",
-        "A fit bounded inside the trained range explodes outside it, while interpolated points stay bounded.",
-        "Chen et al. 2023 (Position Interpolation), Fig. 2",
+        &rules::PI_FIT,
         "max |a(s)| on the trained integers, at interpolated (quarter/three-quarter) points inside, and on the integers past the range",
         json!({"inside": jnum(inside), "interpolated": jnum(interp), "extrapolated": jnum(extrap), "extrapolated_over_inside": jnum(extrap / inside)}),
         json!({"inside": "≤ 1", "extrapolated": "up to ≈ 8000"}),
-        "reproduced if extrapolated ≥ 100 × inside and interpolated ≤ 2 × inside; partly if extrapolated ≥ 10 × inside",
-        verdict3(extrap >= 100.0 * inside && interp <= 2.0 * inside, extrap >= 10.0 * inside),
+        rules::pi_fit(inside, interp, extrap),
         vec![7],
+        vec![],
     );
     let step = (t / 256).max(1);
     o.figures.push(Fig::new(

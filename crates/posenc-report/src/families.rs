@@ -1,4 +1,6 @@
-//! The measurements behind each family's section of the report.
+//! Every encoding family's section of the report: formula, values, and
+//! measured properties, each judged by a rule of [`crate::claims`] (the
+//! rules `posenc analyze` applies too).
 
 use posenc::absolute::floater::{Floater, FloaterConfig, Integrator};
 use posenc::absolute::learned::LearnedTable;
@@ -11,12 +13,102 @@ use posenc::rope::{PairLayout, RopeConfig, RopeFrequencies};
 use posenc::{AbsoluteEncoding, AttentionBias, PositionalEncoding};
 use serde_json::json;
 
-use super::{Family, Property, Verdict};
-use crate::output::num;
-use crate::CliResult;
+use serde::Serialize;
+
+use crate::claims::{properties as rules, Judged, Judgement, Verdict};
+use crate::{cell, compact_json, num, Result};
+
+/// One measured property with its verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Property {
+    /// Stable identifier, e.g. `sinusoidal.linear-map`.
+    pub id: String,
+    /// What was measured, in words.
+    pub metric: String,
+    /// The measured value(s).
+    pub value: serde_json::Value,
+    /// The claim, its source, the rule and the verdict.
+    #[serde(flatten)]
+    pub judgement: Judgement,
+}
+
+/// One encoding family's section.
+#[derive(Debug, Clone, Serialize)]
+pub struct Family {
+    /// Identifier, e.g. `sinusoidal`.
+    pub id: String,
+    /// Display name.
+    pub name: String,
+    /// Paper(s).
+    pub paper: String,
+    /// Where the position enters the transformer.
+    pub hooks: Vec<String>,
+    /// The formula, as plain text.
+    pub formula: String,
+    /// Markdown body: explanation and a small table of values.
+    #[serde(skip)]
+    pub body: String,
+    /// Measured properties.
+    pub properties: Vec<Property>,
+}
+
+/// The verdicts of every family's properties.
+pub fn verdicts(families: &[Family]) -> impl Iterator<Item = Verdict> + '_ {
+    families
+        .iter()
+        .flat_map(|f| &f.properties)
+        .map(|p| p.judgement.verdict)
+}
+
+/// The families' part of the report, in Markdown: a summary table, then one
+/// section per family.
+pub fn markdown(families: &[Family]) -> String {
+    let mut s = String::new();
+    s.push_str("| family | enters at | properties | verdicts |\n|---|---|---|---|\n");
+    for f in families {
+        s.push_str(&format!(
+            "| [{}](#{}) | {} | {} | {} |\n",
+            f.name,
+            f.id,
+            f.hooks.join(", "),
+            f.properties.len(),
+            crate::claims::summarize(f.properties.iter().map(|p| p.judgement.verdict))
+        ));
+    }
+    s.push('\n');
+    for f in families {
+        s.push_str(&format!("<a id=\"{}\"></a>\n## {}\n\n", f.id, f.name));
+        s.push_str(&format!(
+            "*{}* — enters at: {}.\n\n",
+            f.paper,
+            f.hooks.join(", ")
+        ));
+        s.push_str(&format!("```text\n{}\n```\n\n", f.formula.trim_end()));
+        s.push_str(f.body.trim_end());
+        s.push_str("\n\n");
+        if !f.properties.is_empty() {
+            s.push_str("| property | measured | rule | verdict |\n|---|---|---|---|\n");
+            for p in &f.properties {
+                let j = &p.judgement;
+                s.push_str(&format!(
+                    "| **{}** — {} <br><sub>{}; `{}`</sub> | {} | {} | **{}** |\n",
+                    cell(&j.claim),
+                    cell(&p.metric),
+                    cell(&j.source),
+                    p.id,
+                    cell(&compact_json(&p.value)),
+                    cell(&j.rule),
+                    j.verdict.as_str()
+                ));
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
 
 /// Every family, in the order of the report.
-pub fn all() -> CliResult<Vec<Family>> {
+pub fn all() -> Result<Vec<Family>> {
     Ok(vec![
         nope()?,
         sinusoidal()?,
@@ -30,7 +122,25 @@ pub fn all() -> CliResult<Vec<Family>> {
     ])
 }
 
-/// One property row; the arguments are the columns of [`Property`].
+/// One property row judged by a shared rule.
+fn judged(
+    id: &str,
+    claim: &str,
+    source: &str,
+    metric: &str,
+    value: serde_json::Value,
+    expected: Option<serde_json::Value>,
+    judged: Judged,
+) -> Property {
+    Property {
+        id: id.into(),
+        metric: metric.into(),
+        value,
+        judgement: Judgement::new(claim, source, expected, judged),
+    }
+}
+
+/// One property row with a rule of this family's own.
 #[allow(clippy::too_many_arguments)]
 fn prop(
     id: &str,
@@ -42,16 +152,15 @@ fn prop(
     rule: &str,
     verdict: Verdict,
 ) -> Property {
-    Property {
-        id: id.into(),
-        claim: claim.into(),
-        source: source.into(),
-        metric: metric.into(),
+    judged(
+        id,
+        claim,
+        source,
+        metric,
         value,
         expected,
-        rule: rule.into(),
-        verdict,
-    }
+        Judged::new(rule, verdict),
+    )
 }
 
 fn sci(v: f64) -> String {
@@ -116,7 +225,7 @@ fn md_table(header: &[String], rows: &[Vec<String>]) -> String {
 
 // ---------------------------------------------------------------- NoPE ---
 
-fn nope() -> CliResult<Family> {
+fn nope() -> Result<Family> {
     let enc_gap = analysis::permutation_gap(8, 16, false, 20, 2024);
     let dec_gap = analysis::permutation_gap(8, 16, true, 20, 2024);
     let body = format!(
@@ -165,7 +274,7 @@ fn nope() -> CliResult<Family> {
 
 // ---------------------------------------------------------- sinusoidal ---
 
-fn sinusoidal() -> CliResult<Family> {
+fn sinusoidal() -> Result<Family> {
     let seed_table = Sinusoidal::new(16)?;
     let rows = seed_table.table(&(0..6).collect::<Vec<u64>>())?;
     let header: Vec<String> = std::iter::once("pos".to_string())
@@ -219,7 +328,6 @@ fn sinusoidal() -> CliResult<Family> {
     let first_up = curve.first_increase(1e-12);
     let kf: Vec<f64> = ks.iter().map(|&k| k as f64).collect();
     let rho = analysis::spearman(&kf, &curve.cosine);
-    let (sim_verdict, sim_rule) = super::similarity_verdict(mono, rho);
     let shift_dep = analysis::similarity_shift_dependence(
         &enc,
         &[0, 17, 1000, 99_999],
@@ -240,6 +348,7 @@ fn sinusoidal() -> CliResult<Family> {
     let fit_res = analysis::linear_map_residual(&small, &fit, 3, &[100_000, 123_457, 500_001])?;
     let wl = analysis::wavelengths(enc.frequencies());
     let (wmin, wmax) = (wl[0], wl[wl.len() - 1]);
+    let wl_dev = rules::ratio_deviation(&wl);
     let two_pi = 2.0 * pi;
     body.push_str(&format!(
         "\nSimilarity of PE(0) and PE(k) for D = 512 (cosine): k = 1: {:.4}, 2: {:.4}, 4: {:.4}, \
@@ -264,69 +373,59 @@ fn sinusoidal() -> CliResult<Family> {
             "reproduced if both rows equal the seed's within 1e-12",
             Verdict::from_bool(four_ok),
         ),
-        prop(
+        judged(
             "sinusoidal.distinct",
             "Encodings of different positions never repeat",
             "seed 001 (\"why 10000\")",
             "min ‖PE(k) − PE(0)‖ over k < 10^5, D = 128 (a shift is an isometry, so this is the min over all pairs)",
             json!({"min_distance": distinct.min_distance, "at_k": distinct.argmin}),
             None,
-            "reproduced if the minimum distance is > 1e-6",
-            Verdict::from_bool(distinct.min_distance > 1e-6),
+            rules::distinct_positions(distinct.min_distance),
         ),
-        prop(
+        judged(
             "sinusoidal.similarity-monotone",
             "Similarity of PE(p) and PE(p+k) decreases as k grows",
             "seed 001",
             "cos(PE(0), PE(k)) for k ≤ 100, D = 512: fraction of non-increasing steps, first increase, Spearman ρ(k, cos)",
             json!({"fraction": mono, "first_increase_at": first_up, "spearman": rho}),
             None,
-            sim_rule,
-            sim_verdict,
+            rules::similarity_monotone(mono, rho),
         ),
-        prop(
+        judged(
             "sinusoidal.similarity-relative",
             "PE(p)·PE(p+k) depends on k only",
             "Vaswani et al. 2017 §3.5",
             "max change of PE(p)·PE(p+k) across p ∈ {0, 17, 1000, 99999}, k ≤ 256",
             json!(shift_dep),
             None,
-            "reproduced if ≤ 1e-9",
-            Verdict::from_bool(shift_dep <= 1e-9),
+            rules::shift_invariant_similarity(shift_dep),
         ),
-        prop(
+        judged(
             "sinusoidal.linear-map",
             "PE(pos+k) is a linear function of PE(pos)",
             "Vaswani et al. 2017 §3.5; seed 004",
             "max |PE(p+k) − M_k·PE(p)| with M_k block-diagonal rotations, k ∈ {1,7,100,1000}, p up to 99999",
             json!(lin_worst),
             Some(json!(0.0)),
-            "reproduced if ≤ 1e-9 (f64)",
-            Verdict::from_bool(lin_worst <= 1e-9),
+            rules::linear_map(lin_worst),
         ),
-        prop(
+        judged(
             "sinusoidal.linear-map-fitted",
             "The same linear map, found without the formula",
             "seed 004",
             "least-squares M_3 fitted on 1000 positions p = 41·i < 41000 (D = 16), max error on p ∈ {100000, 123457, 500001}",
             json!(fit_res),
             None,
-            "reproduced if ≤ 1e-6",
-            Verdict::from_bool(fit_res <= 1e-6),
+            rules::fitted_linear_map(fit_res),
         ),
-        prop(
+        judged(
             "sinusoidal.wavelengths",
             "Wavelengths form a geometric progression from 2π to 10000·2π",
             "Vaswani et al. 2017 §3.5",
-            "shortest and longest wavelength (D = 128), in units of 2π",
-            json!({"min_over_2pi": wmin / two_pi, "max_over_2pi": wmax / two_pi}),
+            "shortest and longest wavelength (D = 128), in units of 2π, and the largest deviation of consecutive ratios",
+            json!({"min_over_2pi": wmin / two_pi, "max_over_2pi": wmax / two_pi, "ratio_deviation": wl_dev}),
             Some(json!({"min_over_2pi": 1.0, "max_over_2pi": 10000.0})),
-            "reproduced if min = 2π (1e-12) and 2π·10000^((D−2)/D) ≤ max < 2π·10000 (the last pair is i = D/2 − 1)",
-            Verdict::from_bool(
-                (wmin / two_pi - 1.0).abs() < 1e-12
-                    && wmax < two_pi * 10000.0
-                    && wmax >= two_pi * 10000f64.powf((d as f64 - 2.0) / d as f64) * (1.0 - 1e-12),
-            ),
+            rules::geometric_wavelengths(wmin / two_pi, wmax / two_pi, wl_dev, 10000.0, d, 1e-12),
         ),
     ];
     Ok(Family {
@@ -342,7 +441,7 @@ fn sinusoidal() -> CliResult<Family> {
 
 // ------------------------------------------------------------- learned ---
 
-fn learned() -> CliResult<Family> {
+fn learned() -> Result<Family> {
     let table = LearnedTable::new(64, 16, 7)?;
     let past = table.encode(64);
     let past_is_error = matches!(past, Err(posenc::Error::PositionOutOfRange { .. }));
@@ -400,11 +499,11 @@ fn learned() -> CliResult<Family> {
 
 // ------------------------------------------------------------- FLOATER ---
 
-fn floater() -> CliResult<Family> {
+fn floater() -> Result<Family> {
     let cfg = FloaterConfig::new(16, 32);
     let rk4 = Floater::random(cfg.with_integrator(Integrator::Rk4), 3)?;
     let reference = rk4.table_f64(64);
-    let euler_gap = |steps: usize| -> CliResult<f64> {
+    let euler_gap = |steps: usize| -> Result<f64> {
         let e = Floater::random(cfg.with_integrator(Integrator::Euler).with_steps(steps), 3)?;
         Ok(e.table_f64(64)
             .iter()
@@ -445,15 +544,14 @@ fn floater() -> CliResult<Family> {
                 "reproduced if the gaps shrink with order within 0.8..1.2 (Euler is first order) and gap_256 ≤ 2e-3",
                 Verdict::from_bool((0.8..=1.2).contains(&order) && gap <= 2e-3),
             ),
-            prop(
+            judged(
                 "floater.distinct",
                 "Every position gets its own vector",
                 "Liu et al. 2020",
                 "min ‖PE(k) − PE(0)‖, k < 64 (untrained h)",
                 json!(distinct.min_distance),
                 None,
-                "reproduced if > 1e-6",
-                Verdict::from_bool(distinct.min_distance > 1e-6),
+                rules::distinct_positions(distinct.min_distance),
             ),
         ],
     })
@@ -461,7 +559,7 @@ fn floater() -> CliResult<Family> {
 
 // ---------------------------------------------------------------- Shaw ---
 
-fn shaw() -> CliResult<Family> {
+fn shaw() -> Result<Family> {
     let k = 2;
     let sh = Shaw::new(k, 8, 1)?;
     let idx = sh.index_matrix(7, 7, 0, 0)?;
@@ -511,20 +609,17 @@ fn shaw() -> CliResult<Family> {
 
 // --------------------------------------------------------------- ALiBi ---
 
-fn alibi() -> CliResult<Family> {
+fn alibi() -> Result<Family> {
     let s8 = alibi_slopes(8)?;
     let s12 = alibi_slopes(12)?;
-    let mut ratio_dev = 0.0f64;
+    // Every slope against 2^(−8h/n), for every power-of-two n up to 64.
+    let mut slope_dev = 0.0f64;
     for n in [1usize, 2, 4, 8, 16, 32, 64] {
-        let s = alibi_slopes(n)?;
-        let r0 = s.get(1).map(|v| v / s[0]);
-        if let Some(r0) = r0 {
-            for w in s.windows(2) {
-                ratio_dev = ratio_dev.max((w[1] / w[0] - r0).abs() / r0);
-            }
+        for (i, m) in alibi_slopes(n)?.iter().enumerate() {
+            let want = 2f64.powf(-8.0 * (i + 1) as f64 / n as f64);
+            slope_dev = slope_dev.max((m / want - 1.0).abs());
         }
     }
-    let first8 = (s8[0] - 0.5).abs() < 1e-15;
     let al = Alibi::new(4, AlibiMode::Causal)?;
     let pos: Vec<u64> = (0..5).collect();
     let m = al.bias_matrix(0, &pos, &pos)?;
@@ -573,25 +668,23 @@ fn alibi() -> CliResult<Family> {
         formula: "logit_h(i, j) = q_i·k_j/√d − m_h·(i − j),  m_h = 2^(−8h/H) for H a power of two\n(otherwise: the slopes of the closest power of two, then every other slope of twice that)".into(),
         body,
         properties: vec![
-            prop(
+            judged(
                 "alibi.geometric",
-                "Slopes are geometric, starting at 2^(−8/H), for H a power of two",
+                "Slopes are geometric, 2^(−8h/H) for head h of H, H a power of two",
                 "Press et al. 2022 §3",
-                "max relative deviation of consecutive slope ratios, H ∈ {2,…,64}; first slope for H = 8",
-                json!({"ratio_deviation": ratio_dev, "first_slope_h8": s8[0]}),
-                Some(json!({"ratio_deviation": 0.0, "first_slope_h8": 0.5})),
-                "reproduced if deviation ≤ 1e-12 and the first slope for 8 heads is 1/2",
-                Verdict::from_bool(ratio_dev <= 1e-12 && first8),
+                "max relative deviation of each slope from 2^(−8h/H), H ∈ {1, 2, …, 64}; first slope for H = 8",
+                json!({"slope_deviation": slope_dev, "first_slope_h8": s8[0]}),
+                Some(json!({"slope_deviation": 0.0, "first_slope_h8": 0.5})),
+                rules::alibi_geometric(slope_dev),
             ),
-            prop(
+            judged(
                 "alibi.relative",
                 "The bias depends on i − j only",
                 "Press et al. 2022 §3",
                 "max |b(i, j) − b(i+1000, j+1000)| over heads and pairs",
                 json!(shift_dev),
                 None,
-                "reproduced if 0",
-                Verdict::from_bool(shift_dev == 0.0),
+                rules::toeplitz_bias(shift_dev),
             ),
         ],
     })
@@ -599,7 +692,7 @@ fn alibi() -> CliResult<Family> {
 
 // ------------------------------------------------------------------ T5 ---
 
-fn t5() -> CliResult<Family> {
+fn t5() -> Result<Family> {
     let bi = T5Buckets::new(32, 128, true)?;
     let ca = T5Buckets::new(32, 128, false)?;
     let rel: Vec<i64> = vec![
@@ -666,7 +759,7 @@ fn t5() -> CliResult<Family> {
 
 // ---------------------------------------------------------------- RoPE ---
 
-fn rope() -> CliResult<Family> {
+fn rope() -> Result<Family> {
     let d = 128;
     let plain = RopeConfig::new(10000.0, d)?;
     let rope = posenc::rope::Rope::new(plain.clone())?;
@@ -674,11 +767,8 @@ fn rope() -> CliResult<Family> {
     let rel_dev = analysis::relative_invariance(&rope, 200, 100_000, 11)?;
     let rope_i = posenc::rope::Rope::new(plain.clone().with_layout(PairLayout::Interleaved))?;
     let rel_dev_i = analysis::relative_invariance(&rope_i, 200, 100_000, 12)?;
-    let dists = [0.0, 100.0, 250.0];
+    let dists = rules::ROFORMER_DECAY.map(|(r, _)| r);
     let decay = analysis::rope_decay_bound(d, 10000.0, &dists)?;
-    let decay_ok = (decay[0] - 32.5).abs() < 0.05
-        && (decay[1] - 10.2).abs() < 0.15
-        && (decay[2] - 6.6).abs() < 0.2;
     // Precision at long context: Llama 3.1's frequencies, angle in f32 (as
     // transformers computes it) against f64.
     let llama31 = RopeConfig::from_hf_json_str(LLAMA_31_8B)?;
@@ -740,45 +830,41 @@ fn rope() -> CliResult<Family> {
         formula: "θ_i = base^(−2i/d)\n(q'_{a}, q'_{b}) = (q_a cos mθ_i − q_b sin mθ_i, q_b cos mθ_i + q_a sin mθ_i)\npairs (a, b) = (i, i + d/2) half-split (Llama, GPT-NeoX) or (2i, 2i+1) interleaved (GPT-J, RoFormer)".into(),
         body,
         properties: vec![
-            prop(
+            judged(
                 "rope.norm",
                 "RoPE is a rotation: it preserves norms",
                 "Su et al. 2021 §3.4.2",
                 "max relative change of ‖x‖, 200 random vectors, positions ≤ 10^6",
                 json!(norm_dev),
                 Some(json!(0.0)),
-                "reproduced if ≤ 1e-12",
-                Verdict::from_bool(norm_dev <= 1e-12),
+                rules::norm_preserved(norm_dev),
             ),
-            prop(
+            judged(
                 "rope.relative",
                 "⟨R(m)q, R(n)k⟩ depends on m − n only (both layouts)",
                 "Su et al. 2021 §3.2; seed 001",
-                "max |score(m,n) − score(m+s,n+s)| / (‖q‖‖k‖), 200 draws, positions ≤ 2·10^5",
+                "max |score(m,n) − score(m+s,n+s)| / (‖q‖‖k‖), 200 draws, positions ≤ 2·10^5, over both layouts",
                 json!({"half_split": rel_dev, "interleaved": rel_dev_i}),
                 Some(json!(0.0)),
-                "reproduced if both ≤ 1e-9",
-                Verdict::from_bool(rel_dev <= 1e-9 && rel_dev_i <= 1e-9),
+                rules::relative_score(rel_dev.max(rel_dev_i)),
             ),
-            prop(
+            judged(
                 "xpos.relative",
                 "xPos keeps the score relative: queries scaled by ζ^(m/512), keys by ζ^(−n/512)",
                 "Sun et al. 2022, A Length-Extrapolatable Transformer §3",
                 "max |score(m,n) − score(m+s,n+s)| / (‖q‖‖k‖), 200 draws, positions ≤ 4000",
                 json!(xpos_rel),
                 Some(json!(0.0)),
-                "reproduced if ≤ 1e-9",
-                Verdict::from_bool(xpos_rel <= 1e-9),
+                rules::relative_score(xpos_rel),
             ),
-            prop(
+            judged(
                 "rope.decay",
                 "The relative upper bound decays with distance",
                 "Su et al. 2021 §3.4.3, Fig. 2",
                 "(1/(d/2))·Σ_j |S_j| at distances 0, 100, 250 (d = 128, base 10000)",
                 json!(decay),
                 Some(json!([32.5, 10.2, 6.6])),
-                "reproduced if within 0.05, 0.15, 0.2 of the paper's curve",
-                Verdict::from_bool(decay_ok),
+                rules::roformer_decay([decay[0], decay[1], decay[2]]),
             ),
             prop(
                 "rope.precision",
@@ -802,7 +888,7 @@ const LLAMA_31_8B: &str = r#"{
                    "original_max_position_embeddings": 8192, "rope_type": "llama3"}
 }"#;
 
-fn rope_scalings() -> CliResult<Family> {
+fn rope_scalings() -> Result<Family> {
     // One Llama-like model (head_dim 128, base 10000, trained at 4096) under
     // every scaling, 4× longer context.
     let base = r#""hidden_size": 1024, "num_attention_heads": 8, "rope_theta": 10000.0, "max_position_embeddings": 16384"#;
@@ -845,15 +931,14 @@ fn rope_scalings() -> CliResult<Family> {
         rows.push(r);
         let rope = posenc::rope::Rope::at_seq_len(cfg.clone(), Some(16384))?;
         let dev = analysis::relative_invariance(&rope, 100, 16384, 99)?;
-        props.push(prop(
+        props.push(judged(
             &format!("rope-scaling.relative.{}", cfg.rope_type()),
             &format!("{name}: scores still depend on m − n only"),
             "Su et al. 2021 §3.2 (every scaling only changes θ_i)",
             "max |score(m,n) − score(m+s,n+s)| / (‖q‖‖k‖), 100 draws, positions ≤ 16384",
             json!(dev),
             Some(json!(0.0)),
-            "reproduced if ≤ 1e-9",
-            Verdict::from_bool(dev <= 1e-9),
+            rules::relative_score(dev),
         ));
     }
     let mut body = String::from(

@@ -1,0 +1,590 @@
+//! The trained and analytic experiments' claims: each with its stable id,
+//! its source and its rule, fixed here before any run, and the verdict
+//! function that applies the rule to the numbers.
+//!
+//! Ids never change meaning; a new claim gets a new id. The rules are as
+//! strong as the claims they cite: a claim that does not reproduce at the
+//! preset's scale says so with the numbers, never by a relaxed rule.
+
+use super::{lower, Compare, Stat, Verdict};
+
+/// A claim an experiment tests, fixed in code before the runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimDef {
+    /// Stable identifier, `eN.name`.
+    pub id: &'static str,
+    /// The experiment (1–7) that measures it.
+    pub experiment: usize,
+    /// The claim, in words.
+    pub claim: &'static str,
+    /// Paper and table (or seed) it comes from.
+    pub source: &'static str,
+    /// The rule that turns the numbers into the verdict.
+    pub rule: &'static str,
+}
+
+/// Every claim of the experiments, in report order.
+pub const ALL: [&ClaimDef; 22] = [
+    &PERMUTATION_INVARIANCE,
+    &NOPE_NEAR_CHANCE,
+    &POSITIONAL_SOLVE,
+    &MLM_NOPE_NEAR_UNIGRAM,
+    &QUIZ_ENCODER_FAILS,
+    &NOPE_CLOSE,
+    &NOPE_GAP_SHRINKS,
+    &PROBE,
+    &SHUFFLE,
+    &QUIZ_DECODER_WORKS,
+    &NO_SCALING_BLOWS_UP,
+    &PI_ZERO_SHOT_FINITE,
+    &PI_FINETUNE_RECOVERS,
+    &DYNAMIC_YARN_BEST,
+    &QUIZ_ROPE_NEEDS_INTERPOLATION,
+    &IN_DISTRIBUTION,
+    &PAST_THE_TABLE,
+    &SINUSOIDAL_EXTRAPOLATES,
+    &RANKING,
+    &SHAW_K,
+    &ROPE_DECAY,
+    &PI_FIT,
+];
+
+/// The three answers of seed 001's quiz, as claims (one per answer).
+pub const QUIZ: [&ClaimDef; 3] = [
+    &QUIZ_ENCODER_FAILS,
+    &QUIZ_DECODER_WORKS,
+    &QUIZ_ROPE_NEEDS_INTERPOLATION,
+];
+
+// ------------------------------------------------------------ e1 ---
+
+/// e1: an untrained NoPE encoder's pooled output ignores the order.
+pub const PERMUTATION_INVARIANCE: ClaimDef = ClaimDef {
+    id: "e1.permutation-invariance",
+    experiment: 1,
+    claim: "A NoPE encoder's pooled output is invariant to permutations of its input.",
+    source: "seed 001 (quiz); Haviv et al. 2022 §1",
+    rule: "reproduced if NoPE's gap ≤ 1e-5 while sinusoidal's is ≥ 1e-3; partly if NoPE's is ≤ 1e-5 only",
+};
+
+/// [`PERMUTATION_INVARIANCE`]'s rule.
+pub fn permutation_invariance(nope_gap: f64, sinusoidal_gap: f64) -> Verdict {
+    Verdict::finite_or_nan(&[nope_gap, sinusoidal_gap], || {
+        Verdict::three(nope_gap <= 1e-5 && sinusoidal_gap >= 1e-3, nope_gap <= 1e-5)
+    })
+}
+
+/// e1: a NoPE encoder stays near chance on the order task.
+pub const NOPE_NEAR_CHANCE: ClaimDef = ClaimDef {
+    id: "e1.nope-near-chance",
+    experiment: 1,
+    claim:
+        "Without positions an encoder cannot solve an order-sensitive task: NoPE stays near chance.",
+    source: "seed 001 (quiz); Haviv et al. 2022 (MLM perplexity 147 vs 4.1)",
+    rule: "reproduced if accuracy ≤ 60%; partly if ≤ 70%",
+};
+
+/// [`NOPE_NEAR_CHANCE`]'s rule.
+pub fn nope_near_chance(accuracy: f64) -> Verdict {
+    Verdict::finite_or_nan(&[accuracy], || {
+        Verdict::three(accuracy <= 0.60, accuracy <= 0.70)
+    })
+}
+
+/// e1: every encoding that can tell the order solves the order task.
+pub const POSITIONAL_SOLVE: ClaimDef = ClaimDef {
+    id: "e1.positional-solve",
+    experiment: 1,
+    claim: "With any positional encoding the order task is solved (≥ 95%).",
+    source: "seed 001 (quiz); Haviv et al. 2022",
+    rule: "reproduced if every positional encoding that can tell the order reaches ≥ 95%; partly if the worst of them reaches ≥ 80% or all but one reach 95%. An encoding whose pooled output is unchanged when the sequence is reversed (measured on the untrained model: symmetric bidirectional ALiBi, whose bias depends on |i − j| only) cannot tell A-before-B from B-before-A by construction: it is reported separately with the reason, not judged",
+};
+
+/// [`POSITIONAL_SOLVE`]'s rule over the accuracies of the encodings that
+/// can tell the order (NaN if there are none).
+pub fn positional_solve(accuracies: &[f64]) -> Verdict {
+    if accuracies.is_empty() {
+        return Verdict::Nan;
+    }
+    Verdict::finite_or_nan(accuracies, || {
+        let failing = accuracies.iter().filter(|&&a| a < 0.95).count();
+        let worst = accuracies.iter().copied().fold(f64::INFINITY, f64::min);
+        Verdict::three(failing == 0, worst >= 0.80 || failing == 1)
+    })
+}
+
+/// e1: a NoPE masked language model stays near the unigram level.
+pub const MLM_NOPE_NEAR_UNIGRAM: ClaimDef = ClaimDef {
+    id: "e1.mlm-nope-near-unigram",
+    experiment: 1,
+    claim: "Without positions a masked language model fails: NoPE's masked-token loss stays much closer to the unigram level (no context) than to the positional encoders'.",
+    source: "Haviv et al. 2022, §6 and Table 4: RoBERTa-large MLMs on the Pile, 128-token sequences — perplexity NoPE 147.18, learned 4.06, sinusoidal 4.07, ALiBi 4.00 (numbers as quoted by a secondary summary of the paper; not checked against the PDF here)",
+    rule: "fraction = (NoPE − mean of the positional encodings) / (unigram entropy − mean of the positional encodings), masked-token validation losses averaged over seeds; reproduced if every positional encoding's mean loss is below NoPE's and the fraction ≥ 0.5 (NoPE closer to the unigram level than to the positional encoders); partly if every positional encoding beats NoPE and the fraction ≥ 0.25; tie if a positional encoding's mean loss equals NoPE's; NaN if the positional encoders do not beat the unigram level (the fraction is undefined)",
+};
+
+/// The fraction of [`MLM_NOPE_NEAR_UNIGRAM`]: where NoPE's loss sits
+/// between the positional encoders' mean (0) and the unigram entropy (1);
+/// NaN when the positional encoders do not beat the unigram level.
+pub fn unigram_fraction(nope: f64, positional_mean: f64, unigram: f64) -> f64 {
+    if unigram - positional_mean > 0.0 {
+        (nope - positional_mean) / (unigram - positional_mean)
+    } else {
+        f64::NAN
+    }
+}
+
+/// [`MLM_NOPE_NEAR_UNIGRAM`]'s rule.
+pub fn mlm_nope_near_unigram(nope: f64, positional: &[f64], unigram: f64) -> Verdict {
+    if positional.is_empty() {
+        return Verdict::Nan;
+    }
+    let mut all = positional.to_vec();
+    all.extend([nope, unigram]);
+    Verdict::finite_or_nan(&all, || {
+        if positional.contains(&nope) {
+            return Verdict::Tie;
+        }
+        let mean = positional.iter().sum::<f64>() / positional.len() as f64;
+        let frac = unigram_fraction(nope, mean, unigram);
+        if frac.is_nan() {
+            return Verdict::Nan;
+        }
+        let all_beat = positional.iter().all(|&p| p < nope);
+        Verdict::three(all_beat && frac >= 0.5, all_beat && frac >= 0.25)
+    })
+}
+
+/// e1: the quiz's first answer.
+pub const QUIZ_ENCODER_FAILS: ClaimDef = ClaimDef {
+    id: "e1.quiz-encoder-fails",
+    experiment: 1,
+    claim: "Seed 001's quiz, first answer: an encoder (BERT) cannot work well without a positional encoding.",
+    source: "seed 001 (quiz: «Can BERT work well on standard tasks without positional encoding? No»); Haviv et al. 2022 §6",
+    rule: "reproduced if e1.mlm-nope-near-unigram's rule gives reproduced (NoPE's masked-LM loss closer to the unigram level than to the positional encoders') and NoPE's order-task accuracy ≤ 60%; partly if one of the two holds; tie or NaN if the masked-LM comparison is",
+};
+
+/// [`QUIZ_ENCODER_FAILS`]'s rule.
+pub fn quiz_encoder_fails(
+    nope_mlm: f64,
+    positional_mlm: &[f64],
+    unigram: f64,
+    nope_order_accuracy: f64,
+) -> Verdict {
+    let mlm = mlm_nope_near_unigram(nope_mlm, positional_mlm, unigram);
+    if matches!(mlm, Verdict::Tie | Verdict::Nan) {
+        return mlm;
+    }
+    Verdict::finite_or_nan(&[nope_order_accuracy], || {
+        let a = mlm == Verdict::Reproduced;
+        let b = nope_order_accuracy <= 0.60;
+        Verdict::three(a && b, a || b)
+    })
+}
+
+// ------------------------------------------------------------ e2 ---
+
+/// e2: a NoPE decoder is nearly as good as a positional one.
+pub const NOPE_CLOSE: ClaimDef = ClaimDef {
+    id: "e2.nope-close",
+    experiment: 2,
+    claim: "A decoder without positional encoding reaches nearly the loss of one with positions.",
+    source: "seed 001 (NoPE «works in principle, but slightly worse»); Haviv et al. 2022, Table 1 and §3 (the gap shrinks as models grow)",
+    rule: "closed = (unigram entropy − NoPE) / (unigram entropy − best positional encoding), validation losses at the largest size, mean over seeds; reproduced if closed ≥ 0.9 and NoPE's gap to the best, |NoPE − best| (nats, mean over seeds), is smaller at the largest size than at the smallest, beyond the spread; partly if closed ≥ 0.75; tie if closed ≥ 0.9 and the gaps are within the spread",
+};
+
+/// The fraction of the unigram-to-best gap that NoPE closes: 1 when NoPE
+/// equals the best positional encoding, 0 at the unigram level; NaN when
+/// the best does not beat the unigram level.
+pub fn closed_fraction(unigram: f64, nope: f64, best: f64) -> f64 {
+    if unigram - best > 0.0 {
+        (unigram - nope) / (unigram - best)
+    } else {
+        f64::NAN
+    }
+}
+
+/// A gap's size: |mean| with its spread. The claims are about NoPE and the
+/// positional encodings converging, from either side.
+fn size(gap: Stat) -> Stat {
+    Stat {
+        mean: gap.mean.abs(),
+        ..gap
+    }
+}
+
+/// [`NOPE_CLOSE`]'s rule: `closed` at the largest size, and NoPE's gap to
+/// the best (NoPE − best, per seed) at the smallest and the largest size.
+pub fn nope_close(closed: f64, gap_smallest: Stat, gap_largest: Stat) -> Verdict {
+    Verdict::finite_or_nan(&[closed], || {
+        if closed >= 0.9 {
+            match lower(size(gap_largest), size(gap_smallest)) {
+                Compare::Lower => Verdict::Reproduced,
+                Compare::Tie => Verdict::Tie,
+                Compare::Higher => Verdict::Partly,
+                Compare::Nan => Verdict::Nan,
+            }
+        } else {
+            Verdict::three(false, closed >= 0.75)
+        }
+    })
+}
+
+/// e2: the NoPE gap shrinks with scale (measured at two or more sizes).
+pub const NOPE_GAP_SHRINKS: ClaimDef = ClaimDef {
+    id: "e2.nope-gap-shrinks",
+    experiment: 2,
+    claim: "The gap between NoPE and the best positional encoding shrinks as the model grows.",
+    source: "Haviv et al. 2022, §3 and Table 1 (NoPE's perplexity gap to the positional models narrows from 125M to 1.3B parameters)",
+    rule: "gap = NoPE's validation loss − the best positional encoding's (nats), per seed, at each size from smallest to largest; its size |mean| with the sd over seeds; reproduced if the size is smaller at each size than at the one before, beyond the spread; partly if smaller at the largest size than at the smallest beyond the spread, but not at every step; tie if the smallest and largest sizes are within the spread",
+};
+
+/// [`NOPE_GAP_SHRINKS`]'s rule over the gap (NoPE − best, per seed) at
+/// each size, smallest first (NaN for fewer than two sizes).
+pub fn nope_gap_shrinks(gaps: &[Stat]) -> Verdict {
+    if gaps.len() < 2 {
+        return Verdict::Nan;
+    }
+    let gaps: Vec<Stat> = gaps.iter().map(|g| size(*g)).collect();
+    match lower(gaps[gaps.len() - 1], gaps[0]) {
+        Compare::Nan => Verdict::Nan,
+        Compare::Tie => Verdict::Tie,
+        Compare::Higher => Verdict::NotReproduced,
+        Compare::Lower => {
+            let steps: Vec<Compare> = gaps.windows(2).map(|w| lower(w[1], w[0])).collect();
+            if steps.contains(&Compare::Nan) {
+                Verdict::Nan
+            } else {
+                Verdict::three(steps.iter().all(|c| *c == Compare::Lower), true)
+            }
+        }
+    }
+}
+
+/// e2: a linear probe finds no position at NoPE's embedding layer, and
+/// finds it later.
+pub const PROBE: ClaimDef = ClaimDef {
+    id: "e2.probe",
+    experiment: 2,
+    claim: "NoPE's embedding layer carries no position (probe at the random baseline); later layers learn it.",
+    source: "Haviv et al. 2022, §4 and Fig. 2",
+    rule: "reproduced if the embedding layer's ratio ≥ 0.9 and a later layer's ≤ 0.6; partly if ≥ 0.9 and a later layer's ≤ 0.85",
+};
+
+/// [`PROBE`]'s rule: probe error over the error of predicting the mean, at
+/// the embedding layer and the best later layer.
+pub fn probe(embedding_ratio: f64, best_later_ratio: f64) -> Verdict {
+    Verdict::finite_or_nan(&[embedding_ratio, best_later_ratio], || {
+        Verdict::three(
+            embedding_ratio >= 0.9 && best_later_ratio <= 0.6,
+            embedding_ratio >= 0.9 && best_later_ratio <= 0.85,
+        )
+    })
+}
+
+/// e2: shuffling the prefix hurts a NoPE decoder.
+pub const SHUFFLE: ClaimDef = ClaimDef {
+    id: "e2.shuffle",
+    experiment: 2,
+    claim: "Shuffling the prefix raises a NoPE decoder's loss toward the unigram level: it uses order it was never given.",
+    source: "Haviv et al. 2022, §5",
+    rule: "reproduced if the fraction (shuffled − in order) / (unigram − in order) ≥ 0.5; partly if ≥ 0.1",
+};
+
+/// [`SHUFFLE`]'s rule.
+pub fn shuffle(fraction: f64) -> Verdict {
+    Verdict::finite_or_nan(&[fraction], || {
+        Verdict::three(fraction >= 0.5, fraction >= 0.1)
+    })
+}
+
+/// e2: the quiz's second answer.
+pub const QUIZ_DECODER_WORKS: ClaimDef = ClaimDef {
+    id: "e2.quiz-decoder-works",
+    experiment: 2,
+    claim: "Seed 001's quiz, second answer: a decoder (GPT) can work well without a positional encoding.",
+    source: "seed 001 (quiz: «Can GPT work well on standard tasks without positional encoding? Yes»); Haviv et al. 2022, Table 1",
+    rule: "reproduced if NoPE closes ≥ 90% of the gap between the unigram entropy and the best positional encoding's validation loss at the largest size (mean over seeds); partly if ≥ 75%",
+};
+
+/// [`QUIZ_DECODER_WORKS`]'s rule on the closed fraction.
+pub fn quiz_decoder_works(closed: f64) -> Verdict {
+    Verdict::finite_or_nan(&[closed], || Verdict::three(closed >= 0.9, closed >= 0.75))
+}
+
+// ------------------------------------------------------------ e3 ---
+
+/// e3: without scaling, RoPE fails past its training length.
+pub const NO_SCALING_BLOWS_UP: ClaimDef = ClaimDef {
+    id: "e3.no-scaling-blows-up",
+    experiment: 3,
+    claim: "Without scaling, RoPE's loss blows up past the training length.",
+    source: "seed 001 (quiz); Chen et al. 2023 (PI), Fig. 1 and Table 1 (perplexity > 10^3 past L)",
+    rule: "loss on positions L..nL of validation windows of nL (n the largest factor), no scaling, mean over seeds: reproduced if ≥ the unigram entropy (worse than ignoring the context); partly if ≥ 2 × the loss at L",
+};
+
+/// [`NO_SCALING_BLOWS_UP`]'s rule.
+pub fn no_scaling_blows_up(past_l: f64, at_l: f64, unigram: f64) -> Verdict {
+    Verdict::finite_or_nan(&[past_l, at_l, unigram], || {
+        Verdict::three(past_l >= unigram, past_l >= 2.0 * at_l)
+    })
+}
+
+/// e3: Position Interpolation zero-shot beats no scaling.
+pub const PI_ZERO_SHOT_FINITE: ClaimDef = ClaimDef {
+    id: "e3.pi-zero-shot-finite",
+    experiment: 3,
+    claim: "Position Interpolation keeps the loss finite zero-shot, below no scaling.",
+    source: "Chen et al. 2023, §2.3 and Table 1",
+    rule: "loss on positions L..nL of windows of nL, over seeds: reproduced if PI's is finite and lower than no scaling's beyond the spread; tie if within the spread; otherwise not reproduced (no partly)",
+};
+
+/// [`PI_ZERO_SHOT_FINITE`]'s rule.
+pub fn pi_zero_shot_finite(pi: Stat, none: Stat) -> Verdict {
+    match lower(pi, none) {
+        Compare::Lower => Verdict::Reproduced,
+        Compare::Tie => Verdict::Tie,
+        Compare::Higher => Verdict::NotReproduced,
+        Compare::Nan => Verdict::Nan,
+    }
+}
+
+/// e3: a short PI fine-tune recovers the loss at 2L.
+pub const PI_FINETUNE_RECOVERS: ClaimDef = ClaimDef {
+    id: "e3.pi-finetune-recovers",
+    experiment: 3,
+    claim: "After a short fine-tune, PI recovers the in-distribution loss at the longer length.",
+    source: "Chen et al. 2023, Table 1 and §3.2 (1000 steps suffice)",
+    rule: "after the fine-tune at 2L with PI ×2 kept, loss on positions L..2L of validation windows of 2L (mean over seeds): reproduced if ≤ 1.05 × the loss at L; partly if lower than PI zero-shot's on the same positions beyond the spread; tie if within the spread",
+};
+
+/// [`PI_FINETUNE_RECOVERS`]'s rule.
+pub fn pi_finetune_recovers(finetuned: Stat, zero_shot: Stat, at_l: f64) -> Verdict {
+    Verdict::finite_or_nan(&[finetuned.mean, at_l], || {
+        if finetuned.mean <= 1.05 * at_l {
+            return Verdict::Reproduced;
+        }
+        match lower(finetuned, zero_shot) {
+            Compare::Lower => Verdict::Partly,
+            Compare::Tie => Verdict::Tie,
+            Compare::Higher => Verdict::NotReproduced,
+            Compare::Nan => Verdict::Nan,
+        }
+    })
+}
+
+/// e3: dynamic NTK and YaRN are the best zero-shot scalings.
+pub const DYNAMIC_YARN_BEST: ClaimDef = ClaimDef {
+    id: "e3.dynamic-yarn-best",
+    experiment: 3,
+    claim: "Dynamic NTK and YaRN are the best zero-shot scalings past L.",
+    source: "Peng et al. 2023 (YaRN), Table 1 and Fig. 4",
+    rule: "loss on positions L..nL of windows of nL, zero-shot, over seeds: reproduced if dynamic NTK and YaRN each are lower than both PI and no scaling beyond the spread; partly if one of the two is; tie if neither is but no comparison goes the other way beyond the spread; otherwise not reproduced",
+};
+
+/// [`DYNAMIC_YARN_BEST`]'s rule.
+pub fn dynamic_yarn_best(dynamic: Stat, yarn: Stat, pi: Stat, none: Stat) -> Verdict {
+    let c = [
+        lower(dynamic, pi),
+        lower(dynamic, none),
+        lower(yarn, pi),
+        lower(yarn, none),
+    ];
+    if c.contains(&Compare::Nan) {
+        return Verdict::Nan;
+    }
+    let dyn_wins = c[0] == Compare::Lower && c[1] == Compare::Lower;
+    let yarn_wins = c[2] == Compare::Lower && c[3] == Compare::Lower;
+    if dyn_wins && yarn_wins {
+        Verdict::Reproduced
+    } else if dyn_wins || yarn_wins {
+        Verdict::Partly
+    } else if !c.contains(&Compare::Higher) {
+        Verdict::Tie
+    } else {
+        Verdict::NotReproduced
+    }
+}
+
+/// e3: the quiz's third answer.
+pub const QUIZ_ROPE_NEEDS_INTERPOLATION: ClaimDef = ClaimDef {
+    id: "e3.quiz-rope-needs-interpolation",
+    experiment: 3,
+    claim: "Seed 001's quiz, third answer: a RoPE decoder trained at L runs well at 2L only with interpolation (and a short fine-tune).",
+    source: "seed 001 (quiz: «Can a RoPE decoder trained on 1024 tokens generate 2048 well? Only after extrapolation/interpolation»); Chen et al. 2023",
+    rule: "loss on positions L..2L of validation windows of 2L, over seeds: reproduced if without scaling it is ≥ 2 × the loss at L while PI with the short fine-tune is ≤ 1.05 × the loss at L; partly if PI with the fine-tune is lower than no scaling beyond the spread; tie if within the spread",
+};
+
+/// [`QUIZ_ROPE_NEEDS_INTERPOLATION`]'s rule.
+pub fn quiz_rope_needs_interpolation(none_2l: Stat, pi_finetuned_2l: Stat, at_l: f64) -> Verdict {
+    Verdict::finite_or_nan(&[none_2l.mean, pi_finetuned_2l.mean, at_l], || {
+        if none_2l.mean >= 2.0 * at_l && pi_finetuned_2l.mean <= 1.05 * at_l {
+            return Verdict::Reproduced;
+        }
+        match lower(pi_finetuned_2l, none_2l) {
+            Compare::Lower => Verdict::Partly,
+            Compare::Tie => Verdict::Tie,
+            Compare::Higher => Verdict::NotReproduced,
+            Compare::Nan => Verdict::Nan,
+        }
+    })
+}
+
+// ------------------------------------------------------------ e4 ---
+
+/// e4: learned and sinusoidal are equally good within the table.
+pub const IN_DISTRIBUTION: ClaimDef = ClaimDef {
+    id: "e4.in-distribution",
+    experiment: 4,
+    claim: "Learned and sinusoidal absolute encodings are equally good within the training length.",
+    source: "Vaswani et al. 2017, Table 3 row E (PPL 4.92 vs 4.92)",
+    rule: "reproduced if |difference of the mean validation losses at L| ≤ max(2 × the larger sd over seeds, 2% of sinusoidal's loss); partly if ≤ 5% of it",
+};
+
+/// [`IN_DISTRIBUTION`]'s rule.
+pub fn in_distribution(learned: Stat, sinusoidal: Stat) -> Verdict {
+    Verdict::finite_or_nan(
+        &[learned.mean, learned.sd, sinusoidal.mean, sinusoidal.sd],
+        || {
+            let diff = (learned.mean - sinusoidal.mean).abs();
+            let tol = (2.0 * learned.sd.max(sinusoidal.sd)).max(0.02 * sinusoidal.mean);
+            Verdict::three(diff <= tol, diff <= 0.05 * sinusoidal.mean)
+        },
+    )
+}
+
+/// e4: only the sinusoid runs past the learned table.
+pub const PAST_THE_TABLE: ClaimDef = ClaimDef {
+    id: "e4.past-the-table",
+    experiment: 4,
+    claim: "Past the learned table only the sinusoidal encoding can run at all.",
+    source: "Vaswani et al. 2017, §3.5",
+    rule: "reproduced if the learned model refuses 2L and the sinusoidal one returns a finite loss there; NaN if the sinusoidal loss is not finite. The refusal holds by construction (the table has L rows); how well the sinusoid does there is e4.sinusoidal-extrapolates",
+};
+
+/// [`PAST_THE_TABLE`]'s rule.
+pub fn past_the_table(learned_refuses: bool, sinusoidal_loss_2l: f64) -> Verdict {
+    Verdict::finite_or_nan(&[sinusoidal_loss_2l], || {
+        Verdict::from_bool(learned_refuses)
+    })
+}
+
+/// e4: the sinusoid extrapolates.
+pub const SINUSOIDAL_EXTRAPOLATES: ClaimDef = ClaimDef {
+    id: "e4.sinusoidal-extrapolates",
+    experiment: 4,
+    claim: "The sinusoidal encoding lets the model extrapolate to sequences longer than those seen in training.",
+    source: "Vaswani et al. 2017, §3.5 («it may allow the model to extrapolate to sequence lengths longer than the ones encountered during training»)",
+    rule: "sinusoidal model, loss on positions L..2L of validation windows of 2L (mean over seeds): reproduced if ≤ 1.1 × its loss at L; partly if below the unigram entropy",
+};
+
+/// [`SINUSOIDAL_EXTRAPOLATES`]'s rule.
+pub fn sinusoidal_extrapolates(past_l: f64, at_l: f64, unigram: f64) -> Verdict {
+    Verdict::finite_or_nan(&[past_l, at_l, unigram], || {
+        Verdict::three(past_l <= 1.1 * at_l, past_l < unigram)
+    })
+}
+
+// ------------------------------------------------------------ e5 ---
+
+/// e5: the length-generalisation ranking of Kazemnejad et al.
+pub const RANKING: ClaimDef = ClaimDef {
+    id: "e5.ranking",
+    experiment: 5,
+    claim: "NoPE generalises to longer lengths best, then T5, ALiBi, RoPE and absolute encodings.",
+    source: "Kazemnejad et al. 2023, Fig. 1 (mean reciprocal rank over tasks)",
+    rule: "mean reciprocal rank (MRR) of accuracy beyond L over the tasks where some encoding scores above 0 (the others rank nothing and are named); reproduced if NoPE alone has the top MRR and Spearman ρ with the paper's MRRs ≥ 0.7; partly if NoPE alone is top or ρ ≥ 0.3; tie if NoPE shares the top MRR, every MRR is equal, or no task separates the encodings",
+};
+
+/// [`RANKING`]'s rule: NoPE's MRR, the other ranked encodings' MRRs,
+/// Spearman's ρ with the paper's, and how many tasks separate the
+/// encodings.
+pub fn ranking(nope_mrr: f64, others_mrr: &[f64], rho: f64, informative_tasks: usize) -> Verdict {
+    if informative_tasks == 0 {
+        return Verdict::Tie;
+    }
+    let mut all = others_mrr.to_vec();
+    all.push(nope_mrr);
+    Verdict::finite_or_nan(&all, || {
+        let top_other = others_mrr.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if all.iter().all(|&m| m == nope_mrr) || nope_mrr == top_other {
+            return Verdict::Tie;
+        }
+        if rho.is_nan() {
+            return Verdict::Nan;
+        }
+        let alone = nope_mrr > top_other;
+        Verdict::three(alone && rho >= 0.7, alone || rho >= 0.3)
+    })
+}
+
+// ------------------------------------------------------------ e6 ---
+
+/// e6: Shaw's k = 0 collapses, k ≥ 2 plateaus.
+pub const SHAW_K: ClaimDef = ClaimDef {
+    id: "e6.k0-collapses-k2-plateau",
+    experiment: 6,
+    claim: "k = 0 collapses (no position); from k = 2 on quality plateaus.",
+    source: "Shaw et al. 2018, Table 2 (BLEU 12.5 at k = 0; 25.8 for k ≥ 2)",
+    rule: "order-task accuracy per k, mean over seeds: reproduced if k = 0's ≤ 60%, every k ≥ 2 is ≥ k = 0's + 20 points and within 5 points of each other; partly if k = 0 is strictly the lowest; tie if k = 0 ties the lowest",
+};
+
+/// [`SHAW_K`]'s rule: accuracy at k = 0, at each k ≥ 2, and at every
+/// k ≥ 1.
+pub fn shaw_k(k0: f64, k_ge_2: &[f64], k_ge_1: &[f64]) -> Verdict {
+    if k_ge_2.is_empty() || k_ge_1.is_empty() {
+        return Verdict::Nan;
+    }
+    let mut all = vec![k0];
+    all.extend(k_ge_1);
+    all.extend(k_ge_2);
+    Verdict::finite_or_nan(&all, || {
+        let lo = k_ge_2.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = k_ge_2.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if k0 <= 0.6 && lo >= k0 + 0.2 && hi - lo <= 0.05 {
+            return Verdict::Reproduced;
+        }
+        let lowest_other = k_ge_1.iter().copied().fold(f64::INFINITY, f64::min);
+        if k0 < lowest_other {
+            Verdict::Partly
+        } else if k0 == lowest_other {
+            Verdict::Tie
+        } else {
+            Verdict::NotReproduced
+        }
+    })
+}
+
+// ------------------------------------------------------------ e7 ---
+
+/// e7: RoFormer's decay bound (the rule is the encodings' own:
+/// [`super::properties::roformer_decay`]).
+pub const ROPE_DECAY: ClaimDef = ClaimDef {
+    id: "e7.rope-decay",
+    experiment: 7,
+    claim: "RoPE's relative upper bound decays with the relative distance.",
+    source: "Su et al. 2021 (RoFormer), §3.4.3 and Fig. 2 (d = 128, base 10000)",
+    rule: "reproduced if every value is within 5% of the figure's (32.5 at 0, 10.2 at 100, 6.6 at 250); partly if within 15%",
+};
+
+/// e7: Position Interpolation's Fig. 2.
+pub const PI_FIT: ClaimDef = ClaimDef {
+    id: "e7.pi-fit",
+    experiment: 7,
+    claim: "A fit bounded inside the trained range explodes outside it, while interpolated points stay bounded.",
+    source: "Chen et al. 2023 (Position Interpolation), Fig. 2",
+    rule: "reproduced if extrapolated ≥ 100 × inside and interpolated ≤ 2 × inside; partly if extrapolated ≥ 10 × inside",
+};
+
+/// [`PI_FIT`]'s rule: max |a(s)| inside the fitted range, at interpolated
+/// points, and past the range.
+pub fn pi_fit(inside: f64, interpolated: f64, extrapolated: f64) -> Verdict {
+    Verdict::finite_or_nan(&[inside, interpolated, extrapolated], || {
+        Verdict::three(
+            extrapolated >= 100.0 * inside && interpolated <= 2.0 * inside,
+            extrapolated >= 10.0 * inside,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests;
