@@ -23,6 +23,10 @@ pub struct ReportArgs {
     /// Pride and Prejudice); its last 10% is the validation text.
     #[arg(long, value_name = "FILE")]
     pub corpus: Option<PathBuf>,
+    /// Training runs at a time, each on one thread (default: one per core);
+    /// the results are the same for any value.
+    #[arg(long)]
+    pub jobs: Option<usize>,
 }
 
 impl From<posenc_report::ReportError> for CliError {
@@ -39,6 +43,12 @@ pub fn run(a: ReportArgs) -> CliResult {
         preset: a.preset,
         only: a.only,
         corpus: a.corpus,
+        jobs: match a.jobs {
+            Some(0) | Some(257..) => {
+                return Err(CliError("--jobs must be in 1..=256".into()));
+            }
+            j => j,
+        },
     })?;
     println!("{}", summary.line(&out));
     Ok(())

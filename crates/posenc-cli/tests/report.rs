@@ -374,3 +374,35 @@ fn bad_arguments_are_one_line_errors_with_status_2() {
     assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1);
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Runs trained concurrently (one per core, each on one thread) give the
+/// same records, bit for bit, as runs trained one after the other.
+#[test]
+fn concurrent_runs_equal_sequential_runs() {
+    let records = |jobs: &str| -> Vec<(String, String)> {
+        let out = tmp(&format!("jobs{jobs}"));
+        report(&out, &["--only", "2", "--jobs", jobs]);
+        let mut v: Vec<(String, String)> = std::fs::read_dir(out.join("cache/runs"))
+            .unwrap()
+            .map(|e| {
+                let dir = e.unwrap().path();
+                let mut rec: serde_json::Value = serde_json::from_str(
+                    &std::fs::read_to_string(dir.join("record.json")).unwrap(),
+                )
+                .unwrap();
+                // Wall-clock time is the only field allowed to differ.
+                rec["seconds"] = serde_json::Value::Null;
+                let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+                let name = dir.file_name().unwrap().to_string_lossy().to_string();
+                (name, format!("{rec} {:?}", weights))
+            })
+            .collect();
+        v.sort();
+        let _ = std::fs::remove_dir_all(&out);
+        v
+    };
+    let one = records("1");
+    let two = records("2");
+    assert!(one.len() >= 2, "experiment 2 trains several runs");
+    assert_eq!(one, two);
+}

@@ -109,24 +109,33 @@ pub fn loss_per_position(
             "loss per position needs at least one batch of one window of one token".into(),
         ));
     }
-    lab.model.check_length(length)?;
+    // A frozen model keeps no graph; windows go in micro-batches that fit
+    // the evaluation memory budget.
+    let model = lab.frozen()?;
+    model.check_length(length)?;
+    let micro = crate::train::micro_batch(&model, length, batch)?;
     let device = Device::Cpu;
     let mut sum = vec![0.0f64; length];
     let mut count = vec![0usize; length];
     for b in 0..batches {
         let mut rng = SplitMix64::new(position_batch_seed(lab.meta.train.seed, length, b));
         let x = make_batch(&lab.task, &mut rng, batch, length, &device)?;
-        let logits = lab.model.forward(&x.input, 0, scaling)?;
-        let logp = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
-        let target = x.target.to_vec2::<i64>()?;
-        let logp = logp.to_vec3::<f32>()?;
-        for (row_t, row_p) in target.iter().zip(&logp) {
-            for (t, (&y, p)) in row_t.iter().zip(row_p).enumerate() {
-                if y != IGNORE {
-                    sum[t] -= p[y as usize] as f64;
-                    count[t] += 1;
+        let mut start = 0;
+        while start < batch {
+            let n = micro.min(batch - start);
+            let logits = model.forward(&x.input.narrow(0, start, n)?, 0, scaling)?;
+            let logp = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
+            let target = x.target.narrow(0, start, n)?.to_vec2::<i64>()?;
+            let logp = logp.to_vec3::<f32>()?;
+            for (row_t, row_p) in target.iter().zip(&logp) {
+                for (t, (&y, p)) in row_t.iter().zip(row_p).enumerate() {
+                    if y != IGNORE {
+                        sum[t] -= p[y as usize] as f64;
+                        count[t] += 1;
+                    }
                 }
             }
+            start += n;
         }
     }
     let loss = sum

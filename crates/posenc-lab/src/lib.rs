@@ -40,6 +40,14 @@ pub enum LabError {
         #[source]
         source: std::io::Error,
     },
+    /// The training loss became NaN or infinite.
+    #[error("training diverged at step {step} (loss {loss}); lower --lr")]
+    Diverged {
+        /// The step whose loss was not finite.
+        step: usize,
+        /// That loss.
+        loss: f64,
+    },
     /// A length whose forward pass would not fit the memory budget even for
     /// one sequence, refused before anything is allocated.
     #[error(

@@ -711,9 +711,7 @@ pub(crate) fn run_loop(
         let (loss, acc) = lab.batch_loss(&batch, scaling.as_ref())?;
         let loss_v = loss.to_scalar::<f32>()? as f64;
         if !loss_v.is_finite() {
-            return Err(LabError::Invalid(format!(
-                "training diverged at step {step} (loss {loss_v}); lower --lr"
-            )));
+            return Err(LabError::Diverged { step, loss: loss_v });
         }
         let mut grads = loss.backward()?;
         let lr = cfg.lr_at(step);

@@ -74,6 +74,9 @@ pub struct Options {
     /// A UTF-8 text for every text experiment, in place of the preset's
     /// (`--corpus FILE`).
     pub corpus: Option<PathBuf>,
+    /// Training runs at a time, each on one thread (`None`: one per core).
+    /// The results do not depend on it.
+    pub jobs: Option<usize>,
 }
 
 /// What a run wrote.
@@ -268,6 +271,7 @@ pub fn run(a: &Options) -> Result<Summary> {
     let families = families::all()?;
     let walk = walkthrough::build_section()?;
     let mut ctx = experiments::Ctx::new(&preset, text.clone(), cache);
+    ctx.jobs = a.jobs;
     let exps = experiments::run_all(&mut ctx, a.only)?;
     // Figures.
     let mut pngs: HashMap<String, Vec<u8>> = HashMap::new();

@@ -108,6 +108,12 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let mut rows = Vec::new();
     let mut accs = Vec::new();
     let mut records: Vec<RunRecord> = Vec::new();
+    let specs: Vec<RunSpec> = p
+        .encodings
+        .iter()
+        .map(|pe| RunSpec::new("order", pe, &p.run, seed))
+        .collect();
+    super::train_runs(ctx, &specs)?;
     for pe in &p.encodings {
         let spec = RunSpec::new("order", pe, &p.run, seed);
         let (r, _) = super::train_run(ctx, &spec)?;
@@ -262,6 +268,16 @@ fn masked_lm(
         unigram.exp()
     ));
     let mut stats: Vec<MlmRow> = Vec::new();
+    let specs: Vec<RunSpec> = m
+        .encodings
+        .iter()
+        .flat_map(|pe| {
+            seeds
+                .iter()
+                .map(move |&seed| RunSpec::new("mlm", pe, r, seed))
+        })
+        .collect();
+    super::train_runs(ctx, &specs)?;
     for pe in &m.encodings {
         let mut losses = Vec::new();
         let mut accs = Vec::new();

@@ -59,6 +59,15 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     // acc[task][enc] = (at L, mean beyond L)
     let mut acc: Vec<Vec<(f64, f64)>> = Vec::new();
     let mut records = Vec::new();
+    let mut specs: Vec<RunSpec> = Vec::new();
+    for task in &p.tasks {
+        for pe in &p.encodings {
+            let mut spec = RunSpec::new(task, pe, &p.run, seed);
+            spec.eval_lengths = p.eval_lengths.clone();
+            specs.push(spec);
+        }
+    }
+    super::train_runs(ctx, &specs)?;
     for task in &p.tasks {
         let mut row = Vec::new();
         for pe in &p.encodings {

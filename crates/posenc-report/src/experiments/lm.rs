@@ -40,6 +40,11 @@ pub fn lm_runs(
         ctx.plan(encodings.len() * p.seeds.len());
     }
     let mut out = Vec::new();
+    let specs: Vec<RunSpec> = encodings
+        .iter()
+        .flat_map(|pe| p.seeds.iter().map(|&seed| lm_spec(&p, pe, seed)))
+        .collect();
+    super::train_runs(ctx, &specs)?;
     for pe in encodings {
         let mut v = Vec::new();
         for &seed in &p.seeds {
@@ -61,6 +66,15 @@ fn trend_runs(
 ) -> Result<Vec<(String, Vec<RunRecord>)>> {
     let seeds = ctx.preset.seeds.clone();
     let mut out = Vec::new();
+    let specs: Vec<RunSpec> = encodings
+        .iter()
+        .flat_map(|pe| {
+            seeds
+                .iter()
+                .map(move |&seed| RunSpec::new("lm", pe, stage, seed))
+        })
+        .collect();
+    super::train_runs(ctx, &specs)?;
     for pe in encodings {
         let mut v = Vec::new();
         for &seed in &seeds {

@@ -189,6 +189,11 @@ pub struct Ctx<'a> {
     /// `OUT/cache`.
     pub cache: PathBuf,
     progress: Progress,
+    /// Runs [`train_runs`] trained (and counted) in this process: reading
+    /// them back does not count again.
+    fresh: std::collections::HashSet<u64>,
+    /// Training runs at a time ([`train_runs`]; `None`: one per core).
+    pub jobs: Option<usize>,
 }
 
 struct Progress {
@@ -250,6 +255,8 @@ impl<'a> Ctx<'a> {
                 runs_done: 0,
                 runs_total: 0,
             },
+            fresh: Default::default(),
+            jobs: None,
         }
     }
 
@@ -575,30 +582,135 @@ pub fn eval_points(
 /// and the shuffle test use the validation text only. A run whose training
 /// diverges is recorded as such (every number NaN), not dropped.
 pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> Result<(RunRecord, PathBuf)> {
-    let mut spec = spec.clone();
-    if TaskKind::parse(&spec.task)?.uses_corpus() {
-        spec.corpus = Some(ctx.corpus.hash.clone());
-        spec.corpus_file = ctx.corpus.file.clone();
-    }
-    let spec = &spec;
-    let dir = ctx.cache.join("runs").join(format!("{:016x}", spec.key()));
-    let rec_path = dir.join("record.json");
-    if let Some(mut r) = std::fs::read_to_string(&rec_path)
-        .ok()
-        .and_then(|t| serde_json::from_str::<RunRecord>(&t).ok())
-    {
-        if r.diverged.is_some() || dir.join("config.json").exists() {
+    let spec = ctx.resolve(spec)?;
+    let dir = run_dir(&ctx.cache, &spec);
+    if let Some(r) = cached_record(&dir, &spec) {
+        if !ctx.fresh.remove(&spec.key()) {
             ctx.tick(&format!("{} (cached)", spec.label()));
-            r.spec.corpus_file = spec.corpus_file.clone();
-            return Ok((r, dir));
+        }
+        return Ok((r, dir));
+    }
+    let rec = train_uncached(&dir, &spec)?;
+    ctx.tick(&spec.label());
+    Ok((rec, dir))
+}
+
+/// Trains every run of `specs` that is not in the cache yet, one run per
+/// core at a time, each on a single thread (the lab's results do not depend
+/// on the thread count, so they are those of a sequential run), and writes
+/// their records to the cache; the experiment then reads them back in its
+/// own order with [`train_run`].
+pub fn train_runs(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
+    let mut todo = Vec::new();
+    for s in specs {
+        let spec = ctx.resolve(s)?;
+        let dir = run_dir(&ctx.cache, &spec);
+        if cached_record(&dir, &spec).is_none()
+            && !todo
+                .iter()
+                .any(|(t, _): &(RunSpec, PathBuf)| t.key() == spec.key())
+        {
+            todo.push((spec, dir));
         }
     }
+    if todo.is_empty() {
+        return Ok(());
+    }
+    let workers = ctx
+        .jobs
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+        .clamp(1, todo.len());
+    if workers <= 1 {
+        for (spec, dir) in &todo {
+            train_uncached(dir, spec)?;
+            ctx.fresh.insert(spec.key());
+            ctx.tick(&spec.label());
+        }
+        return Ok(());
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let progress = std::sync::Mutex::new((&mut ctx.progress, &mut ctx.fresh));
+    let failed: std::sync::Mutex<Option<ReportError>> = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                let pool = match rayon::ThreadPoolBuilder::new().num_threads(1).build() {
+                    Ok(p) => p,
+                    Err(e) => {
+                        *failed.lock().expect("lock") = Some(ReportError(e.to_string()));
+                        return;
+                    }
+                };
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if i >= todo.len() || failed.lock().expect("lock").is_some() {
+                        return;
+                    }
+                    let (spec, dir) = &todo[i];
+                    match pool.install(|| train_uncached(dir, spec)) {
+                        Ok(_) => {
+                            let mut g = progress.lock().expect("lock");
+                            g.1.insert(spec.key());
+                            g.0.runs_done += 1;
+                            g.0.draw(&spec.label());
+                        }
+                        Err(e) => {
+                            *failed.lock().expect("lock") = Some(e);
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    match failed.into_inner().expect("lock") {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+impl Ctx<'_> {
+    /// A run's spec with this context's text (corpus tasks).
+    fn resolve(&self, spec: &RunSpec) -> Result<RunSpec> {
+        let mut spec = spec.clone();
+        if TaskKind::parse(&spec.task)?.uses_corpus() {
+            spec.corpus = Some(self.corpus.hash.clone());
+            spec.corpus_file = self.corpus.file.clone();
+        }
+        Ok(spec)
+    }
+}
+
+fn run_dir(cache: &Path, spec: &RunSpec) -> PathBuf {
+    cache.join("runs").join(format!("{:016x}", spec.key()))
+}
+
+/// The cached record of a run, if it finished (a checkpoint, or diverged).
+fn cached_record(dir: &Path, spec: &RunSpec) -> Option<RunRecord> {
+    let mut r = std::fs::read_to_string(dir.join("record.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<RunRecord>(&t).ok())?;
+    if r.diverged.is_some() || dir.join("config.json").exists() {
+        r.spec.corpus_file = spec.corpus_file.clone();
+        Some(r)
+    } else {
+        None
+    }
+}
+
+/// Trains one run into `dir` (its checkpoint and `record.json`).
+fn train_uncached(dir: &Path, spec: &RunSpec) -> Result<RunRecord> {
+    let rec_path = dir.join("record.json");
     let mut lab = spec.lab()?;
     let mut opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
     // A stale checkpoint from an interrupted run must not be resumed.
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     let s = &spec.stage;
-    let rec = match train::train(&mut lab, &mut opt, &TrainOptions::quiet(&dir)) {
+    let rec = match train::train(&mut lab, &mut opt, &TrainOptions::quiet(dir)) {
         Ok(summary) => {
             lab.task = lab.task.validation();
             let eval = eval_points(&lab, &spec.eval_lengths, s.eval_batches, s.batch, None)?;
@@ -640,7 +752,7 @@ pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> Result<(RunRecord, PathBuf)> 
                 diverged: None,
             }
         }
-        Err(e) if e.to_string().contains("diverged") => RunRecord {
+        Err(e @ posenc_lab::LabError::Diverged { .. }) => RunRecord {
             spec: spec.clone(),
             train_loss: f64::NAN,
             seconds: 0.0,
@@ -661,10 +773,9 @@ pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> Result<(RunRecord, PathBuf)> 
         },
         Err(e) => return Err(e.into()),
     };
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(dir)?;
     crate::write_atomic(&rec_path, serde_json::to_string(&rec)?.as_bytes())?;
-    ctx.tick(&spec.label());
-    Ok((rec, dir))
+    Ok(rec)
 }
 
 /// The trained model of a run, for evaluation: loaded from its checkpoint,

@@ -156,6 +156,15 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let mut at_l: Vec<f64> = Vec::new();
     let mut per_seed: Vec<Option<Vec<Curves>>> = Vec::new();
     let mut records = Vec::new();
+    let specs: Vec<RunSpec> = seeds
+        .iter()
+        .map(|&seed| {
+            let mut spec = RunSpec::new("lm", "rope", &p.run, seed);
+            spec.eval_lengths = vec![l];
+            spec
+        })
+        .collect();
+    super::train_runs(ctx, &specs)?;
     for &seed in &seeds {
         let mut spec = RunSpec::new("lm", "rope", &p.run, seed);
         spec.eval_lengths = vec![l];

@@ -34,6 +34,15 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     // (k, mean accuracy, sd, per-seed accuracies)
     let mut rows: Vec<(usize, f64, f64, Vec<f64>)> = Vec::new();
     let mut records = Vec::new();
+    let mut specs: Vec<RunSpec> = Vec::new();
+    for &k in &p.ks {
+        for &seed in &seeds {
+            let mut spec = RunSpec::new("order", "shaw", &p.run, seed);
+            spec.shaw_k = k;
+            specs.push(spec);
+        }
+    }
+    super::train_runs(ctx, &specs)?;
     for &k in &p.ks {
         let mut accs = Vec::new();
         for &seed in &seeds {
