@@ -170,8 +170,22 @@ fn tune_allocator() {
     }
 }
 
+/// candle's element-wise ops run on a pool of spinning worker threads
+/// (`CANDLE_NUM_THREADS`, default: every core) that serialises concurrent
+/// callers; the lab trains the halves of a batch side by side, and posenc's
+/// own kernels do the threading, so the CLI gives candle's pool no workers
+/// unless the user set the variable. Measured with `posenc bench train`
+/// (README, Speed).
+fn configure_candle_threads() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // Before any thread starts and before candle reads it.
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
+}
+
 fn main() {
     tune_allocator();
+    configure_candle_threads();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {

@@ -64,7 +64,7 @@ fn fusable(ts: &[&Tensor]) -> bool {
 
 fn threads_for(work: usize) -> usize {
     if work >= PARALLEL_MACS {
-        rayon::current_num_threads()
+        posenc::kernels::threads()
     } else {
         1
     }
@@ -139,11 +139,12 @@ fn column_sums(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         }
         acc
     };
-    let parts: Vec<Vec<f32>> = if rows * cols >= PARALLEL_ELEMS * 4 {
-        (0..chunks).into_par_iter().map(part).collect()
-    } else {
-        (0..chunks).map(part).collect()
-    };
+    let parts: Vec<Vec<f32>> =
+        if rows * cols >= PARALLEL_ELEMS * 4 && posenc::kernels::threads() > 1 {
+            (0..chunks).into_par_iter().map(part).collect()
+        } else {
+            (0..chunks).map(part).collect()
+        };
     let mut out = vec![0f32; cols];
     for p in parts {
         for (o, v) in out.iter_mut().zip(p) {
@@ -156,7 +157,7 @@ fn column_sums(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// Splits `out` into rows of `width` and runs `f(row index, row)`, on several
 /// threads when the buffer is large.
 fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    if out.len() >= PARALLEL_ELEMS && rayon::current_num_threads() > 1 {
+    if out.len() >= PARALLEL_ELEMS && posenc::kernels::threads() > 1 {
         out.par_chunks_mut(width)
             .enumerate()
             .for_each(|(r, row)| f(r, row));
@@ -414,7 +415,7 @@ impl CustomOp3 for LayerNormOp {
         let run = |bi: usize, (yr, st): (&mut [f32], &mut [(f32, f32)])| {
             ln_fwd(level, &x[bi * block..][..yr.len()], w, b, yr, st, eps)
         };
-        if x.len() >= PARALLEL_ELEMS && rayon::current_num_threads() > 1 {
+        if x.len() >= PARALLEL_ELEMS && posenc::kernels::threads() > 1 {
             y.par_chunks_mut(block)
                 .zip(stats.par_chunks_mut(CHUNK))
                 .enumerate()
@@ -551,7 +552,7 @@ fn layer_norm_bwd(
                 pr,
             )
         };
-        if xv.len() >= PARALLEL_ELEMS && rayon::current_num_threads() > 1 {
+        if xv.len() >= PARALLEL_ELEMS && posenc::kernels::threads() > 1 {
             dx.par_chunks_mut(block)
                 .zip(prod.par_chunks_mut(block))
                 .enumerate()

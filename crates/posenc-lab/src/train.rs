@@ -66,6 +66,11 @@ pub fn make_batch(
     Ok(Batch { input, target })
 }
 
+/// Parts a training batch is split into, trained side by side by
+/// [`Lab::loss_and_grads`] (fixed, so results do not depend on the number
+/// of threads).
+pub const MICRO_BATCHES: usize = 2;
+
 /// Mean cross-entropy over scored positions and the per-sequence exact-match
 /// accuracy (every scored position predicted correctly), with the fused
 /// cross-entropy ([`ops::cross_entropy`]).
@@ -312,6 +317,80 @@ impl Lab {
     /// The named parameters.
     pub fn params(&self) -> HashMap<String, candle_core::Var> {
         self.varmap.data().lock().expect("varmap lock").clone()
+    }
+
+    /// The training loss, accuracy and gradients of one batch, computed in
+    /// [`MICRO_BATCHES`] parts side by side (rayon's threads; each part
+    /// runs its kernels on one thread): part `i`'s mean loss is weighted by
+    /// its share of the batch's scored targets before its backward pass, so
+    /// the summed gradients are those of the whole batch's mean loss. The
+    /// split is fixed, so the result does not depend on the thread count.
+    ///
+    /// # Errors
+    /// Those of [`batch_loss`](Self::batch_loss); candle errors.
+    pub fn loss_and_grads(
+        &self,
+        batch: &Batch,
+        scaling: Option<&EvalScaling>,
+    ) -> Result<(f64, f64, candle_core::backprop::GradStore), LabError> {
+        let rows = batch.input.dim(0)?;
+        let k = MICRO_BATCHES.min(rows).max(1);
+        let parts: Vec<(usize, usize)> = (0..k)
+            .map(|i| (i * rows / k, (i + 1) * rows / k - i * rows / k))
+            .collect();
+        let scored = |t: &Tensor| -> Result<usize, LabError> {
+            Ok(if t.rank() == 1 {
+                t.dim(0)?
+            } else {
+                t.flatten_all()?
+                    .to_vec1::<i64>()?
+                    .iter()
+                    .filter(|&&v| v != IGNORE)
+                    .count()
+            })
+        };
+        let counts: Vec<usize> = parts
+            .iter()
+            .map(|&(s, n)| scored(&batch.target.narrow(0, s, n)?))
+            .collect::<Result<_, _>>()?;
+        let total = counts.iter().sum::<usize>().max(1) as f64;
+        let run = |i: usize| -> Result<(f64, f64, candle_core::backprop::GradStore), LabError> {
+            posenc::kernels::run_serial(|| {
+                let (s, n) = parts[i];
+                let input = batch.input.narrow(0, s, n)?;
+                let target = batch.target.narrow(0, s, n)?;
+                let logits = self.model.forward(&input, 0, scaling)?;
+                let (loss, acc) = loss_and_accuracy_with(&logits, &target, self.model.is_fused())?;
+                let w = counts[i] as f64 / total;
+                let lv = loss.to_scalar::<f32>()? as f64;
+                let g = (loss * w)?.backward()?;
+                Ok((lv * w, acc * n as f64 / rows as f64, g))
+            })
+        };
+        let results: Vec<(f64, f64, candle_core::backprop::GradStore)> =
+            if k == 2 && posenc::kernels::threads() > 1 {
+                let (a, b) = rayon::join(|| run(0), || run(1));
+                vec![a?, b?]
+            } else {
+                (0..k).map(run).collect::<Result<_, _>>()?
+            };
+        let mut it = results.into_iter();
+        let (mut loss, mut acc, mut grads) = it.next().expect("at least one part");
+        let params = self.params();
+        for (l, a, g) in it {
+            loss += l;
+            acc += a;
+            for var in params.values() {
+                if let Some(g2) = g.get(var.as_tensor()) {
+                    let sum = match grads.get(var.as_tensor()) {
+                        Some(g1) => (g1 + g2)?,
+                        None => g2.clone(),
+                    };
+                    grads.insert(var.as_tensor(), sum);
+                }
+            }
+        }
+        Ok((loss, acc, grads))
     }
 
     /// Loss and accuracy on one batch (fused or composed, as the model).
@@ -708,12 +787,10 @@ pub(crate) fn run_loop(
         let step = lab.meta.step;
         let mut rng = SplitMix64::new(step_seed(step));
         let batch = make_batch(&lab.task, &mut rng, cfg.batch, cfg.train_len, &device)?;
-        let (loss, acc) = lab.batch_loss(&batch, scaling.as_ref())?;
-        let loss_v = loss.to_scalar::<f32>()? as f64;
+        let (loss_v, acc, mut grads) = lab.loss_and_grads(&batch, scaling.as_ref())?;
         if !loss_v.is_finite() {
             return Err(LabError::Diverged { step, loss: loss_v });
         }
-        let mut grads = loss.backward()?;
         let lr = cfg.lr_at(step);
         let gnorm = lab.optimizer_step(opt, &mut grads, lr)?;
         drop(grads);
@@ -785,8 +862,7 @@ pub fn time_steps(lab: &mut Lab, opt: &mut AdamW, steps: usize) -> Result<Vec<f6
         let t0 = Instant::now();
         let mut rng = SplitMix64::new(batch_seed(cfg.seed, s as u64, 5));
         let batch = make_batch(&lab.task, &mut rng, cfg.batch, cfg.train_len, &Device::Cpu)?;
-        let (loss, _) = lab.batch_loss(&batch, None)?;
-        let mut grads = loss.backward()?;
+        let (_, _, mut grads) = lab.loss_and_grads(&batch, None)?;
         lab.optimizer_step(opt, &mut grads, cfg.lr_at(s))?;
         out.push(t0.elapsed().as_secs_f64());
     }

@@ -94,6 +94,32 @@ macro_rules! multiversion {
     };
 }
 
+thread_local! {
+    static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the kernels' own threading turned off on this thread:
+/// every kernel called inside runs on the calling thread. For callers that
+/// already split work over threads at a coarser grain (the lab trains the
+/// halves of a batch side by side). Results are the same either way: the
+/// kernels never depend on their thread count.
+pub fn run_serial<R>(f: impl FnOnce() -> R) -> R {
+    let before = SERIAL.with(|s| s.replace(true));
+    let out = f();
+    SERIAL.with(|s| s.set(before));
+    out
+}
+
+/// The threads a kernel may use here: 1 inside [`run_serial`], otherwise
+/// rayon's current pool.
+pub fn threads() -> usize {
+    if SERIAL.with(|s| s.get()) {
+        1
+    } else {
+        rayon::current_num_threads()
+    }
+}
+
 /// An instruction-set level for the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SimdLevel {
