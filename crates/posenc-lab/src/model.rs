@@ -475,7 +475,7 @@ impl Transformer {
             _ => None,
         };
         let mut blocks = Vec::with_capacity(cfg.n_layers);
-        for l in 0..cfg.n_layers {
+        for (l, &rotary) in rotary_layers.iter().enumerate() {
             let vb = vb.pp(format!("blocks.{l}"));
             let shaw = match &cfg.pe {
                 PeConfig::Shaw { k } => Some(Arc::new(ShawRelative::new(*k, hd, vb.pp("shaw"))?)),
@@ -500,7 +500,7 @@ impl Transformer {
                     proj: Lin::new(d, d, vb.pp("attn.proj"))?,
                     n_heads: h,
                     attn: posenc::tensor::attention::Attention::new(cfg.mode == Mode::Decoder),
-                    rotary: rotary_layers[l],
+                    rotary,
                     shaw,
                     learned,
                 },

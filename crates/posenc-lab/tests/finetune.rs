@@ -11,7 +11,7 @@ use posenc::analysis::SplitMix64;
 use posenc_lab::config::{Mode, PeConfig, TrainConfig};
 use posenc_lab::finetune::scaling_at;
 use posenc_lab::optim::{clip_grad_norm, AdamW};
-use posenc_lab::tasks::{Task, TaskKind};
+use posenc_lab::tasks::{Task, TaskKind, IGNORE};
 use posenc_lab::train::{self, batch_seed, make_batch, Lab, TrainOptions};
 use posenc_lab::{finetune, FinetuneOptions, LabError, ScalingKind, ScalingSpec};
 
@@ -253,7 +253,7 @@ fn an_interrupted_finetune_resumes_exactly() {
 }
 
 /// The report's fine-tune before it moved into the lab: a plain AdamW loop
-/// with a constant learning rate. The lab's must match it bit for bit, with
+/// with a constant learning rate, each batch in the lab's two halves. The lab's must match it bit for bit, with
 /// the composed reference ops and candle-op AdamW (that loop as it was
 /// written), and with the fused ops and in-place AdamW (`Lab::optimizer_step`).
 #[test]
@@ -286,8 +286,36 @@ fn in_memory_finetune_matches_a_plain_adamw_loop() {
             let mut rng = SplitMix64::new(seed);
             let batch =
                 make_batch(&b.task, &mut rng, b.meta.train.batch, len, &Device::Cpu).unwrap();
-            let (loss, _) = b.batch_loss(&batch, Some(&scaling)).unwrap();
-            let mut grads = loss.backward().unwrap();
+            // The batch in MICRO_BATCHES = 2 row halves, each mean loss
+            // weighted by its share of the scored targets, gradients summed.
+            assert_eq!(train::MICRO_BATCHES, 2);
+            let rows = batch.input.dim(0).unwrap();
+            let halves = [(0, rows / 2), (rows / 2, rows - rows / 2)];
+            let part = |(s, n): (usize, usize)| train::Batch {
+                input: batch.input.narrow(0, s, n).unwrap(),
+                target: batch.target.narrow(0, s, n).unwrap(),
+            };
+            let scored = |t: &candle_core::Tensor| {
+                let v = t.flatten_all().unwrap().to_vec1::<i64>().unwrap();
+                v.iter().filter(|&&y| y != IGNORE).count()
+            };
+            let counts = halves.map(|h| scored(&part(h).target));
+            let total = (counts[0] + counts[1]) as f64;
+            let mut stores = halves.iter().zip(counts).map(|(&h, c)| {
+                let (loss, _) = b.batch_loss(&part(h), Some(&scaling)).unwrap();
+                (loss * (c as f64 / total)).unwrap().backward().unwrap()
+            });
+            let mut grads = stores.next().unwrap();
+            let second = stores.next().unwrap();
+            for var in &vars {
+                if let Some(g2) = second.get(var.as_tensor()) {
+                    let sum = match grads.get(var.as_tensor()) {
+                        Some(g1) => (g1 + g2).unwrap(),
+                        None => g2.clone(),
+                    };
+                    grads.insert(var.as_tensor(), sum);
+                }
+            }
             if fused {
                 b.optimizer_step(&mut opt, &mut grads, lr).unwrap();
             } else {

@@ -501,16 +501,14 @@ impl Attention {
                 params.push(q.clone());
                 params.push(k.clone());
             }
-            Some(LogitsBias::Alibi { slopes, .. }) => {
-                if slopes.len() != d.q_heads {
-                    return Err(Error::Shape {
-                        what: "ALiBi slopes (one per query head)",
-                        expected: format!("{}", d.q_heads),
-                        got: format!("{}", slopes.len()),
-                    });
-                }
+            Some(LogitsBias::Alibi { slopes, .. }) if slopes.len() != d.q_heads => {
+                return Err(Error::Shape {
+                    what: "ALiBi slopes (one per query head)",
+                    expected: format!("{}", d.q_heads),
+                    got: format!("{}", slopes.len()),
+                });
             }
-            None => {}
+            Some(LogitsBias::Alibi { .. }) | None => {}
         }
         if let Some(vt) = &values {
             expect_shape(
@@ -899,9 +897,9 @@ impl Shared {
         let _ = &mut next;
         match self.layouts {
             Inputs::Separate => {
-                prob.q = &qkv[0].0[..];
-                prob.k = &qkv[1].0[..];
-                prob.v = &qkv[2].0[..];
+                prob.q = qkv[0].0;
+                prob.k = qkv[1].0;
+                prob.v = qkv[2].0;
             }
             Inputs::Packed => {
                 let s = &qkv[0].0[qkv[0].1.start_offset()..];
