@@ -28,7 +28,9 @@ pub struct TrainArgs {
     #[arg(long)]
     pub task: String,
     /// Positional encoding: nope, sinusoidal, sinusoidal-concat, learned,
-    /// floater, rope, rope-interleaved, xpos, alibi, t5, shaw.
+    /// floater, rope, rope-interleaved, xpos, alibi, t5, shaw, irope (RoPE
+    /// with a NoPE layer every 4th, as Llama 4), fire, cope, fox
+    /// (forgetting attention; decoders only).
     #[arg(long)]
     pub pe: String,
     /// Number of blocks.

@@ -247,6 +247,22 @@ fn eval_time_scaling_needs_a_rope_model() {
     }
     let e = fails(&["eval", "--checkpoint", rs, "--scaling", "magic"]);
     assert!(e.contains("magic"), "{e}");
+    // A length no evaluation budget holds is refused before any
+    // allocation, in one line, whatever the scaling.
+    for len in ["100000000", "18446744073709551615"] {
+        let e = fails(&["eval", "--checkpoint", rs, "--lengths", len]);
+        assert!(e.contains("budget"), "{e}");
+        let e = fails(&[
+            "eval",
+            "--checkpoint",
+            rs,
+            "--lengths",
+            len,
+            "--scaling",
+            "yarn",
+        ]);
+        assert!(e.contains("budget"), "{e}");
+    }
 }
 
 fn finetune(base: &str, out: &str, extra: &[&str]) -> Value {

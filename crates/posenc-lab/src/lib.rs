@@ -7,6 +7,7 @@
 //! measured position by position with [`eval::loss_per_position`].
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod config;
 pub mod eval;
 pub mod finetune;

@@ -15,8 +15,8 @@ use candle_nn::{VarBuilder, VarMap};
 use posenc::analysis::SplitMix64;
 use serde::{Deserialize, Serialize};
 
+pub use crate::checkpoint::{batch_seed, CheckpointMeta};
 use crate::config::{Mode, ModelConfig, TrainConfig};
-use crate::finetune::FinetuneRecord;
 use crate::model::{token_embedding_recipe, EvalScaling, Transformer};
 use crate::ops;
 use crate::optim::{clip_grad_norm, AdamW};
@@ -31,12 +31,6 @@ pub struct Batch {
     /// `(B, T)` i64 next-token targets ([`IGNORE`] where not scored), or
     /// `(B,)` i64 labels for classification.
     pub target: Tensor,
-}
-
-/// The seed of step `step`'s batch.
-pub fn batch_seed(seed: u64, step: u64, stream: u64) -> u64 {
-    let mut r = SplitMix64::new(seed ^ stream.wrapping_mul(0xA076_1D64_78BD_642F));
-    r.next_u64() ^ step.wrapping_mul(0xE703_7ED1_A0B4_28DB)
 }
 
 /// Draws a batch of `batch` examples of `length` tokens.
@@ -117,27 +111,6 @@ pub fn loss_and_accuracy_with(
         correct += usize::from(ok);
     }
     Ok((loss, correct as f64 / seqs.max(1) as f64))
-}
-
-/// What a checkpoint's `config.json` holds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CheckpointMeta {
-    /// The model's shape and encoding.
-    pub model: ModelConfig,
-    /// The run.
-    pub train: TrainConfig,
-    /// Steps completed.
-    pub step: usize,
-    /// posenc-lab version that wrote it.
-    pub version: String,
-    /// What fine-tuning made this checkpoint from another one (`None` for a
-    /// model trained from scratch). When it is set, [`train`](Self::train)
-    /// describes the fine-tuning run (its length, steps, learning rate and
-    /// batch; the seed stays the base's, which also seeds evaluation), and
-    /// training continues with the fine-tune's scaling and data stream.
-    /// Absent from checkpoints written before fine-tuning existed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finetune: Option<FinetuneRecord>,
 }
 
 /// A model with its parameters.

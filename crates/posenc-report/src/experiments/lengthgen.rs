@@ -48,7 +48,11 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
          ({} steps, d_model {}, {} layers, seed {seed}), exact-match accuracy of the answer at \
          lengths {:?}. The learned table has L rows, so it is scored within its table only and \
          left out of the ranking. The ranking compares the paper's five encodings (APE = \
-         sinusoidal); ties share the better rank.",
+         sinusoidal); ties share the better rank. Encodings published since (FIRE, Li et \
+         al. 2024, an MLP of the log distance built for length generalisation; CoPE, Golovneva \
+         et al. 2024, positions counted by gates on the context; forgetting attention, Lin et \
+         al. 2025, a data-dependent decay) are trained on the same tasks when the preset lists \
+         them and shown beside the others, outside the paper's ranking.",
         p.tasks.join(", "),
         p.run.steps,
         p.run.d_model,

@@ -673,6 +673,67 @@ pub fn train_runs(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
     }
 }
 
+/// `f` applied to each of `items`, in order, on up to `ctx.jobs` threads
+/// (default: one per core), each with a one-thread rayon pool, as
+/// [`train_runs`] does: the results do not depend on the number of threads.
+/// The first error is returned.
+pub fn par_map<T: Sync, R: Send>(
+    ctx: &Ctx,
+    items: &[T],
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    let workers = ctx
+        .jobs
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+        .clamp(1, items.len().max(1));
+    if workers <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out: std::sync::Mutex<Vec<Option<Result<R>>>> =
+        std::sync::Mutex::new((0..items.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if i >= items.len() {
+                        return;
+                    }
+                    let r = match &pool {
+                        Ok(pool) => pool.install(|| f(&items[i])),
+                        Err(e) => Err(ReportError(e.to_string())),
+                    };
+                    let failed = r.is_err();
+                    out.lock().expect("lock")[i] = Some(r);
+                    if failed {
+                        // Let the other workers run out of items.
+                        next.store(items.len(), std::sync::atomic::Ordering::SeqCst);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let out = out.into_inner().expect("lock");
+    // An error stops the workers, so items after it may not have run: the
+    // error is what is returned.
+    if let Some(i) = out.iter().position(|r| matches!(r, Some(Err(_)))) {
+        return match out.into_iter().nth(i) {
+            Some(Some(Err(e))) => Err(e),
+            _ => unreachable!("position found an error"),
+        };
+    }
+    let v: Vec<R> = out.into_iter().flatten().collect::<Result<_>>()?;
+    debug_assert_eq!(v.len(), items.len());
+    Ok(v)
+}
+
 impl Ctx<'_> {
     /// A run's spec with this context's text (corpus tasks).
     fn resolve(&self, spec: &RunSpec) -> Result<RunSpec> {

@@ -111,7 +111,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         format!(
         "Seed 001's quiz: *can a decoder with RoPE trained on 1024 tokens generate 2048?* Only \
          with extrapolation or interpolation. RoPE language models (head dimension {hd}, base \
-         10000) are trained at L = {l} on {} for {} steps (seeds {seeds:?}) and evaluated on \
+         10000) are trained at L = {l} for {} steps (seeds {seeds:?}) on {}. They are evaluated on \
          validation windows of {} with: no scaling; Position Interpolation (PI, positions × \
          L/length) zero-shot; PI after {} fine-tuning steps at 2L with factor 2; plain \
          fine-tuning at 2L for the same steps; NTK-aware (base × α^(d/(d−2))); dynamic NTK (the \
@@ -130,8 +130,8 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
          β_slow = {} (preset `rope.yarn_beta_*`), which leaves {unscaled} pair(s) unscaled, \
          interpolates {interpolated} fully and ramps the rest — the same split into fast, middle \
          and slow pairs that the defaults make at L = 4096.",
-        ctx.corpus.description(),
         p.run.steps,
+        ctx.corpus.description(),
         lengths.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", "),
         p.finetune_steps,
         turns.iter().map(|t| format!("{t:.2}")).collect::<Vec<_>>().join(", "),
@@ -151,11 +151,6 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         .map(|(n, _)| n.to_string())
         .chain([pi_ft_name.clone(), plain_ft_name.clone()])
         .collect();
-    // per seed: loss at L (unscaled, windows of L), and per scaling the
-    // curves at every length (None for a diverged seed).
-    let mut at_l: Vec<f64> = Vec::new();
-    let mut per_seed: Vec<Option<Vec<Curves>>> = Vec::new();
-    let mut records = Vec::new();
     let specs: Vec<RunSpec> = seeds
         .iter()
         .map(|&seed| {
@@ -165,20 +160,21 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         })
         .collect();
     super::train_runs(ctx, &specs)?;
-    for &seed in &seeds {
-        let mut spec = RunSpec::new("lm", "rope", &p.run, seed);
-        spec.eval_lengths = vec![l];
-        let (rec, dir) = super::train_run(ctx, &spec)?;
-        let Some(lab) = load_for_eval(&rec, &dir)? else {
-            at_l.push(f64::NAN);
-            per_seed.push(None);
-            records.push(rec);
-            continue;
+    let mut trained = Vec::new();
+    for spec in &specs {
+        let (rec, dir) = super::train_run(ctx, spec)?;
+        trained.push((rec, dir));
+    }
+    // Per seed, side by side (one thread each): the loss at L and every
+    // scaling's curves at every length; None for a diverged seed.
+    let evaluated = super::par_map(ctx, &trained, |(rec, dir)| {
+        let Some(lab) = load_for_eval(rec, dir)? else {
+            return Ok((f64::NAN, None));
         };
         let curve = |lab: &Lab, n: usize, s: Option<&EvalScaling>| {
             posenc_lab::loss_per_position(lab, n, b.0, b.1, s)
         };
-        at_l.push(curve(&lab, l, None)?.mean());
+        let at_l = curve(&lab, l, None)?.mean();
         let mut all: Vec<Curves> = Vec::new();
         for (_, kind) in ZERO_SHOT {
             let mut v = Vec::new();
@@ -190,7 +186,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         }
         // Fine-tuning at 2L on the training text: PI (linear ×2 kept in
         // training) and plain; then evaluated on the validation text.
-        let mut pi = Lab::load(&dir)?;
+        let mut pi = Lab::load(dir)?;
         let s2 = ScalingSpec::for_length(ScalingKind::Linear, ft_len, l)?;
         super::finetune(&mut pi, Some(s2), ft_len, p.finetune_steps, p.finetune_lr)?;
         pi.task = pi.task.validation();
@@ -200,7 +196,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
             v.push(curve(&pi, f * l, Some(&s))?);
         }
         all.push(v);
-        let mut plain = Lab::load(&dir)?;
+        let mut plain = Lab::load(dir)?;
         super::finetune(&mut plain, None, ft_len, p.finetune_steps, p.finetune_lr)?;
         plain.task = plain.task.validation();
         let mut v = Vec::new();
@@ -208,9 +204,10 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
             v.push(curve(&plain, f * l, None)?);
         }
         all.push(v);
-        per_seed.push(Some(all));
-        records.push(rec);
-    }
+        Ok((at_l, Some(all)))
+    })?;
+    let (at_l, per_seed): (Vec<f64>, Vec<Option<Vec<Curves>>>) = evaluated.into_iter().unzip();
+    let records: Vec<_> = trained.into_iter().map(|(rec, _)| rec).collect();
     let runs_diverged = diverged(&records);
     let at_l_stat = Stat::of(&at_l);
     // past[scaling][factor]: loss on positions L..fL of windows of fL, over
