@@ -24,7 +24,7 @@ pub struct ClaimDef {
 }
 
 /// Every claim of the experiments, in report order.
-pub const ALL: [&ClaimDef; 22] = [
+pub const ALL: [&ClaimDef; 23] = [
     &PERMUTATION_INVARIANCE,
     &NOPE_NEAR_CHANCE,
     &POSITIONAL_SOLVE,
@@ -44,6 +44,7 @@ pub const ALL: [&ClaimDef; 22] = [
     &PAST_THE_TABLE,
     &SINUSOIDAL_EXTRAPOLATES,
     &RANKING,
+    &NEWER_GENERALISE,
     &SHAW_K,
     &ROPE_DECAY,
     &PI_FIT,
@@ -514,6 +515,35 @@ pub fn ranking(nope_mrr: f64, others_mrr: &[f64], rho: f64, informative_tasks: u
         }
         let alone = nope_mrr > top_other;
         Verdict::three(alone && rho >= 0.7, alone || rho >= 0.3)
+    })
+}
+
+/// e5: the learned relative encodings published since generalise better
+/// than RoPE and ALiBi.
+pub const NEWER_GENERALISE: ClaimDef = ClaimDef {
+    id: "e5.newer-beat-rope-alibi",
+    experiment: 5,
+    claim: "FIRE, CoPE and forgetting attention generalise to longer lengths better than RoPE and ALiBi.",
+    source: "Li et al. 2024 (FIRE), §4 and Fig. 1; Golovneva et al. 2024 (CoPE), §4; Lin et al. 2025 (forgetting attention), §4",
+    rule: "exact-match accuracy beyond L, mean over the tasks, per encoding; each of FIRE, CoPE and forgetting attention that the preset trains is better if its mean is above both RoPE's and ALiBi's, tied if it equals the larger of the two; reproduced if every one is better; partly if at least one is; tie if none is better and at least one ties; otherwise not reproduced",
+};
+
+/// [`NEWER_GENERALISE`]'s rule: the newer encodings' mean accuracies beyond
+/// L, and RoPE's and ALiBi's.
+pub fn newer_generalise(newer: &[f64], rope: f64, alibi: f64) -> Verdict {
+    if newer.is_empty() {
+        return Verdict::Nan;
+    }
+    let mut all = newer.to_vec();
+    all.extend([rope, alibi]);
+    Verdict::finite_or_nan(&all, || {
+        let bar = rope.max(alibi);
+        let better = newer.iter().filter(|&&m| m > bar).count();
+        let tied = newer.iter().filter(|&&m| m == bar).count();
+        if better == 0 && tied > 0 {
+            return Verdict::Tie;
+        }
+        Verdict::three(better == newer.len(), better > 0)
     })
 }
 

@@ -195,6 +195,38 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
             diverged(ranked_runs),
         );
     }
+    // The encodings published since, against RoPE and ALiBi: mean accuracy
+    // beyond L over the tasks (one seed).
+    let beyond_mean = |j: usize| acc.iter().map(|row| row[j].1).sum::<f64>() / acc.len() as f64;
+    let at = |name: &str| p.encodings.iter().position(|e| e == name);
+    let newer: Vec<(&str, usize)> = ["fire", "cope", "fox"]
+        .into_iter()
+        .filter_map(|n| at(n).map(|j| (n, j)))
+        .collect();
+    if let (false, Some(r), Some(a)) = (newer.is_empty(), at("rope"), at("alibi")) {
+        let means: Vec<f64> = newer.iter().map(|&(_, j)| beyond_mean(j)).collect();
+        let mut value = serde_json::Map::new();
+        for (&(n, _), m) in newer.iter().zip(&means) {
+            value.insert(n.into(), jnum(*m));
+        }
+        value.insert("rope".into(), jnum(beyond_mean(r)));
+        value.insert("alibi".into(), jnum(beyond_mean(a)));
+        let names: Vec<&str> = newer.iter().map(|x| x.0).chain(["rope", "alibi"]).collect();
+        let runs: Vec<&super::RunRecord> = records
+            .iter()
+            .filter(|r| names.contains(&r.spec.pe.as_str()))
+            .collect();
+        o.claim(
+            ctx,
+            &rules::NEWER_GENERALISE,
+            "exact-match accuracy beyond L, mean over the tasks, per encoding",
+            serde_json::Value::Object(value),
+            json!("better length generalisation than RoPE and ALiBi (each paper's own tasks)"),
+            rules::newer_generalise(&means, beyond_mean(r), beyond_mean(a)),
+            vec![seed],
+            diverged(runs),
+        );
+    }
     Ok(o)
 }
 

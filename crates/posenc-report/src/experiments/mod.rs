@@ -616,14 +616,7 @@ pub fn train_runs(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
     if todo.is_empty() {
         return Ok(());
     }
-    let workers = ctx
-        .jobs
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        })
-        .clamp(1, todo.len());
+    let workers = ctx.workers(todo.len());
     if workers <= 1 {
         for (spec, dir) in &todo {
             train_uncached(dir, spec)?;
@@ -682,14 +675,7 @@ pub fn par_map<T: Sync, R: Send>(
     items: &[T],
     f: impl Fn(&T) -> Result<R> + Sync,
 ) -> Result<Vec<R>> {
-    let workers = ctx
-        .jobs
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        })
-        .clamp(1, items.len().max(1));
+    let workers = ctx.workers(items.len());
     if workers <= 1 {
         return items.iter().map(&f).collect();
     }
@@ -735,6 +721,18 @@ pub fn par_map<T: Sync, R: Send>(
 }
 
 impl Ctx<'_> {
+    /// Threads for `tasks` independent tasks: `--jobs`, or one per core, at
+    /// most one per task and at least one.
+    fn workers(&self, tasks: usize) -> usize {
+        self.jobs
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            })
+            .clamp(1, tasks.max(1))
+    }
+
     /// A run's spec with this context's text (corpus tasks).
     fn resolve(&self, spec: &RunSpec) -> Result<RunSpec> {
         let mut spec = spec.clone();

@@ -322,6 +322,21 @@ fn e5_ranking() {
 }
 
 #[test]
+fn e5_newer_generalise() {
+    // RoPE 0.2, ALiBi 0.3: the bar is 0.3.
+    assert_eq!(newer_generalise(&[0.31, 0.4, 0.5], 0.2, 0.3), Reproduced);
+    assert_eq!(newer_generalise(&[0.31, 0.3, 0.5], 0.2, 0.3), Partly);
+    assert_eq!(newer_generalise(&[0.31, 0.1, 0.0], 0.3, 0.2), Partly);
+    assert_eq!(newer_generalise(&[0.29, 0.1, 0.0], 0.2, 0.3), NotReproduced);
+    // Everything at 0 beyond L (or equal to the bar): a tie, never support.
+    assert_eq!(newer_generalise(&[0.0, 0.0, 0.0], 0.0, 0.0), Tie);
+    assert_eq!(newer_generalise(&[0.3, 0.1], 0.2, 0.3), Tie);
+    assert_eq!(newer_generalise(&[0.5, NAN], 0.2, 0.3), Nan);
+    assert_eq!(newer_generalise(&[0.5], NAN, 0.3), Nan);
+    assert_eq!(newer_generalise(&[], 0.2, 0.3), Nan);
+}
+
+#[test]
 fn e6_shaw_k() {
     // k0 0.5, k ≥ 2 at 0.9 and 0.95.
     assert_eq!(shaw_k(0.5, &[0.9, 0.95], &[0.7, 0.9, 0.95]), Reproduced);
