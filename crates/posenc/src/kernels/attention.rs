@@ -440,19 +440,6 @@ fn rotate_row(
     }
 }
 
-/// Rows ahead that the loops over time steps prefetch: the rows of one head
-/// are a projection's width apart, so each is its own cache miss unless
-/// asked for early.
-const AHEAD: usize = 8;
-
-/// Prefetches row `(b, h, t)` of a `(B, H, T, D)` buffer (nothing past `len`).
-#[inline(always)]
-fn prefetch_row(data: &[f32], rows: Rows, b: usize, h: usize, t: usize, len: usize, d: usize) {
-    if t < len {
-        tile::prefetch(data.as_ptr().wrapping_add(rows.at(b, h, t)), d);
-    }
-}
-
 /// Copies query `(b, h, t)` into `dst`, rotated and scaled.
 #[inline(always)]
 fn load_q(p: &Problem, b: usize, h: usize, t: usize, dst: &mut [f32]) {
@@ -549,8 +536,6 @@ crate::multiversion!(fn backward_dispatch => backward_task(
 fn pack_kt(p: &Problem, b: usize, hk: usize, n: usize, kt: &mut [f32], rows: &mut [f32]) {
     let d = p.dims.head_dim;
     for t in 0..n {
-        prefetch_row(p.k, p.k_rows, b, hk, t + AHEAD, n, d);
-        prefetch_row(p.v, p.v_rows, b, hk, t + AHEAD, n, d);
         load_k(p, b, hk, t, &mut rows[t * d..][..d]);
     }
     // SAFETY: `rows` holds n × d, `kt` d × n.
@@ -599,7 +584,6 @@ fn forward_task(
             // Rotated keys, transposed: (D, k_end).
             pack_kt(p, b, hk, k_end, kt, krow);
             for r in 0..rows {
-                prefetch_row(p.q, p.q_rows, b, h, i0 + r + AHEAD, i0 + rows, d);
                 load_q(p, b, h, i0 + r, &mut q[r * d..][..d]);
             }
             if let Some(ak) = keys {
@@ -920,8 +904,6 @@ fn backward_task(
     {
         {
             for t in 0..tk {
-                prefetch_row(p.k, p.k_rows, b, hk, t + AHEAD, tk, d);
-                prefetch_row(p.v, p.v_rows, b, hk, t + AHEAD, tk, d);
                 load_k(p, b, hk, t, &mut kr[t * d..][..d]);
             }
             dkr.fill(0.0);
@@ -947,9 +929,6 @@ fn backward_task(
                 let bh = b * dm.q_heads + h;
                 let do0 = do_rows.at(b, h, 0);
                 for t in 0..tq {
-                    prefetch_row(p.q, p.q_rows, b, h, t + AHEAD, tq, d);
-                    prefetch_row(d_o, do_rows, b, h, t + AHEAD, tq, d);
-                    prefetch_row(o, o_rows, b, h, t + AHEAD, tq, d);
                     load_q(p, b, h, t, &mut qs[t * d..][..d]);
                     let dor = &d_o[do_rows.at(b, h, t)..][..d];
                     dvec[t] = tile::dot(dor, &o[o_rows.at(b, h, t)..][..d]);

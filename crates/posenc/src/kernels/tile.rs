@@ -81,30 +81,6 @@ pub unsafe fn vec_for_overwrite(n: usize) -> Vec<f32> {
     v
 }
 
-/// Asks the CPU to bring the `len` floats at `p` into the cache (every
-/// 64-byte line of them); a hint with no effect on other targets. The
-/// address need not be valid: a prefetch never faults.
-#[inline(always)]
-pub fn prefetch(p: *const f32, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut off = 0;
-        while off < len {
-            // SAFETY: a prefetch is a hint; it neither reads nor faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    p.wrapping_add(off) as *const i8,
-                )
-            };
-            off += 16;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (p, len);
-    }
-}
-
 /// Lanes of the fixed-order reductions.
 const LANES: usize = 16;
 
