@@ -13,6 +13,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
 use posenc::analysis::SplitMix64;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 pub use crate::checkpoint::{batch_seed, CheckpointMeta};
@@ -341,9 +342,8 @@ impl Lab {
             })
         };
         let results: Vec<(f64, f64, candle_core::backprop::GradStore)> =
-            if k == 2 && posenc::kernels::threads() > 1 {
-                let (a, b) = rayon::join(|| run(0), || run(1));
-                vec![a?, b?]
+            if posenc::kernels::threads() > 1 {
+                (0..k).into_par_iter().map(run).collect::<Result<_, _>>()?
             } else {
                 (0..k).map(run).collect::<Result<_, _>>()?
             };

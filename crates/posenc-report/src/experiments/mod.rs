@@ -617,53 +617,16 @@ pub fn train_runs(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
         return Ok(());
     }
     let workers = ctx.workers(todo.len());
-    if workers <= 1 {
-        for (spec, dir) in &todo {
-            train_uncached(dir, spec)?;
-            ctx.fresh.insert(spec.key());
-            ctx.tick(&spec.label());
-        }
-        return Ok(());
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
     let progress = std::sync::Mutex::new((&mut ctx.progress, &mut ctx.fresh));
-    let failed: std::sync::Mutex<Option<ReportError>> = std::sync::Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                let pool = match rayon::ThreadPoolBuilder::new().num_threads(1).build() {
-                    Ok(p) => p,
-                    Err(e) => {
-                        *failed.lock().expect("lock") = Some(ReportError(e.to_string()));
-                        return;
-                    }
-                };
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    if i >= todo.len() || failed.lock().expect("lock").is_some() {
-                        return;
-                    }
-                    let (spec, dir) = &todo[i];
-                    match pool.install(|| train_uncached(dir, spec)) {
-                        Ok(_) => {
-                            let mut g = progress.lock().expect("lock");
-                            g.1.insert(spec.key());
-                            g.0.runs_done += 1;
-                            g.0.draw(&spec.label());
-                        }
-                        Err(e) => {
-                            *failed.lock().expect("lock") = Some(e);
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    match failed.into_inner().expect("lock") {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    par_map_on(workers, &todo, |(spec, dir)| {
+        train_uncached(dir, spec)?;
+        let mut g = progress.lock().expect("lock");
+        g.1.insert(spec.key());
+        g.0.runs_done += 1;
+        g.0.draw(&spec.label());
+        Ok(())
+    })?;
+    Ok(())
 }
 
 /// `f` applied to each of `items`, in order, on up to `ctx.jobs` threads
@@ -675,7 +638,16 @@ pub fn par_map<T: Sync, R: Send>(
     items: &[T],
     f: impl Fn(&T) -> Result<R> + Sync,
 ) -> Result<Vec<R>> {
-    let workers = ctx.workers(items.len());
+    par_map_on(ctx.workers(items.len()), items, f)
+}
+
+/// [`par_map`] on `workers` threads (one: on the calling thread, with
+/// rayon's global pool).
+fn par_map_on<T: Sync, R: Send>(
+    workers: usize,
+    items: &[T],
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
     if workers <= 1 {
         return items.iter().map(&f).collect();
     }
@@ -706,16 +678,13 @@ pub fn par_map<T: Sync, R: Send>(
             });
         }
     });
-    let out = out.into_inner().expect("lock");
-    // An error stops the workers, so items after it may not have run: the
-    // error is what is returned.
-    if let Some(i) = out.iter().position(|r| matches!(r, Some(Err(_)))) {
-        return match out.into_iter().nth(i) {
-            Some(Some(Err(e))) => Err(e),
-            _ => unreachable!("position found an error"),
-        };
+    // An error stops the workers, so items after it may not have run;
+    // every item before it has (indices are handed out in order), so in
+    // index order the error comes before any item that did not run.
+    let mut v = Vec::with_capacity(items.len());
+    for r in out.into_inner().expect("lock").into_iter().flatten() {
+        v.push(r?);
     }
-    let v: Vec<R> = out.into_iter().flatten().collect::<Result<_>>()?;
     debug_assert_eq!(v.len(), items.len());
     Ok(v)
 }

@@ -104,10 +104,15 @@ thread_local! {
 /// halves of a batch side by side). Results are the same either way: the
 /// kernels never depend on their thread count.
 pub fn run_serial<R>(f: impl FnOnce() -> R) -> R {
-    let before = SERIAL.with(|s| s.replace(true));
-    let out = f();
-    SERIAL.with(|s| s.set(before));
-    out
+    /// Restores the flag even if `f` unwinds (a pool thread lives on).
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SERIAL.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(SERIAL.with(|s| s.replace(true)));
+    f()
 }
 
 /// The threads a kernel may use here: 1 inside [`run_serial`], otherwise
