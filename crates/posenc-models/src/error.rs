@@ -1,0 +1,86 @@
+//! Typed errors of the pretrained-model crate. Every check on a model file,
+//! a config, a text or a length happens before anything large is
+//! allocated, and reports one of these variants in one line.
+
+use std::path::PathBuf;
+
+/// Result alias of this crate.
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while loading or running a pretrained model.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// A file could not be opened or read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A model file is not what it claims to be (truncated, foreign, a
+    /// tensor with the wrong shape or type).
+    #[error("{path}: {reason}")]
+    BadFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The architecture is not one this crate runs.
+    #[error("unsupported architecture {name:?}: posenc runs {}", SUPPORTED.join(", "))]
+    Unsupported {
+        /// The architecture as the file names it.
+        name: String,
+    },
+    /// A config value is missing or out of range.
+    #[error("invalid model config: {0}")]
+    Config(String),
+    /// No tokenizer could be found or built.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// An argument is invalid (a scaling name, a length, a text).
+    #[error("{0}")]
+    Invalid(String),
+    /// A length whose forward pass would not fit in memory, refused before
+    /// anything is allocated.
+    #[error("a window of {len} tokens needs about {need_mb} MB, over the {budget_mb} MB available ({why})")]
+    TooLong {
+        /// The length asked for.
+        len: usize,
+        /// Estimated peak memory, MB.
+        need_mb: u64,
+        /// The budget, MB.
+        budget_mb: u64,
+        /// Where the budget comes from.
+        why: String,
+    },
+    /// An error from posenc (RoPE configuration, attention).
+    #[error(transparent)]
+    Posenc(#[from] posenc::Error),
+    /// An error from candle.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// The architectures this crate runs (Hugging Face `model_type` / GGUF
+/// `general.architecture`).
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2"];
+
+impl ModelError {
+    pub(crate) fn bad_file(path: &std::path::Path, reason: impl Into<String>) -> Self {
+        ModelError::BadFile {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+        ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Text generation with a KV cache: the prompt in one pass, then one token
+//! at a time, every step through posenc's RoPE at the token's position.
+//!
+//! Keys are cached unrotated and rotated inside the attention at each step
+//! with the current RoPE; for the length-dependent dynamic NTK scaling this
+//! means every cached key is rotated with the frequencies of the current
+//! length (transformers caches keys rotated with the frequencies of the
+//! step that produced them).
+
+use posenc::tensor::rope::Rope;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::error::{ModelError, Result};
+use crate::llama::{Decoder, KvCache};
+
+/// How the next token is chosen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sampling {
+    /// The most likely token (ties: the lowest id).
+    Greedy,
+    /// Sampled from the softmax at `temperature`, restricted to the
+    /// smallest set of tokens whose probability reaches `top_p`, with a
+    /// seeded generator.
+    Sample {
+        /// Softmax temperature (> 0).
+        temperature: f64,
+        /// Nucleus mass in (0, 1].
+        top_p: f64,
+        /// Seed of the generator.
+        seed: u64,
+    },
+}
+
+/// Generates up to `max_new` tokens after `prompt`, stopping early at any
+/// of `stop` ids; returns the new ids.
+///
+/// # Errors
+/// [`ModelError::Invalid`] for an empty prompt or bad sampling parameters;
+/// the model's errors.
+pub fn generate(
+    model: &Decoder,
+    prompt: &[u32],
+    max_new: usize,
+    rope: &Rope,
+    sampling: Sampling,
+    stop: &[u32],
+    mut on_token: impl FnMut(u32),
+) -> Result<Vec<u32>> {
+    if prompt.is_empty() {
+        return Err(ModelError::Invalid("the prompt has no tokens".into()));
+    }
+    if let Sampling::Sample {
+        temperature, top_p, ..
+    } = sampling
+    {
+        if !(temperature.is_finite() && temperature > 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ModelError::Invalid(format!(
+                "temperature {temperature} must be > 0 and top_p {top_p} in (0, 1]"
+            )));
+        }
+    }
+    let mut rng = match sampling {
+        Sampling::Sample { seed, .. } => StdRng::seed_from_u64(seed),
+        Sampling::Greedy => StdRng::seed_from_u64(0),
+    };
+    let d = model.config().hidden_size;
+    let mut cache = KvCache::new(model.config());
+    let hidden = model.hidden_states(prompt, rope, Some(&mut cache))?;
+    let mut last = hidden[(prompt.len() - 1) * d..].to_vec();
+    let mut out = Vec::with_capacity(max_new);
+    for _ in 0..max_new {
+        let logits = model.logits(&last, 1)?;
+        let next = pick(&logits, sampling, &mut rng);
+        out.push(next);
+        on_token(next);
+        if stop.contains(&next) {
+            break;
+        }
+        last = model.hidden_states(&[next], rope, Some(&mut cache))?;
+    }
+    Ok(out)
+}
+
+fn pick(logits: &[f32], sampling: Sampling, rng: &mut StdRng) -> u32 {
+    match sampling {
+        Sampling::Greedy => {
+            let mut best = 0;
+            for (i, &v) in logits.iter().enumerate() {
+                if v > logits[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        }
+        Sampling::Sample {
+            temperature, top_p, ..
+        } => {
+            let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let mut p: Vec<(usize, f64)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (i, ((v as f64 - m) / temperature).exp()))
+                .collect();
+            let z: f64 = p.iter().map(|x| x.1).sum();
+            p.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let mut kept = 0.0;
+            let mut n = 0;
+            for &(_, w) in &p {
+                kept += w / z;
+                n += 1;
+                if kept >= top_p {
+                    break;
+                }
+            }
+            let total: f64 = p[..n].iter().map(|x| x.1).sum();
+            let mut u = rng.random::<f64>() * total;
+            for &(i, w) in &p[..n] {
+                if u < w {
+                    return i as u32;
+                }
+                u -= w;
+            }
+            p[n - 1].0 as u32
+        }
+    }
+}

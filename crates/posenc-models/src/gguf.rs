@@ -1,0 +1,447 @@
+//! GGUF files (llama.cpp's format): header and metadata through candle's
+//! reader ([`candle_core::quantized::gguf_file`]), every tensor's extent
+//! checked against the file before any is read, metadata mapped onto the
+//! Hugging Face config as transformers' `integrations/ggml.py` maps it, and
+//! tensors dequantized to `f32` under their Hugging Face names.
+//!
+//! **Pair layout.** llama.cpp's converter permutes the rows of a Llama
+//! model's q and k projections so that its "normal" RoPE (pairs `(2i,
+//! 2i+1)`) computes what Hugging Face's half-split RoPE computes on the
+//! original rows; transformers permutes them back when it loads a GGUF.
+//! posenc keeps the file's rows and rotates interleaved pairs
+//! ([`PairLayout::Interleaved`]): the same logits, since q and k are
+//! permuted alike within each head. Qwen2 files use llama.cpp's NeoX RoPE
+//! and are not permuted: half-split pairs.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::GgmlDType;
+use candle_core::{Device, Tensor};
+use posenc::rope::{PairLayout, RopeConfig, RopeScaling};
+
+use crate::config::{Arch, DecoderConfig, HfDecoderConfig, TokenIds};
+use crate::error::{ModelError, Result};
+use crate::weights::WeightSource;
+
+/// Largest number of elements of one tensor accepted (2^34: 64 GB in f32).
+pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 34;
+
+/// The tensor types this crate dequantizes (others are refused by name).
+pub const SUPPORTED_TYPES: &[GgmlDType] = &[
+    GgmlDType::F32,
+    GgmlDType::F16,
+    GgmlDType::BF16,
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q2K,
+    GgmlDType::Q3K,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
+/// An open GGUF file: its metadata and tensor directory, checked.
+pub struct GgufFile {
+    path: PathBuf,
+    content: Content,
+    reader: BufReader<File>,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("tensors", &self.content.tensor_infos.len())
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Opens `path` and reads its header: the magic, the metadata, the
+    /// tensor directory. Every tensor's byte range is checked against the
+    /// file's size here, so a truncated file is refused before any tensor
+    /// is read.
+    ///
+    /// # Errors
+    /// [`ModelError::Io`] if the file cannot be opened;
+    /// [`ModelError::BadFile`] for anything that is not a complete GGUF
+    /// file.
+    pub fn open(path: &Path) -> Result<GgufFile> {
+        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let file_size = file.metadata().map_err(|e| ModelError::io(path, e))?.len();
+        let mut reader = BufReader::new(file);
+        let content = Content::read(&mut reader).map_err(|e| {
+            let msg = e.to_string();
+            if msg.contains("magic") {
+                ModelError::bad_file(path, "not a GGUF file (wrong magic number)")
+            } else if msg.contains("failed to fill whole buffer") || msg.contains("UnexpectedEof")
+            {
+                ModelError::bad_file(path, "GGUF header is truncated")
+            } else {
+                ModelError::bad_file(path, format!("unreadable GGUF header: {msg}"))
+            }
+        })?;
+        for (name, info) in &content.tensor_infos {
+            let dims = info.shape.dims();
+            let mut elems: u64 = 1;
+            for &d in dims {
+                elems = elems.checked_mul(d as u64).unwrap_or(u64::MAX);
+            }
+            if elems == 0 || elems > MAX_TENSOR_ELEMENTS {
+                return Err(ModelError::bad_file(
+                    path,
+                    format!("tensor {name} has shape {dims:?}"),
+                ));
+            }
+            let block = info.ggml_dtype.block_size() as u64;
+            if !elems.is_multiple_of(block) {
+                return Err(ModelError::bad_file(
+                    path,
+                    format!(
+                        "tensor {name}: {elems} elements are not whole {:?} blocks",
+                        info.ggml_dtype
+                    ),
+                ));
+            }
+            let bytes = elems / block * info.ggml_dtype.type_size() as u64;
+            let start = content.tensor_data_offset.saturating_add(info.offset);
+            if start.saturating_add(bytes) > file_size {
+                return Err(ModelError::bad_file(
+                    path,
+                    format!(
+                        "truncated: tensor {name} needs bytes {start}..{} of a {file_size}-byte file",
+                        start.saturating_add(bytes)
+                    ),
+                ));
+            }
+        }
+        Ok(GgufFile {
+            path: path.to_path_buf(),
+            content,
+            reader,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The metadata, key by key.
+    pub fn metadata(&self) -> &HashMap<String, Value> {
+        &self.content.metadata
+    }
+
+    /// The names of the tensors in the file.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.content.tensor_infos.keys().map(String::as_str)
+    }
+
+    /// The shape (candle order: outermost first) and type of a tensor.
+    pub fn tensor_info(&self, name: &str) -> Option<(Vec<usize>, GgmlDType)> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .map(|i| (i.shape.dims().to_vec(), i.ggml_dtype))
+    }
+
+    /// `general.architecture`.
+    ///
+    /// # Errors
+    /// [`ModelError::BadFile`] if the key is missing or not a string.
+    pub fn architecture(&self) -> Result<String> {
+        self.string("general.architecture")?.ok_or_else(|| {
+            ModelError::bad_file(&self.path, "no general.architecture in the metadata")
+        })
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>> {
+        match self.content.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(ModelError::bad_file(
+                &self.path,
+                format!("metadata {key} is {:?}, expected a string", v.value_type()),
+            )),
+        }
+    }
+
+    fn uint(&self, key: &str) -> Result<Option<u64>> {
+        match self.content.metadata.get(key) {
+            None => Ok(None),
+            Some(v) => v.to_u64().map(Some).or_else(|_| match v {
+                Value::I32(x) if *x >= 0 => Ok(Some(*x as u64)),
+                Value::I64(x) if *x >= 0 => Ok(Some(*x as u64)),
+                Value::U8(x) => Ok(Some(*x as u64)),
+                Value::U16(x) => Ok(Some(*x as u64)),
+                _ => Err(ModelError::bad_file(
+                    &self.path,
+                    format!("metadata {key} is not a non-negative integer"),
+                )),
+            }),
+        }
+    }
+
+    fn usize_key(&self, key: &str) -> Result<Option<usize>> {
+        Ok(self
+            .uint(key)?
+            .map(|v| usize::try_from(v).unwrap_or(usize::MAX)))
+    }
+
+    fn float(&self, key: &str) -> Result<Option<f64>> {
+        match self.content.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::F32(x)) => Ok(Some(*x as f64)),
+            Some(Value::F64(x)) => Ok(Some(*x)),
+            Some(v) => match v.to_u64() {
+                Ok(x) => Ok(Some(x as f64)),
+                Err(_) => Err(ModelError::bad_file(
+                    &self.path,
+                    format!("metadata {key} is not a number"),
+                )),
+            },
+        }
+    }
+
+    /// Whether the tokenizer asks for a BOS token (`tokenizer.ggml.add_bos_token`).
+    pub fn add_bos_token(&self) -> bool {
+        matches!(
+            self.content.metadata.get("tokenizer.ggml.add_bos_token"),
+            Some(Value::Bool(true))
+        )
+    }
+
+    /// The model's configuration, from the metadata as transformers maps it
+    /// (`{arch}.context_length` → `max_position_embeddings`, `block_count`
+    /// → `num_hidden_layers`, `feed_forward_length` → `intermediate_size`,
+    /// `embedding_length` → `hidden_size`, `rope.freq_base` → `rope_theta`,
+    /// `attention.head_count(_kv)`, `attention.layer_norm_rms_epsilon`,
+    /// `vocab_size` or the number of tokens; the embedding is tied when the
+    /// file has no `output.weight`). Beyond transformers: `attention.key_length`
+    /// (head dimension), `rope.dimension_count` (partial rotary), the
+    /// `rope.scaling.*` keys (linear, YaRN) and a `rope_freqs.weight` tensor
+    /// (Llama 3.1's per-pair frequency divisors) are honoured.
+    ///
+    /// # Errors
+    /// [`ModelError::Unsupported`] for an architecture other than llama,
+    /// mistral or qwen2; [`ModelError::BadFile`] for missing or ill-typed
+    /// keys; the bounds of [`DecoderConfig::from_hf`].
+    pub fn config(&mut self) -> Result<DecoderConfig> {
+        let arch_name = self.architecture()?;
+        let arch = Arch::parse(&arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let need = |v: Option<usize>, k: &str| -> Result<usize> {
+            v.ok_or_else(|| ModelError::bad_file(&self.path, format!("missing metadata {k}")))
+        };
+        let hidden = need(
+            self.usize_key(&key("embedding_length"))?,
+            &key("embedding_length"),
+        )?;
+        let heads = need(
+            self.usize_key(&key("attention.head_count"))?,
+            &key("attention.head_count"),
+        )?;
+        let vocab = match self.usize_key(&key("vocab_size"))? {
+            Some(v) => Some(v),
+            None => match self.content.metadata.get("tokenizer.ggml.tokens") {
+                Some(Value::Array(a)) => Some(a.len()),
+                _ => self.tensor_info("token_embd.weight").map(|(d, _)| d[0]),
+            },
+        };
+        let hf = HfDecoderConfig {
+            model_type: Some(arch.name().to_string()),
+            vocab_size: vocab,
+            hidden_size: Some(hidden),
+            intermediate_size: Some(need(
+                self.usize_key(&key("feed_forward_length"))?,
+                &key("feed_forward_length"),
+            )?),
+            num_hidden_layers: Some(need(
+                self.usize_key(&key("block_count"))?,
+                &key("block_count"),
+            )?),
+            num_attention_heads: Some(heads),
+            num_key_value_heads: self.usize_key(&key("attention.head_count_kv"))?,
+            head_dim: self.usize_key(&key("attention.key_length"))?,
+            rms_norm_eps: self.float(&key("attention.layer_norm_rms_epsilon"))?,
+            max_position_embeddings: self.usize_key(&key("context_length"))?,
+            tie_word_embeddings: Some(!self.content.tensor_infos.contains_key("output.weight")),
+            attention_bias: Some(self.content.tensor_infos.contains_key("blk.0.attn_q.bias")),
+            mlp_bias: None,
+            hidden_act: None,
+            sliding_window: None,
+            use_sliding_window: None,
+            architectures: None,
+            bos_token_id: self
+                .uint("tokenizer.ggml.bos_token_id")?
+                .map(|v| TokenIds::One(v as u32)),
+            eos_token_id: self
+                .uint("tokenizer.ggml.eos_token_id")?
+                .map(|v| TokenIds::One(v as u32)),
+        };
+        let head_dim = hf.head_dim.unwrap_or(hidden / heads.max(1));
+        let theta = self.float(&key("rope.freq_base"))?.unwrap_or(10000.0);
+        let rotary_dim = self
+            .usize_key(&key("rope.dimension_count"))?
+            .unwrap_or(head_dim);
+        let layout = match arch {
+            Arch::Llama | Arch::Mistral => PairLayout::Interleaved,
+            Arch::Qwen2 => PairLayout::HalfSplit,
+        };
+        let mut rope = RopeConfig::new(theta, rotary_dim)?
+            .with_head_dim(head_dim)
+            .with_layout(layout);
+        if let Some(ctx) = hf.max_position_embeddings {
+            rope = rope.with_max_position_embeddings(ctx);
+        }
+        let scaling = self.string(&key("rope.scaling.type"))?;
+        let factor = self.float(&key("rope.scaling.factor"))?;
+        let original = self.usize_key(&key("rope.scaling.original_context_length"))?;
+        match scaling.as_deref() {
+            None | Some("none") => {}
+            Some("linear") => {
+                let factor = factor.ok_or_else(|| {
+                    ModelError::bad_file(&self.path, "linear rope scaling without a factor")
+                })?;
+                rope = rope.with_scaling(RopeScaling::Linear { factor })?;
+            }
+            Some("yarn") => {
+                let factor = factor.ok_or_else(|| {
+                    ModelError::bad_file(&self.path, "yarn rope scaling without a factor")
+                })?;
+                let original = original
+                    .or(hf.max_position_embeddings)
+                    .ok_or_else(|| {
+                        ModelError::bad_file(&self.path, "yarn rope scaling without a length")
+                    })?;
+                rope = rope.with_scaling(RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: original,
+                    attention_factor: None,
+                    beta_fast: self.float(&key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
+                    beta_slow: self.float(&key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+                    mscale: None,
+                    mscale_all_dim: None,
+                    truncate: true,
+                })?;
+            }
+            Some(other) => {
+                return Err(ModelError::bad_file(
+                    &self.path,
+                    format!("rope scaling type {other:?} is not supported in GGUF files"),
+                ))
+            }
+        }
+        if let Some((dims, _)) = self.tensor_info("rope_freqs.weight") {
+            if dims != [rotary_dim / 2] {
+                return Err(ModelError::bad_file(
+                    &self.path,
+                    format!("rope_freqs.weight has shape {dims:?}, expected [{}]", rotary_dim / 2),
+                ));
+            }
+            let t = self.read_f32("rope_freqs.weight")?;
+            let factors: Vec<f64> = t
+                .to_vec1::<f32>()?
+                .into_iter()
+                .map(|v| v as f64)
+                .collect();
+            // llama.cpp divides each frequency by its factor: LongRoPE's
+            // formula with one factor list and no attention factor.
+            rope = rope.with_scaling(RopeScaling::LongRope {
+                short_factor: factors.clone(),
+                long_factor: factors,
+                original_max_position_embeddings: hf.max_position_embeddings.unwrap_or(1),
+                factor: 1.0,
+                attention_factor: Some(1.0),
+            })?;
+        }
+        DecoderConfig::from_hf(&hf, rope)
+    }
+
+    fn read_f32(&mut self, name: &str) -> Result<Tensor> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ModelError::bad_file(&self.path, format!("no tensor {name}")))?;
+        if !SUPPORTED_TYPES.contains(&info.ggml_dtype) {
+            return Err(ModelError::bad_file(
+                &self.path,
+                format!("tensor {name} has type {:?}, not supported", info.ggml_dtype),
+            ));
+        }
+        let q = self
+            .content
+            .tensor(&mut self.reader, name, &Device::Cpu)
+            .map_err(|e| ModelError::bad_file(&self.path, format!("tensor {name}: {e}")))?;
+        Ok(q.dequantize(&Device::Cpu)?)
+    }
+}
+
+/// The GGUF name of a Hugging Face parameter name (Llama and Qwen2 layouts,
+/// as transformers' `GGUF_TENSOR_MAPPING`).
+pub fn gguf_name(hf: &str) -> Option<String> {
+    match hf {
+        "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
+        "model.norm.weight" => return Some("output_norm.weight".into()),
+        "lm_head.weight" => return Some("output.weight".into()),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (module, kind) = rest.rsplit_once('.')?;
+    let g = match module {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{g}.{kind}"))
+}
+
+impl WeightSource for GgufFile {
+    fn contains(&self, hf_name: &str) -> bool {
+        gguf_name(hf_name).is_some_and(|g| self.content.tensor_infos.contains_key(&g))
+    }
+
+    fn load(&mut self, hf_name: &str, shape: &[usize]) -> Result<Tensor> {
+        let g = gguf_name(hf_name).ok_or_else(|| {
+            ModelError::bad_file(&self.path, format!("no GGUF name for {hf_name}"))
+        })?;
+        let (dims, _) = self.tensor_info(&g).ok_or_else(|| {
+            ModelError::bad_file(&self.path, format!("missing tensor {g} ({hf_name})"))
+        })?;
+        if dims != shape {
+            return Err(ModelError::bad_file(
+                &self.path,
+                format!("tensor {g} has shape {dims:?}, the config expects {shape:?}"),
+            ));
+        }
+        self.read_f32(&g)
+    }
+
+    fn describe(&self) -> String {
+        let mut types: HashMap<String, usize> = HashMap::new();
+        for info in self.content.tensor_infos.values() {
+            *types.entry(format!("{:?}", info.ggml_dtype)).or_default() += 1;
+        }
+        let mut t: Vec<_> = types.into_iter().collect();
+        t.sort();
+        let t: Vec<String> = t.into_iter().map(|(k, n)| format!("{n} {k}")).collect();
+        format!("GGUF, tensors: {}", t.join(", "))
+    }
+}

@@ -1,0 +1,467 @@
+//! The Llama-family decoder (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2),
+//! on posenc's RoPE and fused attention.
+//!
+//! ```text
+//! x      = embed[tokens]                                   (T, D)
+//! for each layer:
+//!   h    = RMSNorm(x) · w_attn_norm                        (T, D)
+//!   qkv  = h · W_qkvᵀ (+ b_qkv)                            (T, (H_q + 2·H_k)·Dh)
+//!   a    = attention(RoPE(q), RoPE(k), v), causal          (T, H_q·Dh)   grouped-query, no T×T tensor
+//!   x    = x + a · W_oᵀ                                    (T, D)
+//!   h    = RMSNorm(x) · w_mlp_norm                         (T, D)
+//!   g, u = h · W_gateᵀ, h · W_upᵀ                          (T, I) each, one GEMM
+//!   x    = x + (silu(g) ⊙ u) · W_downᵀ                     (T, D)
+//! logits = RMSNorm(x) · w_norm · Eᵀ                        (T, V)        E: lm_head or the embedding
+//! ```
+//!
+//! Activations are `f32` row-major buffers; the linear layers run on the
+//! `gemm` crate (runtime SIMD, rayon threads), the attention on
+//! [`posenc::tensor::attention::Attention::forward_packed`], which reads the
+//! packed projection in place and rotates queries and keys inside with the
+//! [`Rope`] given to the call: the RoPE (and its scaling) is chosen per
+//! call, not baked into the model. [`Decoder::set_reference`] switches to
+//! composed candle ops (matmul, the attention's reference path) for tests.
+
+use candle_core::{Device, Tensor};
+use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
+use posenc::tensor::rope::Rope;
+use rayon::prelude::*;
+
+use crate::config::DecoderConfig;
+use crate::error::{ModelError, Result};
+use crate::weights::WeightSource;
+
+/// One decoder layer's parameters (row-major `f32`, Hugging Face order).
+struct Layer {
+    attn_norm: Vec<f32>,
+    /// `((H_q + 2·H_k)·Dh, D)`: q, k and v projections stacked.
+    wqkv: Vec<f32>,
+    bqkv: Option<Vec<f32>>,
+    /// `(D, H_q·Dh)`.
+    wo: Vec<f32>,
+    bo: Option<Vec<f32>>,
+    mlp_norm: Vec<f32>,
+    /// `(2·I, D)`: gate then up.
+    w_gate_up: Vec<f32>,
+    b_gate_up: Option<Vec<f32>>,
+    /// `(D, I)`.
+    w_down: Vec<f32>,
+    b_down: Option<Vec<f32>>,
+}
+
+/// A pretrained decoder, ready to run.
+pub struct Decoder {
+    cfg: DecoderConfig,
+    /// `(V, D)`.
+    embed: Vec<f32>,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    /// `(V, D)`; `None`: tied to `embed`.
+    lm_head: Option<Vec<f32>>,
+    reference: bool,
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder").field("config", &self.cfg).finish()
+    }
+}
+
+fn vec_of(t: Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// Bytes of the model's parameters once loaded as `f32`.
+pub fn weight_bytes(cfg: &DecoderConfig) -> u64 {
+    cfg.parameters() * 4
+}
+
+/// The per-key/value-cache bytes of one position (all layers, k and v).
+pub fn kv_bytes_per_position(cfg: &DecoderConfig) -> u64 {
+    (2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4) as u64
+}
+
+impl Decoder {
+    /// Loads every parameter of `cfg` from `src` (shapes checked against
+    /// the config before each read).
+    ///
+    /// # Errors
+    /// [`ModelError::BadFile`] for a missing tensor or one of another shape.
+    pub fn load(cfg: DecoderConfig, src: &mut dyn WeightSource) -> Result<Decoder> {
+        let d = cfg.hidden_size;
+        let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let i = cfg.intermediate_size;
+        let v = cfg.vocab_size;
+        let embed = vec_of(src.load("model.embed_tokens.weight", &[v, d])?)?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            let mut load = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+                vec_of(src.load(&p(name), shape)?)
+            };
+            let attn_norm = load("input_layernorm.weight", &[d])?;
+            let mut wqkv = load("self_attn.q_proj.weight", &[hq * dh, d])?;
+            wqkv.extend(load("self_attn.k_proj.weight", &[hk * dh, d])?);
+            wqkv.extend(load("self_attn.v_proj.weight", &[hk * dh, d])?);
+            let bqkv = if cfg.qkv_bias {
+                let mut b = load("self_attn.q_proj.bias", &[hq * dh])?;
+                b.extend(load("self_attn.k_proj.bias", &[hk * dh])?);
+                b.extend(load("self_attn.v_proj.bias", &[hk * dh])?);
+                Some(b)
+            } else {
+                None
+            };
+            let wo = load("self_attn.o_proj.weight", &[d, hq * dh])?;
+            let bo = if cfg.o_bias {
+                Some(load("self_attn.o_proj.bias", &[d])?)
+            } else {
+                None
+            };
+            let mlp_norm = load("post_attention_layernorm.weight", &[d])?;
+            let mut w_gate_up = load("mlp.gate_proj.weight", &[i, d])?;
+            w_gate_up.extend(load("mlp.up_proj.weight", &[i, d])?);
+            let (b_gate_up, b_down) = if cfg.mlp_bias {
+                let mut b = load("mlp.gate_proj.bias", &[i])?;
+                b.extend(load("mlp.up_proj.bias", &[i])?);
+                (Some(b), Some(load("mlp.down_proj.bias", &[d])?))
+            } else {
+                (None, None)
+            };
+            let w_down = load("mlp.down_proj.weight", &[d, i])?;
+            layers.push(Layer {
+                attn_norm,
+                wqkv,
+                bqkv,
+                wo,
+                bo,
+                mlp_norm,
+                w_gate_up,
+                b_gate_up,
+                w_down,
+                b_down,
+            });
+        }
+        let norm = vec_of(src.load("model.norm.weight", &[d])?)?;
+        let lm_head = if cfg.tie_word_embeddings && !src.contains("lm_head.weight") {
+            None
+        } else if src.contains("lm_head.weight") {
+            Some(vec_of(src.load("lm_head.weight", &[v, d])?)?)
+        } else {
+            return Err(ModelError::Config(
+                "no lm_head.weight and tie_word_embeddings is false".into(),
+            ));
+        };
+        Ok(Decoder {
+            cfg,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            reference: false,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DecoderConfig {
+        &self.cfg
+    }
+
+    /// Runs the composed reference path (candle matmuls, the attention's
+    /// reference path: the whole `T × T` logits) instead of the fused one.
+    pub fn set_reference(&mut self, on: bool) {
+        self.reference = on;
+    }
+
+    /// The output projection `(V, D)`.
+    fn head(&self) -> &[f32] {
+        self.lm_head.as_deref().unwrap_or(&self.embed)
+    }
+
+    /// Final hidden states (after the last RMSNorm), `(T, D)` row-major, of
+    /// `tokens` at positions `offset..offset + T`, with `rope` rotating
+    /// queries and keys; `cache`, if given, receives every layer's keys and
+    /// values and supplies the earlier ones (its length must be `offset`).
+    ///
+    /// # Errors
+    /// [`ModelError::Invalid`] for an empty input or a token outside the
+    /// vocabulary; attention errors.
+    pub fn hidden_states(
+        &self,
+        tokens: &[u32],
+        rope: &Rope,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(ModelError::Invalid("no tokens to run".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.vocab_size) {
+            return Err(ModelError::Invalid(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                cfg.vocab_size
+            )));
+        }
+        let offset = cache.as_ref().map_or(0, |c| c.len());
+        if let Some(c) = cache.as_ref() {
+            if c.layers.len() != cfg.num_layers {
+                return Err(ModelError::Invalid("KV cache of another model".into()));
+            }
+        }
+        let d = cfg.hidden_size;
+        let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let w = cfg.qkv_width();
+        let inter = cfg.intermediate_size;
+        let eps = cfg.rms_norm_eps as f32;
+        let mut x = vec![0f32; t * d];
+        x.par_chunks_mut(d).zip(tokens.par_iter()).for_each(|(row, &id)| {
+            row.copy_from_slice(&self.embed[id as usize * d..][..d]);
+        });
+        let mut h = vec![0f32; t * d];
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm(&x, &layer.attn_norm, eps, &mut h);
+            let qkv = self.linear(&h, t, d, &layer.wqkv, w, layer.bqkv.as_deref())?;
+            let attn = match cache.as_deref_mut() {
+                Some(c) => {
+                    c.append(li, &qkv, t, hq, hk, dh);
+                    self.attend_cached(&qkv, t, c, li, rope, offset)?
+                }
+                None => self.attend(qkv, t, rope)?,
+            };
+            let o = self.linear(&attn, t, hq * dh, &layer.wo, d, layer.bo.as_deref())?;
+            add_into(&mut x, &o);
+            drop(o);
+            rms_norm(&x, &layer.mlp_norm, eps, &mut h);
+            let gu = self.linear(&h, t, d, &layer.w_gate_up, 2 * inter, layer.b_gate_up.as_deref())?;
+            let act = swiglu(&gu, t, inter);
+            drop(gu);
+            let down = self.linear(&act, t, inter, &layer.w_down, d, layer.b_down.as_deref())?;
+            add_into(&mut x, &down);
+        }
+        if let Some(c) = cache {
+            c.len += t;
+        }
+        rms_norm(&x, &self.norm, eps, &mut h);
+        Ok(h)
+    }
+
+    /// Logits `(rows, V)` of `rows` final hidden states.
+    ///
+    /// # Errors
+    /// Candle's, on the reference path.
+    pub fn logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>> {
+        let d = self.cfg.hidden_size;
+        self.linear(&hidden[..rows * d], rows, d, self.head(), self.cfg.vocab_size, None)
+    }
+
+    /// `y = x · Wᵀ (+ b)`, `x` `(t, k)`, `W` `(n, k)`.
+    fn linear(
+        &self,
+        x: &[f32],
+        t: usize,
+        k: usize,
+        w: &[f32],
+        n: usize,
+        b: Option<&[f32]>,
+    ) -> Result<Vec<f32>> {
+        let mut y = if self.reference {
+            let xt = Tensor::from_slice(x, (t, k), &Device::Cpu)?;
+            let wt = Tensor::from_slice(w, (n, k), &Device::Cpu)?;
+            vec_of(xt.matmul(&wt.t()?)?)?
+        } else {
+            let mut y = vec![0f32; t * n];
+            gemm_xwt(&mut y, x, t, k, w, n);
+            y
+        };
+        if let Some(b) = b {
+            y.par_chunks_mut(n).for_each(|row| {
+                for (v, bv) in row.iter_mut().zip(b) {
+                    *v += bv;
+                }
+            });
+        }
+        Ok(y)
+    }
+
+    /// Causal attention over one packed projection `(T, W)`: positions
+    /// `0..T`.
+    fn attend(&self, qkv: Vec<f32>, t: usize, rope: &Rope) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let w = cfg.qkv_width();
+        let qkv = Tensor::from_vec(qkv, (1, t, w), &Device::Cpu)?;
+        let hooks = AttentionHooks {
+            query_key: Some(rope),
+            ..Default::default()
+        };
+        let attn = Attention::new(true);
+        let out = if self.reference {
+            attn.forward_packed_reference(
+                &qkv,
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                &hooks,
+                AttnPositions::default(),
+            )?
+        } else {
+            attn.forward_packed(
+                &qkv,
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                &hooks,
+                AttnPositions::default(),
+            )?
+        };
+        vec_of(out)
+    }
+
+    /// Attention of `t` new queries at `offset..offset + t` over every key
+    /// in the cache (which already holds the new ones).
+    fn attend_cached(
+        &self,
+        qkv: &[f32],
+        t: usize,
+        cache: &KvCache,
+        layer: usize,
+        rope: &Rope,
+        offset: usize,
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let w = cfg.qkv_width();
+        let mut q = vec![0f32; t * hq * dh];
+        for r in 0..t {
+            q[r * hq * dh..][..hq * dh].copy_from_slice(&qkv[r * w..][..hq * dh]);
+        }
+        let tk = offset + t;
+        let (kc, vc) = &cache.layers[layer];
+        let q = Tensor::from_vec(q, (1, t, hq, dh), &Device::Cpu)?;
+        let k = Tensor::from_slice(&kc[..tk * hk * dh], (1, tk, hk, dh), &Device::Cpu)?;
+        let v = Tensor::from_slice(&vc[..tk * hk * dh], (1, tk, hk, dh), &Device::Cpu)?;
+        let hooks = AttentionHooks {
+            query_key: Some(rope),
+            ..Default::default()
+        };
+        let attn = Attention::new(true).with_layout(posenc::kernels::HeadLayout::Bthd);
+        let pos = AttnPositions::offsets(offset, 0);
+        let out = if self.reference {
+            attn.forward_reference(&q, &k, &v, &hooks, pos)?
+        } else {
+            attn.forward(&q, &k, &v, &hooks, pos)?
+        };
+        vec_of(out)
+    }
+}
+
+/// Keys and values of every layer, unrotated (the attention rotates them at
+/// their positions at each call), for generation.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    /// Per layer: keys and values, `(len, H_k, Dh)` row-major each.
+    layers: Vec<(Vec<f32>, Vec<f32>)>,
+    len: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `cfg`'s model.
+    pub fn new(cfg: &DecoderConfig) -> KvCache {
+        KvCache {
+            layers: vec![(Vec::new(), Vec::new()); cfg.num_layers],
+            len: 0,
+        }
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the cache holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn append(&mut self, layer: usize, qkv: &[f32], t: usize, hq: usize, hk: usize, dh: usize) {
+        let w = (hq + 2 * hk) * dh;
+        let (k, v) = &mut self.layers[layer];
+        for r in 0..t {
+            let row = &qkv[r * w..][..w];
+            k.extend_from_slice(&row[hq * dh..][..hk * dh]);
+            v.extend_from_slice(&row[(hq + hk) * dh..][..hk * dh]);
+        }
+    }
+}
+
+/// `y (t, n) = x (t, k) · Wᵀ`, `W` `(n, k)` row-major, on the `gemm` crate.
+fn gemm_xwt(y: &mut [f32], x: &[f32], t: usize, k: usize, w: &[f32], n: usize) {
+    debug_assert!(y.len() >= t * n && x.len() >= t * k && w.len() >= n * k);
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 && t * n * k >= 1 << 16 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the slices hold every element the strides address (checked
+    // above in debug builds; the callers size them from the same numbers).
+    unsafe {
+        gemm::gemm(
+            t,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// RMSNorm of each row of `x` (width `w.len()`), times `w`, into `out`:
+/// `x / sqrt(mean(x²) + ε) · w`, in `f32` as transformers' `LlamaRMSNorm`.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    out.par_chunks_mut(d)
+        .zip(x.par_chunks(d))
+        .for_each(|(o, xr)| {
+            let ss: f32 = xr.iter().map(|v| v * v).sum();
+            let inv = 1.0 / (ss / d as f32 + eps).sqrt();
+            for ((ov, xv), wv) in o.iter_mut().zip(xr).zip(w) {
+                *ov = wv * (xv * inv);
+            }
+        });
+}
+
+/// `silu(g) ⊙ u` of each row `[g | u]` of `gu` `(t, 2·i)`.
+fn swiglu(gu: &[f32], t: usize, i: usize) -> Vec<f32> {
+    let mut out = vec![0f32; t * i];
+    out.par_chunks_mut(i)
+        .zip(gu.par_chunks(2 * i))
+        .for_each(|(o, row)| {
+            let (g, u) = row.split_at(i);
+            for ((ov, gv), uv) in o.iter_mut().zip(g).zip(u) {
+                *ov = gv / (1.0 + (-gv).exp()) * uv;
+            }
+        });
+    out
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    x.par_chunks_mut(4096)
+        .zip(y.par_chunks(4096))
+        .for_each(|(a, b)| {
+            for (av, bv) in a.iter_mut().zip(b) {
+                *av += bv;
+            }
+        });
+}

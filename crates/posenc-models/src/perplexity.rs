@@ -1,0 +1,170 @@
+//! Loss at every position of a window, for each RoPE scaling: what a model
+//! does inside and beyond the context length it was trained at.
+//!
+//! For tokens `t_0 .. t_{T−1}`, `loss[i] = −log p(t_{i+1} | t_0..t_i)` for
+//! `i = 0 .. T−2` (natural log), from one causal forward pass over the whole
+//! window: position `i`'s query sees keys `0..=i`, so `loss[i]` is the loss
+//! *at position i*. "Inside" the trained length `L` means `i < L`,
+//! "beyond" means `i ≥ L`. Bands are means over `i ∈ [A, B)`; the last one
+//! holds the remaining positions (`T − 1 − A` terms).
+
+use std::time::Instant;
+
+use posenc::rope::RopeConfig;
+use posenc::tensor::rope::{HeadLayout, Rope};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::error::{ModelError, Result};
+use crate::llama::Decoder;
+use crate::scaling::Scaling;
+
+/// Rows of logits computed at once (`rows × V` floats).
+pub const LOGIT_ROWS: usize = 256;
+
+/// The posenc [`Rope`] of a RoPE configuration, for the attention hook.
+///
+/// # Errors
+/// posenc's, for an invalid configuration.
+pub fn rope_of(cfg: RopeConfig) -> Result<Rope> {
+    Ok(Rope::new(cfg)?.with_layout(HeadLayout::Bthd))
+}
+
+/// `loss[i]` for `i = 0 .. T−2` (see the [module docs](self)), with `rope`
+/// on queries and keys.
+///
+/// # Errors
+/// [`ModelError::Invalid`] for fewer than two tokens; the model's errors.
+pub fn loss_per_position(model: &Decoder, tokens: &[u32], rope: &Rope) -> Result<Vec<f64>> {
+    if tokens.len() < 2 {
+        return Err(ModelError::Invalid(
+            "a window needs at least two tokens".into(),
+        ));
+    }
+    let hidden = model.hidden_states(tokens, rope, None)?;
+    let d = model.config().hidden_size;
+    let v = model.config().vocab_size;
+    let n = tokens.len() - 1;
+    let mut loss = vec![0f64; n];
+    let mut r0 = 0;
+    while r0 < n {
+        let rows = LOGIT_ROWS.min(n - r0);
+        let logits = model.logits(&hidden[r0 * d..], rows)?;
+        loss[r0..r0 + rows]
+            .par_iter_mut()
+            .enumerate()
+            .for_each(|(r, out)| {
+                let row = &logits[r * v..][..v];
+                let target = tokens[r0 + r + 1] as usize;
+                *out = log_sum_exp(row) - row[target] as f64;
+            });
+        r0 += rows;
+    }
+    Ok(loss)
+}
+
+/// `log Σ exp(x)`, in `f64` after an `f32` max.
+pub fn log_sum_exp(x: &[f32]) -> f64 {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !m.is_finite() {
+        return m as f64;
+    }
+    let mut s = 0f64;
+    for c in x.chunks(64) {
+        let mut part = 0f32;
+        for &v in c {
+            part += (v - m).exp();
+        }
+        s += part as f64;
+    }
+    m as f64 + s.ln()
+}
+
+/// Mean loss over `[a, b)` of a per-position loss.
+fn mean(loss: &[f64], a: usize, b: usize) -> Option<f64> {
+    let b = b.min(loss.len());
+    (a < b).then(|| loss[a..b].iter().sum::<f64>() / (b - a) as f64)
+}
+
+/// One band of positions and its mean loss.
+#[derive(Debug, Clone, Serialize)]
+pub struct Band {
+    /// First position.
+    pub start: usize,
+    /// One past the last position (the band's nominal end).
+    pub end: usize,
+    /// Mean loss over the positions of the band that have a target.
+    pub loss: f64,
+}
+
+/// The result of one scaling over one window.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalingRun {
+    /// The scaling's name as given.
+    pub name: String,
+    /// `rope_type` of the RoPE it ran with.
+    pub rope_type: String,
+    /// The RoPE's first and last inverse frequencies (at the window's
+    /// length) and attention factor.
+    pub inv_freq_first: f32,
+    /// Last inverse frequency.
+    pub inv_freq_last: f32,
+    /// Attention factor applied to cos and sin.
+    pub attention_factor: f64,
+    /// `loss[i]`, `i = 0 .. T−2`.
+    pub loss: Vec<f64>,
+    /// Band means.
+    pub bands: Vec<Band>,
+    /// Mean over positions `< L`.
+    pub mean_inside: Option<f64>,
+    /// Mean over positions `≥ L`.
+    pub mean_beyond: Option<f64>,
+    /// Seconds of the forward pass and the loss.
+    pub forward_seconds: f64,
+    /// Tokens per second of that pass.
+    pub tokens_per_second: f64,
+}
+
+/// Runs `scaling` over `tokens` and summarises it in bands of `band`
+/// positions, with `trained` the model's trained length.
+///
+/// # Errors
+/// Those of [`loss_per_position`] and of the scaling's RoPE.
+pub fn run_scaling(
+    model: &Decoder,
+    tokens: &[u32],
+    scaling: &Scaling,
+    band: usize,
+) -> Result<ScalingRun> {
+    let cfg = scaling.rope_config(model.config())?;
+    let freqs = cfg.frequencies(Some(tokens.len()))?;
+    let rope = rope_of(cfg.clone())?;
+    let t0 = Instant::now();
+    let loss = loss_per_position(model, tokens, &rope)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let trained = model.config().trained_length();
+    let band = band.max(1);
+    let bands = (0..loss.len())
+        .step_by(band)
+        .filter_map(|a| {
+            mean(&loss, a, a + band).map(|l| Band {
+                start: a,
+                end: a + band,
+                loss: l,
+            })
+        })
+        .collect();
+    Ok(ScalingRun {
+        name: scaling.name.clone(),
+        rope_type: cfg.rope_type().to_string(),
+        inv_freq_first: freqs.inv_freq.first().copied().unwrap_or(0.0),
+        inv_freq_last: freqs.inv_freq.last().copied().unwrap_or(0.0),
+        attention_factor: freqs.attention_factor,
+        mean_inside: mean(&loss, 0, trained),
+        mean_beyond: mean(&loss, trained, loss.len()),
+        loss,
+        bands,
+        forward_seconds: secs,
+        tokens_per_second: tokens.len() as f64 / secs.max(1e-9),
+    })
+}

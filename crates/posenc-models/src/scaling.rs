@@ -1,0 +1,147 @@
+//! The RoPE scaling a run applies on top of a pretrained model, chosen by
+//! name: `model` (the config's own), `none`, `linear:F` (Position
+//! Interpolation, Chen et al. 2023), `dynamic:F` (dynamic NTK, as
+//! transformers' `dynamic` rope type), `ntk:F` (NTK-aware base scaling,
+//! bloc97 2023), `yarn:F` (Peng et al. 2023, with the paper's and
+//! transformers' defaults β_fast = 32, β_slow = 1, attention factor
+//! 0.1·ln F + 1). Every factor is relative to the model's trained length
+//! ([`DecoderConfig::trained_length`]).
+
+use std::str::FromStr;
+
+use posenc::rope::{RopeConfig, RopeScaling};
+
+use crate::config::DecoderConfig;
+use crate::error::{ModelError, Result};
+
+/// Largest scaling factor accepted.
+pub const MAX_FACTOR: f64 = 1024.0;
+
+/// What a run does to the model's RoPE.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScalingKind {
+    /// The config's own RoPE, unchanged.
+    Model,
+    /// Plain RoPE: the config's base, no scaling.
+    None,
+    /// Position Interpolation: every frequency divided by the factor.
+    Linear(f64),
+    /// Dynamic NTK: the base grows with the sequence length past the
+    /// trained length (transformers' `dynamic`).
+    Dynamic(f64),
+    /// NTK-aware: the base multiplied by `F^(d/(d−2))`, at every length.
+    Ntk(f64),
+    /// YaRN: NTK-by-parts interpolation and an attention factor.
+    Yarn(f64),
+}
+
+/// A scaling with the name it was given (kept for tables and JSON keys).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scaling {
+    /// The name as written (`yarn:2`).
+    pub name: String,
+    /// What it does.
+    pub kind: ScalingKind,
+}
+
+impl FromStr for Scaling {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Scaling> {
+        let s = s.trim();
+        let (kind, factor) = match s.split_once(':') {
+            Some((k, f)) => {
+                let f: f64 = f.trim().parse().map_err(|_| {
+                    ModelError::Invalid(format!("scaling {s:?}: factor {f:?} is not a number"))
+                })?;
+                if !(f.is_finite() && f > 0.0 && f <= MAX_FACTOR) {
+                    return Err(ModelError::Invalid(format!(
+                        "scaling {s:?}: the factor must be in (0, {MAX_FACTOR}]"
+                    )));
+                }
+                (k.trim(), Some(f))
+            }
+            None => (s, None),
+        };
+        let need = |f: Option<f64>| {
+            f.ok_or_else(|| {
+                ModelError::Invalid(format!("scaling {s:?} needs a factor, as in {s}:2"))
+            })
+        };
+        let kind = match kind {
+            "model" if factor.is_none() => ScalingKind::Model,
+            "none" if factor.is_none() => ScalingKind::None,
+            "linear" | "pi" => ScalingKind::Linear(need(factor)?),
+            "dynamic" => ScalingKind::Dynamic(need(factor)?),
+            "ntk" => ScalingKind::Ntk(need(factor)?),
+            "yarn" => ScalingKind::Yarn(need(factor)?),
+            _ => {
+                return Err(ModelError::Invalid(format!(
+                    "unknown scaling {s:?}: use model, none, linear:F, dynamic:F, ntk:F or yarn:F"
+                )))
+            }
+        };
+        Ok(Scaling {
+            name: s.to_string(),
+            kind,
+        })
+    }
+}
+
+/// Parses a comma-separated list (`none,linear:2,yarn:2`), refusing
+/// duplicates.
+///
+/// # Errors
+/// [`ModelError::Invalid`] for an empty list, a bad entry or a duplicate.
+pub fn parse_list(s: &str) -> Result<Vec<Scaling>> {
+    let mut out: Vec<Scaling> = Vec::new();
+    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+        let sc: Scaling = part.parse()?;
+        if out.iter().any(|o| o.name == sc.name) {
+            return Err(ModelError::Invalid(format!("scaling {:?} given twice", sc.name)));
+        }
+        out.push(sc);
+    }
+    if out.is_empty() {
+        return Err(ModelError::Invalid("no scaling given".into()));
+    }
+    Ok(out)
+}
+
+impl Scaling {
+    /// The model's RoPE with this scaling on top: same base, rotary and head
+    /// dimensions and pair layout; the scaling replaces the config's own
+    /// (except for [`ScalingKind::Model`]).
+    ///
+    /// # Errors
+    /// posenc's validation of the scaling.
+    pub fn rope_config(&self, cfg: &DecoderConfig) -> Result<RopeConfig> {
+        let own = &cfg.rope;
+        let l = cfg.trained_length();
+        let plain = RopeConfig::new(own.theta(), own.rotary_dim())?
+            .with_head_dim(own.head_dim())
+            .with_layout(own.layout())
+            .with_max_position_embeddings(l);
+        let scaling = match self.kind {
+            ScalingKind::Model => return Ok(own.clone()),
+            ScalingKind::None => return Ok(plain),
+            ScalingKind::Linear(factor) => RopeScaling::Linear { factor },
+            ScalingKind::Dynamic(factor) => RopeScaling::Dynamic {
+                factor,
+                max_position_embeddings: l,
+            },
+            ScalingKind::Ntk(alpha) => RopeScaling::Ntk { alpha },
+            ScalingKind::Yarn(factor) => RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: l,
+                attention_factor: None,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                mscale: None,
+                mscale_all_dim: None,
+                truncate: true,
+            },
+        };
+        Ok(plain.with_scaling(scaling)?)
+    }
+}
