@@ -8,6 +8,7 @@ mod args;
 mod bench;
 mod cmd_bias;
 mod cmd_lab;
+mod cmd_models;
 mod cmd_rope;
 mod cmd_table;
 mod output;
@@ -73,6 +74,11 @@ enum Command {
     /// Benchmarks (`posenc bench rope`).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Loss at every position of a pretrained model (GGUF or safetensors)
+    /// for each RoPE scaling, inside and beyond its trained length.
+    Perplexity(cmd_models::PerplexityArgs),
+    /// Generate text with a pretrained model, with any RoPE scaling.
+    Generate(cmd_models::GenerateArgs),
     /// Write the report (report.md, results.json): every encoding family with
     /// its formula, values and measured properties.
     Report(report::ReportArgs),
@@ -129,6 +135,8 @@ fn run(cli: Cli) -> CliResult {
         Command::Probe(a) => cmd_lab::probe(a),
         Command::Shuffle(a) => cmd_lab::shuffle(a),
         Command::Bench(c) => bench::run(c),
+        Command::Perplexity(a) => cmd_models::perplexity(a),
+        Command::Generate(a) => cmd_models::generate_cmd(a),
         Command::Report(a) => report::run(a),
     }
 }

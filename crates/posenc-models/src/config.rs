@@ -357,6 +357,8 @@ impl DecoderConfig {
             + if self.o_bias { d } else { 0 }
             + if self.mlp_bias { 2 * i + d } else { 0 };
         let emb = self.vocab_size as u64 * d;
-        emb + if self.tie_word_embeddings { 0 } else { emb } + d + per_layer * self.num_layers as u64
+        emb + if self.tie_word_embeddings { 0 } else { emb }
+            + d
+            + per_layer * self.num_layers as u64
     }
 }

@@ -81,8 +81,7 @@ impl GgufFile {
             let msg = e.to_string();
             if msg.contains("magic") {
                 ModelError::bad_file(path, "not a GGUF file (wrong magic number)")
-            } else if msg.contains("failed to fill whole buffer") || msg.contains("UnexpectedEof")
-            {
+            } else if msg.contains("failed to fill whole buffer") || msg.contains("UnexpectedEof") {
                 ModelError::bad_file(path, "GGUF header is truncated")
             } else {
                 ModelError::bad_file(path, format!("unreadable GGUF header: {msg}"))
@@ -316,17 +315,19 @@ impl GgufFile {
                 let factor = factor.ok_or_else(|| {
                     ModelError::bad_file(&self.path, "yarn rope scaling without a factor")
                 })?;
-                let original = original
-                    .or(hf.max_position_embeddings)
-                    .ok_or_else(|| {
-                        ModelError::bad_file(&self.path, "yarn rope scaling without a length")
-                    })?;
+                let original = original.or(hf.max_position_embeddings).ok_or_else(|| {
+                    ModelError::bad_file(&self.path, "yarn rope scaling without a length")
+                })?;
                 rope = rope.with_scaling(RopeScaling::Yarn {
                     factor,
                     original_max_position_embeddings: original,
                     attention_factor: None,
-                    beta_fast: self.float(&key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
-                    beta_slow: self.float(&key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+                    beta_fast: self
+                        .float(&key("rope.scaling.yarn_beta_fast"))?
+                        .unwrap_or(32.0),
+                    beta_slow: self
+                        .float(&key("rope.scaling.yarn_beta_slow"))?
+                        .unwrap_or(1.0),
                     mscale: None,
                     mscale_all_dim: None,
                     truncate: true,
@@ -343,15 +344,14 @@ impl GgufFile {
             if dims != [rotary_dim / 2] {
                 return Err(ModelError::bad_file(
                     &self.path,
-                    format!("rope_freqs.weight has shape {dims:?}, expected [{}]", rotary_dim / 2),
+                    format!(
+                        "rope_freqs.weight has shape {dims:?}, expected [{}]",
+                        rotary_dim / 2
+                    ),
                 ));
             }
             let t = self.read_f32("rope_freqs.weight")?;
-            let factors: Vec<f64> = t
-                .to_vec1::<f32>()?
-                .into_iter()
-                .map(|v| v as f64)
-                .collect();
+            let factors: Vec<f64> = t.to_vec1::<f32>()?.into_iter().map(|v| v as f64).collect();
             // llama.cpp divides each frequency by its factor: LongRoPE's
             // formula with one factor list and no attention factor.
             rope = rope.with_scaling(RopeScaling::LongRope {
@@ -374,7 +374,10 @@ impl GgufFile {
         if !SUPPORTED_TYPES.contains(&info.ggml_dtype) {
             return Err(ModelError::bad_file(
                 &self.path,
-                format!("tensor {name} has type {:?}, not supported", info.ggml_dtype),
+                format!(
+                    "tensor {name} has type {:?}, not supported",
+                    info.ggml_dtype
+                ),
             ));
         }
         let q = self

@@ -28,10 +28,10 @@
 //! let model = PretrainedModel::load("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref(), None)?;
 //! let text = std::fs::read_to_string("book.txt").unwrap();
 //! let tokens = model.tokenizer.encode(&text)?;
-//! let window = &tokens[..16384];
+//! let window = perplexity::window(&tokens, 16384)?;
 //! for name in ["none", "yarn:2"] {
 //!     let scaling: Scaling = name.parse()?;
-//!     let run = perplexity::run_scaling(&model.decoder, window, &scaling, 1024)?;
+//!     let run = perplexity::run_scaling(&model.decoder, window, &scaling, 1024, &mut |_layer| {})?;
 //!     println!("{name}: inside {:?}, beyond {:?}", run.mean_inside, run.mean_beyond);
 //! }
 //! # Ok::<(), posenc_models::ModelError>(())
@@ -96,9 +96,14 @@ impl ModelFiles {
         };
         if let Some(dir) = dir {
             let cfg = dir.join("config.json");
-            let len = std::fs::metadata(&cfg).map_err(|e| ModelError::io(&cfg, e))?.len();
+            let len = std::fs::metadata(&cfg)
+                .map_err(|e| ModelError::io(&cfg, e))?
+                .len();
             if len > MAX_CONFIG_BYTES {
-                return Err(ModelError::bad_file(&cfg, format!("{len} bytes is too large")));
+                return Err(ModelError::bad_file(
+                    &cfg,
+                    format!("{len} bytes is too large"),
+                ));
             }
             let bytes = std::fs::read(&cfg).map_err(|e| ModelError::io(&cfg, e))?;
             let config = String::from_utf8(bytes)
@@ -244,7 +249,10 @@ pub fn check_memory(cfg: &DecoderConfig, len: usize, budget: Option<u64>) -> Res
         Some(b) => (b, "the budget given".to_string()),
         None => match available_memory() {
             Some(b) => (b, "MemAvailable in /proc/meminfo".to_string()),
-            None => (16 << 30, "a default of 16 GB: available memory unknown".to_string()),
+            None => (
+                16 << 30,
+                "a default of 16 GB: available memory unknown".to_string(),
+            ),
         },
     };
     if need > budget {
@@ -268,7 +276,9 @@ pub const MAX_TEXT_BYTES: u64 = 1 << 30;
 /// # Errors
 /// [`ModelError::Io`], [`ModelError::Invalid`].
 pub fn read_text(path: &Path) -> Result<String> {
-    let len = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?.len();
+    let len = std::fs::metadata(path)
+        .map_err(|e| ModelError::io(path, e))?
+        .len();
     if len > MAX_TEXT_BYTES {
         return Err(ModelError::Invalid(format!(
             "{}: {len} bytes is over the {MAX_TEXT_BYTES}-byte limit",

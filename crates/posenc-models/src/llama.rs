@@ -63,7 +63,9 @@ pub struct Decoder {
 
 impl std::fmt::Debug for Decoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Decoder").field("config", &self.cfg).finish()
+        f.debug_struct("Decoder")
+            .field("config", &self.cfg)
+            .finish()
     }
 }
 
@@ -189,7 +191,22 @@ impl Decoder {
         &self,
         tokens: &[u32],
         rope: &Rope,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Vec<f32>> {
+        self.hidden_states_observed(tokens, rope, cache, &mut |_| {})
+    }
+
+    /// [`Decoder::hidden_states`], calling `on_layer(l)` after layer `l`
+    /// (for progress bars).
+    ///
+    /// # Errors
+    /// As [`Decoder::hidden_states`].
+    pub fn hidden_states_observed(
+        &self,
+        tokens: &[u32],
+        rope: &Rope,
         mut cache: Option<&mut KvCache>,
+        on_layer: &mut dyn FnMut(usize),
     ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let t = tokens.len();
@@ -214,9 +231,11 @@ impl Decoder {
         let inter = cfg.intermediate_size;
         let eps = cfg.rms_norm_eps as f32;
         let mut x = vec![0f32; t * d];
-        x.par_chunks_mut(d).zip(tokens.par_iter()).for_each(|(row, &id)| {
-            row.copy_from_slice(&self.embed[id as usize * d..][..d]);
-        });
+        x.par_chunks_mut(d)
+            .zip(tokens.par_iter())
+            .for_each(|(row, &id)| {
+                row.copy_from_slice(&self.embed[id as usize * d..][..d]);
+            });
         let mut h = vec![0f32; t * d];
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm, eps, &mut h);
@@ -232,11 +251,19 @@ impl Decoder {
             add_into(&mut x, &o);
             drop(o);
             rms_norm(&x, &layer.mlp_norm, eps, &mut h);
-            let gu = self.linear(&h, t, d, &layer.w_gate_up, 2 * inter, layer.b_gate_up.as_deref())?;
+            let gu = self.linear(
+                &h,
+                t,
+                d,
+                &layer.w_gate_up,
+                2 * inter,
+                layer.b_gate_up.as_deref(),
+            )?;
             let act = swiglu(&gu, t, inter);
             drop(gu);
             let down = self.linear(&act, t, inter, &layer.w_down, d, layer.b_down.as_deref())?;
             add_into(&mut x, &down);
+            on_layer(li);
         }
         if let Some(c) = cache {
             c.len += t;
@@ -251,7 +278,14 @@ impl Decoder {
     /// Candle's, on the reference path.
     pub fn logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>> {
         let d = self.cfg.hidden_size;
-        self.linear(&hidden[..rows * d], rows, d, self.head(), self.cfg.vocab_size, None)
+        self.linear(
+            &hidden[..rows * d],
+            rows,
+            d,
+            self.head(),
+            self.cfg.vocab_size,
+            None,
+        )
     }
 
     /// `y = x · Wᵀ (+ b)`, `x` `(t, k)`, `W` `(n, k)`.

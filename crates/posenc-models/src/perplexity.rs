@@ -36,12 +36,25 @@ pub fn rope_of(cfg: RopeConfig) -> Result<Rope> {
 /// # Errors
 /// [`ModelError::Invalid`] for fewer than two tokens; the model's errors.
 pub fn loss_per_position(model: &Decoder, tokens: &[u32], rope: &Rope) -> Result<Vec<f64>> {
+    loss_per_position_observed(model, tokens, rope, &mut |_| {})
+}
+
+/// [`loss_per_position`], calling `on_layer(l)` after each layer.
+///
+/// # Errors
+/// As [`loss_per_position`].
+pub fn loss_per_position_observed(
+    model: &Decoder,
+    tokens: &[u32],
+    rope: &Rope,
+    on_layer: &mut dyn FnMut(usize),
+) -> Result<Vec<f64>> {
     if tokens.len() < 2 {
         return Err(ModelError::Invalid(
             "a window needs at least two tokens".into(),
         ));
     }
-    let hidden = model.hidden_states(tokens, rope, None)?;
+    let hidden = model.hidden_states_observed(tokens, rope, None, on_layer)?;
     let d = model.config().hidden_size;
     let v = model.config().vocab_size;
     let n = tokens.len() - 1;
@@ -135,12 +148,13 @@ pub fn run_scaling(
     tokens: &[u32],
     scaling: &Scaling,
     band: usize,
+    on_layer: &mut dyn FnMut(usize),
 ) -> Result<ScalingRun> {
     let cfg = scaling.rope_config(model.config())?;
     let freqs = cfg.frequencies(Some(tokens.len()))?;
     let rope = rope_of(cfg.clone())?;
     let t0 = Instant::now();
-    let loss = loss_per_position(model, tokens, &rope)?;
+    let loss = loss_per_position_observed(model, tokens, &rope, on_layer)?;
     let secs = t0.elapsed().as_secs_f64();
     let trained = model.config().trained_length();
     let band = band.max(1);
@@ -167,4 +181,117 @@ pub fn run_scaling(
         forward_seconds: secs,
         tokens_per_second: tokens.len() as f64 / secs.max(1e-9),
     })
+}
+
+/// The first `length` tokens of `tokens`, or an error saying how many
+/// there are.
+///
+/// # Errors
+/// [`ModelError::Invalid`] when the text is shorter than the window or the
+/// window is shorter than two tokens.
+pub fn window(tokens: &[u32], length: usize) -> Result<&[u32]> {
+    if length < 2 {
+        return Err(ModelError::Invalid(format!(
+            "a window of {length} tokens has no target to score: use --length 2 or more"
+        )));
+    }
+    if tokens.len() < length {
+        return Err(ModelError::Invalid(format!(
+            "the text has {} tokens, fewer than the window of {length}",
+            tokens.len()
+        )));
+    }
+    Ok(&tokens[..length])
+}
+
+/// Every scaling over one window: what `posenc perplexity` prints.
+#[derive(Debug, Clone)]
+pub struct Study {
+    /// One line on the model's files.
+    pub model: String,
+    /// The model's trained length `L`.
+    pub trained_length: usize,
+    /// Tokens in the window.
+    pub length: usize,
+    /// Positions per band.
+    pub band: usize,
+    /// One run per scaling, in the order given.
+    pub runs: Vec<ScalingRun>,
+}
+
+/// Runs every scaling of `scalings` over `tokens`, in order; `on_layer(s,
+/// l)` is called after layer `l` of scaling `s`.
+///
+/// # Errors
+/// Those of [`run_scaling`].
+pub fn study(
+    model: &Decoder,
+    source: &str,
+    tokens: &[u32],
+    scalings: &[Scaling],
+    band: usize,
+    mut on_layer: impl FnMut(usize, usize),
+) -> Result<Study> {
+    if band == 0 {
+        return Err(ModelError::Invalid(
+            "a band needs at least one position".into(),
+        ));
+    }
+    let mut runs = Vec::with_capacity(scalings.len());
+    for (i, s) in scalings.iter().enumerate() {
+        runs.push(run_scaling(model, tokens, s, band, &mut |l| {
+            on_layer(i, l)
+        })?);
+    }
+    Ok(Study {
+        model: source.to_string(),
+        trained_length: model.config().trained_length(),
+        length: tokens.len(),
+        band,
+        runs,
+    })
+}
+
+impl Study {
+    /// The JSON form: `{"model", "trained_length", "length", "band",
+    /// "tokens_per_second" (of all forward passes together),
+    /// "forward_seconds" (their sum), "scalings": {NAME: {"bands": {"A-B":
+    /// loss, ...}, "mean_inside", "mean_beyond", "rope_type",
+    /// "attention_factor", "inv_freq_first", "inv_freq_last",
+    /// "forward_seconds", "tokens_per_second", "loss" (with `per_position`)}}}`;
+    /// NAME as given, bands in order.
+    pub fn to_json(&self, per_position: bool) -> serde_json::Value {
+        use serde_json::{json, Map, Value};
+        let mut scalings = Map::new();
+        for r in &self.runs {
+            let mut bands = Map::new();
+            for b in &r.bands {
+                bands.insert(format!("{}-{}", b.start, b.end), json!(b.loss));
+            }
+            let mut o = Map::new();
+            o.insert("bands".into(), Value::Object(bands));
+            o.insert("mean_inside".into(), json!(r.mean_inside));
+            o.insert("mean_beyond".into(), json!(r.mean_beyond));
+            o.insert("rope_type".into(), json!(r.rope_type));
+            o.insert("attention_factor".into(), json!(r.attention_factor));
+            o.insert("inv_freq_first".into(), json!(r.inv_freq_first));
+            o.insert("inv_freq_last".into(), json!(r.inv_freq_last));
+            o.insert("forward_seconds".into(), json!(r.forward_seconds));
+            o.insert("tokens_per_second".into(), json!(r.tokens_per_second));
+            if per_position {
+                o.insert("loss".into(), json!(r.loss));
+            }
+            scalings.insert(r.name.clone(), Value::Object(o));
+        }
+        let secs: f64 = self.runs.iter().map(|r| r.forward_seconds).sum();
+        json!({
+            "model": self.model,
+            "trained_length": self.trained_length,
+            "length": self.length,
+            "band": self.band,
+            "forward_seconds": secs,
+            "tokens_per_second": (self.length * self.runs.len()) as f64 / secs.max(1e-9),
+            "scalings": Value::Object(scalings),
+        })
+    }
 }

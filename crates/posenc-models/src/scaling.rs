@@ -98,7 +98,10 @@ pub fn parse_list(s: &str) -> Result<Vec<Scaling>> {
     for part in s.split(',').filter(|p| !p.trim().is_empty()) {
         let sc: Scaling = part.parse()?;
         if out.iter().any(|o| o.name == sc.name) {
-            return Err(ModelError::Invalid(format!("scaling {:?} given twice", sc.name)));
+            return Err(ModelError::Invalid(format!(
+                "scaling {:?} given twice",
+                sc.name
+            )));
         }
         out.push(sc);
     }

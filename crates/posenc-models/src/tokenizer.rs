@@ -80,9 +80,8 @@ fn bytes_to_unicode() -> [char; 256] {
     let mut map = ['\0'; 256];
     let mut n = 0u32;
     for b in 0..256u32 {
-        let printable = (0x21..=0x7e).contains(&b)
-            || (0xa1..=0xac).contains(&b)
-            || (0xae..=0xff).contains(&b);
+        let printable =
+            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
         map[b as usize] = if printable {
             char::from_u32(b).unwrap_or('\0')
         } else {
@@ -100,7 +99,10 @@ fn strings(v: Option<&Value>, key: &str, path: &Path) -> Result<Option<Vec<Strin
             .iter()
             .map(|x| match x {
                 Value::String(s) => Ok(s.clone()),
-                _ => Err(ModelError::bad_file(path, format!("{key}: not a string array"))),
+                _ => Err(ModelError::bad_file(
+                    path,
+                    format!("{key}: not a string array"),
+                )),
             })
             .collect::<Result<Vec<_>>>()
             .map(Some),
@@ -147,16 +149,28 @@ impl TextTokenizer {
                 )))
             }
         };
-        let tokens = strings(md.get("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens", path)?
-            .ok_or_else(|| ModelError::Tokenizer("no tokenizer.ggml.tokens".into()))?;
-        let merges = strings(md.get("tokenizer.ggml.merges"), "tokenizer.ggml.merges", path)?;
+        let tokens = strings(
+            md.get("tokenizer.ggml.tokens"),
+            "tokenizer.ggml.tokens",
+            path,
+        )?
+        .ok_or_else(|| ModelError::Tokenizer("no tokenizer.ggml.tokens".into()))?;
+        let merges = strings(
+            md.get("tokenizer.ggml.merges"),
+            "tokenizer.ggml.merges",
+            path,
+        )?;
         let types = ints(md.get("tokenizer.ggml.token_type"));
         let pre = match md.get("tokenizer.ggml.pre") {
             Some(Value::String(s)) => Some(s.clone()),
             _ => None,
         };
         let id = |k: &str| -> Option<u32> {
-            md.get(k).and_then(|v| v.to_u32().ok().or_else(|| v.to_u64().ok().map(|x| x as u32)))
+            md.get(k).and_then(|v| {
+                v.to_u32()
+                    .ok()
+                    .or_else(|| v.to_u64().ok().map(|x| x as u32))
+            })
         };
         let bos = id("tokenizer.ggml.bos_token_id");
         let eos: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
@@ -248,7 +262,11 @@ impl TextTokenizer {
                 )))
             }
         };
-        let spelled = |t: &str| byte_alphabet.as_ref().is_none_or(|a| t.chars().all(|c| a.contains(&c)));
+        let spelled = |t: &str| {
+            byte_alphabet
+                .as_ref()
+                .is_none_or(|a| t.chars().all(|c| a.contains(&c)))
+        };
         let control: Vec<AddedToken> = tokens
             .iter()
             .zip(types.iter().chain(std::iter::repeat(&0)))
@@ -272,7 +290,11 @@ impl TextTokenizer {
             bos,
             add_bos: add_bos && bos.is_some(),
             eos,
-            source: format!("GGUF ({model}{})", pre.map(|p| format!(", pre-tokenizer {p}")).unwrap_or_default()),
+            source: format!(
+                "GGUF ({model}{})",
+                pre.map(|p| format!(", pre-tokenizer {p}"))
+                    .unwrap_or_default()
+            ),
         })
     }
 
@@ -284,7 +306,9 @@ impl TextTokenizer {
     /// [`ModelError::Io`] / [`ModelError::Tokenizer`] for a missing, too
     /// large or invalid file.
     pub fn from_file(path: &Path) -> Result<TextTokenizer> {
-        let len = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?.len();
+        let len = std::fs::metadata(path)
+            .map_err(|e| ModelError::io(path, e))?
+            .len();
         if len > MAX_TOKENIZER_BYTES {
             return Err(ModelError::Tokenizer(format!(
                 "{}: {len} bytes is over the {MAX_TOKENIZER_BYTES}-byte limit",

@@ -66,7 +66,10 @@ impl Safetensors {
                 .map_err(|e| ModelError::io(&index, e))?
                 .len();
             if len > MAX_INDEX_BYTES {
-                return Err(ModelError::bad_file(&index, format!("{len} bytes is too large")));
+                return Err(ModelError::bad_file(
+                    &index,
+                    format!("{len} bytes is too large"),
+                ));
             }
             let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
             let idx: Index = serde_json::from_str(&text)
@@ -90,7 +93,10 @@ impl Safetensors {
         };
         for f in &files {
             if !f.is_file() {
-                return Err(ModelError::Invalid(format!("{}: missing shard", f.display())));
+                return Err(ModelError::Invalid(format!(
+                    "{}: missing shard",
+                    f.display()
+                )));
             }
         }
         // SAFETY: the files are mapped read-only; posenc does not modify

@@ -25,7 +25,11 @@ const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 fn model_path(test: &str) -> Option<PathBuf> {
     let path = std::env::var_os("POSENC_TEST_GGUF")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models").join(FILE));
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models")
+                .join(FILE)
+        });
     if path.is_file() {
         return Some(path);
     }
@@ -80,7 +84,11 @@ fn gguf_tokenizer_matches_transformers() {
         let text = c["text"].as_str().unwrap();
         let got = tk.encode(text).unwrap();
         assert_eq!(got, ids(&c["ids"]), "{text:?}");
-        assert_eq!(tk.decode(&got).unwrap(), c["decoded"].as_str().unwrap(), "{text:?}");
+        assert_eq!(
+            tk.decode(&got).unwrap(),
+            c["decoded"].as_str().unwrap(),
+            "{text:?}"
+        );
     }
 }
 
@@ -114,7 +122,10 @@ fn smollm2_losses_logits_and_generation_match_transformers() {
         let cfg = scaling.rope_config(model.config()).unwrap();
         let freqs = cfg.frequencies(Some(tokens.len())).unwrap();
         for (a, b) in freqs.inv_freq.iter().zip(floats(&s["inv_freq"])) {
-            assert!(((*a as f64) - b).abs() <= 1e-6 * b, "{name}: inv_freq {a} vs {b}");
+            assert!(
+                ((*a as f64) - b).abs() <= 1e-6 * b,
+                "{name}: inv_freq {a} vs {b}"
+            );
         }
         assert!((freqs.attention_factor - s["attention_scaling"].as_f64().unwrap()).abs() < 1e-6);
         let rope = rope_of(cfg).unwrap();
@@ -130,14 +141,20 @@ fn smollm2_losses_logits_and_generation_match_transformers() {
         let mean_want = want.iter().sum::<f64>() / want.len() as f64;
         eprintln!("{name}: worst |Δloss| {worst:.2e}, mean {mean_got:.5} vs {mean_want:.5}");
         assert!(worst < 1e-3, "{name}: a loss differs by {worst}");
-        assert!((mean_got - mean_want).abs() < 1e-4, "{name}: mean {mean_got} vs {mean_want}");
+        assert!(
+            (mean_got - mean_want).abs() < 1e-4,
+            "{name}: mean {mean_got} vs {mean_want}"
+        );
         means.push((name.clone(), mean_want));
         let hidden = model.hidden_states(&tokens[..2], &rope, None).unwrap();
         let logits = model.logits(&hidden, 2).unwrap();
         for (p, lf) in s["logits_first"].as_array().unwrap().iter().enumerate() {
             let row = &logits[p * v..][..v];
             for (a, b) in row.iter().zip(floats(&lf["first64"])) {
-                assert!((*a as f64 - b).abs() < 2e-2, "{name} position {p}: logit {a} vs {b}");
+                assert!(
+                    (*a as f64 - b).abs() < 2e-2,
+                    "{name} position {p}: logit {a} vs {b}"
+                );
             }
             let argmax = (0..v).fold(0, |b, i| if row[i] > row[b] { i } else { b });
             assert_eq!(argmax as u64, lf["argmax"].as_u64().unwrap());
@@ -147,14 +164,38 @@ fn smollm2_losses_logits_and_generation_match_transformers() {
     }
     let none = means.iter().find(|(n, _)| n == "none").unwrap().1;
     let ntk = means.iter().find(|(n, _)| n == "ntk:2").unwrap().1;
-    assert!((none - ntk).abs() > 1e-3, "ntk:2 and none are not told apart");
+    assert!(
+        (none - ntk).abs() > 1e-3,
+        "ntk:2 and none are not told apart"
+    );
 
     let g = &r["generate"];
     let prompt = m.tokenizer.encode(g["prompt"].as_str().unwrap()).unwrap();
     assert_eq!(prompt, ids(&g["prompt_ids"]));
     let want = ids(&g["new_ids"]);
-    let rope = rope_of(g["scaling"].as_str().unwrap().parse::<Scaling>().unwrap().rope_config(model.config()).unwrap()).unwrap();
-    let got = generate(model, &prompt, want.len(), &rope, Sampling::Greedy, &[], |_| {}).unwrap();
+    let rope = rope_of(
+        g["scaling"]
+            .as_str()
+            .unwrap()
+            .parse::<Scaling>()
+            .unwrap()
+            .rope_config(model.config())
+            .unwrap(),
+    )
+    .unwrap();
+    let got = generate(
+        model,
+        &prompt,
+        want.len(),
+        &rope,
+        Sampling::Greedy,
+        &[],
+        |_| {},
+    )
+    .unwrap();
     assert_eq!(got, want);
-    assert_eq!(m.tokenizer.decode(&got).unwrap(), g["text"].as_str().unwrap());
+    assert_eq!(
+        m.tokenizer.decode(&got).unwrap(),
+        g["text"].as_str().unwrap()
+    );
 }

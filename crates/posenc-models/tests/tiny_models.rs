@@ -67,7 +67,10 @@ fn check_model(name: &str) {
     let m = &r["models"][name];
     let mut model = load(name);
     let tokens = ids(&m["input_ids"]);
-    assert_eq!(model.config().trained_length() as u64, m["L"].as_u64().unwrap());
+    assert_eq!(
+        model.config().trained_length() as u64,
+        m["L"].as_u64().unwrap()
+    );
     let v = model.config().vocab_size;
     let d = model.config().hidden_size;
     for reference_path in [false, true] {
@@ -95,7 +98,10 @@ fn check_model(name: &str) {
             for (p, want) in s["logits_first"].as_array().unwrap().iter().enumerate() {
                 let got: Vec<f64> = logits[p * v..][..v].iter().map(|&x| x as f64).collect();
                 let diff = max_abs_diff(&got, &floats(want));
-                assert!(diff < TOL, "{name} {sname} path {reference_path}: logits at {p} differ by {diff}");
+                assert!(
+                    diff < TOL,
+                    "{name} {sname} path {reference_path}: logits at {p} differ by {diff}"
+                );
             }
             let last: Vec<f64> = logits[(tokens.len() - 1) * v..][..v]
                 .iter()
@@ -106,7 +112,10 @@ fn check_model(name: &str) {
             let loss = loss_per_position(&model, &tokens, &rope).unwrap();
             let want = floats(&s["loss"]);
             let diff = max_abs_diff(&loss, &want);
-            assert!(diff < TOL, "{name} {sname} path {reference_path}: losses differ by {diff}");
+            assert!(
+                diff < TOL,
+                "{name} {sname} path {reference_path}: losses differ by {diff}"
+            );
             assert_eq!(hidden.len(), tokens.len() * d);
             losses.push((sname.clone(), want));
         }
@@ -146,15 +155,30 @@ fn greedy_generation_with_the_cache_matches_transformers() {
         let model = load(name);
         let want = ids(&m["greedy"]);
         let margins = floats(&m["greedy_margins"]);
-        assert!(margins.iter().all(|&x| x > 10.0 * TOL), "{name}: a margin is too thin to test");
+        assert!(
+            margins.iter().all(|&x| x > 10.0 * TOL),
+            "{name}: a margin is too thin to test"
+        );
         let prompt = &ids(&m["input_ids"])[..8];
         let rope = rope_of(
-            "model".parse::<Scaling>().unwrap().rope_config(model.config()).unwrap(),
+            "model"
+                .parse::<Scaling>()
+                .unwrap()
+                .rope_config(model.config())
+                .unwrap(),
         )
         .unwrap();
         let mut streamed = Vec::new();
-        let got = generate(&model, prompt, want.len(), &rope, Sampling::Greedy, &[], |t| streamed.push(t))
-            .unwrap();
+        let got = generate(
+            &model,
+            prompt,
+            want.len(),
+            &rope,
+            Sampling::Greedy,
+            &[],
+            |t| streamed.push(t),
+        )
+        .unwrap();
         assert_eq!(got, want, "{name}");
         assert_eq!(streamed, want);
     }
@@ -170,10 +194,19 @@ fn cached_decoding_equals_one_pass() {
     let model = load("tiny-qwen25");
     let tokens = ids(&m["input_ids"]);
     for sname in ["none", "yarn:2", "linear:2"] {
-        let rope = rope_of(sname.parse::<Scaling>().unwrap().rope_config(model.config()).unwrap()).unwrap();
+        let rope = rope_of(
+            sname
+                .parse::<Scaling>()
+                .unwrap()
+                .rope_config(model.config())
+                .unwrap(),
+        )
+        .unwrap();
         let full = model.hidden_states(&tokens, &rope, None).unwrap();
         let mut cache = posenc_models::KvCache::new(model.config());
-        let mut got = model.hidden_states(&tokens[..20], &rope, Some(&mut cache)).unwrap();
+        let mut got = model
+            .hidden_states(&tokens[..20], &rope, Some(&mut cache))
+            .unwrap();
         for &t in &tokens[20..] {
             got.extend(model.hidden_states(&[t], &rope, Some(&mut cache)).unwrap());
         }
@@ -184,7 +217,10 @@ fn cached_decoding_equals_one_pass() {
             .zip(&full)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        assert!(diff < 1e-4, "{sname}: cached and one-pass states differ by {diff}");
+        assert!(
+            diff < 1e-4,
+            "{sname}: cached and one-pass states differ by {diff}"
+        );
     }
 }
 
@@ -192,7 +228,14 @@ fn cached_decoding_equals_one_pass() {
 #[test]
 fn sampling_is_seeded() {
     let model = load("tiny-llama31");
-    let rope = rope_of("model".parse::<Scaling>().unwrap().rope_config(model.config()).unwrap()).unwrap();
+    let rope = rope_of(
+        "model"
+            .parse::<Scaling>()
+            .unwrap()
+            .rope_config(model.config())
+            .unwrap(),
+    )
+    .unwrap();
     let s = |seed| Sampling::Sample {
         temperature: 1.5,
         top_p: 0.95,

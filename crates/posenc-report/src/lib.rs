@@ -22,6 +22,7 @@ pub mod families;
 pub mod figures;
 pub mod html;
 pub mod preset;
+pub mod pretrained;
 pub mod walkthrough;
 
 pub use claims::Verdict;

@@ -43,7 +43,7 @@ use crate::rope::PairLayout;
 /// Queries per tile.
 const BQ: usize = 64;
 /// Keys per tile.
-const BK: usize = 128;
+const BK: usize = 256;
 /// Multiply-adds below which a pass runs on the calling thread.
 const PARALLEL_WORK: usize = 1 << 17;
 
@@ -515,16 +515,58 @@ pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], le
     assert!(lse.len() >= dm.batch * dm.q_heads * dm.q_len);
     let parallel = p.work() >= PARALLEL_WORK;
     let q_tiles = dm.q_len.div_ceil(BQ);
+    // Every key is read by each query tile of each query head of its group:
+    // rotate and transpose the keys once, not once per task (that repeated
+    // packing cost as much as the logits' GEMM on long sequences). The
+    // buffer is the size of the keys.
+    let shared: Vec<f32> = if q_tiles * p.group() > 1 {
+        let per = dm.head_dim * dm.k_len.div_ceil(BK) * BK;
+        let mut kt = vec![0f32; dm.batch * dm.kv_heads * per];
+        let pack = |(task, dst): (usize, &mut [f32])| {
+            pack_dispatch(level, p, task / dm.kv_heads, task % dm.kv_heads, dst)
+        };
+        if parallel && dm.batch * dm.kv_heads > 1 && super::threads() > 1 {
+            kt.par_chunks_mut(per).enumerate().for_each(pack);
+        } else {
+            kt.chunks_mut(per).enumerate().for_each(pack);
+        }
+        kt
+    } else {
+        Vec::new()
+    };
+    let shared = &shared[..];
     let out_ptr = SendPtr(out.as_mut_ptr());
     let lse_ptr = SendPtr(lse.as_mut_ptr());
     run_tasks(dm.batch * dm.q_heads * q_tiles, parallel, |task| {
         let (out_ptr, lse_ptr) = (out_ptr, lse_ptr);
-        forward_dispatch(level, p, task, q_tiles, out_ptr, out_rows, lse_ptr)
+        forward_dispatch(level, p, task, q_tiles, shared, out_ptr, out_rows, lse_ptr)
     });
 }
 
 crate::multiversion!(fn forward_dispatch => forward_task(
-    p: &Problem, task: usize, q_tiles: usize, out: SendPtr, out_rows: Rows, lse: SendPtr) -> ());
+    p: &Problem, task: usize, q_tiles: usize, shared: &[f32], out: SendPtr, out_rows: Rows, lse: SendPtr) -> ());
+
+crate::multiversion!(fn pack_dispatch => pack_all_keys(
+    p: &Problem, b: usize, hk: usize, dst: &mut [f32]) -> ());
+
+/// Packs every key of `(b, hk)` rotated and transposed into `dst`, tile by
+/// tile: keys `j0..j0 + BK` as a contiguous `(D, BK)` block (a power-of-two
+/// leading dimension of `T_k` would map a tile's rows onto the same cache
+/// sets).
+#[inline(always)]
+fn pack_all_keys(p: &Problem, b: usize, hk: usize, dst: &mut [f32]) {
+    let d = p.dims.head_dim;
+    let mut rows = vec![0f32; BK * d];
+    for (jt, block) in dst.chunks_mut(d * BK).enumerate() {
+        let j0 = jt * BK;
+        let n = BK.min(p.dims.k_len - j0);
+        for t in 0..n {
+            load_k(p, b, hk, j0 + t, &mut rows[t * d..][..d]);
+        }
+        // SAFETY: `rows` holds n × d, `block` d × BK.
+        unsafe { tile::transpose(n, d, rows.as_ptr(), d, block.as_mut_ptr(), BK) };
+    }
+}
 
 crate::multiversion!(fn backward_dispatch => backward_task(
     p: &Problem, task: usize, o: &[f32], o_rows: Rows, d_o: &[f32], do_rows: Rows,
@@ -543,10 +585,12 @@ fn pack_kt(p: &Problem, b: usize, hk: usize, n: usize, kt: &mut [f32], rows: &mu
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn forward_task(
     p: &Problem,
     task: usize,
     q_tiles: usize,
+    shared: &[f32],
     out: SendPtr,
     out_rows: Rows,
     lse: SendPtr,
@@ -566,10 +610,13 @@ fn forward_task(
     let nqa = if keys.is_some() { rows * nv } else { 0 };
     let nwv = if values.is_some() { rows * nv } else { 0 };
     let nakt = if keys.is_some() { d * nv } else { 0 };
+    // Keys of (b, hk), rotated and transposed: from `shared` (all of them,
+    // leading dimension T_k), else packed here (0..k_end).
+    let nk = if shared.is_empty() { d * k_end } else { 0 };
     let mut scratch = tile::Scratch::take();
     let [kt, krow, q, qa, wv, m, l, acc, s, akt] = scratch.split([
-        d * k_end,
-        d * k_end,
+        nk,
+        nk,
         rows * d,
         nqa,
         nwv,
@@ -581,8 +628,14 @@ fn forward_task(
     ]);
     {
         {
-            // Rotated keys, transposed: (D, k_end).
-            pack_kt(p, b, hk, k_end, kt, krow);
+            // Key tile j0's block: at kt[j0_off..], leading dimension ldk.
+            let (kt, ldk, tiled): (&[f32], usize, bool) = if shared.is_empty() {
+                pack_kt(p, b, hk, k_end, kt, krow);
+                (kt, k_end, false)
+            } else {
+                let per = d * dm.k_len.div_ceil(BK) * BK;
+                (&shared[(b * dm.kv_heads + hk) * per..][..per], BK, true)
+            };
             for r in 0..rows {
                 load_q(p, b, h, i0 + r, &mut q[r * d..][..d]);
             }
@@ -612,17 +665,26 @@ fn forward_task(
             while j0 < k_end {
                 let n = BK.min(k_end - j0);
                 unsafe {
-                    tile::gemm_nn(
+                    gemm::gemm(
                         rows,
                         n,
                         d,
-                        q.as_ptr(),
-                        d,
-                        kt.as_ptr().add(j0),
-                        k_end,
                         s.as_mut_ptr(),
-                        n,
+                        1,
+                        n as isize,
                         false,
+                        q.as_ptr(),
+                        1,
+                        d as isize,
+                        kt.as_ptr().add(if tiled { j0 * d } else { j0 }),
+                        1,
+                        ldk as isize,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
                     )
                 };
                 for r in 0..rows {
@@ -670,17 +732,26 @@ fn forward_task(
                 }
                 let v0 = p.v_rows.at(b, hk, j0);
                 unsafe {
-                    tile::gemm_nn(
+                    gemm::gemm(
                         rows,
                         d,
                         n,
-                        s.as_ptr(),
-                        n,
-                        p.v.as_ptr().add(v0),
-                        p.v_rows.st,
                         acc.as_mut_ptr(),
-                        d,
+                        1,
+                        d as isize,
                         true,
+                        s.as_ptr(),
+                        1,
+                        n as isize,
+                        p.v.as_ptr().add(v0),
+                        1,
+                        p.v_rows.st as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
                     )
                 };
                 j0 += n;

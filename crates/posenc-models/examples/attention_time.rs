@@ -1,0 +1,42 @@
+//! Times posenc's fused causal attention with RoPE on one packed projection
+//! of SmolLM2-135M's shape (9 query heads, 3 key/value heads, head_dim 64):
+//! `cargo run --release -p posenc-models --example attention_time -- 4096 5`.
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use posenc::rope::RopeConfig;
+use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
+use posenc::tensor::rope::{HeadLayout, Rope};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().unwrap())
+        .collect();
+    let t = args.first().copied().unwrap_or(4096);
+    let reps = args.get(1).copied().unwrap_or(3);
+    let (hq, hk, d) = (9, 3, 64);
+    let w = (hq + 2 * hk) * d;
+    let qkv = Tensor::randn(0f32, 1.0, (1, t, w), &Device::Cpu)?;
+    let rope = Rope::new(RopeConfig::new(100000.0, d)?)?.with_layout(HeadLayout::Bthd);
+    let hooks = AttentionHooks {
+        query_key: Some(&rope),
+        ..Default::default()
+    };
+    let attn = Attention::new(true);
+    attn.forward_packed(&qkv, hq, hk, &hooks, AttnPositions::default())?;
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let s = Instant::now();
+        attn.forward_packed(&qkv, hq, hk, &hooks, AttnPositions::default())?;
+        best = best.min(s.elapsed().as_secs_f64());
+    }
+    let flops = 4.0 * hq as f64 * d as f64 * (t as f64 * (t as f64 + 1.0) / 2.0);
+    println!(
+        "T={t}: best {:.1} ms, {:.1} GFLOP/s (causal QK and PV)",
+        best * 1e3,
+        flops / best / 1e9
+    );
+    Ok(())
+}
