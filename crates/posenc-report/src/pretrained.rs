@@ -2,10 +2,21 @@
 //! for each RoPE scaling (also `posenc perplexity --out`), and the
 //! experiment "the third quiz answer on a pretrained model".
 
-use posenc_models::perplexity::Study;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use posenc_models::generate::{self, Sampling};
+use posenc_models::perplexity::{self, Study};
+use posenc_models::{KvCache, ModelFiles, Scaling};
 use posenc_plot::{LinePlot, Series};
 
+use crate::claims::experiments::{self as ce, ClaimDef};
+use crate::claims::Verdict;
+use crate::corpus::fnv;
+use crate::experiments::{Claim, ExpOutput, Table};
 use crate::figures::{Fig, FigSpec, LineSpec};
+use crate::{num, ReportError, Result};
 
 /// The curves of a [`Study`]: one per scaling, each band's mean loss at the
 /// band's middle position, and a vertical segment at the trained length
@@ -85,4 +96,301 @@ pub fn loss_plot(study: &Study) -> LinePlot {
         }
     }
     p
+}
+
+/// Scalings of experiment 8, in its tables' order.
+pub const SCALINGS: [&str; 4] = ["none", "linear:2", "dynamic:2", "yarn:2"];
+
+/// New tokens generated after the window, per scaling.
+pub const CONTINUATION: usize = 40;
+
+/// The experiment number.
+pub const ID: usize = 8;
+
+/// The experiment's title.
+pub const TITLE: &str = "the third quiz answer on a pretrained model";
+
+fn err(e: posenc_models::ModelError) -> ReportError {
+    ReportError(e.to_string())
+}
+
+/// A cheap identity of a model file or directory: FNV-1a of its size and
+/// of its first and last MiB (a GGUF's header holds its metadata and
+/// tensor table).
+fn model_identity(path: &Path) -> Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let file = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    let io = |e: std::io::Error| ReportError(format!("{}: {e}", file.display()));
+    let mut f = std::fs::File::open(&file).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    let mut head = vec![0u8; len.min(1 << 20) as usize];
+    f.read_exact(&mut head).map_err(io)?;
+    let mut tail = vec![0u8; len.min(1 << 20) as usize];
+    f.seek(SeekFrom::Start(len - tail.len() as u64))
+        .map_err(io)?;
+    f.read_exact(&mut tail).map_err(io)?;
+    let mut bytes = len.to_le_bytes().to_vec();
+    bytes.extend(head);
+    bytes.extend(tail);
+    Ok(fnv(&bytes))
+}
+
+/// Unigram entropy (nats) of a token sequence.
+pub fn unigram_entropy(tokens: &[u32]) -> f64 {
+    let mut counts: HashMap<u32, usize> = HashMap::new();
+    for &t in tokens {
+        *counts.entry(t).or_default() += 1;
+    }
+    let n = tokens.len() as f64;
+    counts
+        .values()
+        .map(|&c| {
+            let p = c as f64 / n;
+            -p * p.ln()
+        })
+        .sum()
+}
+
+fn one_line(s: &str) -> String {
+    s.replace('\n', "⏎").replace('|', "\\|")
+}
+
+/// Experiment 8: a pretrained RoPE decoder (GGUF or safetensors) over one
+/// window of twice its trained length `L` of `text` (its first `2L`
+/// tokens), zero-shot, for each of [`SCALINGS`]: loss per position, the
+/// rules of [`claims::experiments::PRETRAINED`], and [`CONTINUATION`]
+/// greedy tokens generated after the window. The result is cached under
+/// `cache` by model, text and code.
+///
+/// # Errors
+/// A model that cannot be read or run, a text shorter than `2L` tokens, a
+/// window that does not fit in memory.
+pub fn experiment(
+    model: &Path,
+    text: &str,
+    text_name: &str,
+    preset: &str,
+    cache: &Path,
+) -> Result<ExpOutput> {
+    let mut files = ModelFiles::open(model).map_err(err)?;
+    let cfg = files.config().map_err(err)?;
+    let l = cfg.trained_length();
+    let t = 2 * l;
+    let need_cache = posenc_models::llama::kv_bytes_per_position(&cfg) * (t + CONTINUATION) as u64;
+    let budget = posenc_models::available_memory().map(|m| m.saturating_sub(need_cache));
+    posenc_models::check_memory(&cfg, t + CONTINUATION, budget).map_err(err)?;
+    let tk = files
+        .tokenizer(None)
+        .map_err(err)?
+        .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
+    let all = tk.encode(text).map_err(err)?;
+    let window = perplexity::window(&all, t)
+        .map_err(|e| {
+            ReportError(format!(
+                "experiment {ID} needs 2L = {t} tokens of text ({text_name}): {e}"
+            ))
+        })?
+        .to_vec();
+    let unigram = unigram_entropy(&all);
+    let key = fnv(format!(
+        "{:016x} {:016x} {t} {CONTINUATION} {:016x} {:016x}",
+        model_identity(model)?,
+        fnv(text.as_bytes()),
+        fnv(include_str!("pretrained.rs").as_bytes()),
+        fnv(include_str!("claims/experiments.rs").as_bytes()),
+    )
+    .as_bytes());
+    let path = cache.join(format!("pretrained-{key:016x}.json"));
+    if let Some(mut o) = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|s| serde_json::from_str::<ExpOutput>(&s).ok())
+    {
+        o.cached = true;
+        return Ok(o);
+    }
+    let start = Instant::now();
+    let layers = cfg.num_layers;
+    let (decoder, source) = files.load(cfg).map_err(err)?;
+    let d = decoder.config().hidden_size;
+    let mut runs = Vec::new();
+    let mut continuations = Vec::new();
+    for (si, name) in SCALINGS.iter().enumerate() {
+        let scaling: Scaling = name.parse().map_err(err)?;
+        let rcfg = scaling.rope_config(decoder.config()).map_err(err)?;
+        let rope = perplexity::rope_of(rcfg.clone()).map_err(err)?;
+        let t0 = Instant::now();
+        let mut kv = KvCache::new(decoder.config());
+        let hidden = decoder
+            .hidden_states_observed(&window, &rope, Some(&mut kv), &mut |li| {
+                eprint!(
+                    "\rposenc report: experiment {ID}: {name} ({}/{}), layer {}/{layers}   ",
+                    si + 1,
+                    SCALINGS.len(),
+                    li + 1
+                );
+            })
+            .map_err(err)?;
+        let loss = perplexity::losses_from_hidden(&decoder, &hidden, &window).map_err(err)?;
+        let secs = t0.elapsed().as_secs_f64();
+        let last = hidden[(t - 1) * d..].to_vec();
+        drop(hidden);
+        let new = generate::continue_from(
+            &decoder,
+            &mut kv,
+            last,
+            CONTINUATION,
+            &rope,
+            Sampling::Greedy,
+            tk.eos(),
+            |_| {},
+        )
+        .map_err(err)?;
+        continuations.push(tk.decode(&new).map_err(err)?);
+        runs.push(perplexity::summarize(&scaling, &rcfg, loss, t, secs, 1024, l).map_err(err)?);
+    }
+    eprintln!();
+    let study = Study {
+        model: source.clone(),
+        trained_length: l,
+        length: t,
+        band: 1024,
+        runs,
+    };
+    let mut o = ExpOutput::new(ID, TITLE);
+    o.figures.push(loss_figure(
+        &study,
+        "e8_pretrained_loss.png",
+        &format!("Loss per band of 1,024 positions over one window of 2L = {t} tokens of {text_name}, for each RoPE scaling, zero-shot; the vertical segment marks the trained length L = {l}."),
+    ));
+    let beyond = |i: usize| -> Vec<f64> {
+        study.runs[i]
+            .bands
+            .iter()
+            .filter(|b| b.start >= l)
+            .map(|b| b.loss)
+            .collect()
+    };
+    let (none, pi, dynamic, yarn) = (beyond(0), beyond(1), beyond(2), beyond(3));
+    let at_l = study.runs[0].mean_inside.unwrap_or(f64::NAN);
+    let m = |i: usize| study.runs[i].mean_beyond.unwrap_or(f64::NAN);
+    let values = serde_json::json!({
+        "loss at L (no scaling, positions 0..L)": at_l,
+        "none, L..2L": m(0),
+        "linear:2 (PI), L..2L": m(1),
+        "dynamic:2, L..2L": m(2),
+        "yarn:2, L..2L": m(3),
+    });
+    let chen = serde_json::json!("LLaMA 7B without scaling: perplexity > 10^3 past L (Fig. 1)");
+    let claim = |def: &ClaimDef,
+                 metric: &str,
+                 value: serde_json::Value,
+                 paper: serde_json::Value,
+                 verdict: Verdict| Claim {
+        id: def.id.into(),
+        experiment: ID,
+        claim: def.claim.into(),
+        source: def.source.into(),
+        metric: metric.into(),
+        value,
+        paper,
+        rule: def.rule.into(),
+        verdict,
+        seeds: Vec::new(),
+        diverged: Vec::new(),
+        preset: preset.into(),
+    };
+    o.claims.push(claim(
+        &ce::PRETRAINED_QUIZ,
+        "mean loss (nats)",
+        values.clone(),
+        chen.clone(),
+        ce::pretrained_quiz(&none, &[&pi, &dynamic, &yarn], at_l),
+    ));
+    o.claims.push(claim(
+        &ce::PRETRAINED_NO_SCALING_BLOWS_UP,
+        "mean loss (nats)",
+        serde_json::json!({"none, L..2L": m(0), "loss at L": at_l, "unigram entropy": unigram}),
+        chen,
+        ce::no_scaling_blows_up(m(0), at_l, unigram),
+    ));
+    o.claims.push(claim(
+        &ce::PRETRAINED_PI_ZERO_SHOT,
+        "mean loss on L..2L (nats)",
+        serde_json::json!({"linear:2": m(1), "none": m(0)}),
+        serde_json::json!("finite, below no scaling (Table 1)"),
+        ce::pretrained_pi_zero_shot(&pi, &none),
+    ));
+    o.claims.push(claim(
+        &ce::PRETRAINED_DYNAMIC_YARN_BEST,
+        "mean loss on L..2L (nats)",
+        serde_json::json!({"dynamic:2": m(2), "yarn:2": m(3), "linear:2": m(1), "none": m(0)}),
+        serde_json::json!("YaRN and dynamic scaling lowest without fine-tuning (Table 1, Fig. 4)"),
+        ce::pretrained_dynamic_yarn_best(&dynamic, &yarn, &pi, &none),
+    ));
+    let mut header = vec!["positions".to_string()];
+    header.extend(SCALINGS.iter().map(|s| s.to_string()));
+    let mut rows: Vec<Vec<String>> = (0..study.runs[0].bands.len())
+        .map(|i| {
+            let b = &study.runs[0].bands[i];
+            let mut r = vec![format!("{}–{}", b.start, b.end.min(t - 1))];
+            r.extend(study.runs.iter().map(|run| num(run.bands[i].loss, 3)));
+            r
+        })
+        .collect();
+    let opt = |x: Option<f64>| x.map_or("–".into(), |v| num(v, 3));
+    let mut inside = vec![format!("mean, 0–{l}")];
+    inside.extend(study.runs.iter().map(|r| opt(r.mean_inside)));
+    let mut past = vec![format!("mean, {l}–{}", t - 1)];
+    past.extend(study.runs.iter().map(|r| opt(r.mean_beyond)));
+    let mut ratio = vec!["mean past L ÷ loss at L".to_string()];
+    ratio.extend(
+        study
+            .runs
+            .iter()
+            .map(|r| opt(r.mean_beyond.map(|b| b / at_l))),
+    );
+    let mut speed = vec!["tokens/s".to_string()];
+    speed.extend(study.runs.iter().map(|r| num(r.tokens_per_second, 0)));
+    rows.extend([inside, past, ratio, speed]);
+    o.tables.push(Table {
+        title: "Loss (nats) per band of 1,024 positions (band A–B: mean over positions i in [A, B) of the loss of token i + 1)".into(),
+        header,
+        rows,
+    });
+    let tail: String = {
+        let text = tk.decode(&window[t.saturating_sub(48)..]).map_err(err)?;
+        one_line(&text)
+    };
+    o.tables.push(Table {
+        title: format!("Greedy continuation ({CONTINUATION} tokens) after the whole window of {t} tokens (> L = {l}), which ends «…{tail}»"),
+        header: vec!["scaling".into(), "continuation".into()],
+        rows: SCALINGS
+            .iter()
+            .zip(&continuations)
+            .map(|(s, c)| vec![s.to_string(), one_line(c)])
+            .collect(),
+    });
+    o.text = format!(
+        "The quiz's third question is about a trained model's context window, and the lab's two-layer character models of experiment 3 are too small to show it: Press et al. 2022 measured rotary models of 247M parameters losing little past L, while models of 1B parameters and more blow up (Chen et al. 2023). This experiment runs a real pretrained decoder through posenc's RoPE and fused attention: **{source}** ({} layers, {} query and {} key/value heads, head dimension {}, RoPE base {}, trained length L = {l}).\n\n\
+         One window: the first 2L = {t} tokens of {text_name}, tokenized as one string by the model's own tokenizer ({}). Loss of token i + 1 given tokens 0..i at every position, zero-shot (no fine-tuning), with each scaling set as transformers sets it: `none` (plain RoPE), `linear:2` (Position Interpolation, every frequency halved), `dynamic:2` (dynamic NTK, the base rescaled from the window's length), `yarn:2` (YaRN, factor 2, original length L, β_fast 32, β_slow 1, attention factor 0.1 ln 2 + 1). The claims compare the mean loss on positions L..2L with the loss at L (no scaling, positions 0..L), with e3's thresholds; with one model and one window there are no seeds, so two scalings are compared band by band over the bands beyond L (paired differences, twice the standard error). The unigram entropy of the text's tokens is {}. Then each scaling continues the window greedily by {CONTINUATION} tokens, through the KV cache: the question is whether the model can *generate* past L.\n\n\
+         Reproduce one scaling's curve with `posenc perplexity --model {} --length {t}`.",
+        decoder.config().num_layers,
+        decoder.config().num_heads,
+        decoder.config().num_kv_heads,
+        decoder.config().head_dim,
+        decoder.config().rope.theta(),
+        tk.source(),
+        num(unigram, 3),
+        model.display(),
+    );
+    o.seconds = start.elapsed().as_secs_f64();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    crate::write_atomic(&path, serde_json::to_string(&o)?.as_bytes())?;
+    Ok(o)
 }

@@ -618,3 +618,201 @@ pub fn pi_fit(inside: f64, interpolated: f64, extrapolated: f64) -> Verdict {
 
 #[cfg(test)]
 mod tests;
+
+// ------------------------------------------------------------ e8 ---
+//
+// Experiment 8 runs only with `posenc report --model FILE`: a pretrained
+// RoPE decoder, one window of twice its trained length L, zero-shot. Its
+// claims are e3's, with e3's thresholds; what changes is the spread: one
+// model and one window have no seeds, so two scalings are compared on the
+// same positions, band by band (bands of 1,024 positions beyond L), and one
+// is lower "beyond the spread" when the mean of the paired band differences
+// plus twice its standard error is below 0.
+
+/// The claims of experiment 8, in report order (not in [`ALL`]: the
+/// experiment runs only when a model is given).
+pub const PRETRAINED: [&ClaimDef; 4] = [
+    &PRETRAINED_QUIZ,
+    &PRETRAINED_NO_SCALING_BLOWS_UP,
+    &PRETRAINED_PI_ZERO_SHOT,
+    &PRETRAINED_DYNAMIC_YARN_BEST,
+];
+
+/// e8: the quiz's third answer on a pretrained model.
+pub const PRETRAINED_QUIZ: ClaimDef = ClaimDef {
+    id: "e8.quiz-rope-needs-interpolation",
+    experiment: 8,
+    claim: "Seed 001's quiz, third answer, on a pretrained model: a RoPE decoder trained at L runs well at 2L only with interpolation.",
+    source: "seed 001 (quiz); Chen et al. 2023 (PI), Fig. 1 and Table 1; Peng et al. 2023 (YaRN), Table 1 and Fig. 4",
+    rule: "one window of 2L tokens, zero-shot; at L: no scaling's mean loss on positions 0..L; best: the lowest mean loss on positions L..2L among PI, dynamic NTK and YaRN. Reproduced if no scaling's loss on L..2L is ≥ 2 × at L while best ≤ 1.05 × at L (e3's thresholds); partly if best is lower than no scaling's beyond the spread (paired bands beyond L: mean difference + 2 standard errors < 0); tie if within it; otherwise not reproduced",
+};
+
+/// e8: no scaling blows up past L.
+pub const PRETRAINED_NO_SCALING_BLOWS_UP: ClaimDef = ClaimDef {
+    id: "e8.no-scaling-blows-up",
+    experiment: 8,
+    claim: "Without scaling, a pretrained RoPE decoder's loss blows up past its trained length.",
+    source: "Chen et al. 2023 (PI), Fig. 1 and Table 1 (perplexity > 10^3 past L, LLaMA 7B)",
+    rule: "mean loss on positions L..2L of one window of 2L, no scaling: reproduced if ≥ the unigram entropy of the text's tokens (worse than ignoring the context); partly if ≥ 2 × the loss on positions 0..L (e3's rule)",
+};
+
+/// e8: PI zero-shot beats no scaling.
+pub const PRETRAINED_PI_ZERO_SHOT: ClaimDef = ClaimDef {
+    id: "e8.pi-zero-shot-finite",
+    experiment: 8,
+    claim: "Position Interpolation keeps a pretrained model's loss finite zero-shot past L, below no scaling.",
+    source: "Chen et al. 2023, §2.3 and Table 1",
+    rule: "mean loss on positions L..2L: reproduced if PI's is finite and lower than no scaling's beyond the spread (paired bands); tie if within it; otherwise not reproduced (no partly)",
+};
+
+/// e8: dynamic NTK and YaRN are the best zero-shot scalings.
+pub const PRETRAINED_DYNAMIC_YARN_BEST: ClaimDef = ClaimDef {
+    id: "e8.dynamic-yarn-best",
+    experiment: 8,
+    claim: "Dynamic NTK and YaRN are the best zero-shot scalings of a pretrained model past L.",
+    source: "Peng et al. 2023 (YaRN), Table 1 and Fig. 4",
+    rule: "mean loss on positions L..2L, zero-shot: reproduced if dynamic NTK and YaRN each are lower than both PI and no scaling beyond the spread (paired bands); partly if one of the two is; tie if neither is but no comparison goes the other way beyond it; otherwise not reproduced",
+};
+
+/// Compares two scalings on the same bands: `a` lower when the mean of
+/// `a_b − b_b` plus twice its standard error is below 0 (NaN for fewer than
+/// two bands or a value that is not finite).
+pub fn paired_lower(a: &[f64], b: &[f64]) -> Compare {
+    let n = a.len().min(b.len());
+    let d: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
+    if n < 2 || d.iter().any(|x| !x.is_finite()) || a.len() != b.len() {
+        return Compare::Nan;
+    }
+    let mean = d.iter().sum::<f64>() / n as f64;
+    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    let se = (var / n as f64).sqrt();
+    if mean + 2.0 * se < 0.0 {
+        Compare::Lower
+    } else if mean - 2.0 * se > 0.0 {
+        Compare::Higher
+    } else {
+        Compare::Tie
+    }
+}
+
+fn mean_of(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// [`PRETRAINED_QUIZ`]'s rule: band means beyond L of no scaling and of
+/// each interpolation (PI, dynamic NTK, YaRN), and no scaling's loss on
+/// 0..L.
+pub fn pretrained_quiz(none: &[f64], interpolations: &[&[f64]], at_l: f64) -> Verdict {
+    let best = interpolations
+        .iter()
+        .copied()
+        .min_by(|a, b| mean_of(a).total_cmp(&mean_of(b)));
+    let Some(best) = best else {
+        return Verdict::Nan;
+    };
+    let (none_m, best_m) = (mean_of(none), mean_of(best));
+    Verdict::finite_or_nan(&[none_m, best_m, at_l], || {
+        if none_m >= 2.0 * at_l && best_m <= 1.05 * at_l {
+            return Verdict::Reproduced;
+        }
+        match paired_lower(best, none) {
+            Compare::Lower => Verdict::Partly,
+            Compare::Tie => Verdict::Tie,
+            Compare::Higher => Verdict::NotReproduced,
+            Compare::Nan => Verdict::Nan,
+        }
+    })
+}
+
+/// [`PRETRAINED_PI_ZERO_SHOT`]'s rule.
+pub fn pretrained_pi_zero_shot(pi: &[f64], none: &[f64]) -> Verdict {
+    match paired_lower(pi, none) {
+        Compare::Lower => Verdict::Reproduced,
+        Compare::Tie => Verdict::Tie,
+        Compare::Higher => Verdict::NotReproduced,
+        Compare::Nan => Verdict::Nan,
+    }
+}
+
+/// [`PRETRAINED_DYNAMIC_YARN_BEST`]'s rule.
+pub fn pretrained_dynamic_yarn_best(
+    dynamic: &[f64],
+    yarn: &[f64],
+    pi: &[f64],
+    none: &[f64],
+) -> Verdict {
+    let c = [
+        paired_lower(dynamic, pi),
+        paired_lower(dynamic, none),
+        paired_lower(yarn, pi),
+        paired_lower(yarn, none),
+    ];
+    if c.contains(&Compare::Nan) {
+        return Verdict::Nan;
+    }
+    let dyn_wins = c[0] == Compare::Lower && c[1] == Compare::Lower;
+    let yarn_wins = c[2] == Compare::Lower && c[3] == Compare::Lower;
+    if dyn_wins && yarn_wins {
+        Verdict::Reproduced
+    } else if dyn_wins || yarn_wins {
+        Verdict::Partly
+    } else if !c.contains(&Compare::Higher) {
+        Verdict::Tie
+    } else {
+        Verdict::NotReproduced
+    }
+}
+
+#[cfg(test)]
+mod pretrained_rules {
+    use super::*;
+
+    #[test]
+    fn paired_comparison_uses_the_band_differences() {
+        // Same level shift on every band: lower however noisy the bands.
+        let a = [3.0, 5.0, 4.0, 7.0];
+        let b = [3.2, 5.2, 4.2, 7.2];
+        assert_eq!(paired_lower(&a, &b), Compare::Lower);
+        assert_eq!(paired_lower(&b, &a), Compare::Higher);
+        // Differences of both signs: a tie.
+        assert_eq!(
+            paired_lower(&[1.0, 2.0, 3.0], &[1.1, 1.9, 3.05]),
+            Compare::Tie
+        );
+        assert_eq!(paired_lower(&[1.0], &[2.0]), Compare::Nan);
+        assert_eq!(paired_lower(&[f64::NAN, 1.0], &[2.0, 2.0]), Compare::Nan);
+    }
+
+    #[test]
+    fn quiz_rule_follows_e3_thresholds() {
+        let none = [6.5, 7.0, 7.5];
+        let good = [3.0, 3.05, 3.1];
+        assert_eq!(pretrained_quiz(&none, &[&good], 3.0), Verdict::Reproduced);
+        let mild = [3.3, 3.4, 3.5];
+        assert_eq!(pretrained_quiz(&none, &[&mild], 3.0), Verdict::Partly);
+        let none_mild = [3.4, 4.0, 5.0];
+        assert_eq!(pretrained_quiz(&none_mild, &[&good], 3.0), Verdict::Partly);
+        assert_eq!(
+            pretrained_quiz(&good, &[&none], 3.0),
+            Verdict::NotReproduced
+        );
+        assert_eq!(pretrained_quiz(&none, &[], 3.0), Verdict::Nan);
+    }
+
+    #[test]
+    fn dynamic_yarn_rule() {
+        let none = [5.0, 6.0, 7.0];
+        let pi = [4.0, 4.1, 4.2];
+        let good = [3.0, 3.1, 3.2];
+        assert_eq!(
+            pretrained_dynamic_yarn_best(&good, &good, &pi, &none),
+            Verdict::Reproduced
+        );
+        assert_eq!(
+            pretrained_dynamic_yarn_best(&good, &[4.5, 4.6, 4.7], &pi, &none),
+            Verdict::Partly
+        );
+        assert_eq!(pretrained_pi_zero_shot(&pi, &none), Verdict::Reproduced);
+        assert_eq!(pretrained_pi_zero_shot(&none, &pi), Verdict::NotReproduced);
+    }
+}

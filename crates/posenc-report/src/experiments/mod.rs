@@ -105,7 +105,7 @@ pub struct ExpOutput {
 }
 
 impl ExpOutput {
-    fn new(id: usize, title: &str) -> Self {
+    pub(crate) fn new(id: usize, title: &str) -> Self {
         ExpOutput {
             id,
             title: title.into(),
