@@ -191,6 +191,11 @@ impl DecoderConfig {
     pub fn from_hf_json_str(text: &str) -> Result<DecoderConfig> {
         let hf: HfDecoderConfig = serde_json::from_str(text)
             .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        // The architecture first: another model's config fails on what it
+        // is, not on a key it does not need.
+        if let Some(name) = hf.model_type.as_deref() {
+            Arch::parse(name)?;
+        }
         let rope = RopeConfig::from_hf_json_str(text)?;
         DecoderConfig::from_hf(&hf, rope)
     }

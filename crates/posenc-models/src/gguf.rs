@@ -448,3 +448,136 @@ impl WeightSource for GgufFile {
         format!("GGUF, tensors: {}", t.join(", "))
     }
 }
+
+/// llama.cpp's row permutation of a Llama q or k projection `(heads·Dh,
+/// in)`: within each head, row `half·Dh/2 + i` moves to `2i + half`, so
+/// that interleaved pairs hold what half-split pairs held
+/// (`convert_hf_to_gguf.py`'s `permute`).
+pub fn permute_for_interleaved(w: &Tensor, heads: usize) -> Result<Tensor> {
+    let (rows, cols) = w.dims2()?;
+    if heads == 0 || rows % (2 * heads) != 0 {
+        return Err(ModelError::Invalid(format!(
+            "cannot permute {rows} rows into {heads} heads of pairs"
+        )));
+    }
+    Ok(w
+        .reshape((heads, 2, rows / heads / 2, cols))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((rows, cols))?)
+}
+
+/// Writes the decoder `cfg` read from `src` as a GGUF file, as llama.cpp's
+/// converter does: its metadata keys, its tensor names, Llama and Mistral q/k
+/// rows permuted for interleaved pairs (Qwen2 left as is), matrices stored
+/// as `dtype` (F32, F16 or Q8_0; norms and biases as F32). No tokenizer is
+/// written, and the RoPE scaling is written only for `linear` and `yarn`
+/// (other scalings are refused).
+///
+/// # Errors
+/// [`ModelError::Unsupported`]-style [`ModelError::Invalid`] for a scaling
+/// GGUF cannot carry; I/O and candle errors.
+pub fn write_gguf(
+    cfg: &DecoderConfig,
+    src: &mut dyn WeightSource,
+    out: &Path,
+    dtype: GgmlDType,
+) -> Result<()> {
+    use candle_core::quantized::{gguf_file, QTensor};
+    let arch = cfg.arch.name();
+    let k = |s: &str| format!("{arch}.{s}");
+    let mut meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (k("context_length"), Value::U32(cfg.max_position_embeddings as u32)),
+        (k("embedding_length"), Value::U32(cfg.hidden_size as u32)),
+        (k("feed_forward_length"), Value::U32(cfg.intermediate_size as u32)),
+        (k("block_count"), Value::U32(cfg.num_layers as u32)),
+        (k("attention.head_count"), Value::U32(cfg.num_heads as u32)),
+        (k("attention.head_count_kv"), Value::U32(cfg.num_kv_heads as u32)),
+        (k("attention.key_length"), Value::U32(cfg.head_dim as u32)),
+        (k("attention.value_length"), Value::U32(cfg.head_dim as u32)),
+        (k("attention.layer_norm_rms_epsilon"), Value::F32(cfg.rms_norm_eps as f32)),
+        (k("rope.freq_base"), Value::F32(cfg.rope.theta() as f32)),
+        (k("rope.dimension_count"), Value::U32(cfg.rope.rotary_dim() as u32)),
+        (k("vocab_size"), Value::U32(cfg.vocab_size as u32)),
+    ];
+    match cfg.rope.scaling() {
+        RopeScaling::Default => {}
+        RopeScaling::Linear { factor } => {
+            meta.push((k("rope.scaling.type"), Value::String("linear".into())));
+            meta.push((k("rope.scaling.factor"), Value::F32(*factor as f32)));
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            ..
+        } => {
+            meta.push((k("rope.scaling.type"), Value::String("yarn".into())));
+            meta.push((k("rope.scaling.factor"), Value::F32(*factor as f32)));
+            meta.push((
+                k("rope.scaling.original_context_length"),
+                Value::U32(*original_max_position_embeddings as u32),
+            ));
+        }
+        other => {
+            return Err(ModelError::Invalid(format!(
+                "write_gguf: the {} scaling has no GGUF metadata here",
+                other.rope_type()
+            )))
+        }
+    }
+    let permute = matches!(cfg.arch, Arch::Llama | Arch::Mistral);
+    let (d, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let mut names: Vec<(String, Vec<usize>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![v, d]),
+        ("model.norm.weight".into(), vec![d]),
+    ];
+    if src.contains("lm_head.weight") {
+        names.push(("lm_head.weight".into(), vec![v, d]));
+    }
+    for l in 0..cfg.num_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        names.extend([
+            (p("input_layernorm.weight"), vec![d]),
+            (p("post_attention_layernorm.weight"), vec![d]),
+            (p("self_attn.q_proj.weight"), vec![hq * dh, d]),
+            (p("self_attn.k_proj.weight"), vec![hk * dh, d]),
+            (p("self_attn.v_proj.weight"), vec![hk * dh, d]),
+            (p("self_attn.o_proj.weight"), vec![d, hq * dh]),
+            (p("mlp.gate_proj.weight"), vec![i, d]),
+            (p("mlp.up_proj.weight"), vec![i, d]),
+            (p("mlp.down_proj.weight"), vec![d, i]),
+        ]);
+        if cfg.qkv_bias {
+            names.extend([
+                (p("self_attn.q_proj.bias"), vec![hq * dh]),
+                (p("self_attn.k_proj.bias"), vec![hk * dh]),
+                (p("self_attn.v_proj.bias"), vec![hk * dh]),
+            ]);
+        }
+    }
+    let mut tensors: Vec<(String, QTensor)> = Vec::with_capacity(names.len());
+    for (hf, shape) in &names {
+        let mut t = src.load(hf, shape)?;
+        if permute && hf.ends_with("q_proj.weight") {
+            t = permute_for_interleaved(&t, hq)?;
+        } else if permute && hf.ends_with("k_proj.weight") {
+            t = permute_for_interleaved(&t, hk)?;
+        } else if permute && hf.ends_with("q_proj.bias") {
+            t = permute_for_interleaved(&t.unsqueeze(1)?, hq)?.squeeze(1)?;
+        } else if permute && hf.ends_with("k_proj.bias") {
+            t = permute_for_interleaved(&t.unsqueeze(1)?, hk)?.squeeze(1)?;
+        }
+        let ty = if shape.len() == 2 { dtype } else { GgmlDType::F32 };
+        let name = gguf_name(hf).ok_or_else(|| ModelError::Invalid(format!("no GGUF name for {hf}")))?;
+        tensors.push((name, QTensor::quantize(&t, ty)?));
+    }
+    let mut f = std::io::BufWriter::new(File::create(out).map_err(|e| ModelError::io(out, e))?);
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    gguf_file::write(&mut f, &meta_refs, &tensor_refs)?;
+    use std::io::Write;
+    f.flush().map_err(|e| ModelError::io(out, e))?;
+    Ok(())
+}
