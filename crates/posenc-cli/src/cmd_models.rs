@@ -95,10 +95,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "model")]
     pub scaling: String,
     /// Sampling temperature; 0 (the default) is greedy decoding.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub temperature: f64,
     /// Nucleus sampling mass (with --temperature > 0).
-    #[arg(long = "top-p", default_value_t = 1.0)]
+    #[arg(long = "top-p", default_value_t = 1.0, allow_hyphen_values = true)]
     pub top_p: f64,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
@@ -257,6 +257,7 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
             seed: a.seed,
         }
     };
+    posenc_models::generate::check_sampling(sampling)?;
     if a.max_tokens > MAX_LENGTH {
         return Err(CliError(format!(
             "--max-tokens must be at most {MAX_LENGTH}"

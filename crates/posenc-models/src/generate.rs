@@ -146,7 +146,12 @@ fn pick(logits: &[f32], sampling: Sampling, rng: &mut StdRng) -> u32 {
     }
 }
 
-fn check_sampling(sampling: Sampling) -> Result<()> {
+/// Refuses a temperature that is not a positive number and a `top_p`
+/// outside (0, 1].
+///
+/// # Errors
+/// [`ModelError::Invalid`].
+pub fn check_sampling(sampling: Sampling) -> Result<()> {
     if let Sampling::Sample {
         temperature, top_p, ..
     } = sampling

@@ -460,8 +460,7 @@ pub fn permute_for_interleaved(w: &Tensor, heads: usize) -> Result<Tensor> {
             "cannot permute {rows} rows into {heads} heads of pairs"
         )));
     }
-    Ok(w
-        .reshape((heads, 2, rows / heads / 2, cols))?
+    Ok(w.reshape((heads, 2, rows / heads / 2, cols))?
         .transpose(1, 2)?
         .contiguous()?
         .reshape((rows, cols))?)
@@ -488,17 +487,32 @@ pub fn write_gguf(
     let k = |s: &str| format!("{arch}.{s}");
     let mut meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
-        (k("context_length"), Value::U32(cfg.max_position_embeddings as u32)),
+        (
+            k("context_length"),
+            Value::U32(cfg.max_position_embeddings as u32),
+        ),
         (k("embedding_length"), Value::U32(cfg.hidden_size as u32)),
-        (k("feed_forward_length"), Value::U32(cfg.intermediate_size as u32)),
+        (
+            k("feed_forward_length"),
+            Value::U32(cfg.intermediate_size as u32),
+        ),
         (k("block_count"), Value::U32(cfg.num_layers as u32)),
         (k("attention.head_count"), Value::U32(cfg.num_heads as u32)),
-        (k("attention.head_count_kv"), Value::U32(cfg.num_kv_heads as u32)),
+        (
+            k("attention.head_count_kv"),
+            Value::U32(cfg.num_kv_heads as u32),
+        ),
         (k("attention.key_length"), Value::U32(cfg.head_dim as u32)),
         (k("attention.value_length"), Value::U32(cfg.head_dim as u32)),
-        (k("attention.layer_norm_rms_epsilon"), Value::F32(cfg.rms_norm_eps as f32)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(cfg.rms_norm_eps as f32),
+        ),
         (k("rope.freq_base"), Value::F32(cfg.rope.theta() as f32)),
-        (k("rope.dimension_count"), Value::U32(cfg.rope.rotary_dim() as u32)),
+        (
+            k("rope.dimension_count"),
+            Value::U32(cfg.rope.rotary_dim() as u32),
+        ),
         (k("vocab_size"), Value::U32(cfg.vocab_size as u32)),
     ];
     match cfg.rope.scaling() {
@@ -569,8 +583,13 @@ pub fn write_gguf(
         } else if permute && hf.ends_with("k_proj.bias") {
             t = permute_for_interleaved(&t.unsqueeze(1)?, hk)?.squeeze(1)?;
         }
-        let ty = if shape.len() == 2 { dtype } else { GgmlDType::F32 };
-        let name = gguf_name(hf).ok_or_else(|| ModelError::Invalid(format!("no GGUF name for {hf}")))?;
+        let ty = if shape.len() == 2 {
+            dtype
+        } else {
+            GgmlDType::F32
+        };
+        let name =
+            gguf_name(hf).ok_or_else(|| ModelError::Invalid(format!("no GGUF name for {hf}")))?;
         tensors.push((name, QTensor::quantize(&t, ty)?));
     }
     let mut f = std::io::BufWriter::new(File::create(out).map_err(|e| ModelError::io(out, e))?);

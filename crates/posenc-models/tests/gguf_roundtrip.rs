@@ -15,7 +15,9 @@ use posenc_models::weights::Safetensors;
 use posenc_models::{ModelError, ModelFiles, Scaling};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -27,7 +29,14 @@ fn scratch(name: &str) -> PathBuf {
 fn losses(path: &Path, scaling: &str, tokens: &[u32]) -> Vec<f64> {
     let mut files = ModelFiles::open(path).unwrap();
     let cfg = files.config().unwrap();
-    let rope = rope_of(scaling.parse::<Scaling>().unwrap().rope_config(&cfg).unwrap()).unwrap();
+    let rope = rope_of(
+        scaling
+            .parse::<Scaling>()
+            .unwrap()
+            .rope_config(&cfg)
+            .unwrap(),
+    )
+    .unwrap();
     let (model, _) = files.load(cfg).unwrap();
     loss_per_position(&model, tokens, &rope).unwrap()
 }
@@ -39,7 +48,11 @@ fn convert(name: &str, plain: bool, dtype: GgmlDType) -> PathBuf {
     let mut files = ModelFiles::open(&dir).unwrap();
     let mut cfg = files.config().unwrap();
     if plain {
-        cfg.rope = "none".parse::<Scaling>().unwrap().rope_config(&cfg).unwrap();
+        cfg.rope = "none"
+            .parse::<Scaling>()
+            .unwrap()
+            .rope_config(&cfg)
+            .unwrap();
     }
     let mut st = Safetensors::open_dir(&dir).unwrap();
     let out = scratch(&format!("{name}-{dtype:?}.gguf"));
@@ -49,7 +62,10 @@ fn convert(name: &str, plain: bool, dtype: GgmlDType) -> PathBuf {
 
 fn max_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
 const TOKENS: [u32; 48] = [
@@ -66,19 +82,28 @@ fn llama_gguf_with_permuted_rows_equals_its_checkpoint() {
     // another order): 1e-5 is far above the spread observed. Reading the
     // permuted rows with the checkpoint's half-split pairs would rotate
     // other coordinates together and change every loss past position 0.
-    let diff = max_diff(&losses(&gguf, "none", &TOKENS), &losses(&fixture("tiny-llama31"), "none", &TOKENS));
+    let diff = max_diff(
+        &losses(&gguf, "none", &TOKENS),
+        &losses(&fixture("tiny-llama31"), "none", &TOKENS),
+    );
     assert!(diff < 1e-5, "losses differ by {diff}");
 }
 
 #[test]
 fn qwen2_gguf_keeps_yarn_and_biases() {
     let gguf = convert("tiny-qwen25", false, GgmlDType::F32);
-    let diff = max_diff(&losses(&gguf, "model", &TOKENS), &losses(&fixture("tiny-qwen25"), "model", &TOKENS));
+    let diff = max_diff(
+        &losses(&gguf, "model", &TOKENS),
+        &losses(&fixture("tiny-qwen25"), "model", &TOKENS),
+    );
     assert!(diff < 1e-5, "losses differ by {diff}");
     // F16 and Q8_0 files load and stay close (quantization error only).
     for dtype in [GgmlDType::F16, GgmlDType::Q8_0] {
         let q = convert("tiny-qwen25", false, dtype);
-        let d = max_diff(&losses(&q, "model", &TOKENS), &losses(&fixture("tiny-qwen25"), "model", &TOKENS));
+        let d = max_diff(
+            &losses(&q, "model", &TOKENS),
+            &losses(&fixture("tiny-qwen25"), "model", &TOKENS),
+        );
         assert!(d < 0.05, "{dtype:?}: losses differ by {d}");
     }
 }
@@ -103,8 +128,14 @@ fn damaged_and_foreign_files_are_refused_with_one_clear_error() {
     // Another architecture: a config.json of a model posenc does not run.
     let dir = scratch("gpt2-dir");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("config.json"), r#"{"model_type": "gpt2", "n_embd": 64}"#).unwrap();
-    let e = ModelFiles::open(&dir).and_then(|mut f| f.config()).unwrap_err();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"model_type": "gpt2", "n_embd": 64}"#,
+    )
+    .unwrap();
+    let e = ModelFiles::open(&dir)
+        .and_then(|mut f| f.config())
+        .unwrap_err();
     assert!(matches!(e, ModelError::Unsupported { .. }), "{e}");
     for line in [e.to_string()] {
         assert!(!line.contains('\n'));

@@ -1,0 +1,296 @@
+//! `posenc perplexity` and `posenc generate` end to end on the tiny
+//! checkpoints of `crates/posenc-models/tests/fixtures` (the real-model
+//! check is `crates/posenc-models/tests/smollm2.rs`), and every kind of bad
+//! input the issue lists: one line on stderr, exit status 2, before the
+//! weights are read.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn posenc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_posenc"))
+        .args(args)
+        .output()
+        .expect("run posenc")
+}
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../posenc-models/tests/fixtures")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("posenc-models-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// A word-level `tokenizer.json` over the 256 ids of the tiny models: words
+/// `w0`..`w254`, `[UNK]` last.
+fn tokenizer() -> String {
+    let mut vocab = serde_json::Map::new();
+    for i in 0..255 {
+        vocab.insert(format!("w{i}"), Value::from(i));
+    }
+    vocab.insert("[UNK]".into(), Value::from(255));
+    let tk = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    let p = scratch("tokenizer.json");
+    std::fs::write(&p, tk.to_string()).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+fn text(words: usize) -> String {
+    let t: Vec<String> = (0..words)
+        .map(|i| format!("w{}", (i * 37 + 11) % 255))
+        .collect();
+    let p = scratch(&format!("text-{words}.txt"));
+    std::fs::write(&p, t.join(" ")).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+fn fails(args: &[&str], needle: &str) {
+    let out = posenc(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "posenc {args:?}: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "posenc {args:?}: not one line: {err}"
+    );
+    assert!(err.starts_with("posenc: error:"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains(needle),
+        "posenc {args:?}: {err:?} lacks {needle:?}"
+    );
+}
+
+#[test]
+fn perplexity_json_bands_means_and_figure() {
+    let tk = tokenizer();
+    let txt = text(200);
+    let svg = scratch("loss.svg");
+    let out = posenc(&[
+        "perplexity",
+        "--model",
+        &fixture("tiny-qwen25"),
+        "--tokenizer",
+        &tk,
+        "--text",
+        &txt,
+        "--length",
+        "64",
+        "--band",
+        "16",
+        "--scaling",
+        "none,yarn:2,linear:2",
+        "--json",
+        "--out",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["trained_length"], 32);
+    assert_eq!(v["length"], 64);
+    let s = v["scalings"].as_object().unwrap();
+    assert_eq!(s.len(), 3);
+    for name in ["none", "yarn:2", "linear:2"] {
+        let bands = s[name]["bands"].as_object().unwrap();
+        // 63 losses in bands of 16: 0-16, 16-32, 32-48, 48-64 (15 terms).
+        assert_eq!(bands.len(), 4, "{name}");
+        for k in ["0-16", "16-32", "32-48", "48-64"] {
+            let l = bands[k].as_f64().unwrap();
+            assert!(l.is_finite() && l > 0.0, "{name} {k}: {l}");
+        }
+        // The means inside and beyond L = 32 weigh the bands' terms.
+        let b = |k: &str| bands[k].as_f64().unwrap();
+        let inside = (b("0-16") + b("16-32")) / 2.0;
+        let beyond = (16.0 * b("32-48") + 15.0 * b("48-64")) / 31.0;
+        assert!((s[name]["mean_inside"].as_f64().unwrap() - inside).abs() < 1e-9);
+        assert!((s[name]["mean_beyond"].as_f64().unwrap() - beyond).abs() < 1e-9);
+    }
+    assert_ne!(s["none"]["bands"]["48-64"], s["yarn:2"]["bands"]["48-64"]);
+    assert!(v["tokens_per_second"].as_f64().unwrap() > 0.0);
+    let fig = std::fs::read_to_string(&svg).unwrap();
+    assert!(fig.contains("yarn:2") && fig.contains("trained length L = 32"));
+}
+
+#[test]
+fn generate_is_greedy_by_default_and_seeded_when_sampling() {
+    let tk = tokenizer();
+    let model = fixture("tiny-llama31");
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "generate",
+            "--model",
+            &model,
+            "--tokenizer",
+            &tk,
+            "--prompt",
+            "w1 w2 w3 w4",
+            "--max-tokens",
+            "12",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = posenc(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let g = run(&[]);
+    assert_eq!(g["prompt_ids"], serde_json::json!([1, 2, 3, 4]));
+    assert_eq!(g["new_ids"].as_array().unwrap().len(), 12);
+    assert_eq!(run(&[])["new_ids"], g["new_ids"]);
+    let a = run(&["--temperature", "1.0", "--seed", "3"]);
+    assert_eq!(
+        a["new_ids"],
+        run(&["--temperature", "1.0", "--seed", "3"])["new_ids"]
+    );
+    let y = run(&["--scaling", "yarn:4"]);
+    assert_eq!(y["scaling"], "yarn:4");
+}
+
+#[test]
+fn bad_input_gets_one_line_and_exit_2() {
+    let tk = tokenizer();
+    let model = fixture("tiny-qwen25");
+    // A missing tokenizer (the checkpoint has no tokenizer.json).
+    fails(
+        &[
+            "perplexity",
+            "--model",
+            &model,
+            "--text",
+            &text(100),
+            "--length",
+            "16",
+        ],
+        "tokenizer",
+    );
+    // A window longer than the text.
+    fails(
+        &[
+            "perplexity",
+            "--model",
+            &model,
+            "--tokenizer",
+            &tk,
+            "--text",
+            &text(10),
+            "--length",
+            "64",
+        ],
+        "fewer than the window",
+    );
+    // A non-UTF-8 text.
+    let bad = scratch("latin1.txt");
+    std::fs::write(&bad, b"w1 w2 caf\xe9 w3").unwrap();
+    fails(
+        &[
+            "perplexity",
+            "--model",
+            &model,
+            "--tokenizer",
+            &tk,
+            "--text",
+            bad.to_str().unwrap(),
+        ],
+        "not UTF-8",
+    );
+    // A length beyond what fits in memory: a config of a model far larger
+    // than the machine (no weights needed: refused from the config).
+    let big = scratch("huge-model");
+    std::fs::create_dir_all(&big).unwrap();
+    std::fs::write(
+        big.join("config.json"),
+        r#"{"model_type": "llama", "hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126,
+            "num_attention_heads": 128, "num_key_value_heads": 8, "vocab_size": 128256,
+            "max_position_embeddings": 131072, "rope_theta": 500000.0}"#,
+    )
+    .unwrap();
+    fails(
+        &[
+            "perplexity",
+            "--model",
+            big.to_str().unwrap(),
+            "--length",
+            "1000000",
+        ],
+        "MB available",
+    );
+    // An architecture posenc does not run.
+    let gpt2 = scratch("gpt2");
+    std::fs::create_dir_all(&gpt2).unwrap();
+    std::fs::write(gpt2.join("config.json"), r#"{"model_type": "gpt2"}"#).unwrap();
+    fails(
+        &["perplexity", "--model", gpt2.to_str().unwrap()],
+        "unsupported architecture",
+    );
+    // A foreign file and a truncated GGUF.
+    let foreign = scratch("foreign.gguf");
+    std::fs::write(&foreign, b"\x7fELF not a model").unwrap();
+    fails(
+        &["perplexity", "--model", foreign.to_str().unwrap()],
+        "not a GGUF",
+    );
+    let mut magic_only = b"GGUF".to_vec();
+    magic_only.extend_from_slice(&3u32.to_le_bytes());
+    magic_only.extend_from_slice(&u64::MAX.to_le_bytes());
+    let cut = scratch("cut.gguf");
+    std::fs::write(&cut, &magic_only).unwrap();
+    fails(
+        &[
+            "generate",
+            "--model",
+            cut.to_str().unwrap(),
+            "--prompt",
+            "w1",
+        ],
+        "cut.gguf",
+    );
+    // Bad options.
+    fails(
+        &["perplexity", "--model", &model, "--scaling", "rope:2"],
+        "unknown scaling",
+    );
+    fails(
+        &["perplexity", "--model", &model, "--scaling", "yarn:0"],
+        "factor",
+    );
+    fails(
+        &["perplexity", "--model", &model, "--out", "x.jpg"],
+        ".png or .svg",
+    );
+    fails(
+        &[
+            "generate",
+            "--model",
+            &model,
+            "--tokenizer",
+            &tk,
+            "--prompt",
+            "w1",
+            "--temperature",
+            "-1",
+        ],
+        "temperature",
+    );
+}
