@@ -91,7 +91,7 @@ impl GgufFile {
             let dims = info.shape.dims();
             let mut elems: u64 = 1;
             for &d in dims {
-                elems = elems.checked_mul(d as u64).unwrap_or(u64::MAX);
+                elems = elems.saturating_mul(d as u64);
             }
             if elems == 0 || elems > MAX_TENSOR_ELEMENTS {
                 return Err(ModelError::bad_file(
