@@ -344,6 +344,35 @@ fn edge_lengths_cross_the_tiles() {
     }
 }
 
+/// Past 1,024 keys the forward pass takes its long-sequence tiles (256 keys,
+/// products on the gemm crate): the same values and gradients, for grouped
+/// heads, every hook, causal and bidirectional, across the switch.
+#[test]
+fn long_sequence_tiles_match_the_reference() {
+    for kind in [
+        Kind::Nope,
+        Kind::Rope,
+        Kind::Alibi,
+        Kind::T5,
+        Kind::Shaw,
+        Kind::Cumulative,
+    ] {
+        for t in [1024, 1025, 1300] {
+            let c = Case {
+                b: 1,
+                hq: 2,
+                hk: 1,
+                d: 8,
+                ..base(t)
+            };
+            check(kind, &c, 70 + t as u64);
+            if t == 1300 {
+                check(kind, &Case { causal: false, ..c }, 71 + t as u64);
+            }
+        }
+    }
+}
+
 #[test]
 fn grouped_heads_layouts_and_head_dims() {
     for kind in [Kind::Nope, Kind::Rope, Kind::Alibi, Kind::Shaw, Kind::Dense] {

@@ -43,7 +43,24 @@ use crate::rope::PairLayout;
 /// Queries per tile.
 const BQ: usize = 64;
 /// Keys per tile.
-const BK: usize = 256;
+const BK: usize = 128;
+/// Keys per tile of the forward pass on long sequences (more than
+/// [`LONG_KEYS`] keys), whose tile products run on the `gemm` crate: larger
+/// products amortise its packing. Short sequences (every lab model) keep
+/// [`BK`] and posenc's tile kernel, so their results do not change.
+const BK_LONG: usize = 256;
+/// Keys beyond which the forward pass takes the long-sequence tiles.
+const LONG_KEYS: usize = 1024;
+
+/// Keys per forward tile for `k_len` keys.
+#[inline(always)]
+fn key_tile(k_len: usize) -> usize {
+    if k_len > LONG_KEYS {
+        BK_LONG
+    } else {
+        BK
+    }
+}
 /// Multiply-adds below which a pass runs on the calling thread.
 const PARALLEL_WORK: usize = 1 << 17;
 
@@ -520,7 +537,8 @@ pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], le
     // packing cost as much as the logits' GEMM on long sequences). The
     // buffer is the size of the keys.
     let shared: Vec<f32> = if q_tiles * p.group() > 1 {
-        let per = dm.head_dim * dm.k_len.div_ceil(BK) * BK;
+        let bk = key_tile(dm.k_len);
+        let per = dm.head_dim * dm.k_len.div_ceil(bk) * bk;
         let mut kt = vec![0f32; dm.batch * dm.kv_heads * per];
         let pack = |(task, dst): (usize, &mut [f32])| {
             pack_dispatch(level, p, task / dm.kv_heads, task % dm.kv_heads, dst)
@@ -550,21 +568,22 @@ crate::multiversion!(fn pack_dispatch => pack_all_keys(
     p: &Problem, b: usize, hk: usize, dst: &mut [f32]) -> ());
 
 /// Packs every key of `(b, hk)` rotated and transposed into `dst`, tile by
-/// tile: keys `j0..j0 + BK` as a contiguous `(D, BK)` block (a power-of-two
+/// tile: keys `j0..j0 + bk` as a contiguous `(D, bk)` block (a power-of-two
 /// leading dimension of `T_k` would map a tile's rows onto the same cache
 /// sets).
 #[inline(always)]
 fn pack_all_keys(p: &Problem, b: usize, hk: usize, dst: &mut [f32]) {
     let d = p.dims.head_dim;
-    let mut rows = vec![0f32; BK * d];
-    for (jt, block) in dst.chunks_mut(d * BK).enumerate() {
-        let j0 = jt * BK;
-        let n = BK.min(p.dims.k_len - j0);
+    let bk = key_tile(p.dims.k_len);
+    let mut rows = vec![0f32; bk * d];
+    for (jt, block) in dst.chunks_mut(d * bk).enumerate() {
+        let j0 = jt * bk;
+        let n = bk.min(p.dims.k_len - j0);
         for t in 0..n {
             load_k(p, b, hk, j0 + t, &mut rows[t * d..][..d]);
         }
-        // SAFETY: `rows` holds n × d, `block` d × BK.
-        unsafe { tile::transpose(n, d, rows.as_ptr(), d, block.as_mut_ptr(), BK) };
+        // SAFETY: `rows` holds n × d, `block` d × bk.
+        unsafe { tile::transpose(n, d, rows.as_ptr(), d, block.as_mut_ptr(), bk) };
     }
 }
 
@@ -613,6 +632,8 @@ fn forward_task(
     // Keys of (b, hk), rotated and transposed: from `shared` (all of them,
     // leading dimension T_k), else packed here (0..k_end).
     let nk = if shared.is_empty() { d * k_end } else { 0 };
+    let bk = key_tile(dm.k_len);
+    let long = bk == BK_LONG;
     let mut scratch = tile::Scratch::take();
     let [kt, krow, q, qa, wv, m, l, acc, s, akt] = scratch.split([
         nk,
@@ -623,7 +644,7 @@ fn forward_task(
         rows,
         rows,
         rows * d,
-        rows * BK,
+        rows * bk,
         nakt,
     ]);
     {
@@ -633,8 +654,8 @@ fn forward_task(
                 pack_kt(p, b, hk, k_end, kt, krow);
                 (kt, k_end, false)
             } else {
-                let per = d * dm.k_len.div_ceil(BK) * BK;
-                (&shared[(b * dm.kv_heads + hk) * per..][..per], BK, true)
+                let per = d * dm.k_len.div_ceil(bk) * bk;
+                (&shared[(b * dm.kv_heads + hk) * per..][..per], bk, true)
             };
             for r in 0..rows {
                 load_q(p, b, h, i0 + r, &mut q[r * d..][..d]);
@@ -663,30 +684,39 @@ fn forward_task(
             wv.fill(0.0);
             let mut j0 = 0;
             while j0 < k_end {
-                let n = BK.min(k_end - j0);
-                unsafe {
-                    gemm::gemm(
-                        rows,
-                        n,
-                        d,
-                        s.as_mut_ptr(),
-                        1,
-                        n as isize,
-                        false,
-                        q.as_ptr(),
-                        1,
-                        d as isize,
-                        kt.as_ptr().add(if tiled { j0 * d } else { j0 }),
-                        1,
-                        ldk as isize,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
-                    )
-                };
+                let n = bk.min(k_end - j0);
+                let kb = unsafe { kt.as_ptr().add(if tiled { j0 * d } else { j0 }) };
+                if long {
+                    // SAFETY: q holds rows × d, the key block d × n with
+                    // leading dimension ldk, s rows × n.
+                    unsafe {
+                        gemm::gemm(
+                            rows,
+                            n,
+                            d,
+                            s.as_mut_ptr(),
+                            1,
+                            n as isize,
+                            false,
+                            q.as_ptr(),
+                            1,
+                            d as isize,
+                            kb,
+                            1,
+                            ldk as isize,
+                            0.0,
+                            1.0,
+                            false,
+                            false,
+                            false,
+                            gemm::Parallelism::None,
+                        )
+                    };
+                } else {
+                    unsafe {
+                        tile::gemm_nn(rows, n, d, q.as_ptr(), d, kb, ldk, s.as_mut_ptr(), n, false)
+                    };
+                }
                 for r in 0..rows {
                     let i = i0 + r;
                     let vis = p.visible(i).saturating_sub(j0).min(n);
@@ -731,29 +761,49 @@ fn forward_task(
                     }
                 }
                 let v0 = p.v_rows.at(b, hk, j0);
-                unsafe {
-                    gemm::gemm(
-                        rows,
-                        d,
-                        n,
-                        acc.as_mut_ptr(),
-                        1,
-                        d as isize,
-                        true,
-                        s.as_ptr(),
-                        1,
-                        n as isize,
-                        p.v.as_ptr().add(v0),
-                        1,
-                        p.v_rows.st as isize,
-                        1.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
-                    )
-                };
+                let vb = unsafe { p.v.as_ptr().add(v0) };
+                if long {
+                    // SAFETY: s holds rows × n, the values n rows of d at
+                    // stride st, acc rows × d.
+                    unsafe {
+                        gemm::gemm(
+                            rows,
+                            d,
+                            n,
+                            acc.as_mut_ptr(),
+                            1,
+                            d as isize,
+                            true,
+                            s.as_ptr(),
+                            1,
+                            n as isize,
+                            vb,
+                            1,
+                            p.v_rows.st as isize,
+                            1.0,
+                            1.0,
+                            false,
+                            false,
+                            false,
+                            gemm::Parallelism::None,
+                        )
+                    };
+                } else {
+                    unsafe {
+                        tile::gemm_nn(
+                            rows,
+                            d,
+                            n,
+                            s.as_ptr(),
+                            n,
+                            vb,
+                            p.v_rows.st,
+                            acc.as_mut_ptr(),
+                            d,
+                            true,
+                        )
+                    };
+                }
                 j0 += n;
             }
             for r in 0..rows {

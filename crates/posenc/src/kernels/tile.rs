@@ -189,43 +189,9 @@ mod x86 {
 
     use super::Strided;
 
-    /// Rows of `B` packed at most (16 KiB on the stack).
-    const PACK_K: usize = 256;
-
-    /// [`panel16_direct`], with the `k × 16` panel of `B` first copied into
-    /// a contiguous buffer when `B` is strided and the panel is read by
-    /// more than one block of rows: a panel whose rows lie a large stride
-    /// apart maps onto few cache sets (a stride of 960 floats, a packed
-    /// q/k/v projection's, onto 16 of L1's 64), and is evicted between the
-    /// row blocks that re-read it. Same arithmetic, same order.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn panel16(
-        m: usize,
-        k: usize,
-        a: Strided,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        if ldb == 16 || m <= 4 || k > PACK_K {
-            return panel16_direct(m, k, a, b, ldb, c, ldc, accumulate);
-        }
-        let mut buf = [_mm256_setzero_ps(); 2 * PACK_K];
-        let dst = buf.as_mut_ptr() as *mut f32;
-        for p in 0..k {
-            let bp = b.add(p * ldb);
-            _mm256_storeu_ps(dst.add(16 * p), _mm256_loadu_ps(bp));
-            _mm256_storeu_ps(dst.add(16 * p + 8), _mm256_loadu_ps(bp.add(8)));
-        }
-        panel16_direct(m, k, a, dst, 16, c, ldc, accumulate)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn panel16_direct(
         m: usize,
         k: usize,
         a: Strided,
