@@ -341,12 +341,7 @@ pub const PI_ZERO_SHOT_FINITE: ClaimDef = ClaimDef {
 
 /// [`PI_ZERO_SHOT_FINITE`]'s rule.
 pub fn pi_zero_shot_finite(pi: Stat, none: Stat) -> Verdict {
-    match lower(pi, none) {
-        Compare::Lower => Verdict::Reproduced,
-        Compare::Tie => Verdict::Tie,
-        Compare::Higher => Verdict::NotReproduced,
-        Compare::Nan => Verdict::Nan,
-    }
+    lower_reproduces(lower(pi, none))
 }
 
 /// e3: a short PI fine-tune recovers the loss at 2L.
@@ -364,12 +359,7 @@ pub fn pi_finetune_recovers(finetuned: Stat, zero_shot: Stat, at_l: f64) -> Verd
         if finetuned.mean <= 1.05 * at_l {
             return Verdict::Reproduced;
         }
-        match lower(finetuned, zero_shot) {
-            Compare::Lower => Verdict::Partly,
-            Compare::Tie => Verdict::Tie,
-            Compare::Higher => Verdict::NotReproduced,
-            Compare::Nan => Verdict::Nan,
-        }
+        lower_is_partly(lower(finetuned, zero_shot))
     })
 }
 
@@ -384,12 +374,18 @@ pub const DYNAMIC_YARN_BEST: ClaimDef = ClaimDef {
 
 /// [`DYNAMIC_YARN_BEST`]'s rule.
 pub fn dynamic_yarn_best(dynamic: Stat, yarn: Stat, pi: Stat, none: Stat) -> Verdict {
-    let c = [
+    two_best([
         lower(dynamic, pi),
         lower(dynamic, none),
         lower(yarn, pi),
         lower(yarn, none),
-    ];
+    ])
+}
+
+/// "Dynamic NTK and YaRN are best" from the comparisons dynamic vs PI,
+/// dynamic vs none, YaRN vs PI, YaRN vs none, however they were made (e3:
+/// over seeds; e8: paired bands).
+fn two_best(c: [Compare; 4]) -> Verdict {
     if c.contains(&Compare::Nan) {
         return Verdict::Nan;
     }
@@ -403,6 +399,28 @@ pub fn dynamic_yarn_best(dynamic: Stat, yarn: Stat, pi: Stat, none: Stat) -> Ver
         Verdict::Tie
     } else {
         Verdict::NotReproduced
+    }
+}
+
+/// "Lower beyond the spread" as the whole rule: reproduced, tie, not
+/// reproduced (no partly), NaN.
+fn lower_reproduces(c: Compare) -> Verdict {
+    match c {
+        Compare::Lower => Verdict::Reproduced,
+        Compare::Tie => Verdict::Tie,
+        Compare::Higher => Verdict::NotReproduced,
+        Compare::Nan => Verdict::Nan,
+    }
+}
+
+/// The weaker form shared by several rules: lower beyond the spread is
+/// partly, within it a tie, higher not reproduced.
+fn lower_is_partly(c: Compare) -> Verdict {
+    match c {
+        Compare::Lower => Verdict::Partly,
+        Compare::Tie => Verdict::Tie,
+        Compare::Higher => Verdict::NotReproduced,
+        Compare::Nan => Verdict::Nan,
     }
 }
 
@@ -421,12 +439,7 @@ pub fn quiz_rope_needs_interpolation(none_2l: Stat, pi_finetuned_2l: Stat, at_l:
         if none_2l.mean >= 2.0 * at_l && pi_finetuned_2l.mean <= 1.05 * at_l {
             return Verdict::Reproduced;
         }
-        match lower(pi_finetuned_2l, none_2l) {
-            Compare::Lower => Verdict::Partly,
-            Compare::Tie => Verdict::Tie,
-            Compare::Higher => Verdict::NotReproduced,
-            Compare::Nan => Verdict::Nan,
-        }
+        lower_is_partly(lower(pi_finetuned_2l, none_2l))
     })
 }
 
@@ -715,23 +728,13 @@ pub fn pretrained_quiz(none: &[f64], interpolations: &[&[f64]], at_l: f64) -> Ve
         if none_m >= 2.0 * at_l && best_m <= 1.05 * at_l {
             return Verdict::Reproduced;
         }
-        match paired_lower(best, none) {
-            Compare::Lower => Verdict::Partly,
-            Compare::Tie => Verdict::Tie,
-            Compare::Higher => Verdict::NotReproduced,
-            Compare::Nan => Verdict::Nan,
-        }
+        lower_is_partly(paired_lower(best, none))
     })
 }
 
 /// [`PRETRAINED_PI_ZERO_SHOT`]'s rule.
 pub fn pretrained_pi_zero_shot(pi: &[f64], none: &[f64]) -> Verdict {
-    match paired_lower(pi, none) {
-        Compare::Lower => Verdict::Reproduced,
-        Compare::Tie => Verdict::Tie,
-        Compare::Higher => Verdict::NotReproduced,
-        Compare::Nan => Verdict::Nan,
-    }
+    lower_reproduces(paired_lower(pi, none))
 }
 
 /// [`PRETRAINED_DYNAMIC_YARN_BEST`]'s rule.
@@ -741,26 +744,12 @@ pub fn pretrained_dynamic_yarn_best(
     pi: &[f64],
     none: &[f64],
 ) -> Verdict {
-    let c = [
+    two_best([
         paired_lower(dynamic, pi),
         paired_lower(dynamic, none),
         paired_lower(yarn, pi),
         paired_lower(yarn, none),
-    ];
-    if c.contains(&Compare::Nan) {
-        return Verdict::Nan;
-    }
-    let dyn_wins = c[0] == Compare::Lower && c[1] == Compare::Lower;
-    let yarn_wins = c[2] == Compare::Lower && c[3] == Compare::Lower;
-    if dyn_wins && yarn_wins {
-        Verdict::Reproduced
-    } else if dyn_wins || yarn_wins {
-        Verdict::Partly
-    } else if !c.contains(&Compare::Higher) {
-        Verdict::Tie
-    } else {
-        Verdict::NotReproduced
-    }
+    ])
 }
 
 #[cfg(test)]
