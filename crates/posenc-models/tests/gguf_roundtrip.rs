@@ -6,19 +6,16 @@
 //! biases). Then the files' damage cases: truncated, foreign, another
 //! architecture.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::GgmlDType;
+use common::{fixture, max_abs_diff as max_diff};
 use posenc_models::gguf::{write_gguf, GgufFile};
 use posenc_models::perplexity::{loss_per_position, rope_of};
 use posenc_models::weights::Safetensors;
 use posenc_models::{ModelError, ModelFiles, Scaling};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("posenc-models-test-{}", std::process::id()));
@@ -58,14 +55,6 @@ fn convert(name: &str, plain: bool, dtype: GgmlDType) -> PathBuf {
     let out = scratch(&format!("{name}-{dtype:?}.gguf"));
     write_gguf(&cfg, &mut st, &out, dtype).unwrap();
     out
-}
-
-fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
 }
 
 const TOKENS: [u32; 48] = [

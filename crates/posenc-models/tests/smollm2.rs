@@ -12,13 +12,15 @@
 //! each test prints that it was skipped and why; with
 //! `POSENC_REQUIRE_MODEL=1` (set by `.ci/run`) a missing model fails.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{floats, ids};
 use posenc_models::generate::{generate, Sampling};
 use posenc_models::gguf::GgufFile;
 use posenc_models::perplexity::{loss_per_position, rope_of};
 use posenc_models::{PretrainedModel, Scaling, TextTokenizer};
-use serde_json::Value;
 
 const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -44,27 +46,6 @@ fn model_path(test: &str) -> Option<PathBuf> {
     None
 }
 
-fn reference() -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2-reference.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
 /// Token ids identical to transformers' for the opening of the novel and
 /// for strings that exercise the pre-tokenizer (digits, runs of spaces,
 /// accents, Cyrillic, CJK, emoji, special tokens); decoding gives the text
@@ -74,7 +55,7 @@ fn gguf_tokenizer_matches_transformers() {
     let Some(path) = model_path("gguf_tokenizer_matches_transformers") else {
         return;
     };
-    let r = reference();
+    let r = common::reference("smollm2-reference.json");
     let tk = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     assert!(!tk.adds_bos(), "the file says add_bos_token false");
     let t = &r["tokenizer"];
@@ -109,7 +90,7 @@ fn smollm2_losses_logits_and_generation_match_transformers() {
     let Some(path) = model_path("smollm2_losses_logits_and_generation_match_transformers") else {
         return;
     };
-    let r = reference();
+    let r = common::reference("smollm2-reference.json");
     let m = PretrainedModel::load(&path, None).unwrap();
     let model = &m.decoder;
     assert_eq!(model.config().trained_length(), 8192);

@@ -14,56 +14,23 @@
 //! checks that every scaling stays 10× the tolerance away from `none`, so a
 //! pass shows that the right scaling ran.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::{fixture, floats, ids, max_abs_diff};
 use posenc_models::generate::{generate, Sampling};
 use posenc_models::perplexity::{loss_per_position, rope_of};
 use posenc_models::{Decoder, ModelFiles, Scaling};
-use serde_json::Value;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn reference() -> Value {
-    let text = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
 
 fn load(name: &str) -> Decoder {
-    let mut files = ModelFiles::open(&fixtures().join(name)).unwrap();
+    let mut files = ModelFiles::open(&fixture(name)).unwrap();
     let cfg = files.config().unwrap();
     files.load(cfg).unwrap().0
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len(), "lengths differ");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
 }
 
 const TOL: f64 = 5e-6;
 
 fn check_model(name: &str) {
-    let r = reference();
+    let r = common::reference("reference.json");
     let m = &r["models"][name];
     let mut model = load(name);
     let tokens = ids(&m["input_ids"]);
@@ -149,7 +116,7 @@ fn tiny_qwen25_matches_transformers_for_every_scaling() {
 /// between the best two logits, all far above the tolerance.
 #[test]
 fn greedy_generation_with_the_cache_matches_transformers() {
-    let r = reference();
+    let r = common::reference("reference.json");
     for name in ["tiny-llama31", "tiny-qwen25"] {
         let m = &r["models"][name];
         let model = load(name);
@@ -189,7 +156,7 @@ fn greedy_generation_with_the_cache_matches_transformers() {
 /// length-dependent scaling too.
 #[test]
 fn cached_decoding_equals_one_pass() {
-    let r = reference();
+    let r = common::reference("reference.json");
     let m = &r["models"]["tiny-qwen25"];
     let model = load("tiny-qwen25");
     let tokens = ids(&m["input_ids"]);
