@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use posenc::rope::layers::{LayerRope, ModelRope};
 use posenc::rope::limits::MAX_TABLE_VALUES;
-use posenc::rope::vision::VisionRopeKind;
+use posenc::rope::vision::VisionRope;
 use posenc::rope::{HfRopeConfig, MropeLayout, RopeConfig, RopeFrequencies};
 use serde_json::{json, Map, Value};
 
@@ -145,24 +145,16 @@ fn freq_table(f: &RopeFrequencies) -> String {
 
 /// The vision encoder's 2-D RoPE, when the config has a known one.
 fn vision(hf: &HfRopeConfig) -> CliResult<Option<Value>> {
-    let Some(vc) = hf.vision_config.as_deref() else {
-        return Ok(None);
-    };
-    let mt = hf.model_type.as_deref().unwrap_or("");
-    let Some(kind) = VisionRopeKind::for_model(mt, vc.model_type.as_deref()) else {
-        return Ok(None);
-    };
-    let theta = vc.theta(10000.0)?;
-    let head_dim = vc.head_dim()?;
-    let f = kind.frequencies(theta, head_dim)?;
-    Ok(Some(json!({
-        "kind": kind.as_str(),
-        "head_dim": head_dim,
-        "rope_theta": theta,
-        "layout": f.layout().as_str(),
-        "inv_freq": f.inv_freq(),
-        "axes": f.axes(),
-    })))
+    Ok(VisionRope::from_hf(hf)?.map(|v| {
+        json!({
+            "kind": v.kind.as_str(),
+            "head_dim": v.head_dim,
+            "rope_theta": v.rope_theta,
+            "layout": v.frequencies.layout().as_str(),
+            "inv_freq": v.frequencies.inv_freq(),
+            "axes": v.frequencies.axes(),
+        })
+    }))
 }
 
 fn inspect(a: InspectArgs) -> CliResult {

@@ -234,6 +234,18 @@ impl HfRopeConfig {
         }
     }
 
+    /// The `vision_config` (the file's, or its `text_config`'s) with the
+    /// defaults of transformers' vision config class for this model
+    /// applied ([`HfVisionConfig::with_class_defaults`](super::vision::HfVisionConfig::with_class_defaults)).
+    pub fn vision(&self) -> Option<super::vision::HfVisionConfig> {
+        let vc = self.vision_config.as_deref().or_else(|| {
+            self.text_config
+                .as_deref()
+                .and_then(|t| t.vision_config.as_deref())
+        })?;
+        Some(vc.with_class_defaults(self.model_type.as_deref().unwrap_or("")))
+    }
+
     /// Reads a `config.json` file (at most
     /// [`MAX_CONFIG_BYTES`](super::limits::MAX_CONFIG_BYTES)).
     ///

@@ -603,7 +603,8 @@ impl ModelRope {
                 Mrope::new(ty.config.clone(), s.clone(), *layout)?;
             }
         }
-        let vision = t.vision_config.as_deref();
+        let vision = t.vision();
+        let vision = vision.as_ref();
         let index_rules = mrope
             .as_ref()
             .and_then(|_| {

@@ -155,6 +155,186 @@ impl HfVisionConfig {
     }
 }
 
+/// Defaults of one of transformers' vision config classes: the values its
+/// fields take when `config.json` leaves them out.
+struct ClassDefaults {
+    embed_dim: Option<usize>,
+    hidden_size: usize,
+    heads: usize,
+    /// Whether the class names its head count `num_heads` (Qwen-VL, GLM-4V)
+    /// rather than `num_attention_heads` (Pixtral, Llama 4).
+    heads_key_is_num_heads: bool,
+    image_size: Option<usize>,
+    patch_size: usize,
+    merge: Option<usize>,
+    tokens_per_second: Option<f64>,
+}
+
+/// The vision config classes of transformers 5.24 whose encoders have a
+/// 2-D RoPE, by the `model_type` (base name) of the model or the encoder:
+/// `Qwen2VLVisionConfig`, `Qwen2_5_VLVisionConfig`, `Qwen3VLVisionConfig`
+/// (and its MoE and Qwen3.5 siblings), `Glm4vVisionConfig`,
+/// `PixtralVisionConfig`, `Llama4VisionConfig`.
+fn class_defaults(model_type: &str, vision_model_type: Option<&str>) -> Option<ClassDefaults> {
+    let v = vision_model_type.unwrap_or("");
+    let m = super::config::base_model_type(model_type);
+    let qwen = |hidden_size, embed_dim, patch_size, tokens_per_second| ClassDefaults {
+        embed_dim,
+        hidden_size,
+        heads: 16,
+        heads_key_is_num_heads: true,
+        image_size: None,
+        patch_size,
+        merge: Some(2),
+        tokens_per_second,
+    };
+    let is = |name: &str| m == name || v.strip_suffix("_vision").unwrap_or(v) == name;
+    if is("qwen2_vl") {
+        return Some(qwen(3584, Some(1280), 14, None));
+    }
+    if is("qwen2_5_vl") {
+        return Some(qwen(3584, None, 14, Some(4.0)));
+    }
+    if ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"]
+        .iter()
+        .any(|n| is(n))
+    {
+        return Some(qwen(1152, None, 16, None));
+    }
+    if is("glm4v") || is("glm4v_moe") {
+        return Some(ClassDefaults {
+            embed_dim: None,
+            hidden_size: 1536,
+            heads: 12,
+            heads_key_is_num_heads: true,
+            image_size: Some(336),
+            patch_size: 14,
+            merge: Some(2),
+            tokens_per_second: None,
+        });
+    }
+    if v == "pixtral" || m == "pixtral" {
+        return Some(ClassDefaults {
+            embed_dim: None,
+            hidden_size: 1024,
+            heads: 16,
+            heads_key_is_num_heads: false,
+            image_size: Some(1024),
+            patch_size: 16,
+            merge: None,
+            tokens_per_second: None,
+        });
+    }
+    if v.starts_with("llama4") || m == "llama4" {
+        return Some(ClassDefaults {
+            embed_dim: None,
+            hidden_size: 768,
+            heads: 16,
+            heads_key_is_num_heads: false,
+            image_size: Some(448),
+            patch_size: 14,
+            merge: None,
+            tokens_per_second: None,
+        });
+    }
+    None
+}
+
+impl HfVisionConfig {
+    /// This encoder config as transformers reads it: every key the file
+    /// leaves out takes the default of the vision config class that
+    /// transformers picks for `model_type` (the outer model's) or for the
+    /// encoder's own `model_type` — so a Qwen2-VL `vision_config` holding
+    /// only `{"depth": 32}` reads as the full one (`embed_dim` 1280, 16
+    /// heads, patch 14, merge 2). Encoders of other models are returned
+    /// unchanged.
+    ///
+    /// ```
+    /// use posenc::rope::vision::HfVisionConfig;
+    /// let vc: HfVisionConfig = serde_json::from_str(r#"{"depth": 32}"#)?;
+    /// assert!(vc.head_dim().is_err());
+    /// assert_eq!(vc.with_class_defaults("qwen2_vl").head_dim()?, 80);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_class_defaults(&self, model_type: &str) -> HfVisionConfig {
+        let mut out = self.clone();
+        let Some(d) = class_defaults(model_type, self.model_type.as_deref()) else {
+            return out;
+        };
+        if out.embed_dim.is_none() {
+            out.embed_dim = d.embed_dim;
+        }
+        if out.hidden_size.is_none() {
+            out.hidden_size = Some(d.hidden_size);
+        }
+        if out.num_attention_heads.is_none() && out.num_heads.is_none() {
+            if d.heads_key_is_num_heads {
+                out.num_heads = Some(d.heads);
+            } else {
+                out.num_attention_heads = Some(d.heads);
+            }
+        }
+        if out.image_size.is_none() {
+            out.image_size = d.image_size.map(Side::One);
+        }
+        if out.patch_size.is_none() {
+            out.patch_size = Some(Side::One(d.patch_size));
+        }
+        if out.spatial_merge_size.is_none() {
+            out.spatial_merge_size = d.merge;
+        }
+        if out.temporal_patch_size.is_none() && d.merge.is_some() {
+            out.temporal_patch_size = Some(Side::One(2));
+        }
+        if out.tokens_per_second.is_none() {
+            out.tokens_per_second = d.tokens_per_second;
+        }
+        out
+    }
+}
+
+/// A vision encoder's 2-D RoPE as read from a multimodal `config.json`.
+#[derive(Debug, Clone)]
+pub struct VisionRope {
+    /// Which encoder.
+    pub kind: VisionRopeKind,
+    /// Its head dimension.
+    pub head_dim: usize,
+    /// Its RoPE base.
+    pub rope_theta: f64,
+    /// Its frequencies and axes.
+    pub frequencies: AxialFrequencies,
+}
+
+impl VisionRope {
+    /// The vision RoPE of `hf` (its `vision_config`, or its text config's,
+    /// with transformers' class defaults applied), or `None` for a model
+    /// without a `vision_config` or with an encoder posenc does not know to
+    /// use a 2-D RoPE.
+    ///
+    /// # Errors
+    /// Those of [`HfVisionConfig::theta`], [`HfVisionConfig::head_dim`] and
+    /// [`VisionRopeKind::frequencies`] for values the file does give.
+    pub fn from_hf(hf: &super::config::HfRopeConfig) -> Result<Option<VisionRope>> {
+        let Some(vc) = hf.vision() else {
+            return Ok(None);
+        };
+        let mt = hf.model_type.as_deref().unwrap_or("");
+        let Some(kind) = VisionRopeKind::for_model(mt, vc.model_type.as_deref()) else {
+            return Ok(None);
+        };
+        let rope_theta = vc.theta(10000.0)?;
+        let head_dim = vc.head_dim()?;
+        let frequencies = kind.frequencies(rope_theta, head_dim)?;
+        Ok(Some(VisionRope {
+            kind,
+            head_dim,
+            rope_theta,
+            frequencies,
+        }))
+    }
+}
+
 fn check_quarter(what: &'static str, head_dim: usize) -> Result<()> {
     check_size(what, head_dim, MAX_HEAD_DIM)?;
     check_dim(what, head_dim, false)?;
