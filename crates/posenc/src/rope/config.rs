@@ -181,6 +181,29 @@ const MODEL_DEFAULT_THETA: &[(&str, f64)] = &[
     ("smollm3", 2e6),
     ("gemma3", 1e6),
     ("gemma3n", 1e6),
+    // transformers 5.24's `default_theta` of other decoders
+    // (scripts/rope/gen_class_default_theta.py)
+    ("apertus", 1.2e7),
+    ("bitnet", 5e5),
+    ("cohere", 5e5),
+    ("csm", 5e5),
+    ("cwm", 1e6),
+    ("ernie4_5", 5e5),
+    ("ernie4_5_moe", 5e5),
+    ("exaone", 5e5),
+    ("flex_olmo", 5e5),
+    ("gpt_oss", 1.5e5),
+    ("helium", 1e5),
+    ("lfm2", 1e6),
+    ("lfm2_moe", 1e6),
+    ("longcat_flash", 1e7),
+    ("minimax", 1e6),
+    ("minimax_m2", 5e6),
+    ("mixtral", 1e6),
+    ("olmo3", 5e5),
+    ("phimoe", 1e6),
+    ("sarvam_moe", 8e6),
+    ("solar_open", 1e6),
 ];
 
 /// `model_type` without a `_text` suffix (`qwen3_vl_text` is `qwen3_vl`).
