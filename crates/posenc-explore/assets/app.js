@@ -77,7 +77,7 @@ function fmt(x, digits = 4) {
   if (!isFinite(x)) return String(x);
   if (x === 0) return "0";
   const a = Math.abs(x);
-  if (a >= 1e6 || a < 1e-3) return x.toExponential(digits - 1);
+  if (a >= 1e6 || a < 1e-3) return x.toExponential(digits - 1).replace(/\.?0+e/, "e");
   if (Number.isInteger(x)) return String(x);
   return x.toPrecision(digits);
 }
@@ -161,32 +161,46 @@ function plot(c, opts) {
   }
   g.strokeStyle = "#c9ced6"; g.fillStyle = "#5b6575"; g.lineWidth = 1;
   g.strokeRect(m.l, m.t, W - m.l - m.r, H - m.t - m.b);
-  const ticks = (lo, hi, log) => (log ? niceTicks(Math.floor(lo), Math.ceil(hi), 6).filter((t) => Number.isInteger(t) && t >= lo - 1e-9 && t <= hi + 1e-9).map((t) => Math.pow(10, t)) : niceTicks(lo, hi, 6));
+  const ticks = (lo, hi, log) => {
+    if (!log) return niceTicks(lo, hi, 6);
+    const inside = (t) => t >= lo - 1e-9 && t <= hi + 1e-9;
+    const whole = niceTicks(Math.floor(lo), Math.ceil(hi), 6).filter((t) => Number.isInteger(t) && inside(t));
+    if (whole.length >= 2) return whole.map((t) => Math.pow(10, t));
+    // less than a decade: 1, 2 and 5 times the powers of ten
+    const out = [];
+    for (let e = Math.floor(lo); e <= Math.ceil(hi); e++) for (const m of [1, 2, 5]) if (inside(e + Math.log10(m))) out.push(m * Math.pow(10, e));
+    return out;
+  };
   g.textAlign = "center"; g.textBaseline = "top";
   for (const t of ticks(x0, x1, opts.xlog)) {
     const x = px(t); g.beginPath(); g.moveTo(x, H - m.b); g.lineTo(x, H - m.b + 4); g.stroke();
-    g.fillText(fmt(t, 3), x, H - m.b + 6);
+    g.fillText(tickLabel(t), x, H - m.b + 6);
   }
   g.textAlign = "right"; g.textBaseline = "middle";
   for (const t of ticks(y0, y1, opts.ylog)) {
     const y = py(t); g.beginPath(); g.moveTo(m.l - 4, y); g.lineTo(m.l, y); g.stroke();
     g.strokeStyle = "#eef0f3"; g.beginPath(); g.moveTo(m.l, y); g.lineTo(W - m.r, y); g.stroke(); g.strokeStyle = "#c9ced6";
-    g.fillText(fmt(t, 3), m.l - 6, y);
+    g.fillText(tickLabel(t), m.l - 6, y);
   }
   g.textAlign = "center"; g.textBaseline = "bottom";
   if (opts.xlabel) g.fillText(opts.xlabel, m.l + (W - m.l - m.r) / 2, H - 2);
   if (opts.title) { g.textBaseline = "top"; g.font = "600 12px system-ui, sans-serif"; g.fillStyle = "#1d2430"; g.fillText(opts.title, W / 2, 3); g.font = "11px system-ui, sans-serif"; g.fillStyle = "#5b6575"; }
   if (opts.ylabel) { g.save(); g.translate(12, m.t + (H - m.t - m.b) / 2); g.rotate(-Math.PI / 2); g.textBaseline = "middle"; g.fillText(opts.ylabel, 0, 0); g.restore(); }
   g.save(); g.beginPath(); g.rect(m.l, m.t, W - m.l - m.r, H - m.t - m.b); g.clip();
-  for (const h of opts.hlines || []) {
-    if (!isFinite(ty(h.v))) continue;
-    g.strokeStyle = h.color || "#888"; g.setLineDash([5, 4]); g.beginPath(); g.moveTo(m.l, py(h.v)); g.lineTo(W - m.r, py(h.v)); g.stroke(); g.setLineDash([]);
-    g.fillStyle = h.color || "#888"; g.textAlign = "left"; g.textBaseline = "bottom"; g.fillText(h.label || "", m.l + 4, py(h.v) - 2);
-  }
+  (opts.hlines || []).forEach((h, i) => {
+    if (!isFinite(ty(h.v))) return;
+    const y = py(h.v);
+    g.strokeStyle = h.color || "#888"; g.setLineDash([5, 4]); g.beginPath(); g.moveTo(m.l, y); g.lineTo(W - m.r, y); g.stroke(); g.setLineDash([]);
+    // labels alternate left and right, below the line near the top
+    g.fillStyle = h.color || "#888"; g.textAlign = i % 2 ? "right" : "left";
+    g.textBaseline = y - 14 < m.t ? "top" : "bottom";
+    g.fillText(h.label || "", i % 2 ? W - m.r - 4 : m.l + 4, y - 14 < m.t ? y + 2 : y - 2);
+  });
   for (const v of opts.vlines || []) {
     if (!isFinite(tx(v.v))) continue;
-    g.strokeStyle = v.color || "#888"; g.setLineDash([5, 4]); g.beginPath(); g.moveTo(px(v.v), m.t); g.lineTo(px(v.v), H - m.b); g.stroke(); g.setLineDash([]);
-    g.fillStyle = v.color || "#888"; g.textAlign = "left"; g.textBaseline = "top"; g.fillText(v.label || "", px(v.v) + 3, m.t + 2);
+    const x = px(v.v), right = x > W - m.r - 90;
+    g.strokeStyle = v.color || "#888"; g.setLineDash([5, 4]); g.beginPath(); g.moveTo(x, m.t); g.lineTo(x, H - m.b); g.stroke(); g.setLineDash([]);
+    g.fillStyle = v.color || "#888"; g.textAlign = right ? "right" : "left"; g.textBaseline = "top"; g.fillText(v.label || "", right ? x - 3 : x + 3, m.t + 2);
   }
   opts.series.forEach((s, si) => {
     const col = s.color || COLORS[si % COLORS.length];
@@ -211,6 +225,12 @@ function plot(c, opts) {
   });
   g.restore();
   return c;
+}
+
+// A tick's label: plain decimals without trailing zeros, powers beyond.
+function tickLabel(t) {
+  const a = Math.abs(t);
+  return a >= 1e6 || (a < 1e-3 && t !== 0) ? fmt(t, 3) : String(+t.toPrecision(6));
 }
 
 function legend(items) {
@@ -266,7 +286,8 @@ function viewSinusoidal(root) {
       el("div", { class: "panel" }, el("h3", {}, "PE table (rows: positions, columns: dimensions)"), heat),
       el("div", { class: "panel" }, el("h3", {}, "binary counter"), bits),
       el("div", { class: "panel" }, el("h3", {}, "similarity of PE(p) and PE(p + k) against k"), sim,
-        legend([["cosine", COLORS[0]], ["dot product / (d/2)", COLORS[1]]])),
+        legend([["cosine", COLORS[0]], ["dot product / (d/2)", COLORS[1]]]),
+        el("p", { class: "note" }, "Every row has norm √(d/2), so the two curves coincide; both depend on k only, not on the reference p.")),
       el("div", { class: "panel" }, el("h3", {}, "wavelength of each pair (positions per turn)"), waves),
       el("div", { class: "panel", style: "max-width:1080px" }, el("h3", {}, "PE(p + k) = M_k · PE(p): the rotation blocks of M_k"), mkInfo, blocks)));
 
@@ -427,7 +448,7 @@ function summary(m) {
   return kv;
 }
 
-function layerTypePanel(m, t, target) {
+function layerTypePanel(m, t, target, width = 520) {
   const ins = inspectOf(m, t.name);
   const box = el("div", { class: "panel", "data-layer-type": t.name });
   const sc = t.scaling || {};
@@ -436,13 +457,14 @@ function layerTypePanel(m, t, target) {
   add("rope_type", t.rope_type); add("rope_theta", fmt(t.rope_theta, 8)); add("head_dim / rotary_dim", `${t.head_dim} / ${t.rotary_dim}`);
   add("layout", t.layout); add("attention factor", fmt(t.attention_factor, 8));
   add("max_position_embeddings", t.max_position_embeddings); add("original_max_position_embeddings", t.original_max_position_embeddings);
-  for (const [k, v] of Object.entries(sc)) if (!Array.isArray(v) && k !== "correction_range") add(k, typeof v === "number" ? fmt(v, 6) : String(v));
+  const shown = new Set(["correction_range", "original_max_position_embeddings", "max_position_embeddings", "high_freq_wavelen", "low_freq_wavelen"]);
+  for (const [k, v] of Object.entries(sc)) if (!Array.isArray(v) && !shown.has(k) && v !== null) add(k, typeof v === "number" ? fmt(v, 6) : String(v));
   if (sc.correction_range) add("YaRN correction range (pairs)", `${fmt(sc.correction_range[0], 4)} … ${fmt(sc.correction_range[1], 4)}: below kept (> β_fast turns), above interpolated (< β_slow turns)`);
   if (sc.high_freq_wavelen) add("llama3 bands", `wavelength < ${fmt(sc.high_freq_wavelen, 6)} kept, > ${fmt(sc.low_freq_wavelen, 6)} divided by ${sc.factor}, between: smooth`);
   if (target && t.unseen_pairs !== null) add(`at N = ${target}`, `${t.unseen_pairs} of ${t.pairs.length} pairs reach angles never seen in pre-training (L = ${t.train_len})`);
   const pairs = t.pairs.map((p) => p.pair);
   const roleColor = (i) => ROLE_COLORS[t.pairs[i].role];
-  const f = canvas(520, 280), w = canvas(520, 280);
+  const f = canvas(width, 280), w = canvas(width, 280);
   const vlines = [];
   if (sc.correction_range) { vlines.push({ v: sc.correction_range[0] / 2, label: "β_fast", color: "#b86e00" }, { v: sc.correction_range[1] / 2, label: "β_slow", color: "#b86e00" }); }
   plot(f, { series: [{ x: pairs, y: t.pairs.map((p) => p.unscaled_inv_freq), color: "#aab2bf" }, { x: pairs, y: t.pairs.map((p) => p.inv_freq), dots: true, dotColor: roleColor }], ylog: true, xlabel: "pair i", ylabel: "inv_freq (rad / position)", vlines });
@@ -453,11 +475,11 @@ function layerTypePanel(m, t, target) {
   plot(w, { series: [{ x: pairs, y: t.pairs.map((p) => p.unscaled_wavelength), color: "#aab2bf" }, { x: pairs, y: t.pairs.map((p) => p.wavelength), dots: true, dotColor: roleColor }], ylog: true, xlabel: "pair i", ylabel: "wavelength (positions)", hlines: hl });
   const charts = el("div", { class: "grid" }, el("div", {}, el("h3", {}, "frequency per pair (grey: unscaled)"), f), el("div", {}, el("h3", {}, "wavelength per pair"), w));
   if (sc.long_factor) {
-    const lf = canvas(520, 220);
+    const lf = canvas(width, 220);
     plot(lf, { series: [{ x: pairs, y: sc.short_factor, dots: true }, { x: pairs, y: sc.long_factor, dots: true }], xlabel: "pair i", ylabel: "LongRoPE factor λ_i" });
     charts.append(el("div", {}, el("h3", {}, "LongRoPE factors"), lf, legend([["short_factor", COLORS[0]], ["long_factor", COLORS[1]]])));
   }
-  const table = el("table", { class: "pairs" }, el("tr", {}, ["pair", t.num_axes > 1 ? "axis" : null, "inv_freq", "unscaled", "ratio", "wavelength", "role", target ? "max angle at N" : null, target ? "seen in training" : null].filter((x) => x).map((h) => el("th", {}, h))));
+  const table = el("table", { class: "pairs" }, el("tr", {}, ["pair", t.num_axes > 1 ? "axis" : null, "inv_freq", "unscaled", "ratio", "wavelength", "role", target ? "max angle at N (rad)" : null, target ? "seen in training" : null].filter((x) => x).map((h) => el("th", {}, h))));
   t.pairs.forEach((p, i) => {
     const iv = ins && ins.inv_freq ? ins.inv_freq[i] : p.inv_freq;
     table.append(el("tr", { class: p.unseen ? "unseen" : "" },
@@ -552,7 +574,7 @@ function viewCompare(root) {
     if (my !== seq) return;
     out.textContent = "";
     const ta = a.layer_types[0], tb = b.layer_types[0];
-    const wl = canvas(560, 300), ratio = canvas(560, 300);
+    const wl = canvas(540, 300), ratio = canvas(540, 300);
     if (ta && tb) {
       plot(wl, { series: [{ x: ta.pairs.map((p) => p.pair / ta.pairs.length), y: ta.pairs.map((p) => p.wavelength), dots: true }, { x: tb.pairs.map((p) => p.pair / tb.pairs.length), y: tb.pairs.map((p) => p.wavelength), dots: true }], ylog: true, xlabel: "pair i / (rotary_dim/2)", ylabel: "wavelength", hlines: target ? [{ v: target, label: `N = ${target}`, color: "#b86e00" }] : [] });
       plot(ratio, { series: [{ x: ta.pairs.map((p) => p.pair / ta.pairs.length), y: ta.pairs.map((p) => p.ratio), dots: true }, { x: tb.pairs.map((p) => p.pair / tb.pairs.length), y: tb.pairs.map((p) => p.ratio), dots: true }], ylog: true, xlabel: "pair i / (rotary_dim/2)", ylabel: "scaled / unscaled frequency" });
@@ -561,8 +583,8 @@ function viewCompare(root) {
         el("div", { class: "panel" }, el("h3", {}, "overlaid: what the scaling does to each frequency"), ratio, legend([["A", COLORS[0]], ["B", COLORS[1]]]))));
     }
     out.append(el("div", { class: "cols2" },
-      el("div", { id: "cmp-a-out" }, el("div", { class: "panel" }, el("h3", {}, "A"), summary(a)), a.layer_types.map((t) => layerTypePanel(a, t, target))),
-      el("div", { id: "cmp-b-out" }, el("div", { class: "panel" }, el("h3", {}, "B"), summary(b)), b.layer_types.map((t) => layerTypePanel(b, t, target)))));
+      el("div", { id: "cmp-a-out" }, el("div", { class: "panel" }, el("h3", {}, "A"), summary(a)), a.layer_types.map((t) => layerTypePanel(a, t, target, 540))),
+      el("div", { id: "cmp-b-out" }, el("div", { class: "panel" }, el("h3", {}, "B"), summary(b)), b.layer_types.map((t) => layerTypePanel(b, t, target, 540)))));
     root.dataset.ready = "1";
   }
 }
