@@ -463,10 +463,13 @@ function layerTypePanel(m, t, target, width = 520) {
   if (sc.high_freq_wavelen) add("llama3 bands", `wavelength < ${fmt(sc.high_freq_wavelen, 6)} kept, > ${fmt(sc.low_freq_wavelen, 6)} divided by ${sc.factor}, between: smooth`);
   if (target && t.unseen_pairs !== null) add(`at N = ${target}`, `${t.unseen_pairs} of ${t.pairs.length} pairs reach angles never seen in pre-training (L = ${t.train_len})`);
   const pairs = t.pairs.map((p) => p.pair);
-  const roleColor = (i) => ROLE_COLORS[t.pairs[i].role];
+  // M-RoPE without a scaling: colour the pairs by their axis (t, h, w)
+  const byAxis = t.num_axes > 1 && t.pairs.every((p) => p.role === "kept");
+  const roleColor = (i) => (byAxis ? COLORS[t.pairs[i].axis % COLORS.length] : ROLE_COLORS[t.pairs[i].role]);
   const f = canvas(width, 280), w = canvas(width, 280);
   const vlines = [];
-  if (sc.correction_range) { vlines.push({ v: sc.correction_range[0] / 2, label: "β_fast", color: "#b86e00" }, { v: sc.correction_range[1] / 2, label: "β_slow", color: "#b86e00" }); }
+  // YaRN's correction range is in pair indices (transformers ramps over dim // 2 entries)
+  if (sc.correction_range) { vlines.push({ v: sc.correction_range[0], label: "β_fast", color: "#b86e00" }, { v: sc.correction_range[1], label: "β_slow", color: "#b86e00" }); }
   plot(f, { series: [{ x: pairs, y: t.pairs.map((p) => p.unscaled_inv_freq), color: "#aab2bf" }, { x: pairs, y: t.pairs.map((p) => p.inv_freq), dots: true, dotColor: roleColor }], ylog: true, xlabel: "pair i", ylabel: "inv_freq (rad / position)", vlines });
   const hl = [];
   if (t.train_len) hl.push({ v: t.train_len, label: `training length ${t.train_len}`, color: "#1b7f3b" });
@@ -494,7 +497,8 @@ function layerTypePanel(m, t, target, width = 520) {
       target ? el("td", {}, p.unseen ? "no: unseen angles" : "yes") : null));
   });
   box.append(el("h3", {}, `layer type ${t.name}` + (t.layers ? ` (layers ${t.layers})` : "")), kv, charts,
-    legend(Object.entries(ROLE_COLORS)), el("div", { class: "scroll" }, table));
+    byAxis ? legend(AXES.slice(0, t.num_axes).map((a, i) => [`axis ${a} (every pair kept)`, COLORS[i]])) : legend(Object.entries(ROLE_COLORS)),
+    el("div", { class: "scroll" }, table));
   return box;
 }
 
