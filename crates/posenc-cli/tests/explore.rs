@@ -146,3 +146,33 @@ fn a_port_in_use_is_one_line_and_exit_2() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
 }
+
+#[test]
+fn open_without_a_browser_only_logs() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_posenc"))
+        .args(["explore", "--port", "0", "--open"])
+        .env("PATH", "/nonexistent")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut url = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut url)
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    for _ in 0..2 {
+        err.read_line(&mut log).unwrap();
+    }
+    // still serving
+    let addr = url
+        .trim()
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let (status, _) = http(addr, "GET", "/api/configs", b"");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(log.contains("could not open a browser"), "{log}");
+    assert_eq!(status, 200);
+}
