@@ -310,3 +310,62 @@ pub fn model_json(text: &str, seq_len: Option<usize>, target_len: Option<usize>)
         "target_len": target_len,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_follow_the_ratio_to_the_unscaled_frequency() {
+        assert_eq!(role(0.5, 0.5, Some(8.0)), "kept");
+        assert_eq!(role(0.5 / 8.0, 0.5, Some(8.0)), "interpolated");
+        assert_eq!(role(0.2, 0.5, Some(8.0)), "ramp");
+        assert_eq!(role(0.2, 0.5, None), "rescaled");
+        assert_eq!(role(0.7, 0.5, Some(8.0)), "rescaled");
+        assert_eq!(role(0.0, 0.5, Some(8.0)), "not rotated");
+    }
+
+    #[test]
+    fn layer_ranges_join_runs() {
+        let l = |n: &str| LayerRope::Rope(n.into());
+        let layers = vec![
+            l("a"),
+            l("a"),
+            LayerRope::NoPe,
+            l("a"),
+            l("b"),
+            l("a"),
+            l("a"),
+        ];
+        assert_eq!(
+            layer_ranges(&layers, |x| matches!(x, LayerRope::Rope(n) if n == "a")),
+            "0-1, 3, 5-6"
+        );
+        assert_eq!(layer_ranges(&layers, |x| *x == LayerRope::NoPe), "2");
+        assert_eq!(layer_ranges(&[], |_| true), "");
+    }
+
+    #[test]
+    fn a_config_with_too_many_pairs_is_refused_before_any_table() {
+        let mut params = serde_json::Map::new();
+        for i in 0..8 {
+            params.insert(
+                format!("t{i}"),
+                json!({"rope_type": "default", "rope_theta": 10000.0}),
+            );
+        }
+        let names: Vec<String> = (0..8).map(|i| format!("t{i}")).collect();
+        let cfg = json!({
+            "hidden_size": 8192 * 8,
+            "num_attention_heads": 1,
+            "head_dim": 8192,
+            "num_hidden_layers": 8,
+            "layer_types": names,
+            "rope_parameters": Value::Object(params),
+        });
+        match model_json(&cfg.to_string(), None, None) {
+            Err(posenc::Error::TooLarge { value, .. }) => assert_eq!(value, 8 * 4096),
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+    }
+}
