@@ -3,6 +3,7 @@
 use clap::{Args, Subcommand};
 use posenc::relative::alibi::alibi_slopes;
 use posenc::relative::t5::T5Buckets;
+use posenc_explore::json::{alibi_json, t5_json};
 
 use crate::args::parse_relative_range;
 use crate::output::table;
@@ -60,11 +61,11 @@ pub fn run(cmd: BiasCommand) -> CliResult {
 }
 
 fn alibi(a: AlibiArgs) -> CliResult {
-    let slopes = alibi_slopes(a.heads)?;
     if a.json {
-        let v = serde_json::json!({"heads": a.heads, "slopes": slopes});
+        let v = alibi_json(a.heads)?;
         println!("{}", serde_json::to_string(&v)?);
     } else {
+        let slopes = alibi_slopes(a.heads)?;
         println!(
             "ALiBi slopes for {} heads (bias of head h: -slope_h * |i - j|)",
             a.heads
@@ -96,20 +97,13 @@ fn t5(a: T5Args) -> CliResult {
         return Err(CliError("choose --bidirectional or --causal".into()));
     }
     let (lo, hi) = parse_relative_range(&a.relative)?;
-    let buckets = T5Buckets::new(a.buckets, a.max_distance, a.bidirectional)?;
-    let rel: Vec<i64> = (lo..=hi).collect();
-    let bucket: Vec<usize> = rel.iter().map(|&r| buckets.bucket(r)).collect();
     if a.json {
-        let v = serde_json::json!({
-            "bidirectional": a.bidirectional,
-            "num_buckets": a.buckets,
-            "max_distance": a.max_distance,
-            "relative_position": "key_position - query_position",
-            "relative": rel,
-            "bucket": bucket,
-        });
+        let v = t5_json(a.buckets, a.max_distance, a.bidirectional, lo, hi)?;
         println!("{}", serde_json::to_string(&v)?);
     } else {
+        let buckets = T5Buckets::new(a.buckets, a.max_distance, a.bidirectional)?;
+        let rel: Vec<i64> = (lo..=hi).collect();
+        let bucket: Vec<usize> = rel.iter().map(|&r| buckets.bucket(r)).collect();
         println!(
             "T5 buckets ({}, {} buckets, max_distance {}), relative = key - query",
             if a.bidirectional {

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use posenc::rope::layers::{LayerRope, ModelRope};
 use posenc::rope::limits::MAX_TABLE_VALUES;
-use posenc::rope::vision::VisionRope;
-use posenc::rope::{HfRopeConfig, MropeLayout, RopeConfig, RopeFrequencies};
+use posenc::rope::{HfRopeConfig, MropeLayout, RopeFrequencies};
+use posenc_explore::json::{inspect_json, vision_json};
+use posenc_explore::model::layer_ranges as ranges;
 use serde_json::{json, Map, Value};
 
 use crate::args::parse_positions;
@@ -77,44 +78,6 @@ pub fn run(cmd: RopeCommand) -> CliResult {
     }
 }
 
-/// The keys of one RoPE in `inspect --json`.
-fn rope_json(cfg: &RopeConfig, f: &RopeFrequencies) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("rope_type".into(), json!(f.rope_type));
-    m.insert("rotary_dim".into(), json!(f.rotary_dim));
-    m.insert("head_dim".into(), json!(cfg.head_dim()));
-    m.insert("layout".into(), json!(f.layout.as_str()));
-    m.insert("rope_theta".into(), json!(cfg.theta()));
-    m.insert("inv_freq".into(), json!(f.inv_freq));
-    m.insert("attention_factor".into(), json!(f.attention_factor));
-    m
-}
-
-/// `0-4, 6-10, 12` for the indices where `pred` holds.
-fn ranges(layers: &[LayerRope], pred: impl Fn(&LayerRope) -> bool) -> String {
-    let idx: Vec<usize> = layers
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| pred(l))
-        .map(|(i, _)| i)
-        .collect();
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < idx.len() {
-        let mut j = i;
-        while j + 1 < idx.len() && idx[j + 1] == idx[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j {
-            idx[i].to_string()
-        } else {
-            format!("{}-{}", idx[i], idx[j])
-        });
-        i = j + 1;
-    }
-    out.join(", ")
-}
-
 fn freq_table(f: &RopeFrequencies) -> String {
     let rows: Vec<Vec<String>> = f
         .inv_freq
@@ -143,20 +106,6 @@ fn freq_table(f: &RopeFrequencies) -> String {
     )
 }
 
-/// The vision encoder's 2-D RoPE, when the config has a known one.
-fn vision(hf: &HfRopeConfig) -> CliResult<Option<Value>> {
-    Ok(VisionRope::from_hf(hf)?.map(|v| {
-        json!({
-            "kind": v.kind.as_str(),
-            "head_dim": v.head_dim,
-            "rope_theta": v.rope_theta,
-            "layout": v.frequencies.layout().as_str(),
-            "inv_freq": v.frequencies.inv_freq(),
-            "axes": v.frequencies.axes(),
-        })
-    }))
-}
-
 fn inspect(a: InspectArgs) -> CliResult {
     let hf = HfRopeConfig::from_file(&a.config)?;
     let model = ModelRope::from_hf(&hf)?;
@@ -164,51 +113,13 @@ fn inspect(a: InspectArgs) -> CliResult {
     for t in model.layer_types() {
         types.push((t.name.clone(), &t.config, t.config.frequencies(a.seq_len)?));
     }
-    let vision = vision(&hf)?;
-    let per_layer = model.is_per_layer();
     if a.json {
-        let mut v = Map::new();
-        if let Some((_, cfg, f)) = types.first().filter(|_| model.single().is_some()) {
-            v.extend(rope_json(cfg, f));
-        }
-        v.insert("seq_len".into(), json!(a.seq_len));
-        if per_layer {
-            let mut lt = Map::new();
-            for (name, cfg, f) in &types {
-                lt.insert(name.clone(), Value::Object(rope_json(cfg, f)));
-            }
-            v.insert("layer_types".into(), Value::Object(lt));
-            let layers: Vec<&str> = model.layers().iter().map(LayerRope::name).collect();
-            v.insert("layers".into(), json!(layers));
-        }
-        if let Some((section, layout)) = model.mrope_section() {
-            v.insert("mrope_section".into(), json!(section));
-            v.insert(
-                "mrope_interleaved".into(),
-                json!(layout == MropeLayout::Interleaved),
-            );
-        }
-        if let Some(t) = model.attn_temperature() {
-            v.insert(
-                "nope_attn_temperature".into(),
-                json!({"floor_scale": t.floor_scale, "attn_scale": t.attn_scale}),
-            );
-        }
-        if let Some(c) = model.attention_chunk_size() {
-            v.insert("attention_chunk_size".into(), json!(c));
-        }
-        if let Some(f) = model.softmax_scale_factor() {
-            v.insert("softmax_scale_factor".into(), json!(f));
-            if let Some(s) = model.softmax_scale() {
-                v.insert("softmax_scale".into(), json!(s));
-            }
-        }
-        if let Some(vis) = vision {
-            v.insert("vision".into(), vis);
-        }
-        println!("{}", serde_json::to_string(&Value::Object(v))?);
+        let v = inspect_json(&hf, a.seq_len)?;
+        println!("{}", serde_json::to_string(&v)?);
         return Ok(());
     }
+    let vision = vision_json(&hf)?;
+    let per_layer = model.is_per_layer();
 
     println!("config            {}", a.config.display());
     if let Some(mt) = model.model_type() {

@@ -1,8 +1,9 @@
 //! `posenc table sinusoidal`.
 
 use clap::{Args, Subcommand, ValueEnum};
-use posenc::absolute::sinusoidal::{Sinusoidal, SinusoidalLayout};
-use posenc::AbsoluteEncoding;
+use posenc::absolute::sinusoidal::SinusoidalLayout;
+
+use posenc_explore::json::{sinusoidal_rows, sinusoidal_table_json, SinusoidalParams};
 
 use crate::output::table;
 use crate::CliResult;
@@ -53,45 +54,27 @@ pub fn run(cmd: TableCommand) -> CliResult {
     }
 }
 
-/// Builds the sinusoidal encoding the arguments describe.
-pub fn build_sinusoidal(a: &SinusoidalArgs) -> CliResult<Sinusoidal> {
-    if a.offset < 0 {
-        return Err(posenc::Error::NegativePosition(a.offset).into());
+/// The library's parameters of the table the arguments describe.
+fn params(a: &SinusoidalArgs) -> SinusoidalParams {
+    SinusoidalParams {
+        positions: a.positions,
+        dim: a.dim,
+        layout: match a.layout {
+            LayoutArg::Interleaved => SinusoidalLayout::Interleaved,
+            LayoutArg::Concatenated => SinusoidalLayout::Concatenated,
+        },
+        base: a.base,
+        offset: a.offset,
     }
-    let layout = match a.layout {
-        LayoutArg::Interleaved => SinusoidalLayout::Interleaved,
-        LayoutArg::Concatenated => SinusoidalLayout::Concatenated,
-    };
-    Ok(Sinusoidal::new(a.dim)?
-        .with_base(a.base)?
-        .with_layout(layout)
-        .with_offset(a.offset as u64))
 }
 
 fn sinusoidal(a: SinusoidalArgs) -> CliResult {
-    if a.positions == 0 {
-        return Err(posenc::Error::InvalidDimension {
-            what: "positions",
-            value: 0,
-            reason: "must be at least 1",
-        }
-        .into());
-    }
-    let enc = build_sinusoidal(&a)?;
-    let positions: Vec<u64> = (0..a.positions as u64).collect();
-    let rows = enc.table(&positions)?;
+    let p = params(&a);
     if a.json {
-        let v = serde_json::json!({
-            "encoding": "sinusoidal",
-            "layout": format!("{:?}", a.layout).to_lowercase(),
-            "base": a.base,
-            "offset": a.offset,
-            "positions": a.positions,
-            "dim": a.dim,
-            "table": rows,
-        });
+        let v = sinusoidal_table_json(&p)?;
         println!("{}", serde_json::to_string(&v)?);
     } else {
+        let rows = sinusoidal_rows(&p)?;
         println!(
             "sinusoidal encoding ({} layout, base {}, positions {}..{}, dim {})",
             format!("{:?}", a.layout).to_lowercase(),

@@ -7,6 +7,7 @@
 mod args;
 mod bench;
 mod cmd_bias;
+mod cmd_explore;
 mod cmd_lab;
 mod cmd_models;
 mod cmd_rope;
@@ -82,6 +83,8 @@ enum Command {
     /// Write the report (report.md, results.json): every encoding family with
     /// its formula, values and measured properties.
     Report(report::ReportArgs),
+    /// Serve the interactive explorer on 127.0.0.1 (the URL is printed).
+    Explore(cmd_explore::ExploreArgs),
 }
 
 /// An error to show the user: one line, exit status 2.
@@ -138,6 +141,7 @@ fn run(cli: Cli) -> CliResult {
         Command::Perplexity(a) => cmd_models::perplexity(a),
         Command::Generate(a) => cmd_models::generate_cmd(a),
         Command::Report(a) => report::run(a),
+        Command::Explore(a) => cmd_explore::run(a),
     }
 }
 

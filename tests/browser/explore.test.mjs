@@ -1,0 +1,181 @@
+// Browser tests of `posenc explore`: Debian's chromium (playwright's own
+// browser download is not used) drives every view of the page served by
+// the binary, and the numbers the page shows are compared with the CLI's
+// (`posenc rope inspect --json`, `posenc table sinusoidal --json`,
+// `posenc bias alibi --json`). A screenshot of each view is written to the
+// directory printed at the start (POSENC_SHOTS, else a fresh temporary one).
+//
+// POSENC_BIN: the binary (default: target/debug/posenc); CHROMIUM: the
+// browser (default: /usr/bin/chromium).
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFileSync } from "node:child_process";
+import { mkdtempSync, mkdirSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+const bin = process.env.POSENC_BIN || path.join(root, "target/debug/posenc");
+const shots = process.env.POSENC_SHOTS || mkdtempSync(path.join(tmpdir(), "posenc-explore-shots-"));
+mkdirSync(shots, { recursive: true });
+console.log(`screenshots: ${shots}`);
+const fixture = (p) => path.join(root, "crates/posenc/tests/fixtures", p);
+
+let server, url, browser, page;
+const pageErrors = [];
+
+function cli(...args) {
+  return JSON.parse(execFileSync(bin, args, { encoding: "utf8" }));
+}
+
+before(async () => {
+  server = spawn(bin, ["explore", "--port", "0"], { stdio: ["ignore", "pipe", "inherit"] });
+  url = await new Promise((resolve, reject) => {
+    let buf = "";
+    const timer = setTimeout(() => reject(new Error("posenc explore printed no URL in 20 s")), 20000);
+    server.stdout.on("data", (d) => {
+      buf += d;
+      const nl = buf.indexOf("\n");
+      if (nl >= 0) { clearTimeout(timer); resolve(buf.slice(0, nl).trim()); }
+    });
+    server.on("exit", (code) => reject(new Error(`posenc explore exited with ${code}`)));
+  });
+  assert.match(url, /^http:\/\/127\.0\.0\.1:\d+\/$/);
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--no-sandbox", "--disable-gpu"],
+  });
+  page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+  page.on("pageerror", (e) => pageErrors.push(e.message));
+});
+
+after(async () => {
+  if (browser) await browser.close();
+  if (server) server.kill();
+});
+
+// Opens `hash` and waits until the view has drawn.
+async function open(hash) {
+  assert.deepEqual(pageErrors, [], "script errors in the page");
+  await page.goto("about:blank");
+  await page.goto(url + "#" + hash);
+  await page.waitForSelector("section[data-ready='1']", { timeout: 20000 });
+}
+
+// Runs `action`, then waits for the view to draw again (or to show an error).
+async function redraw(action, state = "1") {
+  await page.evaluate(() => { delete document.querySelector("main section").dataset.ready; });
+  await action();
+  await page.waitForSelector(`section[data-ready='${state}']`, { timeout: 20000 });
+}
+
+async function shot(name) {
+  assert.deepEqual(pageErrors, [], "script errors in the page");
+  const file = path.join(shots, name + ".png");
+  await page.screenshot({ path: file, fullPage: true });
+  return file;
+}
+
+async function slide(name, value) {
+  await page.locator(`input[name='${name}']`).first().fill(String(value));
+}
+
+const invFreqs = (scope) => page.$$eval(`${scope} td.inv-freq`, (tds) => tds.map((td) => Number(td.dataset.value)));
+
+test("sinusoidal: the heatmap is the CLI's table, and follows its sliders", async () => {
+  await open("view=sinusoidal");
+  const row1 = JSON.parse(await page.getAttribute("canvas[data-first]", "data-first"));
+  const cliTable = cli("table", "sinusoidal", "--positions", "64", "--dim", "64", "--json").table;
+  assert.deepEqual(row1, cliTable[1]);
+  await redraw(() => slide("dim", 32));
+  assert.equal(await page.getAttribute("canvas[data-first]", "data-dim"), "32");
+  const row = JSON.parse(await page.getAttribute("canvas[data-first]", "data-first"));
+  assert.deepEqual(row, cli("table", "sinusoidal", "--positions", "64", "--dim", "32", "--json").table[1]);
+  assert.match(page.url(), /dim=32/);
+  await redraw(() => page.selectOption("select[name='layout']", "concatenated"));
+  const row2 = JSON.parse(await page.getAttribute("canvas[data-first]", "data-first"));
+  assert.deepEqual(row2, cli("table", "sinusoidal", "--positions", "64", "--dim", "32", "--layout", "concatenated", "--json").table[1]);
+  // M_k's blocks are shown, and its residual is tiny
+  assert.ok((await page.$$(".block")).length > 4);
+  assert.match(await page.textContent("#mk-info"), /over the first/);
+  await shot("sinusoidal");
+});
+
+test("rope: one clock per pair, and the state is shareable in the URL", async () => {
+  await open("view=rope&dim=32&position=1000");
+  assert.equal(await page.inputValue("input[name='dim']"), "32");
+  const angles = JSON.parse(await page.getAttribute("canvas[data-angles]", "data-angles"));
+  assert.equal(angles.length, 16);
+  // pair 0 turns one radian per position: 1000 rad modulo 2π
+  assert.ok(Math.abs(angles[0] - (1000 % (2 * Math.PI))) < 1e-9);
+  await redraw(() => slide("dim", 64));
+  assert.equal(JSON.parse(await page.getAttribute("canvas[data-angles]", "data-angles")).length, 32);
+  await shot("rope");
+});
+
+test("a model: every inv_freq of Llama 3.1 equals posenc rope inspect --json; a broken config shows its error", async () => {
+  await open("view=model&cfg=llama-3.1-8b");
+  const want = cli("rope", "inspect", "--json", "--config", fixture("checkpoints/llama-3.1-8b.config.json")).inv_freq;
+  assert.deepEqual(await invFreqs("#model-out"), want);
+  await shot("model-llama-3.1");
+
+  // a broken config: its one-line error in the page
+  await redraw(async () => {
+    await page.fill("#model-text", '{"hidden_size": 4096, "num_attention_heads": 32, "rope_theta": -1}');
+    await page.click("#model-load");
+  }, "error");
+  const msg = await page.textContent("#error");
+  assert.match(msg, /theta/i);
+  await shot("model-error");
+
+  // the server is still up: paste a real config (Qwen2-VL, M-RoPE)
+  const qwen = readFileSync(fixture("models/qwen2-vl-7b-instruct.config.json"), "utf8");
+  await redraw(async () => {
+    await page.fill("#model-text", qwen);
+    await page.click("#model-load");
+  });
+  assert.equal(await page.textContent("#error"), "");
+  const wantQ = cli("rope", "inspect", "--json", "--config", fixture("models/qwen2-vl-7b-instruct.config.json")).inv_freq;
+  assert.deepEqual(await invFreqs("#model-out"), wantQ);
+  assert.match(await page.textContent("#model-out"), /M-RoPE section/);
+  await shot("model-qwen2-vl");
+
+  // Gemma 3: two layer types, each with the CLI's frequencies
+  await open("view=model&cfg=gemma-3-1b-it");
+  const g = cli("rope", "inspect", "--json", "--config", fixture("models/gemma-3-1b-it.config.json"));
+  for (const [name, lt] of Object.entries(g.layer_types)) {
+    assert.deepEqual(await invFreqs(`[data-layer-type='${name}']`), lt.inv_freq);
+  }
+});
+
+test("compare: two configs side by side, then two scalings of one", async () => {
+  await open("view=compare&a=llama-3.1-8b&b=qwen2.5-7b-instruct-yarn");
+  const a = cli("rope", "inspect", "--json", "--config", fixture("checkpoints/llama-3.1-8b.config.json")).inv_freq;
+  const b = cli("rope", "inspect", "--json", "--config", fixture("checkpoints/qwen2.5-7b-instruct-yarn.config.json")).inv_freq;
+  assert.deepEqual(await invFreqs("#cmp-a-out"), a);
+  assert.deepEqual(await invFreqs("#cmp-b-out"), b);
+  await shot("compare");
+  await redraw(async () => {
+    await page.selectOption("#cmp-scaling", "linear ×4");
+    await page.click("#cmp-apply");
+  });
+  const lin = await invFreqs("#cmp-b-out");
+  // linear ×4 on Llama 3.1's base: every frequency of A's unscaled table / 4
+  const text = JSON.parse(await page.inputValue("#cmp-b-text"));
+  assert.equal(text.rope_scaling.rope_type, "linear");
+  assert.equal(lin.length, a.length);
+  assert.match(await page.textContent("#cmp-b-out"), /linear/);
+  await shot("compare-scalings");
+});
+
+test("relative biases: ALiBi slopes equal posenc bias alibi --json", async () => {
+  await open("view=bias");
+  const slopes = JSON.parse(await page.getAttribute("#alibi-slopes", "data-slopes"));
+  assert.deepEqual(slopes, cli("bias", "alibi", "--heads", "8", "--json").slopes);
+  await redraw(() => slide("heads", 12));
+  const s12 = JSON.parse(await page.getAttribute("#alibi-slopes", "data-slopes"));
+  assert.deepEqual(s12, cli("bias", "alibi", "--heads", "12", "--json").slopes);
+  await shot("bias");
+});
