@@ -466,10 +466,7 @@ pub fn eval(a: EvalArgs) -> CliResult {
                 if corpus.is_some() {
                     row.push(format!("{:.4}", res.bits_per_char[i]));
                 }
-                row.extend([
-                    format!("{:.1}%", res.accuracy[i] * 100.0),
-                    used[i].clone(),
-                ]);
+                row.extend([format!("{:.1}%", res.accuracy[i] * 100.0), used[i].clone()]);
                 row
             })
             .collect();

@@ -11,7 +11,10 @@ fn posenc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_posenc"))
         .args(args)
         // The tokenizer cache of these runs stays in their scratch space.
-        .env("POSENC_CACHE", std::env::temp_dir().join("posenc-subword-cli-cache"))
+        .env(
+            "POSENC_CACHE",
+            std::env::temp_dir().join("posenc-subword-cli-cache"),
+        )
         .output()
         .expect("run posenc")
 }
@@ -90,7 +93,10 @@ fn a_bpe_checkpoint_keeps_its_tokenizer_for_every_command() {
     assert_eq!(tok["model"]["vocab"].as_object().unwrap().len(), 384);
     let cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(ck.join("config.json")).unwrap()).unwrap();
-    assert_eq!(cfg["tokens"], serde_json::json!({"kind": "bpe", "vocab": 384}));
+    assert_eq!(
+        cfg["tokens"],
+        serde_json::json!({"kind": "bpe", "vocab": 384})
+    );
     assert_eq!(cfg["model"]["vocab_size"], 384);
     let e: Value = serde_json::from_str(&ok(&[
         "eval",
@@ -110,8 +116,19 @@ fn a_bpe_checkpoint_keeps_its_tokenizer_for_every_command() {
     // Several characters per token: fewer bits per character than nats per
     // token.
     assert!(bpc > 0.0 && bpc < loss, "{e}");
-    let text = ok(&["eval", "--checkpoint", k, "--lengths", "16", "--batches", "1"]);
-    assert!(text.contains("tokens bpe:384") && text.contains("bits/char"), "{text}");
+    let text = ok(&[
+        "eval",
+        "--checkpoint",
+        k,
+        "--lengths",
+        "16",
+        "--batches",
+        "1",
+    ]);
+    assert!(
+        text.contains("tokens bpe:384") && text.contains("bits/char"),
+        "{text}"
+    );
     let s: Value = serde_json::from_str(&ok(&["shuffle", "--checkpoint", k, "--json"])).unwrap();
     assert!(s["in_order"].as_f64().unwrap().is_finite());
     let p: Value = serde_json::from_str(&ok(&["probe", "--checkpoint", k, "--json"])).unwrap();
@@ -169,7 +186,11 @@ fn russian_and_chinese_texts_train_on_subwords() {
 fn a_text_too_short_for_the_vocabulary_is_one_line_and_exit_2() {
     let d = tmp("short");
     let f = d.join("short.txt");
-    std::fs::write(&f, "A short text. A short text. Far too short for it.\n".repeat(3)).unwrap();
+    std::fs::write(
+        &f,
+        "A short text. A short text. Far too short for it.\n".repeat(3),
+    )
+    .unwrap();
     let out = d.join("ck");
     let err = fails(&train_args(
         f.to_str().unwrap(),
@@ -177,16 +198,32 @@ fn a_text_too_short_for_the_vocabulary_is_one_line_and_exit_2() {
         out.to_str().unwrap(),
         "lm",
     ));
-    assert!(err.contains("too short for a BPE vocabulary of 4096"), "{err}");
+    assert!(
+        err.contains("too short for a BPE vocabulary of 4096"),
+        "{err}"
+    );
     assert!(!out.join("config.json").exists());
     for bad in ["bpe:10", "bpe:x", "words"] {
-        let err = fails(&train_args(f.to_str().unwrap(), bad, out.to_str().unwrap(), "lm"));
+        let err = fails(&train_args(
+            f.to_str().unwrap(),
+            bad,
+            out.to_str().unwrap(),
+            "lm",
+        ));
         assert!(err.contains("bpe:N"), "{err}");
     }
     // Tokens apply to the corpus tasks only.
     let err = fails(&[
-        "train", "--task", "copy", "--pe", "rope", "--tokens", "bpe:300", "--out",
-        out.to_str().unwrap(), "--quiet",
+        "train",
+        "--task",
+        "copy",
+        "--pe",
+        "rope",
+        "--tokens",
+        "bpe:300",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
     ]);
     assert!(err.contains("lm and mlm"), "{err}");
     let _ = std::fs::remove_dir_all(&d);

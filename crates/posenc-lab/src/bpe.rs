@@ -124,8 +124,7 @@ impl Tokenization {
 /// stand for themselves, the other 68 for `U+0100…`. The byte-level
 /// pre-tokenizer writes every piece in these characters.
 fn byte_chars() -> [char; 256] {
-    let printable =
-        |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
     let mut out = ['\0'; 256];
     let mut n = 0u32;
     for b in 0..=255u8 {
@@ -336,7 +335,7 @@ impl Bpe {
     /// # Errors
     /// As [`Bpe::train`].
     pub fn cached(text: &str, vocab: usize) -> Result<Arc<Self>, LabError> {
-        static MEMO: OnceLock<Mutex<HashMap<(u64, usize), Arc<Bpe>>>> = OnceLock::new();
+        static MEMO: OnceLock<Mutex<TrainedMemo>> = OnceLock::new();
         let key = (fnv(text.as_bytes()), vocab);
         // Held while training: parallel runs of one report train it once.
         let mut memo = MEMO
@@ -372,11 +371,18 @@ impl Bpe {
     }
 }
 
+/// Memo of trained tokenizers: (training-text hash, size) → tokenizer.
+type TrainedMemo = HashMap<(u64, usize), Arc<Bpe>>;
+
 /// Where trained tokenizers are cached: `$POSENC_CACHE/bpe`, else
 /// `$XDG_CACHE_HOME/posenc/bpe`, else `$HOME/.cache/posenc/bpe`; `None`
 /// when none is set.
 pub fn cache_dir() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(d) = var("POSENC_CACHE") {
         return Some(d.join("bpe"));
     }

@@ -780,7 +780,8 @@ impl Corpus {
     /// subjects agree with their verbs across nested relative clauses, and
     /// paragraphs end by repeating their first name.
     pub fn synthetic(chars: usize, seed: u64) -> Self {
-        Corpus::from_text(&Self::synthetic_text(chars, seed)).expect("synthetic corpus is long enough")
+        Corpus::from_text(&Self::synthetic_text(chars, seed))
+            .expect("synthetic corpus is long enough")
     }
 
     /// The text of [`Corpus::synthetic`].

@@ -17,12 +17,12 @@ use posenc::analysis::SplitMix64;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::bpe::{Bpe, Tokenization};
 pub use crate::checkpoint::{batch_seed, CheckpointMeta};
 use crate::config::{Mode, ModelConfig, TrainConfig};
 use crate::model::{token_embedding_recipe, EvalScaling, Transformer};
 use crate::ops;
 use crate::optim::{clip_grad_norm, AdamW};
-use crate::bpe::{Bpe, Tokenization};
 use crate::tasks::{Corpus, Task, IGNORE};
 use crate::LabError;
 

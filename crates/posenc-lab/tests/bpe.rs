@@ -168,7 +168,11 @@ fn train_bits(tokens: Tokenization, threads: usize) -> (Vec<u32>, Vec<u32>) {
         .unwrap();
     pool.install(|| {
         let task = Task::from_text_with_tokens(TaskKind::Lm, pride(60_000), tokens).unwrap();
-        let m = common::model(Mode::Decoder, &task, PeConfig::parse("rope", 64, 4).unwrap());
+        let m = common::model(
+            Mode::Decoder,
+            &task,
+            PeConfig::parse("rope", 64, 4).unwrap(),
+        );
         let lab = Lab::new(m, common::run(TaskKind::Lm, 6, 32, 5), task).unwrap();
         let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
         let losses = (0..6)
@@ -231,7 +235,10 @@ fn a_checkpoint_keeps_its_tokenizer_and_scores_bits_per_character() {
     // the load refuses it.
     let back = Lab::load(&out).unwrap();
     assert_eq!(back.meta.tokens, tokens);
-    assert_eq!(back.task.corpus().unwrap().tokens, lab.task.corpus().unwrap().tokens);
+    assert_eq!(
+        back.task.corpus().unwrap().tokens,
+        lab.task.corpus().unwrap().tokens
+    );
     let valid = back.task.validation();
     let mut v = Lab::load(&out).unwrap();
     v.task = valid;
@@ -239,7 +246,12 @@ fn a_checkpoint_keeps_its_tokenizer_and_scores_bits_per_character() {
     let p = posenc_lab::loss_per_position(&v, 32, 2, 8, None).unwrap();
     // Bits per character: the same windows' nats over their characters.
     let chars: u64 = p.chars.iter().sum();
-    let nats: f64 = p.loss.iter().zip(&p.count).map(|(l, &n)| l * n as f64).sum();
+    let nats: f64 = p
+        .loss
+        .iter()
+        .zip(&p.count)
+        .map(|(l, &n)| l * n as f64)
+        .sum();
     let bpc = nats / chars as f64 / std::f64::consts::LN_2;
     assert!((p.bits_per_char_over(0..32) - bpc).abs() < 1e-9);
     let scored: usize = p.count.iter().sum();
@@ -279,5 +291,8 @@ fn character_bits_per_character_are_nats_over_ln_2() {
     let copy = Task::new(TaskKind::Copy, 8).unwrap();
     let m = common::model(Mode::Decoder, &copy, PeConfig::Nope);
     let lab = Lab::new(m, common::run(TaskKind::Copy, 2, 16, 2), copy).unwrap();
-    assert!(train::evaluate(&lab, &[16], 1, 4, None).unwrap().bits_per_char[0].is_nan());
+    assert!(train::evaluate(&lab, &[16], 1, 4, None)
+        .unwrap()
+        .bits_per_char[0]
+        .is_nan());
 }

@@ -136,7 +136,13 @@ impl TextCorpus {
             }
             None => Task::new_with_tokens(TaskKind::Lm, 8, tokens),
         }
-        .map_err(|e| ReportError(format!("corpus {} with tokens {}: {e}", self.name, tokens.label())))?;
+        .map_err(|e| {
+            ReportError(format!(
+                "corpus {} with tokens {}: {e}",
+                self.name,
+                tokens.label()
+            ))
+        })?;
         let c = task.corpus().expect("lm reads a corpus");
         Ok(Tokenized {
             tokens: tokens.label(),

@@ -4,9 +4,7 @@ use serde_json::json;
 
 use posenc_lab::bpe::Tokenization;
 
-use super::{
-    diverged, f4, jnum, pct, pm, Ctx, ExpOutput, Experiment, RunRecord, RunSpec, Table,
-};
+use super::{diverged, f4, jnum, pct, pm, Ctx, ExpOutput, Experiment, RunRecord, RunSpec, Table};
 use crate::claims::experiments as rules;
 use crate::claims::Stat;
 use crate::corpus::Tokenized;
