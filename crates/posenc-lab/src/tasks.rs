@@ -19,11 +19,14 @@
 //!
 //! ## Corpora: vocabulary and the validation split
 //!
-//! A corpus ([`Corpus`]) is tokenised one token per distinct character: the
-//! vocabulary grows to fit the text (Russian, Chinese or any other UTF-8
-//! text keeps every character), up to [`MAX_VOCAB`] distinct characters,
-//! past which building it is an error that says how many the text has —
-//! never a silent mapping of rare characters to a replacement token.
+//! A corpus ([`Corpus`]) is tokenised one token per distinct character by
+//! default: the vocabulary grows to fit the text (Russian, Chinese or any
+//! other UTF-8 text keeps every character), up to [`MAX_VOCAB`] distinct
+//! characters, past which building it is an error that says how many the
+//! text has — never a silent mapping of rare characters to a replacement
+//! token. [`Corpus::with_tokens`] tokenises it with a byte-level BPE instead
+//! ([`crate::bpe`]), trained on the training part only; the split then
+//! falls at the same character as the character corpus's.
 //!
 //! The last [`VALIDATION_FRACTION`] of the text (10%) is validation and is
 //! never trained on: a task draws its windows from the first 90% of the
