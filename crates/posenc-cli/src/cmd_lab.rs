@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use clap::Args;
+use posenc_lab::bpe::Tokenization;
 use posenc_lab::config::{ModelConfig, PeConfig, TrainConfig};
 use posenc_lab::finetune::{self, scaling_at, FinetuneOptions};
 use posenc_lab::optim::AdamW;
@@ -74,6 +75,12 @@ pub struct TrainArgs {
     /// `probe` and `shuffle` read only its last 10%.
     #[arg(long)]
     pub corpus: Option<PathBuf>,
+    /// Tokens of `--task lm` or `--task mlm`: `chars` (one per character)
+    /// or `bpe:N` (byte-level BPE of N tokens, 256..=8192, trained on the
+    /// training part only, cached, and saved beside the checkpoint as
+    /// tokenizer.json).
+    #[arg(long, default_value = "chars")]
+    pub tokens: String,
     /// Checkpoint directory.
     #[arg(long)]
     pub out: PathBuf,
@@ -184,6 +191,7 @@ pub struct ProbeArgs {
 
 pub fn train(a: TrainArgs) -> CliResult {
     let task_kind = TaskKind::parse(&a.task)?;
+    let tokens = Tokenization::parse(&a.tokens)?;
     let stop = ctrl_c_flag();
     let (mut lab, mut opt) = if a.resume {
         let (lab, opt) = Lab::load_resumable(&a.out)?;
@@ -214,7 +222,7 @@ pub fn train(a: TrainArgs) -> CliResult {
             log_every: (a.steps / 50).max(1),
             corpus: a.corpus.clone(),
         };
-        let task = train::load_task(&train)?;
+        let task = train::load_task_in(&train, tokens, None)?;
         let model = ModelConfig {
             mode: task_kind.mode(),
             vocab_size: task.vocab_size(),
@@ -402,6 +410,7 @@ pub fn eval(a: EvalArgs) -> CliResult {
         lengths: vec![],
         loss: vec![],
         accuracy: vec![],
+        bits_per_char: vec![],
     };
     let mut used = Vec::new();
     for &len in &lengths {
@@ -414,6 +423,7 @@ pub fn eval(a: EvalArgs) -> CliResult {
         res.lengths.push(len);
         res.loss.push(r.loss[0]);
         res.accuracy.push(r.accuracy[0]);
+        res.bits_per_char.push(r.bits_per_char[0]);
         used.push(spec.map_or("none".to_string(), |s| s.label()));
     }
     if a.json {
@@ -433,33 +443,34 @@ pub fn eval(a: EvalArgs) -> CliResult {
             ),
             None => format!("trained at {train_len}"),
         };
+        let corpus = lab.task.corpus();
         println!(
-            "{} with {} ({trained}), scaling {how}",
+            "{} with {} ({trained}{}), scaling {how}",
             lab.meta.train.task.name(),
             lab.meta.model.pe.label(),
+            corpus.map_or(String::new(), |c| format!(
+                ", tokens {}, unigram {:.4} nats/token = {:.4} bits/char",
+                c.tokenization().label(),
+                c.unigram_entropy(),
+                c.unigram_bits_per_char()
+            )),
         );
+        let mut header: Vec<String> = vec!["length".into(), "loss".into()];
+        if corpus.is_some() {
+            header.push("bits/char".into());
+        }
+        header.extend(["accuracy".into(), "scaling".into()]);
         let rows: Vec<Vec<String>> = (0..res.lengths.len())
             .map(|i| {
-                vec![
-                    res.lengths[i].to_string(),
-                    format!("{:.4}", res.loss[i]),
-                    format!("{:.1}%", res.accuracy[i] * 100.0),
-                    used[i].clone(),
-                ]
+                let mut row = vec![res.lengths[i].to_string(), format!("{:.4}", res.loss[i])];
+                if corpus.is_some() {
+                    row.push(format!("{:.4}", res.bits_per_char[i]));
+                }
+                row.extend([format!("{:.1}%", res.accuracy[i] * 100.0), used[i].clone()]);
+                row
             })
             .collect();
-        print!(
-            "{}",
-            crate::output::table(
-                &[
-                    "length".into(),
-                    "loss".into(),
-                    "accuracy".into(),
-                    "scaling".into()
-                ],
-                &rows
-            )
-        );
+        print!("{}", crate::output::table(&header, &rows));
     }
     Ok(())
 }

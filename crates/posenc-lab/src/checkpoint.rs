@@ -8,6 +8,7 @@
 use posenc::analysis::SplitMix64;
 use serde::{Deserialize, Serialize};
 
+use crate::bpe::Tokenization;
 use crate::config::{ModelConfig, TrainConfig};
 use crate::model::EvalScaling;
 use crate::LabError;
@@ -37,6 +38,11 @@ pub struct CheckpointMeta {
     /// Absent from checkpoints written before fine-tuning existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finetune: Option<FinetuneRecord>,
+    /// How the corpus of `lm` and `mlm` is tokenised (absent: characters,
+    /// as every checkpoint written before subword tokens). A BPE
+    /// checkpoint keeps its tokenizer beside it as `tokenizer.json`.
+    #[serde(default, skip_serializing_if = "Tokenization::is_chars")]
+    pub tokens: Tokenization,
 }
 
 /// Stream of [`batch_seed`] the fine-tuning batches come from.

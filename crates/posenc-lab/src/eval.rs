@@ -41,10 +41,16 @@ pub struct PositionLoss {
     pub loss: Vec<f64>,
     /// How many targets were scored at each position.
     pub count: Vec<usize>,
+    /// Characters the scored targets at each position hold
+    /// ([`Corpus::chars_of`](crate::tasks::Corpus::chars_of); empty for a
+    /// task without a corpus, and in results written before subword
+    /// tokens).
+    #[serde(default)]
+    pub chars: Vec<u64>,
 }
 
 /// Reads `null` (how serde_json writes NaN) back as NaN.
-fn nan_as_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+pub(crate) fn nan_as_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
     Ok(Vec::<Option<f64>>::deserialize(d)?
         .into_iter()
         .map(|x| x.unwrap_or(f64::NAN))
@@ -74,6 +80,25 @@ impl PositionLoss {
     /// The mean loss over every scored target of the window.
     pub fn mean(&self) -> f64 {
         self.mean_over(0..self.length)
+    }
+
+    /// Bits per character over positions `range`: the total nats of the
+    /// scored targets there over the characters they hold, / ln 2; NaN
+    /// where no character was scored (or none was counted).
+    pub fn bits_per_char_over(&self, range: Range<usize>) -> f64 {
+        let end = range.end.min(self.length).min(self.chars.len());
+        let (mut nats, mut chars) = (0.0, 0u64);
+        for p in range.start.min(end)..end {
+            if self.count[p] > 0 {
+                nats += self.loss[p] * self.count[p] as f64;
+                chars += self.chars[p];
+            }
+        }
+        if chars == 0 {
+            f64::NAN
+        } else {
+            nats / chars as f64 / std::f64::consts::LN_2
+        }
     }
 }
 
@@ -117,6 +142,8 @@ pub fn loss_per_position(
     let device = Device::Cpu;
     let mut sum = vec![0.0f64; length];
     let mut count = vec![0usize; length];
+    let corpus = lab.task.corpus();
+    let mut chars = vec![0u64; if corpus.is_some() { length } else { 0 }];
     for b in 0..batches {
         let mut rng = SplitMix64::new(position_batch_seed(lab.meta.train.seed, length, b));
         let x = make_batch(&lab.task, &mut rng, batch, length, &device)?;
@@ -132,6 +159,9 @@ pub fn loss_per_position(
                     if y != IGNORE {
                         sum[t] -= p[y as usize] as f64;
                         count[t] += 1;
+                        if let Some(c) = corpus {
+                            chars[t] += c.chars_of(y as u32) as u64;
+                        }
                     }
                 }
             }
@@ -147,6 +177,7 @@ pub fn loss_per_position(
         length,
         loss,
         count,
+        chars,
     })
 }
 
@@ -160,6 +191,7 @@ mod tests {
             length: 4,
             loss: vec![1.0, 2.0, f64::NAN, 4.0],
             count: vec![1, 3, 0, 2],
+            chars: vec![2, 3, 0, 2],
         };
         assert!((p.mean_over(0..2) - (1.0 + 6.0) / 4.0).abs() < 1e-12);
         assert!((p.mean() - (1.0 + 6.0 + 8.0) / 6.0).abs() < 1e-12);
@@ -167,6 +199,10 @@ mod tests {
         assert!(p.mean_over(2..3).is_nan());
         assert!(p.mean_over(5..9).is_nan());
         assert!(p.mean_over(2..2).is_nan());
+        let ln2 = std::f64::consts::LN_2;
+        assert!((p.bits_per_char_over(0..2) - 7.0 / 5.0 / ln2).abs() < 1e-12);
+        assert!((p.bits_per_char_over(0..4) - 15.0 / 7.0 / ln2).abs() < 1e-12);
+        assert!(p.bits_per_char_over(2..3).is_nan());
         // Through JSON, NaN (written as null) comes back.
         let back: PositionLoss = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
         assert!(back.loss[2].is_nan());

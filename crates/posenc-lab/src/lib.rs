@@ -7,6 +7,7 @@
 //! measured position by position with [`eval::loss_per_position`].
 #![warn(missing_docs)]
 
+pub mod bpe;
 pub mod checkpoint;
 pub mod config;
 pub mod eval;
@@ -48,6 +49,19 @@ pub enum LabError {
         step: usize,
         /// That loss.
         loss: f64,
+    },
+    /// A text too short for the BPE vocabulary asked for: its training
+    /// part has too few pairs that occur twice to merge.
+    #[error(
+        "the text is too short for a BPE vocabulary of {vocab}: its training part ({chars} characters) gives only {learned} tokens; ask for a smaller bpe:N or a longer text"
+    )]
+    TextTooShort {
+        /// The vocabulary asked for.
+        vocab: usize,
+        /// Tokens the training text supports.
+        learned: usize,
+        /// Characters of the training text.
+        chars: usize,
     },
     /// A length whose forward pass would not fit the memory budget even for
     /// one sequence, refused before anything is allocated.

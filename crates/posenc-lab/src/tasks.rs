@@ -19,11 +19,14 @@
 //!
 //! ## Corpora: vocabulary and the validation split
 //!
-//! A corpus ([`Corpus`]) is tokenised one token per distinct character: the
-//! vocabulary grows to fit the text (Russian, Chinese or any other UTF-8
-//! text keeps every character), up to [`MAX_VOCAB`] distinct characters,
-//! past which building it is an error that says how many the text has —
-//! never a silent mapping of rare characters to a replacement token.
+//! A corpus ([`Corpus`]) is tokenised one token per distinct character by
+//! default: the vocabulary grows to fit the text (Russian, Chinese or any
+//! other UTF-8 text keeps every character), up to [`MAX_VOCAB`] distinct
+//! characters, past which building it is an error that says how many the
+//! text has — never a silent mapping of rare characters to a replacement
+//! token. [`Corpus::with_tokens`] tokenises it with a byte-level BPE instead
+//! ([`crate::bpe`]), trained on the training part only; the split then
+//! falls at the same character as the character corpus's.
 //!
 //! The last [`VALIDATION_FRACTION`] of the text (10%) is validation and is
 //! never trained on: a task draws its windows from the first 90% of the
@@ -62,6 +65,9 @@
 use posenc::analysis::SplitMix64;
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
+use crate::bpe::{Bpe, Tokenization};
 use crate::config::Mode;
 use crate::LabError;
 
@@ -231,6 +237,69 @@ impl Task {
             split: Split::Train,
             corpus,
         })
+    }
+
+    /// A task with `tokens` for its corpus: [`Task::new`] with the
+    /// built-in grammar tokenised by `tokens` (`lm`, `mlm`; the synthetic
+    /// tasks have no corpus, and any `tokens` but characters is an error
+    /// for them).
+    ///
+    /// # Errors
+    /// As [`Task::new`]; a BPE for a task without a corpus; as
+    /// [`Corpus::with_tokens`].
+    pub fn new_with_tokens(
+        kind: TaskKind,
+        n_symbols: u32,
+        tokens: Tokenization,
+    ) -> Result<Self, LabError> {
+        if tokens.is_chars() {
+            return Self::new(kind, n_symbols);
+        }
+        if !kind.uses_corpus() {
+            return Err(LabError::Invalid(format!(
+                "task {} has no corpus to tokenise: --tokens applies to lm and mlm only",
+                kind.name()
+            )));
+        }
+        Self::from_text_with_tokens(kind, &Corpus::synthetic_text(400_000, 1234), tokens)
+    }
+
+    /// A corpus task (`lm` or `mlm`) on a given text with `tokens`.
+    ///
+    /// # Errors
+    /// As [`Task::from_text`] and [`Corpus::with_tokens`].
+    pub fn from_text_with_tokens(
+        kind: TaskKind,
+        text: &str,
+        tokens: Tokenization,
+    ) -> Result<Self, LabError> {
+        Self::with_corpus(kind, Corpus::with_tokens(text, tokens)?)
+    }
+
+    /// A corpus task (`lm` or `mlm`) on an already built corpus.
+    ///
+    /// # Errors
+    /// [`LabError::Invalid`] for a task that reads no corpus.
+    pub fn with_corpus(kind: TaskKind, corpus: Corpus) -> Result<Self, LabError> {
+        if !kind.uses_corpus() {
+            return Err(LabError::Invalid(format!(
+                "task {} does not read a corpus (only lm and mlm do)",
+                kind.name()
+            )));
+        }
+        Ok(Task {
+            kind,
+            n_symbols: 0,
+            split: Split::Train,
+            corpus: Some(corpus),
+        })
+    }
+
+    /// How the corpus is tokenised (characters for the synthetic tasks).
+    pub fn tokenization(&self) -> Tokenization {
+        self.corpus
+            .as_ref()
+            .map_or(Tokenization::Chars, |c| c.tokenization())
     }
 
     /// Character-level language modelling on a given text.
@@ -480,18 +549,50 @@ fn digits(mut v: u64, width: usize) -> Vec<u32> {
         .collect()
 }
 
-/// A character corpus and its vocabulary.
+/// A corpus's vocabulary: its characters, or a byte-level BPE.
+#[derive(Debug, Clone)]
+pub enum Vocab {
+    /// The characters, most frequent first (ties in character order);
+    /// token `i` is `chars[i]`.
+    Chars(Vec<char>),
+    /// A byte-level BPE trained on the training part.
+    Bpe(Arc<Bpe>),
+}
+
+impl Vocab {
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        match self {
+            Vocab::Chars(v) => v.len(),
+            Vocab::Bpe(b) => b.vocab_size(),
+        }
+    }
+
+    /// Whether there is no token (never, for a built corpus).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A corpus as tokens, with its vocabulary and its validation split.
 #[derive(Debug, Clone)]
 pub struct Corpus {
-    /// The characters of the vocabulary, most frequent first (ties in
-    /// character order); token `i` is `vocab[i]`.
-    pub vocab: Vec<char>,
+    /// The vocabulary.
+    pub vocab: Vocab,
     /// The text as tokens.
     pub tokens: Vec<u32>,
     /// The first token of the validation part: training windows lie in
     /// `tokens[..split_at]`, validation windows in `tokens[split_at..]`.
     pub split_at: usize,
+    /// Characters of the text.
+    pub chars: usize,
+    /// Characters of the training part (the first 90%, the same for every
+    /// tokenization).
+    pub train_chars: usize,
 }
+
+/// Memo of encoded texts: (text hash, tokenizer id) → tokens and split.
+type EncodedMemo = std::collections::HashMap<(u64, u64), Arc<(Vec<u32>, usize)>>;
 
 impl Corpus {
     /// Builds a corpus from text: one token per distinct character, the
@@ -528,15 +629,145 @@ impl Corpus {
             .collect();
         let tokens = text.chars().map(|c| index[&c]).collect();
         Ok(Corpus {
-            vocab,
+            vocab: Vocab::Chars(vocab),
             tokens,
             split_at: split_point(n),
+            chars: n,
+            train_chars: split_point(n),
         })
+    }
+
+    /// Builds a corpus from text with `tokens`: [`Corpus::from_text`] for
+    /// characters; for BPE, a tokenizer trained on the first 90% of the
+    /// characters only (or the one already trained on them:
+    /// [`Bpe::cached`]), which then encodes the training and the
+    /// validation parts separately, so the split falls where the character
+    /// corpus's does and no token spans it.
+    ///
+    /// # Errors
+    /// As [`Corpus::from_text`] for characters; for BPE, fewer than 16
+    /// characters, or [`LabError::TextTooShort`].
+    pub fn with_tokens(text: &str, tokens: Tokenization) -> Result<Self, LabError> {
+        match tokens {
+            Tokenization::Chars => Self::from_text(text),
+            Tokenization::Bpe { vocab } => {
+                tokens.validate()?;
+                let (train, _) = Self::split_text(text)?;
+                let bpe = Bpe::cached(train, vocab)?;
+                Self::with_bpe(text, bpe)
+            }
+        }
+    }
+
+    /// The text's training part (its first 90% of characters) and
+    /// validation part.
+    ///
+    /// # Errors
+    /// [`LabError::Invalid`] for fewer than 16 characters.
+    pub fn split_text(text: &str) -> Result<(&str, &str), LabError> {
+        let n = text.chars().count();
+        if n < 16 {
+            return Err(LabError::Invalid(
+                "corpus is too short (need at least 16 characters)".into(),
+            ));
+        }
+        let at = text
+            .char_indices()
+            .nth(split_point(n))
+            .map_or(text.len(), |(i, _)| i);
+        Ok(text.split_at(at))
+    }
+
+    /// Builds a corpus from text with a given BPE (e.g. a checkpoint's
+    /// `tokenizer.json`): the training and validation parts encoded
+    /// separately (memoised per text and tokenizer for the process).
+    ///
+    /// # Errors
+    /// [`LabError::Invalid`] for fewer than 16 characters.
+    pub fn with_bpe(text: &str, bpe: Arc<Bpe>) -> Result<Self, LabError> {
+        static MEMO: std::sync::OnceLock<std::sync::Mutex<EncodedMemo>> =
+            std::sync::OnceLock::new();
+        let (train, valid) = Self::split_text(text)?;
+        let key = (crate::bpe::fnv(text.as_bytes()), bpe.id());
+        let memo = MEMO.get_or_init(Default::default);
+        let hit = memo
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        let enc = match hit {
+            Some(e) => e,
+            None => {
+                let mut tokens = bpe.encode(train)?;
+                let split_at = tokens.len();
+                tokens.extend(bpe.encode(valid)?);
+                let e = Arc::new((tokens, split_at));
+                memo.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, e.clone());
+                e
+            }
+        };
+        let n = text.chars().count();
+        Ok(Corpus {
+            vocab: Vocab::Bpe(bpe),
+            tokens: enc.0.clone(),
+            split_at: enc.1,
+            chars: n,
+            train_chars: split_point(n),
+        })
+    }
+
+    /// How this corpus is tokenised.
+    pub fn tokenization(&self) -> Tokenization {
+        match &self.vocab {
+            Vocab::Chars(_) => Tokenization::Chars,
+            Vocab::Bpe(b) => Tokenization::Bpe {
+                vocab: b.vocab_size(),
+            },
+        }
+    }
+
+    /// The BPE, for a subword corpus.
+    pub fn bpe(&self) -> Option<&Arc<Bpe>> {
+        match &self.vocab {
+            Vocab::Bpe(b) => Some(b),
+            Vocab::Chars(_) => None,
+        }
+    }
+
+    /// Characters of the text that token `id` starts (1 for a character
+    /// token; for a BPE piece, the UTF-8 lead bytes it holds; 0 for an id
+    /// past the vocabulary, such as `mlm`'s `[MASK]`). Summed over a run of
+    /// tokens, the characters of that run: the denominator of bits per
+    /// character.
+    pub fn chars_of(&self, id: u32) -> u32 {
+        match &self.vocab {
+            Vocab::Chars(v) => u32::from((id as usize) < v.len()),
+            Vocab::Bpe(b) if (id as usize) < b.vocab_size() => b.chars_of(id),
+            Vocab::Bpe(_) => 0,
+        }
+    }
+
+    /// Characters per token over the whole text.
+    pub fn chars_per_token(&self) -> f64 {
+        self.chars as f64 / self.tokens.len().max(1) as f64
+    }
+
+    /// The unigram entropy in bits per character: the unigram model's
+    /// total nats over the text ([`unigram_entropy`](Self::unigram_entropy)
+    /// per token) over its characters, / ln 2 — the context-free baseline
+    /// in the unit every tokenization shares.
+    pub fn unigram_bits_per_char(&self) -> f64 {
+        self.unigram_entropy() / self.chars_per_token() / std::f64::consts::LN_2
     }
 
     /// The text of `tokens`, back through the vocabulary.
     pub fn decode(&self, tokens: &[u32]) -> String {
-        tokens.iter().map(|&t| self.vocab[t as usize]).collect()
+        match &self.vocab {
+            Vocab::Chars(v) => tokens.iter().map(|&t| v[t as usize]).collect(),
+            Vocab::Bpe(b) => b.decode(tokens),
+        }
     }
 
     /// The tokens of one part.
@@ -552,6 +783,12 @@ impl Corpus {
     /// subjects agree with their verbs across nested relative clauses, and
     /// paragraphs end by repeating their first name.
     pub fn synthetic(chars: usize, seed: u64) -> Self {
+        Corpus::from_text(&Self::synthetic_text(chars, seed))
+            .expect("synthetic corpus is long enough")
+    }
+
+    /// The text of [`Corpus::synthetic`].
+    pub fn synthetic_text(chars: usize, seed: u64) -> String {
         let mut rng = SplitMix64::new(seed);
         let names = [
             "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy",
@@ -597,7 +834,7 @@ impl Corpus {
             }
             text.push_str(&format!("then {b} thanked {a}.\n"));
         }
-        Corpus::from_text(&text).expect("synthetic corpus is long enough")
+        text
     }
 
     /// Where a random window of `n` tokens of `split` starts (an index
@@ -791,7 +1028,7 @@ mod tests {
         assert_eq!(f.corpus().unwrap().tokens.len(), 39);
         // Token 0 is the text's most frequent character (here 'l'), scored
         // like any other: no character is mistaken for padding.
-        assert_eq!(f.corpus().unwrap().vocab[0], 'l');
+        assert!(matches!(&f.corpus().unwrap().vocab, Vocab::Chars(v) if v[0] == 'l'));
         let e = f.sample(&mut rng, 34).unwrap();
         assert!(e.input.contains(&0));
         assert!(e.target.iter().all(|&y| y != IGNORE));

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
@@ -16,12 +17,13 @@ use posenc::analysis::SplitMix64;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::bpe::{Bpe, Tokenization};
 pub use crate::checkpoint::{batch_seed, CheckpointMeta};
 use crate::config::{Mode, ModelConfig, TrainConfig};
 use crate::model::{token_embedding_recipe, EvalScaling, Transformer};
 use crate::ops;
 use crate::optim::{clip_grad_norm, AdamW};
-use crate::tasks::{Task, IGNORE};
+use crate::tasks::{Corpus, Task, IGNORE};
 use crate::LabError;
 
 /// A batch on the device.
@@ -154,6 +156,7 @@ impl Lab {
         let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, device.clone());
         let m = Transformer::new(&model, vb)?;
         init_weights(&varmap, train.seed, &model)?;
+        let tokens = task.tokenization();
         Ok(Lab {
             model: m,
             varmap,
@@ -164,6 +167,7 @@ impl Lab {
                 step: 0,
                 version: env!("CARGO_PKG_VERSION").into(),
                 finetune: None,
+                tokens,
             },
         })
     }
@@ -181,7 +185,7 @@ impl Lab {
                 cfg_path.display()
             ))
         })?;
-        let task = load_task(&meta.train)?;
+        let task = load_task_in(&meta.train, meta.tokens, Some(dir))?;
         let mut lab = Lab::new(meta.model.clone(), meta.train.clone(), task)?;
         let weights = read_safetensors(&dir.join("model.safetensors"))?;
         check_step(&weights, meta.step, &dir.join("model.safetensors"))?;
@@ -267,6 +271,9 @@ impl Lab {
             let mut st = opt.state()?;
             st.insert("__step".into(), step_t);
             write_safetensors(&dir.join("optimizer.safetensors"), &st)?;
+        }
+        if let Some(bpe) = self.task.corpus().and_then(|c| c.bpe()) {
+            write_atomic(&dir.join(TOKENIZER_FILE), bpe.to_json().as_bytes())?;
         }
         let json = serde_json::to_string_pretty(&self.meta).expect("serialisable");
         write_atomic(&dir.join("config.json"), json.as_bytes())
@@ -527,17 +534,61 @@ fn init_weights(varmap: &VarMap, seed: u64, model: &ModelConfig) -> Result<(), L
     Ok(())
 }
 
-/// Builds the task a run trains on.
+/// The file beside a BPE checkpoint's `config.json` that holds its
+/// tokenizer.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// Builds the task a run trains on, with a character corpus.
 pub fn load_task(train: &TrainConfig) -> Result<Task, LabError> {
-    match &train.corpus {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| LabError::Io {
+    load_task_in(train, Tokenization::Chars, None)
+}
+
+/// Builds the task a run trains on with `tokens`; for BPE, the tokenizer
+/// saved in checkpoint directory `dir` when it holds one
+/// ([`TOKENIZER_FILE`], checked against the size asked), else the one
+/// trained on the corpus's training part ([`Bpe::cached`]).
+///
+/// # Errors
+/// A corpus file that cannot be read; a `tokenizer.json` that is not a
+/// byte-level BPE of that size; as [`Task::from_text_with_tokens`].
+pub fn load_task_in(
+    train: &TrainConfig,
+    tokens: Tokenization,
+    dir: Option<&Path>,
+) -> Result<Task, LabError> {
+    let saved = match (tokens, dir) {
+        (Tokenization::Bpe { vocab }, Some(dir)) if dir.join(TOKENIZER_FILE).exists() => {
+            let path = dir.join(TOKENIZER_FILE);
+            let json = std::fs::read_to_string(&path).map_err(|e| LabError::Io {
                 path: path.clone(),
                 source: e,
             })?;
-            Task::from_text(train.task, &text)
+            let bpe = Bpe::from_json(&json)
+                .map_err(|e| LabError::Invalid(format!("{}: {e}", path.display())))?;
+            if bpe.vocab_size() != vocab {
+                return Err(LabError::Invalid(format!(
+                    "{}: {} tokens, but the checkpoint was trained with bpe:{vocab}",
+                    path.display(),
+                    bpe.vocab_size()
+                )));
+            }
+            Some(Arc::new(bpe))
         }
-        None => Task::new(train.task, train.n_symbols),
+        _ => None,
+    };
+    let text = match &train.corpus {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| LabError::Io {
+            path: path.clone(),
+            source: e,
+        })?,
+        None if tokens.is_chars() || !train.task.uses_corpus() => {
+            return Task::new_with_tokens(train.task, train.n_symbols, tokens)
+        }
+        None => Corpus::synthetic_text(400_000, 1234),
+    };
+    match saved {
+        Some(bpe) => Task::with_corpus(train.task, Corpus::with_bpe(&text, bpe)?),
+        None => Task::from_text_with_tokens(train.task, &text, tokens),
     }
 }
 
@@ -874,6 +925,32 @@ pub struct EvalResult {
     pub loss: Vec<f64>,
     /// Exact-match accuracy per sequence at each length.
     pub accuracy: Vec<f64>,
+    /// Bits per character at each length (`lm`, `mlm`): the total nats
+    /// of the scored targets over the characters they hold
+    /// ([`Corpus::chars_of`]), / ln 2 — comparable across tokenizations.
+    /// NaN (`null`) for tasks without a corpus.
+    #[serde(default, deserialize_with = "crate::eval::nan_as_null")]
+    pub bits_per_char: Vec<f64>,
+}
+
+/// Characters held by the scored targets of `target` (`(B, T)` ids,
+/// [`IGNORE`] where not scored) and how many targets are scored; `None`
+/// for a task without a corpus or a classification target.
+pub fn scored_chars(task: &Task, target: &Tensor) -> Result<Option<(u64, usize)>, LabError> {
+    let Some(c) = task.corpus() else {
+        return Ok(None);
+    };
+    if target.rank() != 2 {
+        return Ok(None);
+    }
+    let (mut chars, mut n) = (0u64, 0usize);
+    for y in target.flatten_all()?.to_vec1::<i64>()? {
+        if y != IGNORE {
+            chars += c.chars_of(y as u32) as u64;
+            n += 1;
+        }
+    }
+    Ok(Some((chars, n)))
 }
 
 /// Memory a forward pass of [`evaluate`] may take (bytes); larger batches
@@ -900,19 +977,29 @@ pub fn evaluate(
     let model = lab.frozen()?;
     let mut loss = Vec::new();
     let mut accuracy = Vec::new();
+    let mut bits_per_char = Vec::new();
     for &len in lengths {
         model.check_length(len)?;
         let micro = micro_batch(&model, len, batch)?;
         let (mut l, mut a) = (0.0, 0.0);
+        // Total nats and characters of the scored targets, for bits per
+        // character.
+        let (mut nats, mut chars) = (0.0f64, 0u64);
         for b in 0..batches {
             let mut rng =
                 SplitMix64::new(batch_seed(lab.meta.train.seed, (len * 1000 + b) as u64, 1));
             let full = make_batch(&lab.task, &mut rng, batch, len, &device)?;
+            let held = scored_chars(&lab.task, &full.target)?;
             if micro >= batch {
                 let logits = model.forward(&full.input, 0, scaling)?;
                 let (ls, acc) = loss_and_accuracy_with(&logits, &full.target, model.is_fused())?;
-                l += ls.to_scalar::<f32>()? as f64;
+                let ls = ls.to_scalar::<f32>()? as f64;
+                l += ls;
                 a += acc;
+                if let Some((c, n)) = held {
+                    nats += ls * n as f64;
+                    chars += c;
+                }
                 continue;
             }
             // Micro-batches: the mean over all scored tokens of the batch.
@@ -941,14 +1028,24 @@ pub fn evaluate(
             }
             l += sum / count.max(1) as f64;
             a += correct / batch as f64;
+            if let Some((c, _)) = held {
+                nats += sum;
+                chars += c;
+            }
         }
         loss.push(l / batches as f64);
         accuracy.push(a / batches as f64);
+        bits_per_char.push(if chars == 0 {
+            f64::NAN
+        } else {
+            nats / chars as f64 / std::f64::consts::LN_2
+        });
     }
     Ok(EvalResult {
         lengths: lengths.to_vec(),
         loss,
         accuracy,
+        bits_per_char,
     })
 }
 

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use posenc_lab::bpe::Tokenization;
 use posenc_lab::tasks::{Corpus, Split, Task, TaskKind};
 use serde::Serialize;
 
@@ -119,6 +120,41 @@ impl TextCorpus {
         }
     }
 
+    /// The text under `tokens`: its vocabulary, token counts and unigram
+    /// baseline in that tokenization (the lab's own corpus, so the same
+    /// tokenizer the runs train with: [`Corpus::with_tokens`]).
+    ///
+    /// # Errors
+    /// The file cannot be read again, or the lab cannot tokenise it (a text
+    /// too short for the BPE vocabulary asked for).
+    pub fn tokenized(&self, tokens: Tokenization) -> Result<Tokenized> {
+        let task = match &self.file {
+            Some(f) => {
+                let text = std::fs::read_to_string(f)
+                    .map_err(|e| ReportError(format!("cannot read corpus {}: {e}", f.display())))?;
+                Task::from_text_with_tokens(TaskKind::Lm, &text, tokens)
+            }
+            None => Task::new_with_tokens(TaskKind::Lm, 8, tokens),
+        }
+        .map_err(|e| {
+            ReportError(format!(
+                "corpus {} with tokens {}: {e}",
+                self.name,
+                tokens.label()
+            ))
+        })?;
+        let c = task.corpus().expect("lm reads a corpus");
+        Ok(Tokenized {
+            tokens: tokens.label(),
+            vocab: c.vocab.len(),
+            train_tokens: c.part(Split::Train).len(),
+            validation_tokens: c.part(Split::Validation).len(),
+            chars_per_token: c.chars_per_token(),
+            unigram_entropy: c.unigram_entropy(),
+            unigram_bits_per_char: c.unigram_bits_per_char(),
+        })
+    }
+
     /// One sentence for the experiments' text.
     pub fn description(&self) -> String {
         format!(
@@ -138,6 +174,27 @@ impl TextCorpus {
         }
         Ok(())
     }
+}
+
+/// The report's text under one tokenization.
+#[derive(Debug, Clone, Serialize)]
+pub struct Tokenized {
+    /// `chars` or `bpe:N`.
+    pub tokens: String,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Tokens of the training part.
+    pub train_tokens: usize,
+    /// Tokens of the validation part.
+    pub validation_tokens: usize,
+    /// Characters per token over the text.
+    pub chars_per_token: f64,
+    /// Unigram entropy, nats per token: the loss of a model that ignores
+    /// the context, in this tokenization.
+    pub unigram_entropy: f64,
+    /// The same baseline in bits per character (comparable across
+    /// tokenizations).
+    pub unigram_bits_per_char: f64,
 }
 
 /// Reads a UTF-8 file, bounded in size before it is read.

@@ -2,6 +2,7 @@
 //! root of the repository (compiled into the binary, so `posenc report`
 //! runs from anywhere), or read from a path given to `--preset`.
 
+use posenc_lab::bpe::Tokenization;
 use serde::{Deserialize, Serialize};
 
 use crate::{ReportError, Result};
@@ -37,6 +38,12 @@ pub struct Stage {
     pub symbols: u32,
     /// Evaluation batches (of `batch` sequences) per length.
     pub eval_batches: usize,
+    /// Tokens of the text experiments (`lm`, `mlm`): characters (absent,
+    /// the default) or a byte-level BPE (`{"kind": "bpe", "vocab": N}`),
+    /// trained on the training part of the text. `train_len` counts
+    /// these tokens.
+    #[serde(default, skip_serializing_if = "Tokenization::is_chars")]
+    pub tokens: Tokenization,
 }
 
 /// Experiments 1 (encoders need positions).
@@ -78,6 +85,23 @@ pub struct Lm {
     /// older preset files: the trend is then not measured and says so).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trend: Option<Trend>,
+    /// The same comparison in a second tokenization, beside the first
+    /// (characters beside subwords): its own setup, since a window of
+    /// characters holds fewer characters than one of subwords. Absent: one
+    /// tokenization only, and the report says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub second: Option<LmSecond>,
+}
+
+/// Experiment 2's second tokenization.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LmSecond {
+    /// Training setup, with its tokenization.
+    pub run: Stage,
+    /// Encodings trained (NoPE and the positional ones the best is chosen
+    /// from).
+    pub encodings: Vec<String>,
 }
 
 /// The NoPE gap's trend with scale: the same run at smaller sizes.
@@ -282,6 +306,39 @@ impl Preset {
                 return bad(format!(
                     "lm.trend.encodings: {e} is not in lm.encodings (the largest size)"
                 ));
+            }
+        }
+        if let Some(sec) = &self.lm.second {
+            let st = &sec.run;
+            if st.steps == 0 || st.batch == 0 || st.train_len < 8 || st.eval_batches == 0 {
+                return bad(
+                    "lm.second.run: steps, batch and eval_batches must be ≥ 1 and train_len ≥ 8"
+                        .into(),
+                );
+            }
+            if !sec.encodings.iter().any(|e| e == "nope") || sec.encodings.len() < 2 {
+                return bad("lm.second.encodings must include nope and another".into());
+            }
+            if st.tokens == self.lm.run.tokens {
+                return bad(format!(
+                    "lm.second.run has the same tokens as lm.run ({})",
+                    st.tokens.label()
+                ));
+            }
+        }
+        let text_stages = [
+            Some(&self.lm.run),
+            self.lm.second.as_ref().map(|s| &s.run),
+            Some(&self.rope.run),
+            self.encoders.mlm.as_ref().map(|m| &m.run),
+        ];
+        for st in text_stages
+            .into_iter()
+            .flatten()
+            .chain(self.lm.trend.iter().flat_map(|t| &t.sizes))
+        {
+            if let Err(e) = st.tokens.validate() {
+                return bad(e.to_string());
             }
         }
         if !(1..=self.seeds.len()).contains(&self.rope.n_seeds) {

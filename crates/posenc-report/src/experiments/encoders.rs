@@ -235,10 +235,12 @@ fn masked_lm(
 ) -> Result {
     let r = &m.run;
     let l = r.train_len;
-    let unigram = ctx.corpus.unigram_entropy;
+    let tokens = r.tokens;
+    let unigram = ctx.corpus.tokenized(tokens)?.unigram_entropy;
+    let unit = super::loss_unit(tokens);
     o.text.push_str(&format!(
         "\n\n**Masked language modelling** (Haviv et al. 2022 §6 train RoBERTa-large MLMs with \
-         and without positions). The `mlm` task: windows of {l} characters of the text ({}); {:.0}% of the positions on average (at least \
+         and without positions). The `mlm` task: windows of {l} tokens ({}) of the text ({}); {:.0}% of the positions on average (at least \
          one) are replaced by a `[MASK]` token and predicted, by an encoder (bidirectional \
          attention) with a per-token head. All chosen positions become `[MASK]` — BERT's \
          80/10/10 split exists for fine-tuning, which we do not do, and would leave 10% of the \
@@ -246,8 +248,8 @@ fn masked_lm(
          input and sees the same bag of characters, so a NoPE encoder must give all of them the \
          same prediction. Each encoding is trained {} steps (d_model {}, {} layers, {} heads, \
          batch {}, seeds {seeds:?}) and evaluated on {} fresh batches: the masked-token loss \
-         (nats per masked character) and its perplexity, against the unigram entropy {:.4} \
-         nats (perplexity {:.2}), the loss of a model that ignores context. The presets train \
+         ({unit} per masked token) and its perplexity, against the unigram entropy {:.4} \
+         {unit} (perplexity {:.2}), the loss of a model that ignores context. The presets train \
          the relative encodings, which learn this task within a few hundred steps, and (full \
          preset) the absolute ones, learned and sinusoidal, which need about 2000. The \
          sinusoidal MLM learns only with the token embeddings Vaswani et al.'s \
@@ -256,6 +258,7 @@ fn masked_lm(
          GPT-2's N(0, 0.02²) times √d_model the sinusoids are six times louder than the tokens \
          and a 2000-step sinusoidal MLM stayed at the unigram level (2.65 nats, on the lab's \
          synthetic grammar).",
+        tokens.label(),
         ctx.corpus.description(),
         100.0 * MASK_RATE,
         r.steps,
@@ -340,9 +343,9 @@ fn masked_lm(
             seeds.len()
         ),
         FigSpec::Bar {
-            title: "Masked language modelling: loss on the masked characters".into(),
+            title: "Masked language modelling: loss on the masked tokens".into(),
             groups,
-            y_label: "masked-token loss (nats/char)".into(),
+            y_label: format!("masked-token loss ({unit})"),
             series: vec![BarSpec {
                 name: "loss".into(),
                 values,

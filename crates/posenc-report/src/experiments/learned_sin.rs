@@ -21,7 +21,9 @@ pub const EXPERIMENT: Experiment = Experiment {
 fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let p = ctx.preset.clone();
     let l = p.lm.run.train_len;
-    let unigram = ctx.corpus.unigram_entropy;
+    let tokens = p.lm.run.tokens;
+    let unigram = ctx.corpus.tokenized(tokens)?.unigram_entropy;
+    let unit = super::loss_unit(tokens);
     let mut o = ExpOutput::new(4, "Learned ≈ sinusoidal, within the table");
     o.text = format!(
         "Vaswani et al. (Table 3, row E) found learned positional embeddings and sinusoids \
@@ -31,9 +33,10 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
          rows = the training length), seeds {:?}; then both at 2L = {}: the learned table has no \
          rows there (it cannot run, by construction), the sinusoid is defined everywhere, and \
          its loss on positions L..2L of validation windows of 2L — the positions it never saw — \
-         is compared with its loss at L and the unigram entropy ({unigram:.4} nats).",
+         is compared with its loss at L and the unigram entropy ({unigram:.4} {unit}, tokens {}).",
         p.seeds,
-        2 * l
+        2 * l,
+        tokens.label()
     );
     let runs = super::lm::lm_runs(
         ctx,
@@ -128,7 +131,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         FigSpec::Line {
             title: format!("Sinusoidal, trained at L = {l}: loss against position"),
             x_label: "position in the window".into(),
-            y_label: "loss (nats/char)".into(),
+            y_label: format!("loss ({unit})"),
             series: vec![
                 LineSpec { name: "sinusoidal".into(), points: curve, markers: false },
                 LineSpec {

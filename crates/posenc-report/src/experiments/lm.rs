@@ -2,9 +2,12 @@
 
 use serde_json::json;
 
-use super::{diverged, f4, jnum, pm, Ctx, ExpOutput, Experiment, RunRecord, RunSpec, Table};
+use posenc_lab::bpe::Tokenization;
+
+use super::{diverged, f4, jnum, pct, pm, Ctx, ExpOutput, Experiment, RunRecord, RunSpec, Table};
 use crate::claims::experiments as rules;
 use crate::claims::Stat;
+use crate::corpus::Tokenized;
 use crate::figures::{BarSpec, Fig, FigSpec, LineSpec};
 use crate::preset::{Preset, Stage};
 use crate::Result;
@@ -114,26 +117,116 @@ fn gap_at(runs: &[(String, Vec<RunRecord>)], l: usize) -> (Stat, String, Vec<f64
     (Stat::of(&gaps), best.0.clone(), gaps)
 }
 
+/// The unit of a loss in `tokens`.
+fn unit_of(tokens: Tokenization) -> &'static str {
+    if tokens.is_chars() {
+        "nats per character"
+    } else {
+        "nats per token"
+    }
+}
+
+/// "characters (75 distinct)" or "byte-level BPE tokens (vocabulary 1024,
+/// 3.61 characters per token, trained on the training part only)".
+fn tokens_phrase(tk: &Tokenized) -> String {
+    if tk.tokens == "chars" {
+        format!("characters ({} distinct)", tk.vocab)
+    } else {
+        format!(
+            "byte-level BPE tokens (vocabulary {}, {:.2} characters per token, the tokenizer trained on the training part only)",
+            tk.vocab, tk.chars_per_token
+        )
+    }
+}
+
+/// One tokenization's NoPE-against-the-best numbers at length `l`.
+struct Side {
+    tokens: String,
+    vocab: usize,
+    chars_per_token: f64,
+    l: usize,
+    unigram: f64,
+    unigram_bpc: f64,
+    nope: Stat,
+    nope_bpc: f64,
+    best: String,
+    best_loss: Stat,
+    best_bpc: f64,
+    closed: f64,
+    gap: Stat,
+}
+
+impl Side {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "tokens": self.tokens, "vocabulary": self.vocab, "chars_per_token": jnum(self.chars_per_token),
+            "train_len_tokens": self.l, "unigram": jnum(self.unigram), "unigram_bits_per_char": jnum(self.unigram_bpc),
+            "nope": jnum(self.nope.mean), "nope_sd": jnum(self.nope.sd), "nope_bits_per_char": jnum(self.nope_bpc),
+            "best": self.best, "best_loss": jnum(self.best_loss.mean), "best_bits_per_char": jnum(self.best_bpc),
+            "closed_fraction": jnum(self.closed), "gap": jnum(self.gap.mean), "gap_sd": jnum(self.gap.sd),
+        })
+    }
+}
+
+/// NoPE against the best positional encoding of `runs` at `l`, in the
+/// tokenization `tk`.
+fn side(runs: &[(String, Vec<RunRecord>)], l: usize, tk: &Tokenized) -> Side {
+    let (gap, best, _) = gap_at(runs, l);
+    let of = |name: &str, f: &dyn Fn(&RunRecord) -> f64| {
+        runs.iter()
+            .find(|r| r.0 == name)
+            .map(|r| Stat::of(&r.1.iter().map(f).collect::<Vec<_>>()))
+            .unwrap_or(Stat::of(&[]))
+    };
+    let nope = of("nope", &|r| r.loss(l));
+    let best_loss = of(&best, &|r| r.loss(l));
+    Side {
+        tokens: tk.tokens.clone(),
+        vocab: tk.vocab,
+        chars_per_token: tk.chars_per_token,
+        l,
+        unigram: tk.unigram_entropy,
+        unigram_bpc: tk.unigram_bits_per_char,
+        nope,
+        nope_bpc: of("nope", &|r| r.bpc(l)).mean,
+        best_bpc: of(&best, &|r| r.bpc(l)).mean,
+        closed: rules::closed_fraction(tk.unigram_entropy, nope.mean, best_loss.mean),
+        best,
+        best_loss,
+        gap,
+    }
+}
+
 fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let p = ctx.preset.clone();
     let l = p.lm.run.train_len;
     let mut o = ExpOutput::new(2, "Decoders learn positions without them");
-    let unigram = ctx.corpus.unigram_entropy;
+    let tokens = p.lm.run.tokens;
+    let tk = ctx.corpus.tokenized(tokens)?;
+    let unigram = tk.unigram_entropy;
+    let unit = unit_of(tokens);
     o.text = format!(
         "Seed 001's quiz: *can GPT work without a positional encoding?* A causal decoder can \
-         count: position t attends to t + 1 tokens, so it can infer where it is. Character-level \
-         language modelling on {}; context {l}, d_model {}, {} layers, {} steps, seeds {:?}; \
-         validation loss on windows of the validation text, against the unigram entropy {:.4} \
-         nats (the loss of a model that ignores context). Then, per model: a ridge probe of the \
-         absolute position from the activations after the embedding and after each block \
-         (Haviv et al. 2022 §4), and the shuffle test: loss on the last L/4 tokens with the \
-         prefix in order or shuffled, against the unigram entropy.",
+         count: position t attends to t + 1 tokens, so it can infer where it is. Language \
+         modelling on {}, in {} ({}); context {l} tokens (about {:.0} characters), d_model {}, \
+         {} layers, {} steps, seeds {:?}; validation loss on windows of the validation text, \
+         against the unigram entropy {:.4} {unit} (the loss of a model that ignores context; \
+         {:.4} bits per character). Every loss is also given in bits per character (the \
+         window's total nats over its characters, / ln 2), the unit every tokenization shares. \
+         Then, per model: a ridge probe of the absolute position from the activations after \
+         the embedding and after each block (Haviv et al. 2022 §4), and the shuffle test: loss \
+         on the last L/4 tokens with the prefix in order or shuffled, against the unigram \
+         entropy.",
         ctx.corpus.description(),
+        tokens_phrase(&tk),
+        tokens.label(),
+        l as f64 * tk.chars_per_token,
         p.lm.run.d_model,
         p.lm.run.layers,
         p.lm.run.steps,
         p.seeds,
-        unigram
+        unigram,
+        tk.unigram_bits_per_char,
     );
     if let Some(t) = &p.lm.trend {
         o.text.push_str(&format!(
@@ -157,7 +250,8 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         p.lm.trend
             .as_ref()
             .map_or(0, |t| t.sizes.len() * t.encodings.len());
-    ctx.plan((p.lm.encodings.len() + trend_total) * p.seeds.len());
+    let second_total = p.lm.second.as_ref().map_or(0, |s| s.encodings.len());
+    ctx.plan((p.lm.encodings.len() + trend_total + second_total) * p.seeds.len());
     let runs = lm_runs(ctx, &p.lm.encodings, false)?;
     let stats: Vec<(String, f64, f64)> = runs
         .iter()
@@ -167,11 +261,15 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         })
         .collect();
     o.tables.push(Table {
-        title: format!("Validation loss at length {l} (nats per character), mean ± sd over seeds"),
+        title: format!(
+            "Validation loss at length {l} ({unit}, tokens {}), mean ± sd over seeds, and in bits per character",
+            tokens.label()
+        ),
         header: vec![
             "encoding".into(),
             "loss".into(),
             "sd".into(),
+            "bits/char".into(),
             "per seed".into(),
         ],
         rows: runs
@@ -182,6 +280,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
                     pe.clone(),
                     f4(*m),
                     f4(*s),
+                    f4(Stat::of(&rs.iter().map(|r| r.bpc(l)).collect::<Vec<_>>()).mean),
                     rs.iter()
                         .map(|r| f4(r.loss(l)))
                         .collect::<Vec<_>>()
@@ -196,7 +295,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         FigSpec::Bar {
             title: "Language modelling: validation loss".into(),
             groups: stats.iter().map(|s| s.0.clone()).collect(),
-            y_label: "loss (nats/char)".into(),
+            y_label: format!("loss ({unit})"),
             series: vec![BarSpec {
                 name: "loss".into(),
                 values: stats.iter().map(|s| s.1).collect(),
@@ -229,7 +328,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let trend_diverged = diverged(sizes.iter().flat_map(|s| &s.1).flat_map(|r| &r.1));
     if !sizes.is_empty() {
         o.tables.push(Table {
-            title: "NoPE's gap to the best positional encoding at each size (validation loss at L, nats; gap mean ± sd over seeds)".into(),
+            title: format!("NoPE's gap to the best positional encoding at each size (validation loss at L, {unit}; gap mean ± sd over seeds)"),
             header: vec![
                 "size".into(),
                 "block parameters".into(),
@@ -269,7 +368,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
             FigSpec::Line {
                 title: "NoPE's gap to the best positional encoding".into(),
                 x_label: "block parameters (12 · layers · d_model²)".into(),
-                y_label: "gap (nats/char)".into(),
+                y_label: format!("gap ({unit})"),
                 series: [("mean", 0.0), ("mean + sd", 1.0), ("mean − sd", -1.0)]
                     .iter()
                     .map(|(name, k)| LineSpec {
@@ -290,6 +389,86 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
             "\n\nThis preset has no `lm.trend` section: NoPE's gap is measured at one size only, so its trend with scale is not measured (e2.nope-close cannot be reproduced without it).",
         );
     }
+    // Both tokenizations side by side.
+    let first_side = side(&runs, l, &tk);
+    let mut second_side = None;
+    if let Some(sec) = p.lm.second.clone() {
+        let stk = ctx.corpus.tokenized(sec.run.tokens)?;
+        let sruns = trend_runs(ctx, &sec.run, &sec.encodings)?;
+        second_side = Some((side(&sruns, sec.run.train_len, &stk), sec.run.clone()));
+        o.text.push_str(&format!(
+            "\n\n**Both tokenizations.** The same comparison in {} ({}): context {} tokens, \
+             d_model {}, {} layers, {} steps, with {}; each tokenization's closed fraction is \
+             measured against its own unigram baseline. The claims' verdicts are those of the \
+             first tokenization ({}); the numbers of both are in each claim.",
+            tokens_phrase(&stk),
+            sec.run.tokens.label(),
+            sec.run.train_len,
+            sec.run.d_model,
+            sec.run.layers,
+            sec.run.steps,
+            sec.encodings.join(", "),
+            tokens.label(),
+        ));
+    } else {
+        o.text.push_str(&format!(
+            "\n\nThis preset has no `lm.second` section: only {} tokens are measured.",
+            tokens.label()
+        ));
+    }
+    let sides: Vec<&Side> = std::iter::once(&first_side)
+        .chain(second_side.as_ref().map(|s| &s.0))
+        .collect();
+    o.tables.push(Table {
+        title: "NoPE against the best positional encoding, per tokenization (validation at L, mean over seeds; nats per token and bits per character)".into(),
+        header: [
+            "tokens",
+            "vocabulary",
+            "chars/token",
+            "L (tokens)",
+            "unigram",
+            "NoPE",
+            "best positional",
+            "closed fraction",
+            "gap (nats/token)",
+            "unigram bits/char",
+            "NoPE bits/char",
+            "best bits/char",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: sides
+            .iter()
+            .map(|sd| {
+                vec![
+                    sd.tokens.clone(),
+                    sd.vocab.to_string(),
+                    format!("{:.2}", sd.chars_per_token),
+                    sd.l.to_string(),
+                    f4(sd.unigram),
+                    pm(sd.nope),
+                    format!("{}: {}", sd.best, pm(sd.best_loss)),
+                    pct(sd.closed),
+                    pm(sd.gap),
+                    f4(sd.unigram_bpc),
+                    f4(sd.nope_bpc),
+                    f4(sd.best_bpc),
+                ]
+            })
+            .collect(),
+    });
+    // Each claim carries both tokenizations' numbers, flat.
+    let both = |mut v: serde_json::Value| {
+        let m = v.as_object_mut().expect("an object");
+        m.insert("nope_bits_per_char".into(), jnum(first_side.nope_bpc));
+        m.insert("best_bits_per_char".into(), jnum(first_side.best_bpc));
+        if let Some((sd, _)) = &second_side {
+            for (k, x) in sd.json().as_object().expect("an object") {
+                m.insert(format!("second_{k}"), x.clone());
+            }
+        }
+        v
+    };
     if let (Some(n), Some(b)) = (nope, best) {
         let closed = rules::closed_fraction(unigram, n.1, b.1);
         let main_runs: Vec<&RunRecord> = runs
@@ -308,7 +487,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
             ctx,
             &rules::NOPE_CLOSE,
             "closed fraction of the unigram-to-best gap at the largest size, and NoPE's gap to the best at the smallest and largest sizes (nats)",
-            json!({"nope": jnum(n.1), "best": b.0, "best_loss": jnum(b.1), "unigram": jnum(unigram), "closed_fraction": jnum(closed), "relative_gap": jnum((n.1 - b.1) / b.1), "gap_smallest": jnum(first.mean), "gap_smallest_sd": jnum(first.sd), "gap_largest": jnum(last.mean), "gap_largest_sd": jnum(last.sd), "sizes": gaps.len()}),
+            both(json!({"tokens": tokens.label(), "nope": jnum(n.1), "best": b.0, "best_loss": jnum(b.1), "unigram": jnum(unigram), "closed_fraction": jnum(closed), "relative_gap": jnum((n.1 - b.1) / b.1), "gap_smallest": jnum(first.mean), "gap_smallest_sd": jnum(first.sd), "gap_largest": jnum(last.mean), "gap_largest_sd": jnum(last.sd), "sizes": gaps.len()})),
             json!("within a few % in perplexity (Haviv et al. Table 1), the gap narrowing with scale"),
             rules::nope_close(closed, first, last),
             p.seeds.clone(),
@@ -319,11 +498,11 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
                 ctx,
                 &rules::NOPE_GAP_SHRINKS,
                 "NoPE's validation loss minus the best positional encoding's (nats, per seed) at each size, smallest first",
-                json!(sizes
+                both(json!({"tokens": tokens.label(), "sizes": sizes
                     .iter()
                     .zip(&gaps)
                     .map(|((st, _), (g, best, _))| json!({"block_parameters": block_params(st), "best": best, "gap": jnum(g.mean), "sd": jnum(g.sd)}))
-                    .collect::<Vec<_>>()),
+                    .collect::<Vec<_>>()})),
                 json!("the gap narrows from 125M to 1.3B parameters (Haviv et al. 2022)"),
                 rules::nope_gap_shrinks(&gaps.iter().map(|g| g.0).collect::<Vec<_>>()),
                 p.seeds.clone(),
@@ -334,7 +513,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
             ctx,
             &rules::QUIZ_DECODER_WORKS,
             "fraction of the gap between the unigram entropy and the best positional encoding's validation loss that NoPE closes (largest size, mean over seeds)",
-            json!({"nope": jnum(n.1), "best": b.0, "best_loss": jnum(b.1), "unigram": jnum(unigram), "closed_fraction": jnum(closed)}),
+            both(json!({"tokens": tokens.label(), "nope": jnum(n.1), "best": b.0, "best_loss": jnum(b.1), "unigram": jnum(unigram), "closed_fraction": jnum(closed)})),
             json!("GPT works without positional encoding (seed 001); NoPE within a few % of the positional models (Haviv et al. Table 1)"),
             rules::quiz_decoder_works(closed),
             p.seeds.clone(),

@@ -6,6 +6,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use posenc_lab::bpe::Tokenization;
 use posenc_lab::config::{ModelConfig, PeConfig, TrainConfig};
 use posenc_lab::model::EvalScaling;
 use posenc_lab::optim::AdamW;
@@ -390,6 +391,9 @@ pub struct EvalPoint {
     pub loss: Option<f64>,
     /// Exact-match accuracy.
     pub accuracy: Option<f64>,
+    /// Bits per character (corpus tasks): comparable across tokenizations.
+    #[serde(default)]
+    pub bits_per_char: Option<f64>,
     /// The error, where the model cannot run at this length.
     pub error: Option<String>,
 }
@@ -433,6 +437,14 @@ impl RunRecord {
     /// Loss at `len` (NaN when it cannot run).
     pub fn loss(&self, len: usize) -> f64 {
         self.at(len).and_then(|e| e.loss).unwrap_or(f64::NAN)
+    }
+
+    /// Bits per character at `len` (NaN when it cannot run or the task
+    /// reads no corpus).
+    pub fn bpc(&self, len: usize) -> f64 {
+        self.at(len)
+            .and_then(|e| e.bits_per_char)
+            .unwrap_or(f64::NAN)
     }
 
     /// Accuracy at `len` (NaN when it cannot run).
@@ -520,7 +532,12 @@ impl RunSpec {
                 None
             },
         };
-        let task = train::load_task(&tc)?;
+        let tokens = if kind.uses_corpus() {
+            s.tokens
+        } else {
+            Tokenization::Chars
+        };
+        let task = train::load_task_in(&tc, tokens, None)?;
         let model = ModelConfig {
             mode: kind.mode(),
             vocab_size: task.vocab_size(),
@@ -546,6 +563,16 @@ impl RunSpec {
     }
 }
 
+/// The unit of a text loss with `tokens`, short: `nats/char` or
+/// `nats/token`.
+pub fn loss_unit(tokens: Tokenization) -> &'static str {
+    if tokens.is_chars() {
+        "nats/char"
+    } else {
+        "nats/token"
+    }
+}
+
 /// Evaluates `lab` at each length, recording lengths it cannot run at.
 pub fn eval_points(
     lab: &Lab,
@@ -562,12 +589,14 @@ pub fn eval_points(
                     length: len,
                     loss: Some(r.loss[0]),
                     accuracy: Some(r.accuracy[0]),
+                    bits_per_char: Some(r.bits_per_char[0]).filter(|b| b.is_finite()),
                     error: None,
                 },
                 Err(e) => EvalPoint {
                     length: len,
                     loss: None,
                     accuracy: None,
+                    bits_per_char: None,
                     error: Some(e.to_string()),
                 },
             },
@@ -791,6 +820,7 @@ fn train_uncached(dir: &Path, spec: &RunSpec) -> Result<RunRecord> {
                     length,
                     loss: None,
                     accuracy: None,
+                    bits_per_char: None,
                     error: Some(e.to_string()),
                 })
                 .collect(),

@@ -106,7 +106,9 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let default_unscaled = turns.iter().filter(|&&t| t > 32.0).count();
     let lengths: Vec<usize> = p.factors.iter().map(|f| f * l).collect();
     let n_max = *p.factors.iter().max().unwrap_or(&1);
-    let unigram = ctx.corpus.unigram_entropy;
+    let tokens = p.run.tokens;
+    let unigram = ctx.corpus.tokenized(tokens)?.unigram_entropy;
+    let unit = super::loss_unit(tokens);
     o.text =
         format!(
         "Seed 001's quiz: *can a decoder with RoPE trained on 1024 tokens generate 2048?* Only \
@@ -121,7 +123,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
          past them; every \"past L\" number here is the mean loss on positions L..nL of \
          windows of nL only (the lab's `loss_per_position`), and the figure shows the loss at \
          each position with L marked. The loss at L is the unscaled model's on windows of L; the \
-         unigram entropy ({unigram:.4} nats) is the loss of a model that ignores the context.\n\n\
+         unigram entropy ({unigram:.4} {unit}, tokens {}) is the loss of a model that ignores the context.\n\n\
          **YaRN's β at small L.** YaRN leaves pairs that turn more than β_fast times over the \
          original context unscaled and fully interpolates those turning fewer than β_slow times. \
          The Hugging Face defaults (β_fast = 32, β_slow = 1) are tuned for L in the thousands: \
@@ -134,6 +136,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         ctx.corpus.description(),
         lengths.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", "),
         p.finetune_steps,
+        tokens.label(),
         turns.iter().map(|t| format!("{t:.2}")).collect::<Vec<_>>().join(", "),
         default_unscaled,
         turns.len(),
@@ -340,7 +343,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         FigSpec::Line {
             title: format!("RoPE trained at L = {l}: loss against position"),
             x_label: "position in the window".into(),
-            y_label: "loss (nats/char)".into(),
+            y_label: format!("loss ({unit})"),
             series,
             log_y: false,
         },
@@ -354,7 +357,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     );
     o.tables.push(Table {
         title: format!(
-            "Validation loss (nats/char, mean ± sd over seeds {seeds:?}); past L: positions L..nL of windows of nL only"
+            "Validation loss ({unit}, mean ± sd over seeds {seeds:?}); past L: positions L..nL of windows of nL only"
         ),
         header,
         rows: names
