@@ -160,7 +160,7 @@ pub fn picture(
 
 #[cfg(test)]
 mod tests {
-    use crate::*;
+    use super::*;
 
     #[test]
     fn similarity_is_one_at_the_patch_and_symmetric() {
