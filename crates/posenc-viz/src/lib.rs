@@ -8,11 +8,11 @@
 //!
 //! - [`encodings`]: a spec and its options into an [`Encoding`], and the
 //!   matrices that picture it ([`Picture`]).
-//! - [`show`]: the picture of an encoding (or of a 2-D RoPE's patch
+//! - [`show`](mod@show): the picture of an encoding (or of a 2-D RoPE's patch
 //!   similarity, [`rope2d`]), written as PNG/SVG or drawn in the terminal.
-//! - [`analyze`]: measured properties, each claim with a verdict from the
+//! - [`analyze`](mod@analyze): measured properties, each claim with a verdict from the
 //!   report's rules, and one line plot per measurement.
-//! - [`compare`]: two encodings side by side, with a text summary.
+//! - [`compare`](mod@compare): two encodings side by side, with a text summary.
 //! - [`output`]: file formats, sizes, and a grid of figures.
 //!
 //! Every function takes plain option structs (their defaults are the CLI's)
