@@ -37,11 +37,14 @@ pub const MAX_CELLS: usize = 20_000_000;
 #[derive(Debug, Clone, Default)]
 pub struct EncodingOptions {
     /// Number of positions (table rows; query and key positions of a bias).
+    /// Default: the `default_positions` given to [`build`] (`show` and
+    /// `compare`: 32; `analyze`: enough for every position it measures).
     pub positions: Option<usize>,
-    /// Model / head dimension.
+    /// Model / head dimension. Default: the `default_dim` given to
+    /// [`build`] (`show` and `compare`: 16; `analyze`: 128).
     pub dim: Option<usize>,
-    /// Layout: `interleaved` or `concatenated` (sinusoidal), `half-split` or
-    /// `interleaved` (rope, xpos).
+    /// Layout: `interleaved` (default) or `concatenated` (sinusoidal),
+    /// `half-split` (default) or `interleaved` (rope, xpos).
     pub layout: Option<String>,
     /// Sinusoidal base (default 10000).
     pub base: Option<f64>,
