@@ -115,6 +115,12 @@ impl From<serde_json::Error> for CliError {
     }
 }
 
+impl From<posenc_viz::VizError> for CliError {
+    fn from(e: posenc_viz::VizError) -> Self {
+        CliError(e.to_string())
+    }
+}
+
 impl From<String> for CliError {
     fn from(e: String) -> Self {
         CliError(e)
@@ -129,9 +135,9 @@ fn run(cli: Cli) -> CliResult {
         Command::Table(c) => cmd_table::run(c),
         Command::Bias(c) => cmd_bias::run(c),
         Command::Rope(c) => cmd_rope::run(c),
-        Command::Show(a) => Ok(viz::show(a)?),
-        Command::Analyze(a) => Ok(viz::analyze(a)?),
-        Command::Compare(a) => Ok(viz::compare(a)?),
+        Command::Show(a) => viz::show(a),
+        Command::Analyze(a) => viz::analyze(a),
+        Command::Compare(a) => viz::compare(a),
         Command::Train(a) => cmd_lab::train(a),
         Command::Finetune(a) => cmd_lab::finetune(a),
         Command::Eval(a) => cmd_lab::eval(a),

@@ -18,7 +18,8 @@ use posenc::rope::vision::{llama4_vision, pixtral};
 use posenc::rope::PairLayout;
 use posenc_plot::{Colormap, Orientation, ValueRange};
 
-use super::encodings::{Panel, Picture};
+use crate::encodings::{Panel, Picture};
+use crate::error::{invalid, Result};
 
 /// Largest grid side drawn.
 pub const MAX_SIDE: usize = 512;
@@ -35,29 +36,31 @@ pub fn is_rope2d(spec: &str) -> bool {
 }
 
 /// Parses `HxW`.
-pub fn parse_grid(s: &str) -> Result<(usize, usize), String> {
-    let bad = || format!("invalid grid {s:?}: expected HxW, e.g. 16x16");
+pub fn parse_grid(s: &str) -> Result<(usize, usize)> {
+    let bad = || invalid(format!("invalid grid {s:?}: expected HxW, e.g. 16x16"));
     let (h, w) = s.split_once(['x', 'X', '×']).ok_or_else(bad)?;
     let p = |v: &str| v.trim().parse::<usize>().map_err(|_| bad());
     let (h, w) = (p(h)?, p(w)?);
     for v in [h, w] {
         if v == 0 || v > MAX_SIDE {
-            return Err(format!(
+            return Err(invalid(format!(
                 "invalid grid {h}x{w}: each side from 1 to {MAX_SIDE}"
-            ));
+            )));
         }
     }
     Ok((h, w))
 }
 
 /// Parses `ROW,COL`.
-fn parse_patch(s: &str, h: usize, w: usize) -> Result<(usize, usize), String> {
-    let bad = || format!("invalid patch {s:?}: expected ROW,COL, e.g. 3,5");
+fn parse_patch(s: &str, h: usize, w: usize) -> Result<(usize, usize)> {
+    let bad = || invalid(format!("invalid patch {s:?}: expected ROW,COL, e.g. 3,5"));
     let (r, c) = s.split_once([',', '.']).ok_or_else(bad)?;
     let r: usize = r.trim().parse().map_err(|_| bad())?;
     let c: usize = c.trim().parse().map_err(|_| bad())?;
     if r >= h || c >= w {
-        return Err(format!("patch ({r}, {c}) is outside the {h}x{w} grid"));
+        return Err(invalid(format!(
+            "patch ({r}, {c}) is outside the {h}x{w} grid"
+        )));
     }
     Ok((r, c))
 }
@@ -69,7 +72,7 @@ pub fn picture(
     patch: Option<&str>,
     dim: Option<usize>,
     theta: Option<f64>,
-) -> Result<Picture, String> {
+) -> Result<Picture> {
     let (mut variant, mut dim, mut theta) = (
         "axial".to_string(),
         dim.unwrap_or(64),
@@ -80,17 +83,22 @@ pub fn picture(
             let (k, v) = item.split_once('=').unwrap_or((item, ""));
             match k.trim() {
                 "variant" => variant = v.trim().to_string(),
-                "dim" => dim = v.trim().parse().map_err(|_| format!("invalid dim {v:?}"))?,
+                "dim" => {
+                    dim = v
+                        .trim()
+                        .parse()
+                        .map_err(|_| invalid(format!("invalid dim {v:?}")))?
+                }
                 "theta" => {
                     theta = v
                         .trim()
                         .parse()
-                        .map_err(|_| format!("invalid theta {v:?}"))?
+                        .map_err(|_| invalid(format!("invalid theta {v:?}")))?
                 }
                 other => {
-                    return Err(format!(
+                    return Err(invalid(format!(
                         "unknown option {other:?} for rope2d (variant, dim, theta)"
-                    ))
+                    )))
                 }
             }
         }
@@ -100,22 +108,19 @@ pub fn picture(
         Some(p) => parse_patch(p, h, w)?,
         None => (h / 2, w / 2),
     };
-    let err = |e: posenc::Error| e.to_string();
     let f: AxialFrequencies = match variant.as_str() {
         "axial" | "qwen" | "qwen-vl" => {
-            AxialFrequencies::axial(theta, dim, 2, AxisSplit::Chunked, PairLayout::HalfSplit)
-                .map_err(err)?
+            AxialFrequencies::axial(theta, dim, 2, AxisSplit::Chunked, PairLayout::HalfSplit)?
         }
         "axial-interleaved" => {
-            AxialFrequencies::axial(theta, dim, 2, AxisSplit::Interleaved, PairLayout::HalfSplit)
-                .map_err(err)?
+            AxialFrequencies::axial(theta, dim, 2, AxisSplit::Interleaved, PairLayout::HalfSplit)?
         }
-        "pixtral" => pixtral(theta, dim).map_err(err)?,
-        "llama4" => llama4_vision(theta, dim).map_err(err)?,
+        "pixtral" => pixtral(theta, dim)?,
+        "llama4" => llama4_vision(theta, dim)?,
         other => {
-            return Err(format!(
+            return Err(invalid(format!(
                 "unknown rope2d variant {other:?}; known: axial, axial-interleaved, pixtral, llama4"
-            ))
+            )))
         }
     };
     let n = f.num_freqs() as f64;

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use clap::ValueEnum;
-use posenc_plot::terminal::TerminalMode;
 use posenc_plot::{Figure, RgbImage};
+
+use crate::error::{invalid, Result, VizError};
 
 /// File formats a figure can be written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,7 +17,7 @@ pub enum Format {
 }
 
 /// The format named by `path`'s extension (`.png` or `.svg`, any case).
-pub fn format_of(path: &Path) -> Result<Format, String> {
+pub fn format_of(path: &Path) -> Result<Format> {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
@@ -25,47 +25,54 @@ pub fn format_of(path: &Path) -> Result<Format, String> {
     match ext.as_deref() {
         Some("png") => Ok(Format::Png),
         Some("svg") => Ok(Format::Svg),
-        Some(other) => Err(format!(
+        Some(other) => Err(invalid(format!(
             "unknown extension .{other} for {}: use .png or .svg",
             path.display()
-        )),
-        None => Err(format!(
+        ))),
+        None => Err(invalid(format!(
             "{} has no extension: use .png or .svg",
             path.display()
-        )),
+        ))),
     }
 }
 
 /// Parses `WIDTHxHEIGHT`.
-pub fn parse_size(s: &str) -> Result<(u32, u32), String> {
-    let (w, h) = s
-        .split_once(['x', 'X', '×'])
-        .ok_or_else(|| format!("invalid size {s:?}: expected WIDTHxHEIGHT, e.g. 800x600"))?;
+pub fn parse_size(s: &str) -> Result<(u32, u32)> {
+    let (w, h) = s.split_once(['x', 'X', '×']).ok_or_else(|| {
+        invalid(format!(
+            "invalid size {s:?}: expected WIDTHxHEIGHT, e.g. 800x600"
+        ))
+    })?;
     let p = |v: &str| {
-        v.trim()
-            .parse::<u32>()
-            .map_err(|_| format!("invalid size {s:?}: expected WIDTHxHEIGHT, e.g. 800x600"))
+        v.trim().parse::<u32>().map_err(|_| {
+            invalid(format!(
+                "invalid size {s:?}: expected WIDTHxHEIGHT, e.g. 800x600"
+            ))
+        })
     };
     let (w, h) = (p(w)?, p(h)?);
     let (mw, mh) = posenc_plot::MIN_SIZE;
     if w < mw || h < mh || w > posenc_plot::MAX_SIDE || h > posenc_plot::MAX_SIDE {
-        return Err(format!(
+        return Err(invalid(format!(
             "invalid size {w}x{h}: need at least {mw}x{mh} and at most {} a side",
             posenc_plot::MAX_SIDE
-        ));
+        )));
     }
     Ok((w, h))
 }
 
 /// Checks that the file can be created (before any long computation), so
 /// that a bad path fails fast. Leaves no file behind.
-pub fn check_writable(path: &Path) -> Result<(), String> {
+pub fn check_writable(path: &Path) -> Result<()> {
     let existed = path.exists();
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|err| format!("cannot write {}: {err}", path.display()))?;
+        .map_err(|source| VizError::Write {
+            path: path.to_path_buf(),
+            source,
+        })?;
     if !existed {
         let _ = std::fs::remove_file(path);
     }
@@ -74,44 +81,13 @@ pub fn check_writable(path: &Path) -> Result<(), String> {
 
 /// Writes `fig` to `path` (format from the extension) at `size`, or at the
 /// figure's natural size.
-pub fn write_figure<F: Figure>(
-    fig: &F,
-    path: &Path,
-    size: Option<(u32, u32)>,
-) -> Result<(), String> {
+pub fn write_figure<F: Figure>(fig: &F, path: &Path, size: Option<(u32, u32)>) -> Result<()> {
     let (w, h) = size.unwrap_or_else(|| fig.default_size());
     match format_of(path)? {
         Format::Png => fig.to_png(path, w, h),
         Format::Svg => fig.to_svg(path, w, h),
-    }
-    .map_err(|e| e.to_string())
-}
-
-/// `--color`: how to draw in the terminal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum ColorChoice {
-    /// Detect from the environment (`NO_COLOR`, `TERM`, `COLORTERM`, tty).
-    #[default]
-    Auto,
-    /// 24-bit colour.
-    Truecolor,
-    /// The 256-colour palette.
-    #[value(name = "256")]
-    Ansi256,
-    /// Characters only.
-    Plain,
-}
-
-impl ColorChoice {
-    /// The terminal mode to draw with.
-    pub fn mode(self) -> TerminalMode {
-        match self {
-            ColorChoice::Auto => TerminalMode::detect(),
-            ColorChoice::Truecolor => TerminalMode::TrueColor,
-            ColorChoice::Ansi256 => TerminalMode::Ansi256,
-            ColorChoice::Plain => TerminalMode::Plain,
-        }
-    }
+    }?;
+    Ok(())
 }
 
 /// Several figures stacked in rows (each row's figures side by side), with
@@ -139,14 +115,14 @@ impl Grid<'_> {
     }
 
     /// Renders to an RGB picture.
-    pub fn to_rgb(&self) -> Result<RgbImage, String> {
+    pub fn to_rgb(&self) -> Result<RgbImage> {
         let (w, h) = self.size();
         let mut pixels = vec![255u8; (w * h * 3) as usize];
         let mut y0 = GRID_TITLE;
         for row in &self.rows {
             let mut x0 = 0;
             for &(fig, fw, fh) in row {
-                let img = fig.to_rgb(fw, fh).map_err(|e| e.to_string())?;
+                let img = fig.to_rgb(fw, fh)?;
                 for y in 0..fh {
                     let src = (y * fw * 3) as usize;
                     let dst = (((y0 + y) * w + x0) * 3) as usize;
@@ -169,7 +145,7 @@ impl Grid<'_> {
     }
 
     /// Renders to an SVG document (the figures nested as `<svg>` elements).
-    pub fn to_svg_string(&self) -> Result<String, String> {
+    pub fn to_svg_string(&self) -> Result<String> {
         let (w, h) = self.size();
         let mut out = format!(
             "<svg width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" xmlns=\"http://www.w3.org/2000/svg\">\n\
@@ -182,10 +158,10 @@ impl Grid<'_> {
         for row in &self.rows {
             let mut x0 = 0;
             for &(fig, fw, fh) in row {
-                let svg = fig.to_svg_string(fw, fh).map_err(|e| e.to_string())?;
+                let svg = fig.to_svg_string(fw, fh)?;
                 let start = svg
                     .find("<svg")
-                    .ok_or("the SVG back end wrote no <svg> element")?;
+                    .ok_or_else(|| invalid("the SVG back end wrote no <svg> element"))?;
                 let body = &svg[start + 4..];
                 out.push_str(&format!("<svg x=\"{x0}\" y=\"{y0}\""));
                 out.push_str(body);
@@ -201,12 +177,15 @@ impl Grid<'_> {
     }
 
     /// Writes to `path` (format from the extension).
-    pub fn write(&self, path: &Path) -> Result<(), String> {
+    pub fn write(&self, path: &Path) -> Result<()> {
         let bytes = match format_of(path)? {
-            Format::Png => self.to_rgb()?.to_png_bytes().map_err(|e| e.to_string())?,
+            Format::Png => self.to_rgb()?.to_png_bytes()?,
             Format::Svg => self.to_svg_string()?.into_bytes(),
         };
-        std::fs::write(path, bytes).map_err(|err| format!("cannot write {}: {err}", path.display()))
+        std::fs::write(path, bytes).map_err(|source| VizError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -216,15 +195,11 @@ fn row_height(row: &Vec<(&dyn Figure, u32, u32)>) -> u32 {
 
 /// A white strip `width × GRID_TITLE` with `title` centred: drawn as a
 /// titled empty panel picture's top part.
-fn title_strip(title: &str, width: u32) -> Result<RgbImage, String> {
+fn title_strip(title: &str, width: u32) -> Result<RgbImage> {
     // A 1×1 heatmap with the title, drawn tall enough; only its top
     // GRID_TITLE rows (the title) are kept.
-    let map = posenc_plot::Heatmap::new(vec![vec![0.0]])
-        .map_err(|e| e.to_string())?
-        .title(title);
-    let img = map
-        .to_rgb(width.max(posenc_plot::MIN_SIZE.0), 400)
-        .map_err(|e| e.to_string())?;
+    let map = posenc_plot::Heatmap::new(vec![vec![0.0]])?.title(title);
+    let img = map.to_rgb(width.max(posenc_plot::MIN_SIZE.0), 400)?;
     let mut pixels = Vec::with_capacity((width * GRID_TITLE * 3) as usize);
     for y in 0..GRID_TITLE {
         let start = (y * img.width * 3) as usize;

@@ -3,12 +3,13 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
 use posenc::absolute::{Floater, FloaterConfig, LearnedTable, Sinusoidal, SinusoidalLayout};
 use posenc::relative::{Alibi, AlibiMode, Shaw, T5Bias, T5Buckets};
 use posenc::rope::{PairLayout, Rope, RopeConfig, RopeFrequencies, RopeScaling, XPos};
 use posenc::{AbsoluteEncoding, AttentionBias};
 use posenc_plot::{Colormap, Orientation, ValueRange};
+
+use crate::error::{invalid, Result};
 
 /// Every family name `show`, `analyze` and `compare` accept.
 pub const FAMILIES: &[&str] = &[
@@ -33,106 +34,87 @@ pub const MAX_CELLS: usize = 20_000_000;
 /// Options that describe an encoding; each can also be given inside the
 /// ENCODING spec as `NAME:KEY=VALUE,...` (the spec wins), so that `compare`
 /// can give its two encodings different values.
-#[derive(Args, Debug, Clone, Default)]
-pub struct EncodingOpts {
+#[derive(Debug, Clone, Default)]
+pub struct EncodingOptions {
     /// Number of positions (table rows; query and key positions of a bias).
-    #[arg(long)]
+    /// Default: the `default_positions` given to [`build`] (`show` and
+    /// `compare`: 32; `analyze`: enough for every position it measures).
     pub positions: Option<usize>,
-    /// Model / head dimension.
-    #[arg(long)]
+    /// Model / head dimension. Default: the `default_dim` given to
+    /// [`build`] (`show` and `compare`: 16; `analyze`: 128).
     pub dim: Option<usize>,
-    /// Layout: `interleaved` or `concatenated` (sinusoidal), `half-split` or
-    /// `interleaved` (rope, xpos).
-    #[arg(long)]
+    /// Layout: `interleaved` (default) or `concatenated` (sinusoidal),
+    /// `half-split` (default) or `interleaved` (rope, xpos).
     pub layout: Option<String>,
     /// Sinusoidal base (default 10000).
-    #[arg(long)]
     pub base: Option<f64>,
     /// Sinusoidal position offset (the first row is position OFFSET).
-    #[arg(long)]
     pub offset: Option<u64>,
     /// RoPE / xPos base θ (default 10000).
-    #[arg(long)]
     pub theta: Option<f64>,
     /// RoPE scaling: default, linear, ntk, dynamic, yarn, llama3, longrope.
-    #[arg(long)]
     pub scaling: Option<String>,
     /// Scaling factor (default 4).
-    #[arg(long)]
     pub factor: Option<f64>,
     /// Pre-training context length for dynamic/yarn/llama3/longrope
     /// (default 4096).
-    #[arg(long = "original-max")]
     pub original_max: Option<usize>,
     /// Sequence length the RoPE frequencies are computed for (dynamic NTK,
     /// LongRoPE); default: the table built at load time.
-    #[arg(long = "seq-len")]
     pub seq_len: Option<usize>,
     /// A Hugging Face `config.json` to read RoPE from.
-    #[arg(long)]
     pub config: Option<PathBuf>,
     /// Number of heads (ALiBi, T5; default 8).
-    #[arg(long)]
     pub heads: Option<usize>,
     /// Head drawn (ALiBi, T5; default 0).
-    #[arg(long)]
     pub head: Option<usize>,
     /// T5 number of buckets (default 32).
-    #[arg(long)]
     pub buckets: Option<usize>,
     /// T5 max distance (default 128).
-    #[arg(long = "max-distance")]
     pub max_distance: Option<usize>,
     /// Causal (decoder) bias: ALiBi's default; T5 unidirectional buckets.
-    #[arg(long, conflicts_with = "bidirectional")]
     pub causal: bool,
     /// Bidirectional (encoder) bias: T5's default; ALiBi's `−m·|i − j|`.
-    #[arg(long)]
     pub bidirectional: bool,
     /// Shaw clipping distance k (default 4).
-    #[arg(long)]
     pub k: Option<usize>,
     /// Seed of the random initialisation (learned, floater, shaw, t5 bias;
     /// default 0).
-    #[arg(long)]
     pub seed: Option<u64>,
     /// A lab checkpoint (`posenc train --out DIR`) whose trained table
     /// (learned) or vector field (floater) to use instead of a random one.
-    #[arg(long)]
     pub checkpoint: Option<std::path::PathBuf>,
     /// FLOATER hidden width (default 16).
-    #[arg(long)]
     pub hidden: Option<usize>,
     /// FLOATER time step Δt between positions (default 0.1).
-    #[arg(long = "delta-t")]
     pub delta_t: Option<f64>,
     /// xPos decay length (default 512).
-    #[arg(long = "scale-base")]
     pub scale_base: Option<f64>,
     /// T5 picture: `buckets` (bucket index, default) or `bias` (a seeded
     /// random bias table).
-    #[arg(long)]
     pub values: Option<String>,
 }
 
-fn parse_num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
+fn parse_num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T> {
     v.trim()
         .parse::<T>()
-        .map_err(|_| format!("invalid value {v:?} for {key}"))
+        .map_err(|_| invalid(format!("invalid value {v:?} for {key}")))
 }
 
-fn parse_bool(key: &str, v: &str) -> Result<bool, String> {
+fn parse_bool(key: &str, v: &str) -> Result<bool> {
     match v {
         "" | "true" | "1" | "yes" => Ok(true),
         "false" | "0" | "no" => Ok(false),
-        _ => Err(format!("invalid value {v:?} for {key} (true or false)")),
+        _ => Err(invalid(format!(
+            "invalid value {v:?} for {key} (true or false)"
+        ))),
     }
 }
 
-impl EncodingOpts {
+impl EncodingOptions {
     /// Sets one option from a spec's `KEY=VALUE` (the key is the long option
     /// name without dashes; `_` and `-` are the same).
-    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         let key = key.trim().replace('_', "-");
         let v = value.trim();
         match key.as_str() {
@@ -165,7 +147,11 @@ impl EncodingOpts {
             "delta-t" => self.delta_t = Some(parse_num(&key, v)?),
             "scale-base" => self.scale_base = Some(parse_num(&key, v)?),
             "values" => self.values = Some(v.to_string()),
-            _ => return Err(format!("unknown option {key:?} in the encoding spec")),
+            _ => {
+                return Err(invalid(format!(
+                    "unknown option {key:?} in the encoding spec"
+                )))
+            }
         }
         Ok(())
     }
@@ -195,7 +181,7 @@ pub enum Family {
 }
 
 impl Family {
-    fn parse(name: &str) -> Result<Family, String> {
+    fn parse(name: &str) -> Result<Family> {
         Ok(match name.trim().to_ascii_lowercase().as_str() {
             "sinusoidal" | "sin" | "sinusoid" => Family::Sinusoidal,
             "rope" | "rotary" => Family::Rope,
@@ -207,10 +193,10 @@ impl Family {
             "xpos" => Family::XPos,
             "binary" => Family::Binary,
             _ => {
-                return Err(format!(
+                return Err(invalid(format!(
                     "unknown encoding {name:?}; known: {}",
                     FAMILIES.join(", ")
-                ))
+                )))
             }
         })
     }
@@ -237,11 +223,11 @@ pub struct Spec {
     /// The family.
     pub family: Family,
     /// Options: command line, then the spec's own `KEY=VALUE`s.
-    pub opts: EncodingOpts,
+    pub opts: EncodingOptions,
 }
 
 /// Parses `NAME[:KEY=VALUE,...]` on top of the command-line options.
-pub fn parse_spec(spec: &str, base: &EncodingOpts) -> Result<Spec, String> {
+pub fn parse_spec(spec: &str, base: &EncodingOptions) -> Result<Spec> {
     let (name, rest) = match spec.split_once(':') {
         Some((n, r)) => (n, Some(r)),
         None => (spec, None),
@@ -301,37 +287,34 @@ pub struct Encoding {
     pub label: String,
 }
 
-fn check_count(what: &str, v: usize, max: usize) -> Result<usize, String> {
+fn check_count(what: &str, v: usize, max: usize) -> Result<usize> {
     if v == 0 {
-        return Err(format!("invalid {what} = 0: must be at least 1"));
+        return Err(invalid(format!("invalid {what} = 0: must be at least 1")));
     }
     if v > max {
-        return Err(format!("invalid {what} = {v}: at most {max}"));
+        return Err(invalid(format!("invalid {what} = {v}: at most {max}")));
     }
     Ok(v)
 }
 
-fn e(err: posenc::Error) -> String {
-    err.to_string()
-}
-
-fn sinusoidal_layout(s: Option<&str>) -> Result<SinusoidalLayout, String> {
+fn sinusoidal_layout(s: Option<&str>) -> Result<SinusoidalLayout> {
     match s.unwrap_or("interleaved") {
         "interleaved" => Ok(SinusoidalLayout::Interleaved),
         "concatenated" | "concat" => Ok(SinusoidalLayout::Concatenated),
-        other => Err(format!(
+        other => Err(invalid(format!(
             "invalid layout {other:?} for sinusoidal (interleaved or concatenated)"
-        )),
+        ))),
     }
 }
 
-fn pair_layout(s: Option<&str>) -> Result<Option<PairLayout>, String> {
+fn pair_layout(s: Option<&str>) -> Result<Option<PairLayout>> {
     match s {
         None => Ok(None),
-        Some(s) => s
-            .parse::<PairLayout>()
-            .map(Some)
-            .map_err(|_| format!("invalid layout {s:?} for rope/xpos (half-split or interleaved)")),
+        Some(s) => s.parse::<PairLayout>().map(Some).map_err(|_| {
+            invalid(format!(
+                "invalid layout {s:?} for rope/xpos (half-split or interleaved)"
+            ))
+        }),
     }
 }
 
@@ -341,7 +324,7 @@ fn scaling_from_flags(
     factor: f64,
     original: usize,
     rotary_dim: usize,
-) -> Result<RopeScaling, String> {
+) -> Result<RopeScaling> {
     Ok(match name {
         "default" | "none" => RopeScaling::Default,
         "linear" => RopeScaling::Linear { factor },
@@ -383,31 +366,31 @@ fn scaling_from_flags(
             }
         }
         other => {
-            return Err(format!(
+            return Err(invalid(format!(
                 "unknown scaling {other:?}; known: default, linear, ntk, dynamic, yarn, llama3, longrope (or --config)"
-            ))
+            )))
         }
     })
 }
 
 /// Builds the RoPE configuration a spec describes.
-pub fn rope_config(o: &EncodingOpts, default_dim: usize) -> Result<RopeConfig, String> {
+pub fn rope_config(o: &EncodingOptions, default_dim: usize) -> Result<RopeConfig> {
     let layout = pair_layout(o.layout.as_deref())?;
     let mut cfg = if let Some(path) = &o.config {
         if o.scaling.is_some() {
-            return Err("give either --config or --scaling, not both".into());
+            return Err(invalid("give either --config or --scaling, not both"));
         }
-        RopeConfig::from_hf_file(path).map_err(e)?
+        RopeConfig::from_hf_file(path)?
     } else {
         let dim = check_count("dim", o.dim.unwrap_or(default_dim), MAX_DIM)?;
-        let cfg = RopeConfig::new(o.theta.unwrap_or(10000.0), dim).map_err(e)?;
+        let cfg = RopeConfig::new(o.theta.unwrap_or(10000.0), dim)?;
         let scaling = scaling_from_flags(
             o.scaling.as_deref().unwrap_or("default"),
             o.factor.unwrap_or(4.0),
             check_count("original-max", o.original_max.unwrap_or(4096), usize::MAX)?,
             dim,
         )?;
-        cfg.with_scaling(scaling).map_err(e)?
+        cfg.with_scaling(scaling)?
     };
     if let Some(l) = layout {
         cfg = cfg.with_layout(l);
@@ -417,43 +400,39 @@ pub fn rope_config(o: &EncodingOpts, default_dim: usize) -> Result<RopeConfig, S
 
 /// Builds the encoding a spec describes (`default_dim` and
 /// `default_positions` fill what the spec leaves out).
-pub fn build(
-    spec: &Spec,
-    default_dim: usize,
-    default_positions: usize,
-) -> Result<Encoding, String> {
+pub fn build(spec: &Spec, default_dim: usize, default_positions: usize) -> Result<Encoding> {
     let o = &spec.opts;
     let positions = check_count(
         "positions",
         o.positions.unwrap_or(default_positions),
         MAX_POSITIONS,
     )?;
-    let dim = || -> Result<usize, String> {
+    let dim = || -> Result<usize> {
         let d = check_count("dim", o.dim.unwrap_or(default_dim), MAX_DIM)?;
         if d.saturating_mul(positions) > MAX_CELLS {
-            return Err(format!(
+            return Err(invalid(format!(
                 "{positions} positions × dim {d} is too large: at most {MAX_CELLS} values"
-            ));
+            )));
         }
         Ok(d)
     };
     let seed = o.seed.unwrap_or(0);
     let heads = || check_count("heads", o.heads.unwrap_or(8), 4096);
-    let head = |n: usize| -> Result<usize, String> {
+    let head = |n: usize| -> Result<usize> {
         let h = o.head.unwrap_or(0);
         if h >= n {
-            Err(format!(
+            Err(invalid(format!(
                 "invalid head = {h}: there are {n} heads (0..{})",
                 n - 1
-            ))
+            )))
         } else {
             Ok(h)
         }
     };
-    let sinusoidal = |dim: usize| -> Result<Sinusoidal, String> {
-        let mut s = Sinusoidal::new(dim).map_err(e)?;
+    let sinusoidal = |dim: usize| -> Result<Sinusoidal> {
+        let mut s = Sinusoidal::new(dim)?;
         if let Some(b) = o.base {
-            s = s.with_base(b).map_err(e)?;
+            s = s.with_base(b)?;
         }
         Ok(s.with_layout(sinusoidal_layout(o.layout.as_deref())?)
             .with_offset(o.offset.unwrap_or(0)))
@@ -477,7 +456,7 @@ pub fn build(
         }
         Family::Rope => {
             let config = rope_config(o, default_dim)?;
-            let rope = Rope::at_seq_len(config.clone(), o.seq_len).map_err(e)?;
+            let rope = Rope::at_seq_len(config.clone(), o.seq_len)?;
             let freqs = rope.frequencies().clone();
             let mut label = format!(
                 "RoPE {}, θ = {}, d = {} ({})",
@@ -500,12 +479,12 @@ pub fn build(
         }
         Family::XPos => {
             let d = dim()?;
-            let mut x = XPos::new(d).map_err(e)?;
+            let mut x = XPos::new(d)?;
             if let Some(t) = o.theta {
-                x = x.with_theta(t).map_err(e)?;
+                x = x.with_theta(t)?;
             }
             if let Some(sb) = o.scale_base {
-                x = x.with_scale_base(sb).map_err(e)?;
+                x = x.with_scale_base(sb)?;
             }
             if let Some(l) = pair_layout(o.layout.as_deref())? {
                 x = x.with_layout(l);
@@ -521,7 +500,7 @@ pub fn build(
             } else {
                 AlibiMode::Causal
             };
-            let a = Alibi::new(n, mode).map_err(e)?;
+            let a = Alibi::new(n, mode)?;
             let label = format!(
                 "ALiBi ({}), head {h} of {n}, slope {}",
                 if o.bidirectional {
@@ -541,13 +520,16 @@ pub fn build(
                 o.buckets.unwrap_or(32),
                 o.max_distance.unwrap_or(128),
                 bidirectional,
-            )
-            .map_err(e)?;
-            let bias = T5Bias::random(b, n, seed).map_err(e)?;
+            )?;
+            let bias = T5Bias::random(b, n, seed)?;
             let show_bias = match o.values.as_deref().unwrap_or("buckets") {
                 "buckets" | "bucket" => false,
                 "bias" => true,
-                other => return Err(format!("invalid values {other:?} for t5 (buckets or bias)")),
+                other => {
+                    return Err(invalid(format!(
+                        "invalid values {other:?} for t5 (buckets or bias)"
+                    )))
+                }
             };
             let label = format!(
                 "T5 {}, {} buckets, max distance {}, {}",
@@ -568,12 +550,12 @@ pub fn build(
         }
         Family::Shaw => {
             let k = o.k.unwrap_or(4);
-            let s = Shaw::new(k, dim()?, seed).map_err(e)?;
+            let s = Shaw::new(k, dim()?, seed)?;
             (Built::Shaw(s), format!("Shaw relative index, k = {k}"))
         }
         Family::Learned | Family::Floater if o.checkpoint.is_some() => {
             let dir = o.checkpoint.as_deref().expect("checked");
-            let lab = posenc_lab::train::Lab::load(dir).map_err(|err| err.to_string())?;
+            let lab = posenc_lab::train::Lab::load(dir)?;
             let what = format!(
                 "{} ({} trained {} steps on {})",
                 spec.family.name(),
@@ -581,16 +563,13 @@ pub fn build(
                 lab.meta.step,
                 lab.meta.train.task.name()
             );
-            match (
-                lab.model.trained_input().map_err(|err| err.to_string())?,
-                spec.family,
-            ) {
+            match (lab.model.trained_input()?, spec.family) {
                 (Some(posenc_lab::model::TrainedInput::Learned(t)), Family::Learned) => {
                     if positions > t.max_positions() {
-                        return Err(format!(
+                        return Err(invalid(format!(
                             "--positions {positions} is past the checkpoint's learned table ({} rows)",
                             t.max_positions()
-                        ));
+                        )));
                     }
                     (Built::Learned(t), what)
                 }
@@ -598,18 +577,18 @@ pub fn build(
                     (Built::Floater(f), what)
                 }
                 _ => {
-                    return Err(format!(
+                    return Err(invalid(format!(
                         "{} was trained with {}, not {}",
                         dir.display(),
                         lab.meta.model.pe.label(),
                         spec.family.name()
-                    ))
+                    )))
                 }
             }
         }
         Family::Learned => {
             let d = dim()?;
-            let t = LearnedTable::new(positions, d, seed).map_err(e)?;
+            let t = LearnedTable::new(positions, d, seed)?;
             (
                 Built::Learned(t),
                 format!("learned table (N(0, 0.02²) init, seed {seed}), D = {d}"),
@@ -619,7 +598,7 @@ pub fn build(
             let d = dim()?;
             let hidden = o.hidden.unwrap_or(16);
             let cfg = FloaterConfig::new(d, hidden).with_delta_t(o.delta_t.unwrap_or(0.1));
-            let f = Floater::random(cfg, seed).map_err(e)?;
+            let f = Floater::random(cfg, seed)?;
             (
                 Built::Floater(f),
                 format!("FLOATER (random h, seed {seed}), D = {d}, hidden {hidden}"),
@@ -704,9 +683,8 @@ impl Panel {
     }
 
     /// The posenc-plot heatmap of this panel.
-    pub fn heatmap(&self) -> Result<posenc_plot::Heatmap, String> {
-        Ok(posenc_plot::Heatmap::new(self.data.clone())
-            .map_err(|e| e.to_string())?
+    pub fn heatmap(&self) -> Result<posenc_plot::Heatmap> {
+        Ok(posenc_plot::Heatmap::new(self.data.clone())?
             .title(self.title.clone())
             .x_label(self.x_label.clone())
             .y_label(self.y_label.clone())
@@ -772,7 +750,7 @@ impl Encoding {
     }
 
     /// The matrices that picture this encoding.
-    pub fn picture(&self) -> Result<Picture, String> {
+    pub fn picture(&self) -> Result<Picture> {
         let pos = self.position_list();
         let n = self.positions;
         let title = self.label.clone();
@@ -782,18 +760,10 @@ impl Encoding {
             bits: None,
         };
         Ok(match &self.built {
-            Built::Sinusoidal(s) => one(Panel::table(
-                title,
-                s.table_range(0, n).map_err(e)?,
-                "dimension",
-                "PE",
-            )),
-            Built::Learned(t) => one(Panel::table(
-                title,
-                t.table(&pos).map_err(e)?,
-                "dimension",
-                "PE",
-            )),
+            Built::Sinusoidal(s) => {
+                one(Panel::table(title, s.table_range(0, n)?, "dimension", "PE"))
+            }
+            Built::Learned(t) => one(Panel::table(title, t.table(&pos)?, "dimension", "PE")),
             Built::Floater(f) => one(Panel::table(title, f.table_f64(n), "dimension", "PE")),
             Built::Binary(s) => {
                 let bits_n = (usize::BITS - (n.max(2) - 1).leading_zeros()) as usize;
@@ -804,7 +774,7 @@ impl Encoding {
                     title: "Positions as bits and as sinusoids".into(),
                     panels: vec![Panel::table(
                         "Sinusoidal encoding".into(),
-                        s.table_range(0, n).map_err(e)?,
+                        s.table_range(0, n)?,
                         "dimension",
                         "PE",
                     )],
@@ -850,7 +820,7 @@ impl Encoding {
             }
             Built::Alibi(a, h) => one(Panel::matrix(
                 title,
-                a.bias_matrix(*h, &pos, &pos).map_err(e)?,
+                a.bias_matrix(*h, &pos, &pos)?,
                 "bias",
                 Colormap::Viridis,
             )),
@@ -858,14 +828,14 @@ impl Encoding {
                 if *show_bias {
                     one(Panel::matrix(
                         title,
-                        bias.bias_matrix(*h, &pos, &pos).map_err(e)?,
+                        bias.bias_matrix(*h, &pos, &pos)?,
                         "bias",
                         Colormap::RdBu,
                     ))
                 } else {
                     one(Panel::matrix(
                         title,
-                        index_matrix(b.bucket_matrix(n, n, 0, 0).map_err(e)?),
+                        index_matrix(b.bucket_matrix(n, n, 0, 0)?),
                         "bucket",
                         Colormap::Viridis,
                     ))
@@ -873,7 +843,7 @@ impl Encoding {
             }
             Built::Shaw(s) => one(Panel::matrix(
                 title,
-                index_matrix(s.index_matrix(n, n, 0, 0).map_err(e)?),
+                index_matrix(s.index_matrix(n, n, 0, 0)?),
                 "table row",
                 Colormap::Viridis,
             )),

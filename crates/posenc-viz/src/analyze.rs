@@ -1,9 +1,8 @@
 //! `posenc analyze ENCODING`: measured properties, each claim with a
 //! verdict computed by a stated rule, and one plot per measurement.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use clap::Args;
 use posenc::analysis;
 use posenc::rope::RopeConfig;
 use posenc::AttentionBias;
@@ -11,37 +10,43 @@ use posenc_plot::{Figure, LinePlot, Series};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::encodings::{build, parse_spec, Built, Encoding, EncodingOpts, Family};
+use crate::encodings::{build, parse_spec, Built, Encoding, EncodingOptions, Family};
+use crate::error::{invalid, Result, VizError};
 
-/// Arguments of `posenc analyze`.
-#[derive(Args, Debug, Clone)]
-pub struct AnalyzeArgs {
+/// What to measure: the options of `posenc analyze`.
+#[derive(Debug, Clone)]
+pub struct AnalyzeOptions {
     /// The encoding: sinusoidal, rope, alibi, t5, shaw, learned, floater,
     /// xpos or binary (analysed as sinusoidal), optionally with
     /// `:KEY=VALUE,...`.
     pub encoding: String,
-    /// Encoding options (`--dim` defaults to 128 here).
-    #[command(flatten)]
-    pub opts: EncodingOpts,
-    /// Print the measurements as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Write one PNG and one SVG per plot, and `analysis.json`, into DIR.
-    #[arg(short = 'o', long = "output", value_name = "DIR")]
-    pub output: Option<PathBuf>,
-    /// Distinctness: compare all positions up to N.
-    #[arg(long, default_value_t = 1000)]
+    /// Encoding options (`dim` defaults to [`DEFAULT_DIM`] = 128 here).
+    pub encoding_options: EncodingOptions,
+    /// Distinctness: compare all positions up to N (default 1000).
     pub n: u64,
-    /// Similarity: offsets k = 0..=MAX_OFFSET.
-    #[arg(long = "max-offset", default_value_t = 64)]
+    /// Similarity: offsets k = 0..=MAX_OFFSET (default 64).
     pub max_offset: u64,
-    /// Similarity: the reference position p.
-    #[arg(long, default_value_t = 0)]
+    /// Similarity: the reference position p (default 0).
     pub from: u64,
-    /// RoPE decay bound: distances 0..=DECAY_MAX.
-    #[arg(long = "decay-max", default_value_t = 256)]
+    /// RoPE decay bound: distances 0..=DECAY_MAX (default 256).
     pub decay_max: u64,
 }
+
+impl Default for AnalyzeOptions {
+    fn default() -> Self {
+        AnalyzeOptions {
+            encoding: "sinusoidal".into(),
+            encoding_options: EncodingOptions::default(),
+            n: 1000,
+            max_offset: 64,
+            from: 0,
+            decay_max: 256,
+        }
+    }
+}
+
+/// The line plots of an analysis, each with its file stem.
+pub type Plots = Vec<(String, LinePlot)>;
 
 /// Default dimension of `analyze` (the papers' d = 128).
 pub const DEFAULT_DIM: usize = 128;
@@ -105,51 +110,23 @@ fn claim(claim: &str, source: &str, expected: Option<Value>, judged: Judged) -> 
     Some(Claim::new(claim, source, expected, judged))
 }
 
-fn e(err: posenc::Error) -> String {
-    err.to_string()
-}
-
 fn pts(xs: impl IntoIterator<Item = f64>, ys: &[f64]) -> Vec<(f64, f64)> {
     xs.into_iter().zip(ys.iter().copied()).collect()
 }
 
-/// Runs `posenc analyze`.
-pub fn analyze(a: AnalyzeArgs) -> Result<(), String> {
-    if let Some(dir) = &a.output {
-        std::fs::create_dir_all(dir)
-            .map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
-    }
-    let (analysis, plots) = run(&a)?;
-    if let Some(dir) = &a.output {
-        write_all(dir, &analysis, &plots)?;
-    }
-    if a.json {
-        let s = serde_json::to_string_pretty(&analysis).map_err(|err| err.to_string())?;
-        println!("{s}");
-    } else {
-        print!("{}", summary(&analysis));
-        if let Some(dir) = &a.output {
-            println!(
-                "wrote {} plots (PNG + SVG) and analysis.json to {}",
-                plots.len(),
-                dir.display()
-            );
-        }
-    }
-    Ok(())
-}
-
-fn write_all(dir: &Path, analysis: &Analysis, plots: &[(String, LinePlot)]) -> Result<(), String> {
+/// Writes one PNG and one SVG per plot, and `analysis.json` (pretty JSON,
+/// ending in a newline), into the existing directory `dir`.
+pub fn write_all(dir: &Path, analysis: &Analysis, plots: &[(String, LinePlot)]) -> Result<()> {
     for (name, plot) in plots {
         let (w, h) = plot.default_size();
         let png = dir.join(format!("{name}.png"));
-        plot.to_png(&png, w, h).map_err(|err| err.to_string())?;
+        plot.to_png(&png, w, h)?;
         let svg = dir.join(format!("{name}.svg"));
-        plot.to_svg(&svg, w, h).map_err(|err| err.to_string())?;
+        plot.to_svg(&svg, w, h)?;
     }
     let path = dir.join("analysis.json");
-    let s = serde_json::to_string_pretty(analysis).map_err(|err| err.to_string())?;
-    std::fs::write(&path, s + "\n").map_err(|err| format!("cannot write {}: {err}", path.display()))
+    let s = serde_json::to_string_pretty(analysis)?;
+    std::fs::write(&path, s + "\n").map_err(|source| VizError::Write { path, source })
 }
 
 /// The text summary: one block per measurement.
@@ -202,30 +179,34 @@ fn compact(v: &Value) -> String {
     shorten(v).to_string()
 }
 
-/// Measures everything that applies to the encoding.
-pub fn run(a: &AnalyzeArgs) -> Result<(Analysis, Vec<(String, LinePlot)>), String> {
-    let spec = parse_spec(&a.encoding, &a.opts)?;
+/// Measures everything that applies to the encoding: the analysis and its
+/// line plots.
+pub fn analyze(a: &AnalyzeOptions) -> Result<(Analysis, Plots)> {
+    let spec = parse_spec(&a.encoding, &a.encoding_options)?;
     if a.n < 2 {
-        return Err(format!("invalid n = {}: need at least 2 positions", a.n));
+        return Err(invalid(format!(
+            "invalid n = {}: need at least 2 positions",
+            a.n
+        )));
     }
     if a.max_offset < 1 || a.max_offset > 1_000_000 {
-        return Err(format!(
+        return Err(invalid(format!(
             "invalid max-offset = {}: need 1 to 1000000",
             a.max_offset
-        ));
+        )));
     }
     if a.decay_max < 1 || a.decay_max > 1_000_000 {
-        return Err(format!(
+        return Err(invalid(format!(
             "invalid decay-max = {}: need 1 to 1000000",
             a.decay_max
-        ));
+        )));
     }
-    if a.n > super::encodings::MAX_POSITIONS as u64 * 10 {
-        return Err(format!(
+    if a.n > crate::encodings::MAX_POSITIONS as u64 * 10 {
+        return Err(invalid(format!(
             "invalid n = {}: at most {}",
             a.n,
-            super::encodings::MAX_POSITIONS * 10
-        ));
+            crate::encodings::MAX_POSITIONS * 10
+        )));
     }
     // A learned table must hold every position measured.
     let fit = 8 * spec.opts.dim.unwrap_or(DEFAULT_DIM) as u64 + 16;
@@ -233,7 +214,7 @@ pub fn run(a: &AnalyzeArgs) -> Result<(Analysis, Vec<(String, LinePlot)>), Strin
         a.n.max(a.from + a.max_offset + 1)
             .max(100 + a.max_offset + 1)
             .max(fit) as usize;
-    let positions_default = need.min(super::encodings::MAX_POSITIONS);
+    let positions_default = need.min(crate::encodings::MAX_POSITIONS);
     let enc = build(&spec, DEFAULT_DIM, positions_default)?;
     let mut c = Collector {
         measurements: Vec::new(),
@@ -256,8 +237,10 @@ pub fn run(a: &AnalyzeArgs) -> Result<(Analysis, Vec<(String, LinePlot)>), Strin
     ))
 }
 
-fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), String> {
-    let pe = enc.absolute().ok_or("not an absolute encoding")?;
+fn absolute(enc: &Encoding, a: &AnalyzeOptions, c: &mut Collector) -> Result<()> {
+    let pe = enc
+        .absolute()
+        .ok_or_else(|| invalid("not an absolute encoding"))?;
     let sinusoidal = match &enc.built {
         Built::Sinusoidal(s) | Built::Binary(s) => Some(s),
         _ => None,
@@ -266,7 +249,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
 
     // 1. Similarity against distance (seed 001).
     let offsets: Vec<u64> = (0..=a.max_offset).collect();
-    let curve = analysis::similarity_curve(pe, a.from, &offsets).map_err(e)?;
+    let curve = analysis::similarity_curve(pe, a.from, &offsets)?;
     let mono = curve.monotone_fraction(1e-12);
     let first_up = curve.first_increase(1e-12);
     let value = json!({
@@ -330,7 +313,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
         .into_iter()
         .filter(|&p| p + a.max_offset < enc.positions as u64 || sinusoidal.is_some())
         .collect();
-    let dep = analysis::similarity_shift_dependence(pe, &ps, &offsets).map_err(e)?;
+    let dep = analysis::similarity_shift_dependence(pe, &ps, &offsets)?;
     c.add(
         "similarity-relative",
         format!(
@@ -354,7 +337,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
     } else {
         a.n.min(enc.positions as u64)
     };
-    let dist = analysis::distinctness(pe, n).map_err(e)?;
+    let dist = analysis::distinctness(pe, n)?;
     c.add(
         "distinct",
         format!("min ‖PE(k) − PE(0)‖ over k = 1..{n}"),
@@ -369,9 +352,9 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
         }),
     );
     let mut dist_curve = Vec::new();
-    let zero = pe.encode(0).map_err(e)?;
+    let zero = pe.encode(0)?;
     for k in 1..n.min(4096) {
-        let v = pe.encode(k).map_err(e)?;
+        let v = pe.encode(k)?;
         let dd: f64 = v.iter().zip(&zero).map(|(x, y)| (x - y) * (x - y)).sum();
         dist_curve.push((k as f64, dd.sqrt()));
     }
@@ -442,8 +425,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
             Some(s) if d > 32 => Some(
                 posenc::absolute::Sinusoidal::new(16)
                     .and_then(|t| t.with_base(s.base()))
-                    .map(|t| t.with_layout(s.layout()))
-                    .map_err(e)?,
+                    .map(|t| t.with_layout(s.layout()))?,
             ),
             _ => None,
         };
@@ -486,7 +468,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeArgs, c: &mut Collector) -> Result<(), St
             } else {
                 analysis::fit_linear_map(pe, k, &fit_pos)
                     .and_then(|m| analysis::linear_map_residual(pe, &m, k, &probe))
-                    .map_err(e)
+                    .map_err(|err| err.to_string())
             };
         let what = format!(
             "least-squares M_{k} fitted on {} positions p ≤ {last_fit}, max |PE(p+{k}) − M·PE(p)| on p ∈ {probe:?}, D = {d}",
@@ -554,12 +536,7 @@ fn wavelength_plot(label: &str, wl: &[f64], reference: Option<&[f64]>, base: f64
         ))
 }
 
-fn rotary(
-    enc: &Encoding,
-    a: &AnalyzeArgs,
-    xpos_theta: f64,
-    c: &mut Collector,
-) -> Result<(), String> {
+fn rotary(enc: &Encoding, a: &AnalyzeOptions, xpos_theta: f64, c: &mut Collector) -> Result<()> {
     let (rot, theta, af, default_scaling): (&dyn posenc::RotaryEncoding, f64, f64, bool) =
         match &enc.built {
             Built::Rope {
@@ -573,7 +550,7 @@ fn rotary(
                 freqs.rope_type == "default",
             ),
             Built::XPos(x) => (x, 10000.0, 1.0, true),
-            _ => return Err("not a rotary encoding".into()),
+            _ => return Err(invalid("not a rotary encoding")),
         };
     let is_xpos = matches!(enc.built, Built::XPos(_));
     let theta = match &enc.built {
@@ -583,7 +560,7 @@ fn rotary(
     let inv = enc.inv_freq().unwrap_or_default();
 
     // 1. Relative invariance.
-    let inv_err = analysis::relative_invariance(rot, 200, 4096, 0).map_err(e)?;
+    let inv_err = analysis::relative_invariance(rot, 200, 4096, 0)?;
     c.add(
         "relative-invariance",
         "max |⟨f(q, m), f(k, n)⟩ − ⟨f(q, m + s), f(k, n + s)⟩| / (‖q‖‖k‖) over 200 seeded draws, positions ≤ 4096",
@@ -597,7 +574,7 @@ fn rotary(
     );
 
     // 2. Norm.
-    let nc = analysis::norm_change(rot, 200, 4096, 0).map_err(e)?;
+    let nc = analysis::norm_change(rot, 200, 4096, 0)?;
     c.add(
         "norm-change",
         "max |‖f(x, m)‖ − ‖x‖| / ‖x‖ over 200 seeded draws",
@@ -616,9 +593,9 @@ fn rotary(
 
     // 3. Long-term decay (RoFormer §3.4.3): the reference curve and this one.
     let dists: Vec<f64> = (0..=a.decay_max).map(|r| r as f64).collect();
-    let reference = analysis::rope_decay_bound(128, 10000.0, &dists).map_err(e)?;
-    let at_paper = analysis::rope_decay_bound(128, 10000.0, &rules::ROFORMER_DECAY.map(|(r, _)| r))
-        .map_err(e)?;
+    let reference = analysis::rope_decay_bound(128, 10000.0, &dists)?;
+    let at_paper =
+        analysis::rope_decay_bound(128, 10000.0, &rules::ROFORMER_DECAY.map(|(r, _)| r))?;
     let (b0, b100, b250) = (at_paper[0], at_paper[1], at_paper[2]);
     let own = analysis::decay_bound(&inv, &dists);
     c.add(
@@ -691,30 +668,28 @@ fn rotary(
     Ok(())
 }
 
-fn bias(enc: &Encoding, c: &mut Collector) -> Result<(), String> {
+fn bias(enc: &Encoding, c: &mut Collector) -> Result<()> {
     let n = enc.positions.min(512);
     let pos: Vec<u64> = (0..n as u64).collect();
     // The matrix this encoding adds (or indexes) for one head.
     let matrix: Vec<Vec<f64>> = match &enc.built {
-        Built::Alibi(al, h) => al.bias_matrix(*h, &pos, &pos).map_err(e)?,
+        Built::Alibi(al, h) => al.bias_matrix(*h, &pos, &pos)?,
         Built::T5(b, bias, h, show_bias) => {
             if *show_bias {
-                bias.bias_matrix(*h, &pos, &pos).map_err(e)?
+                bias.bias_matrix(*h, &pos, &pos)?
             } else {
-                b.bucket_matrix(n, n, 0, 0)
-                    .map_err(e)?
+                b.bucket_matrix(n, n, 0, 0)?
                     .into_iter()
                     .map(|r| r.into_iter().map(|x| x as f64).collect())
                     .collect()
             }
         }
         Built::Shaw(s) => s
-            .index_matrix(n, n, 0, 0)
-            .map_err(e)?
+            .index_matrix(n, n, 0, 0)?
             .into_iter()
             .map(|r| r.into_iter().map(|x| x as f64).collect())
             .collect(),
-        _ => return Err("not a relative encoding".into()),
+        _ => return Err(invalid("not a relative encoding")),
     };
     // 1. Depends on j − i only (Toeplitz).
     let mut worst = 0.0f64;
@@ -836,8 +811,7 @@ fn bias(enc: &Encoding, c: &mut Collector) -> Result<(), String> {
                     };
                     s.relative_index(q, kk).map(|v| v as f64)
                 })
-                .collect::<posenc::Result<_>>()
-                .map_err(e)?;
+                .collect::<posenc::Result<_>>()?;
             let distinct = {
                 let mut v: Vec<i64> = idx.iter().map(|&x| x as i64).collect();
                 v.sort_unstable();

@@ -1,38 +1,27 @@
 //! `posenc show ENCODING`: a heatmap of the encoding, in the terminal or
 //! written to a PNG / SVG file.
 
-use std::path::PathBuf;
-
-use clap::Args;
+use posenc_plot::terminal::TerminalMode;
 use posenc_plot::{binary_analogy, Heatmap, Panels};
 
-use super::encodings::{build, parse_spec, EncodingOpts, Picture};
-use super::output::{check_writable, format_of, parse_size, write_figure, ColorChoice};
+use crate::encodings::{build, parse_spec, EncodingOptions, Picture};
+use crate::error::{invalid, Result};
+use crate::output::write_figure;
 
-/// Arguments of `posenc show`.
-#[derive(Args, Debug, Clone)]
-pub struct ShowArgs {
+/// What to picture: the options of `posenc show`.
+#[derive(Debug, Clone, Default)]
+pub struct ShowOptions {
     /// The encoding: sinusoidal, rope, alibi, t5, shaw, learned, floater,
     /// xpos, binary or rope2d (`rope2d:variant=axial|pixtral|llama4`),
     /// optionally with `:KEY=VALUE,...`.
     pub encoding: String,
-    /// Encoding options.
-    #[command(flatten)]
-    pub opts: EncodingOpts,
-    /// Write the picture to FILE.png or FILE.svg instead of the terminal.
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
-    pub output: Option<PathBuf>,
-    /// Picture size WIDTHxHEIGHT in pixels (default: the natural size).
-    #[arg(long)]
-    pub size: Option<String>,
-    /// Terminal colours.
-    #[arg(long, value_enum, default_value_t = ColorChoice::Auto)]
-    pub color: ColorChoice,
-    /// `rope2d`: the grid of patches, HxW (default 16x16).
-    #[arg(long)]
+    /// Encoding options (defaults: [`DEFAULT_DIM`] dimensions,
+    /// [`DEFAULT_POSITIONS`] positions; `rope2d`: d = 64, θ = 100).
+    pub encoding_options: EncodingOptions,
+    /// `rope2d`: the grid of patches, `HxW` (default `16x16`).
     pub grid: Option<String>,
-    /// `rope2d`: the patch compared with every other, ROW,COL (default the centre).
-    #[arg(long)]
+    /// `rope2d`: the patch compared with every other, `ROW,COL` (default the
+    /// centre).
     pub patch: Option<String>,
 }
 
@@ -41,39 +30,26 @@ pub const DEFAULT_DIM: usize = 16;
 /// Default number of positions of `show`.
 pub const DEFAULT_POSITIONS: usize = 32;
 
-/// Runs `posenc show`.
-pub fn show(a: ShowArgs) -> Result<(), String> {
-    let size = a.size.as_deref().map(parse_size).transpose()?;
-    if let Some(path) = &a.output {
-        format_of(path)?;
-        check_writable(path)?;
-    }
-    let pic = if super::rope2d::is_rope2d(&a.encoding) {
-        super::rope2d::picture(
+/// The picture `posenc show` draws: the encoding's heatmaps, or a 2-D
+/// RoPE's patch similarity.
+pub fn picture(a: &ShowOptions) -> Result<Picture> {
+    if crate::rope2d::is_rope2d(&a.encoding) {
+        crate::rope2d::picture(
             &a.encoding,
             a.grid.as_deref(),
             a.patch.as_deref(),
-            a.opts.dim,
-            a.opts.theta,
-        )?
+            a.encoding_options.dim,
+            a.encoding_options.theta,
+        )
     } else {
         if a.grid.is_some() || a.patch.is_some() {
-            return Err("--grid and --patch are options of `posenc show rope2d`".into());
+            return Err(invalid(
+                "--grid and --patch are options of `posenc show rope2d`",
+            ));
         }
-        let spec = parse_spec(&a.encoding, &a.opts)?;
+        let spec = parse_spec(&a.encoding, &a.encoding_options)?;
         let enc = build(&spec, DEFAULT_DIM, DEFAULT_POSITIONS)?;
-        enc.picture()?
-    };
-    match &a.output {
-        Some(path) => {
-            write_picture(&pic, path, size)?;
-            println!("wrote {} ({})", path.display(), pic.title);
-            Ok(())
-        }
-        None => {
-            print!("{}", terminal(&pic, a.color)?);
-            Ok(())
-        }
+        enc.picture()
     }
 }
 
@@ -83,10 +59,9 @@ pub fn write_picture(
     pic: &Picture,
     path: &std::path::Path,
     size: Option<(u32, u32)>,
-) -> Result<(), String> {
+) -> Result<()> {
     if let Some(bits) = &pic.bits {
-        let fig =
-            binary_analogy(bits.clone(), pic.panels[0].data.clone()).map_err(|e| e.to_string())?;
+        let fig = binary_analogy(bits.clone(), pic.panels[0].data.clone())?;
         return write_figure(&fig, path, size);
     }
     if pic.panels.len() == 1 {
@@ -96,17 +71,14 @@ pub fn write_picture(
         .panels
         .iter()
         .map(|p| p.heatmap())
-        .collect::<Result<Vec<Heatmap>, String>>()?;
-    let fig = Panels::new(maps)
-        .map_err(|e| e.to_string())?
-        .title(pic.title.clone());
+        .collect::<Result<Vec<Heatmap>>>()?;
+    let fig = Panels::new(maps)?.title(pic.title.clone());
     write_figure(&fig, path, size)
 }
 
 /// The terminal rendering of a picture: for each panel a title line, the
 /// half-block (or plain) heatmap with its legend, and a line naming the axes.
-pub fn terminal(pic: &Picture, color: ColorChoice) -> Result<String, String> {
-    let mode = color.mode();
+pub fn terminal(pic: &Picture, mode: TerminalMode) -> Result<String> {
     let mut out = String::new();
     if pic.panels.len() > 1 || pic.bits.is_some() {
         out.push_str(&pic.title);
@@ -114,8 +86,7 @@ pub fn terminal(pic: &Picture, color: ColorChoice) -> Result<String, String> {
     }
     let mut panels: Vec<(String, Heatmap, String)> = Vec::new();
     if let Some(bits) = &pic.bits {
-        let map = Heatmap::new(bits.clone())
-            .map_err(|e| e.to_string())?
+        let map = Heatmap::new(bits.clone())?
             .colormap(posenc_plot::Colormap::Greys)
             .range(posenc_plot::ValueRange::Fixed { min: 0.0, max: 1.0 });
         panels.push((
@@ -141,7 +112,7 @@ pub fn terminal(pic: &Picture, color: ColorChoice) -> Result<String, String> {
         }
         out.push_str(title);
         out.push('\n');
-        out.push_str(&map.to_terminal(mode).map_err(|e| e.to_string())?);
+        out.push_str(&map.to_terminal(mode)?);
         out.push_str(axes);
         out.push('\n');
     }

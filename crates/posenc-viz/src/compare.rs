@@ -1,92 +1,110 @@
 //! `posenc compare A B`: two encodings side by side, with a short summary.
 
-use std::path::PathBuf;
+use std::path::Path;
 
-use clap::Args;
 use posenc::analysis;
+use posenc_plot::terminal::TerminalMode;
 use posenc_plot::{Figure, LinePlot, Series};
 
-use super::encodings::{build, parse_spec, Encoding, EncodingOpts, Panel};
-use super::output::{check_writable, format_of, ColorChoice, Grid};
-use super::show::{DEFAULT_DIM, DEFAULT_POSITIONS};
-
-/// Arguments of `posenc compare`.
-#[derive(Args, Debug, Clone)]
-pub struct CompareArgs {
-    /// First encoding (e.g. `rope`).
-    pub a: String,
-    /// Second encoding (e.g. `rope:scaling=yarn,factor=8`).
-    pub b: String,
-    /// Options shared by both encodings (each spec's `:KEY=VALUE` wins).
-    #[command(flatten)]
-    pub opts: EncodingOpts,
-    /// Write the figure to FILE.png or FILE.svg (else: terminal heatmaps).
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
-    pub output: Option<PathBuf>,
-    /// Terminal colours.
-    #[arg(long, value_enum, default_value_t = ColorChoice::Auto)]
-    pub color: ColorChoice,
-}
+use crate::encodings::{build, parse_spec, Encoding, EncodingOptions, Panel};
+use crate::error::{invalid, Result};
+use crate::output::Grid;
+use crate::show::{DEFAULT_DIM, DEFAULT_POSITIONS};
 
 /// Size of each line plot in the figure.
-const PLOT_SIZE: (u32, u32) = (640, 400);
+pub const PLOT_SIZE: (u32, u32) = (640, 400);
 
-/// Runs `posenc compare`.
-pub fn compare(a: CompareArgs) -> Result<(), String> {
-    if let Some(path) = &a.output {
-        format_of(path)?;
-        check_writable(path)?;
-    }
-    let ea = build(&parse_spec(&a.a, &a.opts)?, DEFAULT_DIM, DEFAULT_POSITIONS)?;
-    let eb = build(&parse_spec(&a.b, &a.opts)?, DEFAULT_DIM, DEFAULT_POSITIONS)?;
+/// Two encodings built side by side: what `posenc compare` draws and prints.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// Encoding A.
+    pub a: Encoding,
+    /// Encoding B.
+    pub b: Encoding,
+    /// A's first heatmap (RoPE: its cos table), titled `A: ...`.
+    pub panel_a: Panel,
+    /// B's first heatmap, titled `B: ...`.
+    pub panel_b: Panel,
+    /// Line plots: frequency ratio and wavelengths for rotating encodings,
+    /// else a profile along the distance (possibly none).
+    pub plots: Vec<LinePlot>,
+    /// The text summary (one fact a line, ending in a newline).
+    pub summary: String,
+}
+
+/// Builds encodings `a` and `b` (each an ENCODING spec on top of the shared
+/// `opts`; defaults as `show`'s: [`DEFAULT_DIM`], [`DEFAULT_POSITIONS`]) and
+/// compares them.
+pub fn compare(a: &str, b: &str, opts: &EncodingOptions) -> Result<Comparison> {
+    let ea = build(&parse_spec(a, opts)?, DEFAULT_DIM, DEFAULT_POSITIONS)?;
+    let eb = build(&parse_spec(b, opts)?, DEFAULT_DIM, DEFAULT_POSITIONS)?;
     let pa = first_panel(&ea, "A")?;
     let pb = first_panel(&eb, "B")?;
     let plots = line_plots(&ea, &eb)?;
     let text = summary(&ea, &eb, &pa, &pb);
-    match &a.output {
-        Some(path) => {
-            let (ha, hb) = (pa.heatmap()?, pb.heatmap()?);
-            let mut rows: Vec<Vec<(&dyn Figure, u32, u32)>> = vec![vec![
-                (&ha, ha.natural_size().0, ha.natural_size().1),
-                (&hb, hb.natural_size().0, hb.natural_size().1),
-            ]];
-            if !plots.is_empty() {
-                rows.push(
-                    plots
-                        .iter()
-                        .map(|p| (p as &dyn Figure, PLOT_SIZE.0, PLOT_SIZE.1))
-                        .collect(),
-                );
-            }
-            let grid = Grid {
-                title: format!("A: {}   vs   B: {}", ea.label, eb.label),
-                rows,
-            };
-            grid.write(path)?;
-            print!("{text}");
-            println!("wrote {}", path.display());
-        }
-        None => {
-            let mode = a.color.mode();
-            for p in [&pa, &pb] {
-                println!("{}", p.title);
-                print!(
-                    "{}",
-                    p.heatmap()?.to_terminal(mode).map_err(|e| e.to_string())?
-                );
-                println!();
-            }
-            print!("{text}");
-        }
+    Ok(Comparison {
+        a: ea,
+        b: eb,
+        panel_a: pa,
+        panel_b: pb,
+        plots,
+        summary: text,
+    })
+}
+
+impl Comparison {
+    /// The figure's title, `A: ...   vs   B: ...`.
+    pub fn title(&self) -> String {
+        format!("A: {}   vs   B: {}", self.a.label, self.b.label)
     }
-    Ok(())
+
+    /// Writes the figure (both heatmaps, the line plots below) to `path`,
+    /// PNG or SVG from its extension.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let (ha, hb) = (self.panel_a.heatmap()?, self.panel_b.heatmap()?);
+        let mut rows: Vec<Vec<(&dyn Figure, u32, u32)>> = vec![vec![
+            (&ha, ha.natural_size().0, ha.natural_size().1),
+            (&hb, hb.natural_size().0, hb.natural_size().1),
+        ]];
+        if !self.plots.is_empty() {
+            rows.push(
+                self.plots
+                    .iter()
+                    .map(|p| (p as &dyn Figure, PLOT_SIZE.0, PLOT_SIZE.1))
+                    .collect(),
+            );
+        }
+        let grid = Grid {
+            title: self.title(),
+            rows,
+        };
+        grid.write(path)
+    }
+
+    /// Both heatmaps drawn for the terminal, each under its title and
+    /// followed by an empty line, then the summary.
+    pub fn terminal(&self, mode: TerminalMode) -> Result<String> {
+        let mut out = String::new();
+        for p in [&self.panel_a, &self.panel_b] {
+            out.push_str(&p.title);
+            out.push('\n');
+            out.push_str(&p.heatmap()?.to_terminal(mode)?);
+            out.push('\n');
+        }
+        out.push_str(&self.summary);
+        Ok(out)
+    }
 }
 
 /// The first heatmap of an encoding's picture (RoPE: its cos table),
 /// titled with the side it is on.
-fn first_panel(enc: &Encoding, side: &str) -> Result<Panel, String> {
+fn first_panel(enc: &Encoding, side: &str) -> Result<Panel> {
     let pic = enc.picture()?;
-    let mut p = pic.panels.into_iter().next().ok_or("nothing to draw")?;
+    let mut p = pic
+        .panels
+        .into_iter()
+        .next()
+        .ok_or_else(|| invalid("nothing to draw"))?;
     p.title = if p.title == enc.label {
         format!("{side}: {}", enc.label)
     } else {
@@ -95,20 +113,16 @@ fn first_panel(enc: &Encoding, side: &str) -> Result<Panel, String> {
     Ok(p)
 }
 
-fn e(err: posenc::Error) -> String {
-    err.to_string()
-}
-
 /// A curve describing an encoding along distance: cos(PE(0), PE(k)) for
 /// absolute encodings, the last query's bias against key − query distance
 /// for biases.
 /// A named curve.
 type Curve = (String, Vec<(f64, f64)>);
 
-fn profile(enc: &Encoding) -> Result<Option<Curve>, String> {
+fn profile(enc: &Encoding) -> Result<Option<Curve>> {
     if let Some(pe) = enc.absolute() {
         let ks: Vec<u64> = (0..enc.positions as u64).collect();
-        let c = analysis::similarity_curve(pe, 0, &ks).map_err(e)?;
+        let c = analysis::similarity_curve(pe, 0, &ks)?;
         return Ok(Some((
             "cos(PE(0), PE(k))".into(),
             ks.iter().map(|&k| k as f64).zip(c.cosine).collect(),
@@ -130,7 +144,7 @@ fn profile(enc: &Encoding) -> Result<Option<Curve>, String> {
     Ok(None)
 }
 
-fn line_plots(a: &Encoding, b: &Encoding) -> Result<Vec<LinePlot>, String> {
+fn line_plots(a: &Encoding, b: &Encoding) -> Result<Vec<LinePlot>> {
     let mut out = Vec::new();
     match (a.inv_freq(), b.inv_freq()) {
         (Some(fa), Some(fb)) => {
@@ -217,7 +231,7 @@ fn ranges(idx: &[usize]) -> String {
 pub fn summary(a: &Encoding, b: &Encoding, pa: &Panel, pb: &Panel) -> String {
     let mut out = format!("A: {}\nB: {}\n", a.label, b.label);
     for (side, enc) in [("A", a), ("B", b)] {
-        if let super::encodings::Built::Rope { freqs, .. } = &enc.built {
+        if let crate::encodings::Built::Rope { freqs, .. } = &enc.built {
             if freqs.attention_factor != 1.0 {
                 out.push_str(&format!(
                     "{side}: cos and sin are multiplied by the attention factor {}\n",
