@@ -95,6 +95,40 @@ fn matmul(
         return;
     }
     let threads = threads_for(m * n * k);
+    if SimdLevel::detect() == SimdLevel::Avx512 && c_cs == 1 && c_rs >= 0 && a_rs >= 0 && a_cs >= 0
+    {
+        // posenc's own AVX-512 tiles (the gemm crate is built for AVX2 +
+        // FMA here, and has no switch to follow POSENC_SIMD): B must have
+        // contiguous rows, so a transposed view (the weights of `x·Wᵀ`, a
+        // small matrix) is copied once.
+        let packed;
+        let (bp, ldb) = if b_cs == 1 && b_rs >= 0 {
+            (b.as_ptr(), b_rs as usize)
+        } else {
+            packed = pack_rows(k, n, b, (b_rs, b_cs));
+            (packed.as_ptr(), n)
+        };
+        // SAFETY: the callers pass slices holding every addressed element;
+        // `packed` is k × n; the level is the one this CPU runs.
+        unsafe {
+            tile::gemm_blocked(
+                SimdLevel::Avx512,
+                m,
+                n,
+                k,
+                a.as_ptr(),
+                a_rs as usize,
+                a_cs as usize,
+                bp,
+                ldb,
+                c.as_mut_ptr(),
+                c_rs as usize,
+                accumulate,
+                threads,
+            )
+        };
+        return;
+    }
     let par = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
@@ -124,6 +158,17 @@ fn matmul(
             par,
         )
     }
+}
+
+/// The `k × n` matrix `B` (element `(p, j)` at `p·b_rs + j·b_cs`) copied
+/// into a contiguous row-major buffer.
+fn pack_rows(k: usize, n: usize, b: &[f32], (b_rs, b_cs): (isize, isize)) -> Vec<f32> {
+    let mut out = Vec::with_capacity(k * n);
+    for p in 0..k {
+        let row = p as isize * b_rs;
+        out.extend((0..n).map(|j| b[(row + j as isize * b_cs) as usize]));
+    }
+    out
 }
 
 /// `Σ_rows x[r, c]` for a row-major `(rows, cols)` buffer, over fixed chunks
