@@ -50,7 +50,7 @@ pub struct BenchTrainArgs {
     /// Time the composed candle reference ops instead of the fused ones.
     #[arg(long)]
     pub reference: bool,
-    /// Print JSON (`{"model": {...}, "cases": [{"pe", "params", "ms_per_step", "tokens_per_s", "relative_to_nope"}, ...]}`).
+    /// Print JSON (`{"model": {...}, "simd": "avx512", "cases": [{"pe", "params", "ms_per_step", "tokens_per_s", "relative_to_nope"}, ...]}`).
     #[arg(long)]
     pub json: bool,
 }
@@ -155,6 +155,7 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
             "model": {"layers": layers, "d_model": d, "heads": heads, "length": len, "batch": batch},
             "ops": if a.reference { "reference" } else { "fused" },
             "threads": rayon_threads(),
+            "simd": posenc::kernels::SimdLevel::detect().as_str(),
             "allocator": crate::ALLOCATOR,
             "cases": cases.iter().map(|c| serde_json::json!({
                 "pe": c.pe, "params": c.params, "ms_per_step": c.ms_per_step, "tokens_per_s": c.tokens_per_s,
@@ -164,10 +165,11 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "training step, {layers} layers, d_model {d}, {heads} heads, length {len}, batch {batch} ({} ops, median of {} steps, {} threads, {} allocator)",
+            "training step, {layers} layers, d_model {d}, {heads} heads, length {len}, batch {batch} ({} ops, median of {} steps, {} threads, {} kernels, {} allocator)",
             if a.reference { "composed reference" } else { "fused" },
             a.steps,
             rayon_threads(),
+            posenc::kernels::SimdLevel::detect(),
             crate::ALLOCATOR
         );
         let rows: Vec<Vec<String>> = cases

@@ -226,6 +226,12 @@ fn main() {
             fail(&msg.join(" "));
         }
     };
+    // POSENC_SIMD lowers the kernels' instruction set (README, Speed): a
+    // name that is not a level, or one this CPU lacks, is refused here
+    // rather than silently ignored.
+    if let Err(e) = posenc::kernels::SimdLevel::from_env() {
+        fail(&e.to_string());
+    }
     if let Err(e) = run(cli) {
         fail(&e.0);
     }

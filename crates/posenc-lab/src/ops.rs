@@ -71,9 +71,11 @@ fn threads_for(work: usize) -> usize {
 }
 
 /// `C (m×n) = α·C + A·B` with row and column strides (any layout), on
-/// `threads` threads.
+/// the threads the size warrants: posenc's tile kernels at AVX-512, the
+/// `gemm` crate (AVX2 + FMA) below.
 #[allow(clippy::too_many_arguments)]
 fn matmul(
+    level: SimdLevel,
     m: usize,
     n: usize,
     k: usize,
@@ -95,6 +97,39 @@ fn matmul(
         return;
     }
     let threads = threads_for(m * n * k);
+    if level == SimdLevel::Avx512 && c_cs == 1 && c_rs >= 0 && a_rs >= 0 && a_cs >= 0 {
+        // posenc's own AVX-512 tiles (the gemm crate is built for AVX2 +
+        // FMA here, and has no switch to follow POSENC_SIMD): B must have
+        // contiguous rows, so a transposed view (the weights of `x·Wᵀ`, a
+        // small matrix) is copied once.
+        let packed;
+        let (bp, ldb) = if b_cs == 1 && b_rs >= 0 {
+            (b.as_ptr(), b_rs as usize)
+        } else {
+            packed = pack_rows(k, n, b, (b_rs, b_cs));
+            (packed.as_ptr(), n)
+        };
+        // SAFETY: the callers pass slices holding every addressed element;
+        // `packed` is k × n; the level is the one this CPU runs.
+        unsafe {
+            tile::gemm_blocked(
+                SimdLevel::Avx512,
+                m,
+                n,
+                k,
+                a.as_ptr(),
+                a_rs as usize,
+                a_cs as usize,
+                bp,
+                ldb,
+                c.as_mut_ptr(),
+                c_rs as usize,
+                accumulate,
+                threads,
+            )
+        };
+        return;
+    }
     let par = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
@@ -124,6 +159,17 @@ fn matmul(
             par,
         )
     }
+}
+
+/// The `k × n` matrix `B` (element `(p, j)` at `p·b_rs + j·b_cs`) copied
+/// into a contiguous row-major buffer.
+fn pack_rows(k: usize, n: usize, b: &[f32], (b_rs, b_cs): (isize, isize)) -> Vec<f32> {
+    let mut out = Vec::with_capacity(k * n);
+    for p in 0..k {
+        let row = p as isize * b_rs;
+        out.extend((0..n).map(|j| b[(row + j as isize * b_cs) as usize]));
+    }
+    out
 }
 
 /// `Σ_rows x[r, c]` for a row-major `(rows, cols)` buffer, over fixed chunks
@@ -170,8 +216,11 @@ fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync 
 
 // ---------------------------------------------------------------- linear
 
-/// `y = x·Wᵀ + b` for `x` `(…, in)`, `W` `(out, in)`, `b` `(out,)`.
-struct Linear;
+/// `y = x·Wᵀ + b` for `x` `(…, in)`, `W` `(out, in)`, `b` `(out,)`, its
+/// products at `level`.
+struct Linear {
+    level: SimdLevel,
+}
 
 fn linear_fwd(
     x: &[f32],
@@ -180,6 +229,7 @@ fn linear_fwd(
     n: usize,
     d_in: usize,
     d_out: usize,
+    level: SimdLevel,
 ) -> Vec<f32> {
     let mut y = match bias {
         Some(b) => {
@@ -194,6 +244,7 @@ fn linear_fwd(
     };
     // y (n × out) += x (n × in) · Wᵀ (in × out): Wᵀ has row stride 1, column stride in.
     matmul(
+        level,
         n,
         d_out,
         d_in,
@@ -217,10 +268,12 @@ fn linear_bwd(
     d_in: usize,
     d_out: usize,
     want_bias: bool,
+    level: SimdLevel,
 ) -> (Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
     // SAFETY: both products overwrite every element (accumulate = false).
     let mut dx = unsafe { tile::vec_for_overwrite(n * d_in) };
     matmul(
+        level,
         n,
         d_in,
         d_out,
@@ -234,6 +287,7 @@ fn linear_bwd(
     );
     let mut dw = unsafe { tile::vec_for_overwrite(d_out * d_in) };
     matmul(
+        level,
         d_out,
         d_in,
         n,
@@ -282,6 +336,7 @@ impl CustomOp3 for Linear {
             n,
             d_in,
             d_out,
+            self.level,
         );
         Ok((CpuStorage::F32(y), shape))
     }
@@ -293,7 +348,7 @@ impl CustomOp3 for Linear {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, db) = linear_grads(x, w, dy, true)?;
+        let (dx, dw, db) = linear_grads(x, w, dy, true, self.level)?;
         Ok((
             Some(dx),
             Some(dw),
@@ -321,6 +376,7 @@ impl CustomOp2 for Linear {
             n,
             d_in,
             d_out,
+            self.level,
         );
         Ok((CpuStorage::F32(y), shape))
     }
@@ -331,7 +387,7 @@ impl CustomOp2 for Linear {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, _) = linear_grads(x, w, dy, false)?;
+        let (dx, dw, _) = linear_grads(x, w, dy, false, self.level)?;
         Ok((Some(dx), Some(dw)))
     }
 }
@@ -341,12 +397,15 @@ fn linear_grads(
     w: &Tensor,
     dy: &Tensor,
     bias: bool,
+    level: SimdLevel,
 ) -> candle_core::Result<(Tensor, Tensor, Option<Tensor>)> {
     let (d_out, d_in) = w.dims2()?;
     let n = x.elem_count() / d_in.max(1);
     let (dx, dw, db) = view(x, |xv| {
         view(w, |wv| {
-            view(dy, |dyv| linear_bwd(xv, wv, dyv, n, d_in, d_out, bias))
+            view(dy, |dyv| {
+                linear_bwd(xv, wv, dyv, n, d_in, d_out, bias, level)
+            })
         })
     })???;
     let dev = x.device();
@@ -363,13 +422,44 @@ fn linear_grads(
 /// # Errors
 /// Shape mismatches; candle errors.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, fused: bool) -> Result<Tensor, LabError> {
+    linear_inner(x, w, b, fused.then(SimdLevel::detect))
+}
+
+/// The fused [`linear`] with its products at `level` (for tests comparing
+/// the levels; [`linear`] takes [`SimdLevel::detect`]).
+///
+/// # Errors
+/// A level this CPU lacks; as [`linear`].
+pub fn linear_at(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    level: SimdLevel,
+) -> Result<Tensor, LabError> {
+    if !level.is_supported() {
+        return Err(candle_core::Error::Msg(format!(
+            "linear: SIMD level {level} is not supported by this CPU"
+        ))
+        .into());
+    }
+    linear_inner(x, w, b, Some(level))
+}
+
+/// Fused at `level`, or the reference for `None`.
+fn linear_inner(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    level: Option<SimdLevel>,
+) -> Result<Tensor, LabError> {
     let mut all = vec![x, w];
     all.extend(b);
-    if fused && fusable(&all) {
+    if let (Some(level), true) = (level, fusable(&all)) {
         let x = x.contiguous()?;
+        let op = Linear { level };
         return Ok(match b {
-            Some(b) => x.apply_op3(w, b, Linear)?,
-            None => x.apply_op2(w, Linear)?,
+            Some(b) => x.apply_op3(w, b, op)?,
+            None => x.apply_op2(w, op)?,
         });
     }
     let lin = candle_nn::Linear::new(w.clone(), b.cloned());

@@ -63,22 +63,38 @@ fn compare(vars: &[&Var], tol: f32, what: &str, f: impl Fn(bool) -> Tensor) {
 
 const SIZES: [usize; 6] = [1, 2, 3, 127, 128, 129];
 
+/// The fused linear layer at every SIMD level this CPU has (posenc's
+/// AVX-512 tiles, the gemm crate below) against candle-nn's, across the
+/// tiles' panel widths and the blocked product's block sizes.
 #[test]
 fn linear_matches_candle_nn() {
-    for &n in &SIZES {
-        for (d_in, d_out) in [(1, 1), (3, 5), (32, 96), (129, 7)] {
-            let x = var(&[2, n, d_in], 1, 1.0);
-            let w = var(&[d_out, d_in], 2, 0.3);
-            let b = var(&[d_out], 3, 0.3);
-            compare(
-                &[&x, &w, &b],
-                1e-5,
-                &format!("linear {n}×{d_in}→{d_out}"),
-                |fused| ops::linear(&x, &w, Some(&b), fused).unwrap(),
-            );
-            compare(&[&x, &w], 1e-5, "linear without bias", |fused| {
-                ops::linear(&x, &w, None, fused).unwrap()
-            });
+    for level in posenc::kernels::SimdLevel::available() {
+        for &n in &SIZES {
+            for (d_in, d_out) in [(1, 1), (3, 5), (32, 96), (129, 7), (8, 129), (300, 33)] {
+                let x = var(&[2, n, d_in], 1, 1.0);
+                let w = var(&[d_out, d_in], 2, 0.3);
+                let b = var(&[d_out], 3, 0.3);
+                let lin = |b: Option<&Var>, fused: bool| {
+                    let b = b.map(|b| b.as_tensor());
+                    if fused {
+                        ops::linear_at(&x, &w, b, level).unwrap()
+                    } else {
+                        ops::linear(&x, &w, b, false).unwrap()
+                    }
+                };
+                compare(
+                    &[&x, &w, &b],
+                    1e-5,
+                    &format!("{level} linear {n}×{d_in}→{d_out}"),
+                    |fused| lin(Some(&b), fused),
+                );
+                compare(
+                    &[&x, &w],
+                    1e-5,
+                    &format!("{level} linear without bias {n}×{d_in}→{d_out}"),
+                    |fused| lin(None, fused),
+                );
+            }
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The fused attention against its composed reference: values and the
 //! gradients of every input and parameter, for every hook, causal and
 //! bidirectional, grouped heads, both layouts, offsets and position ids, edge
-//! lengths (1, 2, 3, 127, 128, 129), every SIMD level, and thread counts.
+//! lengths (1, 2, 3, 127, 128, 129) and head dimensions across the tile
+//! kernels' 8-, 16- and 32-column panels, at every SIMD level this CPU has
+//! (AVX-512 and AVX2 both run on an AVX-512 machine), and thread counts.
 
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
@@ -241,7 +243,8 @@ fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Compares outputs and gradients of every input and parameter.
+/// Compares outputs and gradients of every input and parameter, the fused
+/// kernel at every SIMD level this CPU has against the composed reference.
 fn check(kind: Kind, c: &Case, seed: u64) {
     let q = var(&shape(c, c.hq, c.tq), seed, 1.0);
     let k = var(&shape(c, c.hk, c.tk), seed + 1, 1.0);
@@ -261,35 +264,39 @@ fn check(kind: Kind, c: &Case, seed: u64) {
     };
     let hooks = h.hooks();
     let w = Tensor::from_vec(data(q.elem_count(), seed + 9), q.shape(), &DEV).unwrap();
-    let fused = attn
-        .forward(q.as_tensor(), k.as_tensor(), v.as_tensor(), &hooks, pos)
-        .unwrap();
     let refr = attn
         .forward_reference(q.as_tensor(), k.as_tensor(), v.as_tensor(), &hooks, pos)
         .unwrap();
-    let what = format!(
-        "{kind:?} b{} hq{} hk{} tq{} tk{} d{} causal {} {:?} offsets {}/{} ids {}",
-        c.b, c.hq, c.hk, c.tq, c.tk, c.d, c.causal, c.layout, c.q_off, c.k_off, c.ids
-    );
-    let e = max_rel(&fused, &refr);
-    assert!(e < 2e-5, "{what}: output differs by {e}");
-    let gf = (fused * &w).unwrap().sum_all().unwrap().backward().unwrap();
-    let gr = (refr * &w).unwrap().sum_all().unwrap().backward().unwrap();
-    let mut all = vec![("q", &q), ("k", &k), ("v", &v)];
-    for p in &h.params {
-        all.push(("param", p));
-    }
-    for (name, x) in all {
-        let a = gf
-            .get(x.as_tensor())
-            .unwrap_or_else(|| panic!("{what}: no fused grad for {name}"));
-        let b = gr
-            .get(x.as_tensor())
-            .unwrap_or_else(|| panic!("{what}: no reference grad for {name}"));
-        // f32 sums over up to T terms in a different order: 3e-4 of the
-        // largest gradient.
-        let e = max_rel(a, b);
-        assert!(e < 3e-4, "{what}: gradient of {name} differs by {e}");
+    let gr = (&refr * &w).unwrap().sum_all().unwrap().backward().unwrap();
+    for level in SimdLevel::available() {
+        let fused = attn
+            .with_simd_level(level)
+            .unwrap()
+            .forward(q.as_tensor(), k.as_tensor(), v.as_tensor(), &hooks, pos)
+            .unwrap();
+        let what = format!(
+            "{kind:?} {level} b{} hq{} hk{} tq{} tk{} d{} causal {} {:?} offsets {}/{} ids {}",
+            c.b, c.hq, c.hk, c.tq, c.tk, c.d, c.causal, c.layout, c.q_off, c.k_off, c.ids
+        );
+        let e = max_rel(&fused, &refr);
+        assert!(e < 2e-5, "{what}: output differs by {e}");
+        let gf = (fused * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let mut all = vec![("q", &q), ("k", &k), ("v", &v)];
+        for p in &h.params {
+            all.push(("param", p));
+        }
+        for (name, x) in all {
+            let a = gf
+                .get(x.as_tensor())
+                .unwrap_or_else(|| panic!("{what}: no fused grad for {name}"));
+            let b = gr
+                .get(x.as_tensor())
+                .unwrap_or_else(|| panic!("{what}: no reference grad for {name}"));
+            // f32 sums over up to T terms in a different order: 3e-4 of the
+            // largest gradient.
+            let e = max_rel(a, b);
+            assert!(e < 3e-4, "{what}: gradient of {name} differs by {e}");
+        }
     }
 }
 
@@ -388,6 +395,27 @@ fn grouped_heads_layouts_and_head_dims() {
                     };
                     check(kind, &c, 40 + d as u64);
                 }
+            }
+        }
+    }
+}
+
+/// The lab's head dimensions (8 and 32: d_model 32 and 128 over 4 heads;
+/// 64) at lengths inside one tile and across two query tiles: the
+/// AVX-512 kernels' 8-lane and 32-column panels against the reference.
+#[test]
+fn lab_head_dims_cross_the_panels() {
+    for kind in [Kind::Nope, Kind::Rope, Kind::Alibi, Kind::T5, Kind::Shaw] {
+        for d in [8, 32, 64] {
+            for t in [32, 129] {
+                let c = Case {
+                    b: 1,
+                    hq: 2,
+                    hk: 2,
+                    d,
+                    ..base(t)
+                };
+                check(kind, &c, 90 + (d + t) as u64);
             }
         }
     }

@@ -1,6 +1,7 @@
 //! The rotary kernels: every SIMD level this CPU has against the scalar loop
 //! and the f64 reference, on dirty output buffers, at edge sizes; the fast
-//! table builder against the exact one.
+//! table builder against the exact one; the tile matrix product
+//! (`kernels::tile::gemm`, beneath the fused attention) the same way.
 
 use half::{bf16, f16};
 use posenc::kernels::rope::{rope_inplace, rope_out, rope_out_uninit, rope_reference};
@@ -484,4 +485,135 @@ fn extended_table_equals_built_at_once() {
     for (x, y) in grown.sin_k.iter().zip(&exact.sin_k) {
         assert!((x - y).abs() <= 2e-7 * y.abs().max(1.0));
     }
+}
+
+/// `C (+)= A·B` of the tile kernels at every level this CPU has, against an
+/// `f64` triple loop, for every combination of the edge sizes (1, 2, 3,
+/// 127, 128, 129: across the 8-, 16- and 32-column panels, the 4- and 8-row
+/// blocks and the masked tails), `A` row-major and transposed, overwriting
+/// a dirty `C` and accumulating into it; columns past `n` (the leading
+/// dimension's padding) must keep their dirt. Every level computes each
+/// entry as the same chain of fused multiply-adds, so all of them must
+/// give the same bits as the portable panels.
+#[test]
+fn tile_gemm_every_level_matches_reference_at_edge_sizes() {
+    use posenc::kernels::tile::gemm;
+    let levels = SimdLevel::available();
+    eprintln!("levels: {levels:?}");
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    for &m in &EDGES {
+        for &n in &EDGES {
+            for &k in &EDGES {
+                let ldc = n + 3;
+                let ldb = n + 1;
+                let a: Vec<f32> = (0..m * k + 7).map(|_| rng.next_f32()).collect();
+                let b: Vec<f32> = (0..k * ldb).map(|_| rng.next_f32()).collect();
+                let c0: Vec<f32> = (0..m * ldc).map(|_| rng.next_f32()).collect();
+                // (row stride, column stride) of A: row-major (lda = k + 2
+                // would overrun for m = 1, so k), and transposed (k × m).
+                for (a_rs, a_cs) in [(k, 1), (1, m)] {
+                    for accumulate in [false, true] {
+                        let mut want = vec![(0f64, 0f64); m * n];
+                        for i in 0..m {
+                            for j in 0..n {
+                                let (mut sum, mut mag) = (0f64, 0f64);
+                                for p in 0..k {
+                                    let x = a[i * a_rs + p * a_cs] as f64 * b[p * ldb + j] as f64;
+                                    sum += x;
+                                    mag += x.abs();
+                                }
+                                if accumulate {
+                                    sum += c0[i * ldc + j] as f64;
+                                    mag += (c0[i * ldc + j] as f64).abs();
+                                }
+                                want[i * n + j] = (sum, mag);
+                            }
+                        }
+                        let mut first: Option<Vec<f32>> = None;
+                        for &level in &levels {
+                            for dirt in [f32::NAN, 1e30] {
+                                let mut c: Vec<f32> = if accumulate {
+                                    c0.clone()
+                                } else {
+                                    vec![dirt; m * ldc]
+                                };
+                                // SAFETY: A holds (m-1)·a_rs + (k-1)·a_cs + 1
+                                // ≤ m·k entries, B k rows of ldb ≥ n, C m rows
+                                // of ldc ≥ n; `level` is one this CPU has.
+                                unsafe {
+                                    gemm(
+                                        level,
+                                        m,
+                                        n,
+                                        k,
+                                        a.as_ptr(),
+                                        a_rs,
+                                        a_cs,
+                                        b.as_ptr(),
+                                        ldb,
+                                        c.as_mut_ptr(),
+                                        ldc,
+                                        accumulate,
+                                    )
+                                };
+                                for i in 0..m {
+                                    for j in 0..ldc {
+                                        let got = c[i * ldc + j];
+                                        let base = if accumulate { c0[i * ldc + j] } else { dirt };
+                                        if j >= n {
+                                            assert!(
+                                                got.to_bits() == base.to_bits(),
+                                                "{level} {m}x{n}x{k}: padding ({i},{j}) written"
+                                            );
+                                            continue;
+                                        }
+                                        let (want, mag) = want[i * n + j];
+                                        assert!(
+                                            (got as f64 - want).abs() <= 1e-6 * mag + 1e-30,
+                                            "{level} {m}x{n}x{k} A strides ({a_rs},{a_cs}) \
+                                             accumulate {accumulate} ({i},{j}): {got} vs {want}"
+                                        );
+                                    }
+                                }
+                                match &first {
+                                    None => first = Some(c),
+                                    Some(f) => assert!(
+                                        f.iter()
+                                            .zip(&c)
+                                            .enumerate()
+                                            .all(|(x, (p, q))| x % ldc >= n
+                                                || p.to_bits() == q.to_bits()),
+                                        "{level} {m}x{n}x{k}: not the bits of {}",
+                                        levels[0]
+                                    ),
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `POSENC_SIMD` names: every level parses (any ASCII case), anything else
+/// is a typed error that names the bad value.
+#[test]
+fn simd_level_names_parse() {
+    for level in [
+        SimdLevel::Scalar,
+        SimdLevel::Avx2,
+        SimdLevel::Avx512,
+        SimdLevel::Neon,
+    ] {
+        assert_eq!(SimdLevel::parse(level.as_str()).unwrap(), level);
+        assert_eq!(
+            SimdLevel::parse(&level.as_str().to_ascii_uppercase()).unwrap(),
+            level
+        );
+    }
+    let e = SimdLevel::parse("avx1024").unwrap_err().to_string();
+    assert!(e.contains("avx1024") && e.contains("POSENC_SIMD"), "{e}");
+    assert!(SimdLevel::available().contains(&SimdLevel::best()));
+    assert!(SimdLevel::detect().is_supported());
 }

@@ -573,12 +573,15 @@ pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], le
     let lse_ptr = SendPtr(lse.as_mut_ptr());
     run_tasks(dm.batch * dm.q_heads * q_tiles, parallel, |task| {
         let (out_ptr, lse_ptr) = (out_ptr, lse_ptr);
-        forward_dispatch(level, p, task, q_tiles, shared, out_ptr, out_rows, lse_ptr)
+        forward_dispatch(
+            level, p, task, q_tiles, shared, out_ptr, out_rows, lse_ptr, level,
+        )
     });
 }
 
 crate::multiversion!(fn forward_dispatch => forward_task(
-    p: &Problem, task: usize, q_tiles: usize, shared: &[f32], out: SendPtr, out_rows: Rows, lse: SendPtr) -> ());
+    p: &Problem, task: usize, q_tiles: usize, shared: &[f32], out: SendPtr, out_rows: Rows, lse: SendPtr,
+    level: SimdLevel) -> ());
 
 crate::multiversion!(fn pack_dispatch => pack_all_keys(
     p: &Problem, b: usize, hk: usize, dst: &mut [f32]) -> ());
@@ -605,7 +608,7 @@ fn pack_all_keys(p: &Problem, b: usize, hk: usize, dst: &mut [f32]) {
 
 crate::multiversion!(fn backward_dispatch => backward_task(
     p: &Problem, task: usize, o: &[f32], o_rows: Rows, d_o: &[f32], do_rows: Rows,
-    lse: &[f32], g: GradRows, ptrs: &BwdPtrs, want: (bool, bool, bool)) -> Partial);
+    lse: &[f32], g: GradRows, ptrs: &BwdPtrs, want: (bool, bool, bool), level: SimdLevel) -> Partial);
 
 /// Packs the keys `0..n` of `(b, hk)` rotated and transposed: `kt` is
 /// `(D, ld)`, column `t` holding key `t`.
@@ -629,6 +632,7 @@ fn forward_task(
     out: SendPtr,
     out_rows: Rows,
     lse: SendPtr,
+    level: SimdLevel,
 ) {
     let dm = p.dims;
     let d = dm.head_dim;
@@ -682,6 +686,7 @@ fn forward_task(
                 unsafe {
                     tile::transpose(nv, d, ak.as_ptr(), d, akt.as_mut_ptr(), nv);
                     tile::gemm_nn(
+                        level,
                         rows,
                         nv,
                         d,
@@ -731,7 +736,19 @@ fn forward_task(
                     };
                 } else {
                     unsafe {
-                        tile::gemm_nn(rows, n, d, q.as_ptr(), d, kb, ldk, s.as_mut_ptr(), n, false)
+                        tile::gemm_nn(
+                            level,
+                            rows,
+                            n,
+                            d,
+                            q.as_ptr(),
+                            d,
+                            kb,
+                            ldk,
+                            s.as_mut_ptr(),
+                            n,
+                            false,
+                        )
                     };
                 }
                 for r in 0..rows {
@@ -808,6 +825,7 @@ fn forward_task(
                 } else {
                     unsafe {
                         tile::gemm_nn(
+                            level,
                             rows,
                             d,
                             n,
@@ -920,7 +938,7 @@ pub fn backward(
     let parts = run_tasks(dm.batch * dm.kv_heads, parallel, |task| {
         let ptrs = &ptrs;
         backward_dispatch(
-            level, p, task, o, o_rows, d_o, do_rows, lse, rows, ptrs, want,
+            level, p, task, o, o_rows, d_o, do_rows, lse, rows, ptrs, want, level,
         )
     });
     // Shared tables: add the partial sums in task order.
@@ -1002,6 +1020,7 @@ fn backward_task(
     g: GradRows,
     ptrs: &BwdPtrs,
     want: (bool, bool, bool),
+    level: SimdLevel,
 ) -> Partial {
     let dm = p.dims;
     let d = dm.head_dim;
@@ -1075,6 +1094,7 @@ fn backward_task(
                 if keys.is_some() {
                     unsafe {
                         tile::gemm_nn(
+                            level,
                             tq,
                             nv,
                             d,
@@ -1092,6 +1112,7 @@ fn backward_task(
                 if values.is_some() {
                     unsafe {
                         tile::gemm(
+                            level,
                             tq,
                             nv,
                             d,
@@ -1118,6 +1139,7 @@ fn backward_task(
                         unsafe {
                             // S (rows × n) = Q̃[i0..] · K̃ᵀ[:, j0..]
                             tile::gemm_nn(
+                                level,
                                 rows,
                                 n,
                                 d,
@@ -1131,6 +1153,7 @@ fn backward_task(
                             );
                             // dP (rows × n) = dO[i0..] · Vᵀ[:, j0..]
                             tile::gemm(
+                                level,
                                 rows,
                                 n,
                                 d,
@@ -1211,6 +1234,7 @@ fn backward_task(
                         unsafe {
                             // dV[j0..] += Pᵀ · dO[i0..]
                             tile::gemm(
+                                level,
                                 n,
                                 d,
                                 rows,
@@ -1225,6 +1249,7 @@ fn backward_task(
                             );
                             // dK̃[j0..] += dSᵀ · Q̃[i0..]
                             tile::gemm(
+                                level,
                                 n,
                                 d,
                                 rows,
@@ -1239,6 +1264,7 @@ fn backward_task(
                             );
                             // dQ̃[i0..] += dS · K̃[j0..]
                             tile::gemm_nn(
+                                level,
                                 rows,
                                 d,
                                 n,
@@ -1259,6 +1285,7 @@ fn backward_task(
                 if let Some(ak) = keys {
                     unsafe {
                         tile::gemm_nn(
+                            level,
                             tq,
                             d,
                             nv,
@@ -1272,6 +1299,7 @@ fn backward_task(
                         );
                         if want.1 {
                             tile::gemm(
+                                level,
                                 nv,
                                 d,
                                 tq,
@@ -1290,6 +1318,7 @@ fn backward_task(
                 if values.is_some() && want.2 {
                     unsafe {
                         tile::gemm(
+                            level,
                             nv,
                             d,
                             tq,

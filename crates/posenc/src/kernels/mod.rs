@@ -16,10 +16,13 @@
 //!   (fast) beside the direct `f64` evaluation (exact).
 //!
 //! The instruction set is chosen at run time ([`SimdLevel::detect`]):
-//! AVX-512F, then AVX2 + FMA + F16C on x86-64, NEON on aarch64, and a
-//! portable scalar loop everywhere. Every level can be asked for explicitly
-//! ([`SimdLevel::available`]) so that tests compare each one with the scalar
-//! loop. Work is split with rayon over head vectors, so every shape — one
+//! AVX-512 (F, VL, BW, DQ), then AVX2 + FMA + F16C on x86-64, NEON on
+//! aarch64, and a portable scalar loop everywhere. The environment variable
+//! `POSENC_SIMD` (`scalar`, `avx2`, `avx512`, `neon`) picks a lower level
+//! than the CPU's best for the whole process ([`SimdLevel::from_env`]), so a
+//! machine with AVX-512 also runs and times the AVX2 kernels. Every level
+//! can be asked for explicitly ([`SimdLevel::available`]) so that tests
+//! compare each one with the scalar loop. Work is split with rayon over head vectors, so every shape — one
 //! long prefill, many short sequences, decode (`T = 1`, many heads) and
 //! `B = 1` in `(B, T, H, D)` — keeps every core busy.
 
@@ -37,8 +40,8 @@ mod x86;
 pub use rope::{Element, HeadLayout, RopeGeometry, RopeTables, RowMap};
 
 /// Defines `fn $name(level: SimdLevel, args…) -> R`, which runs
-/// `$body(args…)` compiled for the instruction set of `level`: AVX-512F,
-/// AVX2 + FMA, or the portable baseline. The body and everything it calls
+/// `$body(args…)` compiled for the instruction set of `level`: AVX-512
+/// (F, VL, BW, DQ), AVX2 + FMA, or the portable baseline. The body and everything it calls
 /// must be `#[inline(always)]` so that the whole computation is compiled
 /// (and vectorised, with fused multiply-adds) for that level; `mul_add` in
 /// the baseline instance is a library call, so bodies run at the baseline
@@ -67,12 +70,12 @@ macro_rules! multiversion {
         $vis fn $name(level: $crate::kernels::SimdLevel, $($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f,avx2,fma")]
+                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn v4($($arg: $ty),*) -> $ret {
                     $body($($arg),*)
                 }
-                #[target_feature(enable = "avx2,fma")]
+                #[target_feature(enable = "avx2,fma,f16c")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn v3($($arg: $ty),*) -> $ret {
                     $body($($arg),*)
@@ -132,17 +135,85 @@ pub enum SimdLevel {
     Scalar,
     /// x86-64 AVX2 with FMA and F16C, 8 lanes of `f32`.
     Avx2,
-    /// x86-64 AVX-512F, 16 lanes of `f32`.
+    /// x86-64 AVX-512 F, VL, BW and DQ (every AVX-512 CPU since Intel
+    /// Skylake-SP and AMD Zen 4), 16 lanes of `f32` and 32 vector registers.
     Avx512,
     /// aarch64 NEON, 4 lanes of `f32`.
     Neon,
 }
 
+/// The environment variable that lowers [`SimdLevel::detect`].
+pub const SIMD_ENV: &str = "POSENC_SIMD";
+
 impl SimdLevel {
-    /// The best level this CPU supports (detected once, then cached).
+    /// The level the kernels run at by default: the CPU's best
+    /// ([`SimdLevel::best`]), or the one `POSENC_SIMD` names when this CPU
+    /// supports it (read once, then cached). An unknown or unsupported
+    /// value is ignored here; [`SimdLevel::from_env`] reports it (the
+    /// `posenc` binary refuses it before doing anything).
     pub fn detect() -> SimdLevel {
         static LEVEL: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
-        *LEVEL.get_or_init(|| *Self::available().last().unwrap_or(&SimdLevel::Scalar))
+        *LEVEL.get_or_init(|| Self::from_env().ok().flatten().unwrap_or_else(Self::best))
+    }
+
+    /// The best level this CPU supports, whatever `POSENC_SIMD` says.
+    pub fn best() -> SimdLevel {
+        *Self::available().last().unwrap_or(&SimdLevel::Scalar)
+    }
+
+    /// The level `POSENC_SIMD` asks for: `None` when it is unset or empty.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`](crate::Error::InvalidValue) for a name that
+    /// is not a level, or a level this CPU lacks.
+    pub fn from_env() -> crate::Result<Option<SimdLevel>> {
+        match std::env::var(SIMD_ENV) {
+            Ok(v) if !v.trim().is_empty() => {
+                let level = SimdLevel::parse(v.trim())?;
+                if !level.is_supported() {
+                    return Err(crate::Error::invalid(
+                        SIMD_ENV,
+                        format!(
+                            "{level} is not supported by this CPU (it has: {})",
+                            Self::available()
+                                .iter()
+                                .map(|l| l.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ));
+                }
+                Ok(Some(level))
+            }
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => Err(crate::Error::invalid(
+                SIMD_ENV,
+                "not valid UTF-8 (expected scalar, avx2, avx512 or neon)".to_string(),
+            )),
+        }
+    }
+
+    /// The level named `s` (`scalar`, `avx2`, `avx512`, `neon`; ASCII case
+    /// ignored), whether or not this CPU has it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`](crate::Error::InvalidValue) for any other name.
+    pub fn parse(s: &str) -> crate::Result<SimdLevel> {
+        [
+            SimdLevel::Scalar,
+            SimdLevel::Avx2,
+            SimdLevel::Avx512,
+            SimdLevel::Neon,
+        ]
+        .into_iter()
+        .find(|l| l.as_str().eq_ignore_ascii_case(s))
+        .ok_or_else(|| {
+            let shown: String = s.chars().take(40).collect();
+            crate::Error::invalid(
+                SIMD_ENV,
+                format!("unknown SIMD level {shown:?} (expected scalar, avx2, avx512 or neon)"),
+            )
+        })
     }
 
     /// Every level this CPU supports, worst first (always starts with
@@ -157,7 +228,11 @@ impl SimdLevel {
                 && std::is_x86_feature_detected!("f16c");
             if avx2 {
                 levels.push(SimdLevel::Avx2);
-                if std::is_x86_feature_detected!("avx512f") {
+                if std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx512vl")
+                    && std::is_x86_feature_detected!("avx512bw")
+                    && std::is_x86_feature_detected!("avx512dq")
+                {
                     levels.push(SimdLevel::Avx512);
                 }
             }

@@ -4,12 +4,18 @@
 //!
 //! Everything here is `#[inline(always)]` portable Rust written so that the
 //! compiler vectorises it; a caller compiled with `#[target_feature]` (AVX2 +
-//! FMA, AVX-512F) gets that instruction set in these loops too
+//! FMA, AVX-512) gets that instruction set in these loops too
 //! ([`crate::kernels::attention`] instantiates its tasks once per level).
+//! The matrix product [`gemm`] also takes the level: its register tiles are
+//! written with AVX-512 or AVX2 intrinsics (the compiler's vectoriser spills
+//! registers once a tile is inlined into a large kernel), and the portable
+//! panels run at [`SimdLevel::Scalar`].
 //! Reductions accumulate in fixed-width lanes and add the lanes in a fixed
 //! order, so a result never depends on the number of threads.
 
 use std::cell::RefCell;
+
+use super::SimdLevel;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -92,6 +98,7 @@ const LANES: usize = 16;
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_nn(
+    level: SimdLevel,
     m: usize,
     n: usize,
     k: usize,
@@ -103,23 +110,30 @@ pub unsafe fn gemm_nn(
     ldc: usize,
     accumulate: bool,
 ) {
-    gemm(m, n, k, a, lda, 1, b, ldb, c, ldc, accumulate)
+    gemm(level, m, n, k, a, lda, 1, b, ldb, c, ldc, accumulate)
 }
 
 /// `C[m×n] (+)= A[m×k] · B[k×n]`: element `A[i][p]` is `a[i·a_rs + p·a_cs]`
 /// (so `A` may be a transposed view: `a_rs = 1`), `B` and `C` row-major with
 /// leading dimensions `ldb`, `ldc`; `accumulate = false` overwrites `C`.
 ///
-/// Register tiles of 4 rows × 16 (or 8, 4, 1) columns: for each `p` one row
-/// of `B` is loaded and multiplied by four broadcast entries of `A`. Each
-/// entry of `C` is a sum over `p` in increasing order.
+/// Register tiles, run with the instructions of `level` (which the CPU must
+/// have): with AVX-512, 8 rows × 32 (or 16, or 1 to 15 masked) columns of
+/// `C` in registers, narrow products (at most 8 columns) on 8-lane
+/// registers; with AVX2 + FMA, 4 rows × 16 (or 8) columns; otherwise
+/// portable panels of 4 rows × 16, 8, 4 or 1 columns. For each `p` one row
+/// of `B` is loaded and multiplied by broadcast entries of `A`. Each entry
+/// of `C` is a chain of fused multiply-adds over `p` in increasing order at
+/// every level, so all levels give the same bits.
 ///
 /// # Safety
 /// The pointers must address every element: `A[i][p]` for `i < m`, `p < k`;
-/// `b[(k−1)·ldb + n − 1]`; `c[(m−1)·ldc + n − 1]` (for non-empty sizes).
+/// `b[(k−1)·ldb + n − 1]`; `c[(m−1)·ldc + n − 1]` (for non-empty sizes);
+/// `level` must be supported by this CPU.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm(
+    level: SimdLevel,
     m: usize,
     n: usize,
     k: usize,
@@ -139,19 +153,25 @@ pub unsafe fn gemm(
     };
     let mut j = 0;
     #[cfg(target_arch = "x86_64")]
-    if n >= 8 && avx2_fma() {
-        // Explicit AVX2 micro-kernels: the generic panels below are left to
-        // the compiler's vectoriser, which spills registers once the tile
-        // is inlined into a large kernel.
-        while j + 16 <= n {
-            x86::panel16(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
-            j += 16;
+    match level {
+        SimdLevel::Avx512 => {
+            x86_512::gemm(m, n, k, a, b, ldb, c, ldc, accumulate);
+            return;
         }
-        if j + 8 <= n {
-            x86::panel8(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
-            j += 8;
+        SimdLevel::Avx2 if n >= 8 => {
+            while j + 16 <= n {
+                x86::panel16(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
+                j += 16;
+            }
+            if j + 8 <= n {
+                x86::panel8(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
+                j += 8;
+            }
         }
+        _ => {}
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = level;
     while j + 16 <= n {
         panel::<16>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
         j += 16;
@@ -170,14 +190,273 @@ pub unsafe fn gemm(
     }
 }
 
-/// Whether this CPU has AVX2 and FMA (detected once).
+/// Rows of `C` per block of [`gemm_blocked`].
+const BLOCK_M: usize = 64;
+/// Columns of `C` per block of [`gemm_blocked`].
+const BLOCK_N: usize = 128;
+/// Steps of `k` per block of [`gemm_blocked`].
+const BLOCK_K: usize = 256;
+
+/// [`gemm`] for products larger than a cache: `C` in blocks of
+/// [`BLOCK_M`] × [`BLOCK_N`] over [`BLOCK_K`] steps of `k` at a time (so
+/// that the `A` and `B` blocks a register tile reads stay in the L2 cache),
+/// row blocks split over `threads` rayon threads. Each entry of `C` is the
+/// same chain of fused multiply-adds over `p` in increasing order as in
+/// [`gemm`] (a block of `k` continues the chain from `C`), so the result has
+/// the same bits as [`gemm`] for every block size and thread count.
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_blocked(
+    level: SimdLevel,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    threads: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0);
+            }
+        }
+        return;
+    }
+    // Addresses as integers, so that the row blocks may cross threads:
+    // they write disjoint rows of C.
+    let (ap, bp, cp) = (a as usize, b as usize, c as usize);
+    let rows = move |i0: usize| {
+        let mb = BLOCK_M.min(m - i0);
+        let (a, b, c) = (ap as *const f32, bp as *const f32, cp as *mut f32);
+        let mut p0 = 0;
+        while p0 < k {
+            let kb = BLOCK_K.min(k - p0);
+            let mut j0 = 0;
+            while j0 < n {
+                let nb = BLOCK_N.min(n - j0);
+                // SAFETY: a sub-block of the caller's product.
+                unsafe {
+                    gemm(
+                        level,
+                        mb,
+                        nb,
+                        kb,
+                        a.add(i0 * a_rs + p0 * a_cs),
+                        a_rs,
+                        a_cs,
+                        b.add(p0 * ldb + j0),
+                        ldb,
+                        c.add(i0 * ldc + j0),
+                        ldc,
+                        accumulate || p0 > 0,
+                    )
+                };
+                j0 += nb;
+            }
+            p0 += kb;
+        }
+    };
+    let blocks = m.div_ceil(BLOCK_M);
+    if threads > 1 && blocks > 1 {
+        use rayon::prelude::*;
+        (0..blocks)
+            .into_par_iter()
+            .with_min_len(blocks.div_ceil(threads * 4).max(1))
+            .for_each(|bi| rows(bi * BLOCK_M));
+    } else {
+        (0..blocks).for_each(|bi| rows(bi * BLOCK_M));
+    }
+}
+
+/// AVX-512 micro-kernels of [`gemm`]: `R` rows × `W` registers of 16
+/// columns of `C` stay in registers (8 × 32 at most: 16 of the 32 vector
+/// registers), one row of `B` is loaded and `R` entries of `A` broadcast per
+/// step of `k`; the last register of a row is masked, so any width runs
+/// without a scalar tail. Products at most 8 columns wide run on 8-lane
+/// registers. Same summation order as the other levels.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn avx2_fma() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    })
+mod x86_512 {
+    use std::arch::x86_64::*;
+
+    use super::Strided;
+
+    /// The whole product, column panels of 32, then 16, then a masked rest.
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn gemm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Strided,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        if n <= 8 {
+            let mask = ((1u32 << n) - 1) as __mmask8;
+            rows8(m, k, a, b, ldb, c, ldc, accumulate, mask);
+            return;
+        }
+        let mut j = 0;
+        while j + 32 <= n {
+            rows::<2>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate, 0xFFFF);
+            j += 32;
+        }
+        if j + 16 < n {
+            // 17 to 31 columns: one full register and one masked.
+            let mask = ((1u32 << (n - j - 16)) - 1) as __mmask16;
+            rows::<2>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate, mask);
+        } else if j < n {
+            let mask = ((1u32 << (n - j)) - 1) as __mmask16;
+            rows::<1>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate, mask);
+        }
+    }
+
+    /// Every row of one panel of `W` registers (the last one masked).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows<const W: usize>(
+        m: usize,
+        k: usize,
+        a: Strided,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        mask: __mmask16,
+    ) {
+        let mut i = 0;
+        while i + 8 <= m {
+            block::<8, W>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            i += 8;
+        }
+        if i + 4 <= m {
+            block::<4, W>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            i += 4;
+        }
+        while i < m {
+            block::<1, W>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            i += 1;
+        }
+    }
+
+    /// Rows `i..i + R` of one panel.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block<const R: usize, const W: usize>(
+        i: usize,
+        k: usize,
+        a: Strided,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        mask: __mmask16,
+    ) {
+        let mk = |w: usize| if w + 1 == W { mask } else { 0xFFFF };
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
+        if accumulate {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (w, v) in row.iter_mut().enumerate() {
+                    *v = _mm512_maskz_loadu_ps(mk(w), c.add((i + r) * ldc + 16 * w));
+                }
+            }
+        }
+        for p in 0..k {
+            let bp = b.add(p * ldb);
+            let mut bv = [_mm512_setzero_ps(); W];
+            for (w, v) in bv.iter_mut().enumerate() {
+                *v = _mm512_maskz_loadu_ps(mk(w), bp.add(16 * w));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(a.at(i + r, p));
+                for (w, v) in row.iter_mut().enumerate() {
+                    *v = _mm512_fmadd_ps(av, bv[w], *v);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (w, v) in row.iter().enumerate() {
+                _mm512_mask_storeu_ps(c.add((i + r) * ldc + 16 * w), mk(w), *v);
+            }
+        }
+    }
+
+    /// Every row of a product at most 8 columns wide, on 8-lane registers.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows8(
+        m: usize,
+        k: usize,
+        a: Strided,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        mask: __mmask8,
+    ) {
+        let mut i = 0;
+        while i + 8 <= m {
+            block8::<8>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            i += 8;
+        }
+        if i + 4 <= m {
+            block8::<4>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            i += 4;
+        }
+        while i < m {
+            block8::<1>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            i += 1;
+        }
+    }
+
+    /// Rows `i..i + R` of a product at most 8 columns wide.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block8<const R: usize>(
+        i: usize,
+        k: usize,
+        a: Strided,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        mask: __mmask8,
+    ) {
+        let mut acc = [_mm256_setzero_ps(); R];
+        if accumulate {
+            for (r, v) in acc.iter_mut().enumerate() {
+                *v = _mm256_maskz_loadu_ps(mask, c.add((i + r) * ldc));
+            }
+        }
+        for p in 0..k {
+            let bv = _mm256_maskz_loadu_ps(mask, b.add(p * ldb));
+            for (r, v) in acc.iter_mut().enumerate() {
+                *v = _mm256_fmadd_ps(_mm256_set1_ps(a.at(i + r, p)), bv, *v);
+            }
+        }
+        for (r, v) in acc.iter().enumerate() {
+            _mm256_mask_storeu_ps(c.add((i + r) * ldc), mask, *v);
+        }
+    }
 }
 
 /// AVX2 + FMA micro-kernels of [`gemm`]: 4 rows × 16 (or 8) columns of `C`
@@ -587,11 +866,15 @@ mod tests {
             let (lda, ldb, ldc) = (k + 3, n + 1, n + 2);
             let a: Vec<f32> = (0..m * lda).map(|i| ((i * 7 % 11) as f32) - 5.0).collect();
             let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 5 % 13) as f32) * 0.5).collect();
-            for accumulate in [false, true] {
+            for (accumulate, level) in [false, true]
+                .into_iter()
+                .flat_map(|acc| SimdLevel::available().into_iter().map(move |l| (acc, l)))
+            {
                 let mut c: Vec<f32> = (0..m * ldc).map(|i| i as f32).collect();
                 let c0 = c.clone();
                 unsafe {
                     gemm_nn(
+                        level,
                         m,
                         n,
                         k,
@@ -614,7 +897,7 @@ mod tests {
                         };
                         assert!(
                             (c[i * ldc + j] - want).abs() < 1e-3,
-                            "{m}x{n}x{k} ({i},{j})"
+                            "{level} {m}x{n}x{k} ({i},{j})"
                         );
                     }
                 }
@@ -631,6 +914,7 @@ mod tests {
         let mut c = vec![f32::NAN; m * n];
         unsafe {
             gemm(
+                SimdLevel::detect(),
                 m,
                 n,
                 k,
