@@ -70,9 +70,17 @@ fn threads_for(work: usize) -> usize {
     }
 }
 
+/// The largest product (multiply-adds) the lab's linear layers compute on
+/// posenc's AVX-512 tiles; larger ones go to the `gemm` crate, whose packed
+/// kernels win there (`cargo run --release -p posenc --example gemm_time`:
+/// on a Zen 4 EPYC, whose 512-bit FMAs have the throughput of two 256-bit
+/// ones, the tiles are as fast or faster up to about 2^20 and slower on the
+/// 2048-row products of a 4-layer d_model 128 step).
+const TILE_MAX_MACS: usize = 1 << 20;
+
 /// `C (m×n) = α·C + A·B` with row and column strides (any layout), on
-/// the threads the size warrants: posenc's tile kernels at AVX-512, the
-/// `gemm` crate (AVX2 + FMA) below.
+/// the threads the size warrants: posenc's tile kernels at AVX-512 for
+/// products up to [`TILE_MAX_MACS`], the `gemm` crate (AVX2 + FMA) otherwise.
 #[allow(clippy::too_many_arguments)]
 fn matmul(
     level: SimdLevel,
@@ -97,7 +105,13 @@ fn matmul(
         return;
     }
     let threads = threads_for(m * n * k);
-    if level == SimdLevel::Avx512 && c_cs == 1 && c_rs >= 0 && a_rs >= 0 && a_cs >= 0 {
+    if level == SimdLevel::Avx512
+        && m * n * k <= TILE_MAX_MACS
+        && c_cs == 1
+        && c_rs >= 0
+        && a_rs >= 0
+        && a_cs >= 0
+    {
         // posenc's own AVX-512 tiles (the gemm crate is built for AVX2 +
         // FMA here, and has no switch to follow POSENC_SIMD): B must have
         // contiguous rows, so a transposed view (the weights of `x·Wᵀ`, a
