@@ -274,6 +274,7 @@ fn linear_fwd(
 }
 
 /// `dx = dy·W`, `dW = dyᵀ·x`, `db = Σ dy`.
+#[allow(clippy::too_many_arguments)]
 fn linear_bwd(
     x: &[f32],
     w: &[f32],
