@@ -44,7 +44,11 @@ fn tokenizer() -> String {
         "post_processor": null, "decoder": null,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
     });
-    let p = scratch("tokenizer.json");
+    // one file per call: the tests of this binary run in parallel, and one
+    // must never read the file while another rewrites it
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let p = scratch(&format!("tokenizer-{n}.json"));
     std::fs::write(&p, tk.to_string()).unwrap();
     p.to_string_lossy().into_owned()
 }
