@@ -831,20 +831,21 @@ impl CustomOp1 for CrossEntropy {
 /// The log-sum-exp of every row of `x` (rows of `v`).
 #[inline(always)]
 fn xent_rows_body(x: &[f32], v: usize, lse: &mut [f32]) {
+    // The exponentials go through a buffer as a plain map (which the
+    // compiler vectorises; accumulating them in place kept `exp` scalar),
+    // then a lane-ordered sum, so the result does not depend on the level.
+    let mut buf = [0f32; 512];
     for (row, l) in x.chunks_exact(v).zip(lse) {
         let m = tile::max(row);
-        let mut acc = [0f32; 8];
-        let mut i = 0;
-        while i + 8 <= v {
-            for k in 0..8 {
-                acc[k] += tile::exp(row[i + k] - m);
+        let mut total = 0f32;
+        for chunk in row.chunks(buf.len()) {
+            let b = &mut buf[..chunk.len()];
+            for (o, z) in b.iter_mut().zip(chunk) {
+                *o = tile::exp(z - m);
             }
-            i += 8;
+            total += tile::sum(b);
         }
-        for (k, z) in row[i..].iter().enumerate() {
-            acc[k] += tile::exp(z - m);
-        }
-        *l = m + acc.iter().sum::<f32>().ln();
+        *l = m + total.ln();
     }
 }
 posenc::multiversion!(fn xent_rows => xent_rows_body(x: &[f32], v: usize, lse: &mut [f32]) -> ());
