@@ -450,26 +450,41 @@ fn rotate_row(
 ) {
     let nf = rd / 2;
     let sg = if inverse { -1.0f32 } else { 1.0 };
+    let (cos, sin) = (&cos[..nf], &sin[..nf]);
+    // Zipped slices, no indexing: the loops vectorise (indexed, each access
+    // kept its bounds check and the loop stayed scalar).
     match pairs {
         PairLayout::HalfSplit => {
-            for p in 0..nf {
-                let (x, y) = (src[p], src[p + nf]);
-                let (c, s) = (cos[p], sg * sin[p]);
-                dst[p] = (x * c - y * s) * scale;
-                dst[p + nf] = (y * c + x * s) * scale;
+            let (x0, x1) = src[..rd].split_at(nf);
+            let (d0, d1) = dst[..rd].split_at_mut(nf);
+            for ((((o0, o1), (x, y)), c), s) in d0
+                .iter_mut()
+                .zip(d1.iter_mut())
+                .zip(x0.iter().zip(x1))
+                .zip(cos)
+                .zip(sin)
+            {
+                let s = sg * s;
+                *o0 = (x * c - y * s) * scale;
+                *o1 = (y * c + x * s) * scale;
             }
         }
         PairLayout::Interleaved => {
-            for p in 0..nf {
-                let (x, y) = (src[2 * p], src[2 * p + 1]);
-                let (c, s) = (cos[p], sg * sin[p]);
-                dst[2 * p] = (x * c - y * s) * scale;
-                dst[2 * p + 1] = (y * c + x * s) * scale;
+            for (((o, xy), c), s) in dst[..rd]
+                .chunks_exact_mut(2)
+                .zip(src[..rd].chunks_exact(2))
+                .zip(cos)
+                .zip(sin)
+            {
+                let (x, y) = (xy[0], xy[1]);
+                let s = sg * s;
+                o[0] = (x * c - y * s) * scale;
+                o[1] = (y * c + x * s) * scale;
             }
         }
     }
-    for d in rd..src.len() {
-        dst[d] = src[d] * scale;
+    for (o, x) in dst[rd..src.len()].iter_mut().zip(&src[rd..]) {
+        *o = x * scale;
     }
 }
 
