@@ -14,6 +14,11 @@ posenc may run in several variants within the same rounds:
   --simd avx512,avx2   the same binary once per kernel level (POSENC_SIMD),
   --baseline PATH      another posenc binary (say, a build of an older
                        commit), run with its own defaults, labelled "base".
+  --variant LABEL=PATH[@LEVEL]
+                       any other binary, at a POSENC_SIMD level if given
+                       (repeatable): say, a build without the gemm crate's
+                       AVX-512 kernels forced to AVX2, which is what an
+                       AVX2-only machine runs.
 
 Usage (a venv with torch; never needed by the tests or CI):
     cargo build --release -p posenc-cli
@@ -55,6 +60,7 @@ def main():
     p.add_argument("--posenc", default=str(ROOT / "target/release/posenc"))
     p.add_argument("--simd", default="", help="comma-separated POSENC_SIMD levels to run the posenc binary at (default: its own choice)")
     p.add_argument("--baseline", default="", help="another posenc binary to run in the same rounds (label: base)")
+    p.add_argument("--variant", action="append", default=[], help="LABEL=PATH[@LEVEL]: another binary (repeatable)")
     p.add_argument("--sizes", default="", help="indices into SIZES to run (default: all)")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--json", action="store_true")
@@ -70,6 +76,10 @@ def main():
         variants.append(("posenc", a.posenc, env))
     if a.baseline:
         variants.append(("base", a.baseline, env))
+    for v in a.variant:
+        label, _, rest = v.partition("=")
+        path, _, level = rest.partition("@")
+        variants.append((label, path, dict(env, POSENC_SIMD=level) if level else env))
     sizes = SIZES if not a.sizes else [SIZES[int(i)] for i in a.sizes.split(",")]
     rows = []
     for (layers, d, h, t, b, steps) in sizes:
