@@ -454,26 +454,30 @@ fn rotate_row(
     // Eight pairs at a time into registers, then stored: the loops
     // vectorise whatever the compiler knows of `dst` (written in place, a
     // destination from a raw pointer kept them scalar behind alias checks).
-    const W: usize = 8;
-    let rot = |x: &[f32], y: &[f32], c: &[f32], s: &[f32]| -> ([f32; W], [f32; W]) {
-        let a: [f32; W] = std::array::from_fn(|l| (x[l] * c[l] - y[l] * (sg * s[l])) * scale);
-        let b: [f32; W] = std::array::from_fn(|l| (y[l] * c[l] + x[l] * (sg * s[l])) * scale);
-        (a, b)
+    // One pair: (x, y) rotated by the angle of (c, s), times `scale`.
+    let pair = |x: f32, y: f32, c: f32, s: f32| {
+        let s = sg * s;
+        ((x * c - y * s) * scale, (y * c + x * s) * scale)
     };
+    const W: usize = 8;
     match pairs {
         PairLayout::HalfSplit => {
             let (x0, x1) = src[..rd].split_at(nf);
             let (d0, d1) = dst[..rd].split_at_mut(nf);
             let full = nf / W * W;
             for k in (0..full).step_by(W) {
-                let (a, b) = rot(&x0[k..k + W], &x1[k..k + W], &cos[k..k + W], &sin[k..k + W]);
+                // Slices of length W: no bounds checks, the loop vectorises.
+                let (x, y) = (&x0[k..k + W], &x1[k..k + W]);
+                let (c, sn) = (&cos[k..k + W], &sin[k..k + W]);
+                let (mut a, mut b) = ([0f32; W], [0f32; W]);
+                for l in 0..W {
+                    (a[l], b[l]) = pair(x[l], y[l], c[l], sn[l]);
+                }
                 d0[k..k + W].copy_from_slice(&a);
                 d1[k..k + W].copy_from_slice(&b);
             }
             for p in full..nf {
-                let (x, y, c, s) = (x0[p], x1[p], cos[p], sg * sin[p]);
-                d0[p] = (x * c - y * s) * scale;
-                d1[p] = (y * c + x * s) * scale;
+                (d0[p], d1[p]) = pair(x0[p], x1[p], cos[p], sin[p]);
             }
         }
         PairLayout::Interleaved => {
@@ -483,10 +487,7 @@ fn rotate_row(
                 .zip(cos)
                 .zip(sin)
             {
-                let (x, y) = (xy[0], xy[1]);
-                let s = sg * s;
-                o[0] = (x * c - y * s) * scale;
-                o[1] = (y * c + x * s) * scale;
+                (o[0], o[1]) = pair(xy[0], xy[1], *c, *s);
             }
         }
     }

@@ -905,15 +905,9 @@ unsafe fn transpose_avx(
         i0 += 8;
     }
     // The ragged right columns of the full rows, then the ragged bottom rows.
-    for i in 0..fr {
-        for j in fc..cols {
-            unsafe { *dst.add(j * ldd + i) = *src.add(i * lds + j) };
-        }
-    }
-    for i in fr..rows {
-        for j in 0..cols {
-            unsafe { *dst.add(j * ldd + i) = *src.add(i * lds + j) };
-        }
+    unsafe {
+        transpose_scalar(fr, cols - fc, src.add(fc), lds, dst.add(fc * ldd), ldd);
+        transpose_scalar(rows - fr, cols, src.add(fr * lds), lds, dst.add(fr), ldd);
     }
 }
 
