@@ -281,18 +281,25 @@ impl Task {
     /// # Errors
     /// [`LabError::Invalid`] for a task that reads no corpus.
     pub fn with_corpus(kind: TaskKind, corpus: Corpus) -> Result<Self, LabError> {
-        if !kind.uses_corpus() {
-            return Err(LabError::Invalid(format!(
-                "task {} does not read a corpus (only lm and mlm do)",
-                kind.name()
-            )));
-        }
+        Self::reads_corpus(kind)?;
         Ok(Task {
             kind,
             n_symbols: 0,
             split: Split::Train,
             corpus: Some(corpus),
         })
+    }
+
+    /// An error for the synthetic tasks, which read no corpus.
+    fn reads_corpus(kind: TaskKind) -> Result<(), LabError> {
+        if kind.uses_corpus() {
+            Ok(())
+        } else {
+            Err(LabError::Invalid(format!(
+                "task {} does not read a corpus (only lm and mlm do)",
+                kind.name()
+            )))
+        }
     }
 
     /// How the corpus is tokenised (characters for the synthetic tasks).
@@ -310,18 +317,9 @@ impl Task {
     /// A corpus task (`lm` or `mlm`) on a given text; an error for the
     /// synthetic tasks, which read no corpus.
     pub fn from_text(kind: TaskKind, text: &str) -> Result<Self, LabError> {
-        if !kind.uses_corpus() {
-            return Err(LabError::Invalid(format!(
-                "task {} does not read a corpus (only lm and mlm do)",
-                kind.name()
-            )));
-        }
-        Ok(Task {
-            kind,
-            n_symbols: 0,
-            split: Split::Train,
-            corpus: Some(Corpus::from_text(text)?),
-        })
+        // The task is checked before the text is read.
+        Self::reads_corpus(kind)?;
+        Self::with_corpus(kind, Corpus::from_text(text)?)
     }
 
     /// The same task drawing from the validation part of its corpus (the
