@@ -3,15 +3,14 @@
 //! against the transformers 5.23 fixtures of `posenc/tests/fixtures/models`.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
 
 use serde_json::Value;
 
 fn posenc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args(args)
-        .output()
-        .expect("run posenc")
+    common::run(args, &[])
 }
 
 fn fixture(rel: &str) -> PathBuf {
@@ -35,13 +34,7 @@ fn ok_json(args: &[&str]) -> Value {
 }
 
 fn fails(args: &[&str]) -> String {
-    let out = posenc(args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(2), "posenc {args:?}: {err}");
-    assert!(!err.contains("panicked"), "posenc {args:?} panicked: {err}");
-    assert!(err.starts_with("posenc: error:"), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-    err
+    common::one_line_error(posenc(args), args)
 }
 
 fn f64s(v: &Value) -> Vec<f64> {

@@ -4,33 +4,20 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+mod common;
+
 use serde_json::Value;
 
 fn posenc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args(args)
-        .output()
-        .expect("run posenc")
+    common::run(args, &[])
 }
 
 fn ok(args: &[&str]) -> String {
-    let out = posenc(args);
-    assert!(
-        out.status.success(),
-        "posenc {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    common::stdout_ok(posenc(args), args)
 }
 
 fn fails(args: &[&str]) -> String {
-    let out = posenc(args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(2), "posenc {args:?}: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-    assert!(err.starts_with("posenc: error:"), "{err}");
-    err
+    common::one_line_error(posenc(args), args)
 }
 
 fn tmp(name: &str) -> PathBuf {

@@ -1,0 +1,38 @@
+//! Helpers shared by the CLI's integration tests (`mod common;` in each).
+
+// Each test binary uses its own subset of these.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::process::{Command, Output};
+
+/// Runs the `posenc` binary with `args` and the variables of `env` set.
+pub fn run(args: &[&str], env: &[(&str, &OsStr)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_posenc"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run posenc")
+}
+
+/// The standard output of a run that must succeed.
+pub fn stdout_ok(out: Output, args: &[&str]) -> String {
+    assert!(
+        out.status.success(),
+        "posenc {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The standard error of a run refused on user input: exit 2, one line
+/// starting with `posenc: error:`, no panic.
+pub fn one_line_error(out: Output, args: &[&str]) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "posenc {args:?}: {err}");
+    assert!(!err.contains("panicked"), "posenc {args:?} panicked: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("posenc: error:"), "{err}");
+    err
+}
