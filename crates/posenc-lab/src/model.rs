@@ -133,30 +133,12 @@ impl EvalScaling {
         let hd = cfg.head_dim();
         // transformers: int(head_dim · partial_rotary_factor).
         let rd = (hd as f64 * partial) as usize;
-        let scaling = match kind {
-            "none" => RopeScaling::Default,
-            "linear" => RopeScaling::Linear { factor },
-            "ntk" => RopeScaling::Ntk { alpha: factor },
-            "dynamic" => RopeScaling::Dynamic {
-                factor,
-                max_position_embeddings: train_len,
-            },
-            "yarn" => RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings: train_len,
-                attention_factor: None,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-                mscale: None,
-                mscale_all_dim: None,
-                truncate: true,
-            },
-            other => {
-                return Err(LabError::Invalid(format!(
-                    "unknown scaling {other:?}; known: none, linear, ntk, dynamic, yarn"
-                )))
-            }
-        };
+        let scaling = RopeScaling::from_factor(kind, factor, train_len).map_err(|_| {
+            LabError::Invalid(format!(
+                "unknown scaling {kind:?}; known: {}",
+                posenc::rope::FACTOR_SCALINGS.join(", ")
+            ))
+        })?;
         // Dynamic NTK reads the training length from max_position_embeddings
         // (as transformers does) and rescales only beyond it; the others
         // record the extended context.

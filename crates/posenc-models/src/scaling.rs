@@ -128,22 +128,10 @@ impl Scaling {
         let scaling = match self.kind {
             ScalingKind::Model => return Ok(own.clone()),
             ScalingKind::None => return Ok(plain),
-            ScalingKind::Linear(factor) => RopeScaling::Linear { factor },
-            ScalingKind::Dynamic(factor) => RopeScaling::Dynamic {
-                factor,
-                max_position_embeddings: l,
-            },
-            ScalingKind::Ntk(alpha) => RopeScaling::Ntk { alpha },
-            ScalingKind::Yarn(factor) => RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings: l,
-                attention_factor: None,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-                mscale: None,
-                mscale_all_dim: None,
-                truncate: true,
-            },
+            ScalingKind::Linear(f) => RopeScaling::from_factor("linear", f, l)?,
+            ScalingKind::Dynamic(f) => RopeScaling::from_factor("dynamic", f, l)?,
+            ScalingKind::Ntk(f) => RopeScaling::from_factor("ntk", f, l)?,
+            ScalingKind::Yarn(f) => RopeScaling::from_factor("yarn", f, l)?,
         };
         Ok(plain.with_scaling(scaling)?)
     }

@@ -326,29 +326,6 @@ fn scaling_from_flags(
     rotary_dim: usize,
 ) -> Result<RopeScaling> {
     Ok(match name {
-        "default" | "none" => RopeScaling::Default,
-        "linear" => RopeScaling::Linear { factor },
-        "ntk" => RopeScaling::Ntk { alpha: factor },
-        "dynamic" => RopeScaling::Dynamic {
-            factor,
-            max_position_embeddings: original,
-        },
-        "yarn" => RopeScaling::Yarn {
-            factor,
-            original_max_position_embeddings: original,
-            attention_factor: None,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            mscale: None,
-            mscale_all_dim: None,
-            truncate: true,
-        },
-        "llama3" => RopeScaling::Llama3 {
-            factor,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: original,
-        },
         "longrope" => {
             // A synthetic profile (a real model's lists come with --config):
             // short factors 1, long factors rising geometrically from 1 for
@@ -365,11 +342,12 @@ fn scaling_from_flags(
                 attention_factor: None,
             }
         }
-        other => {
-            return Err(invalid(format!(
-                "unknown scaling {other:?}; known: default, linear, ntk, dynamic, yarn, llama3, longrope (or --config)"
-            )))
-        }
+        other => RopeScaling::from_factor(other, factor, original).map_err(|_| {
+            invalid(format!(
+                "unknown scaling {other:?}; known: {}, longrope (or --config)",
+                posenc::rope::FACTOR_SCALINGS.join(", ")
+            ))
+        })?,
     })
 }
 

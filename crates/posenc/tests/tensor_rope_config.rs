@@ -118,3 +118,70 @@ fn longrope_switches_from_short_to_long_factors() {
         c.frequencies(Some(100)).unwrap().inv_freq
     );
 }
+
+/// `RopeScaling::from_factor` gives what transformers reads from a config
+/// that states only `rope_type` and `factor` (plus the pre-training length
+/// and, for Llama 3, its two band factors): same frequencies and attention
+/// factor at lengths inside and beyond the pre-training context.
+#[test]
+fn from_factor_matches_a_config_stating_only_the_factor() {
+    use posenc::rope::RopeScaling;
+    let (theta, dim, original, factor) = (10000.0, 64usize, 512usize, 4.0);
+    let cases = [
+        (
+            "linear",
+            serde_json::json!({"rope_type": "linear", "factor": factor}),
+        ),
+        (
+            "dynamic",
+            serde_json::json!({"rope_type": "dynamic", "factor": factor}),
+        ),
+        (
+            "yarn",
+            serde_json::json!({"rope_type": "yarn", "factor": factor,
+                "original_max_position_embeddings": original}),
+        ),
+        (
+            "llama3",
+            serde_json::json!({"rope_type": "llama3", "factor": factor,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": original}),
+        ),
+    ];
+    for (name, rope_scaling) in cases {
+        let config = serde_json::json!({
+            "hidden_size": dim * 4,
+            "num_attention_heads": 4,
+            "rope_theta": theta,
+            "max_position_embeddings": original,
+            "rope_scaling": rope_scaling,
+        });
+        let from_config = RopeConfig::from_hf_json_str(&config.to_string()).unwrap();
+        let built = RopeConfig::new(theta, dim)
+            .unwrap()
+            .with_max_position_embeddings(original)
+            .with_scaling(RopeScaling::from_factor(name, factor, original).unwrap())
+            .unwrap();
+        assert_eq!(built.scaling(), from_config.scaling(), "{name}");
+        for len in [original / 2, original * 3] {
+            let (a, b) = (
+                built.frequencies(Some(len)).unwrap(),
+                from_config.frequencies(Some(len)).unwrap(),
+            );
+            assert_eq!(a.inv_freq, b.inv_freq, "{name} at {len}");
+            assert_eq!(a.attention_factor, b.attention_factor, "{name} at {len}");
+        }
+    }
+    assert_eq!(
+        RopeScaling::from_factor("none", factor, original).unwrap(),
+        RopeScaling::Default
+    );
+    assert_eq!(
+        RopeScaling::from_factor("ntk", factor, original).unwrap(),
+        RopeScaling::Ntk { alpha: factor }
+    );
+    assert!(matches!(
+        RopeScaling::from_factor("longrope", factor, original),
+        Err(posenc::Error::UnknownRopeType { .. })
+    ));
+}

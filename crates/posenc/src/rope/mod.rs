@@ -43,5 +43,5 @@ pub use frequencies::{default_inv_freq, PairLayout, RopeFrequencies};
 pub use layers::{irope_layers, AttnTemperature, LayerRope, ModelRope};
 pub use mrope::{Mrope, MropeLayout};
 pub use rotary::Rope;
-pub use scaling::{RopeScaling, KNOWN_ROPE_TYPES};
+pub use scaling::{RopeScaling, FACTOR_SCALINGS, KNOWN_ROPE_TYPES};
 pub use xpos::XPos;

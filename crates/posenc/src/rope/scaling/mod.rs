@@ -161,7 +161,66 @@ pub enum RopeScaling {
     },
 }
 
+/// The names [`RopeScaling::from_factor`] understands.
+pub const FACTOR_SCALINGS: &[&str] = &[
+    "none", "default", "linear", "pi", "dynamic", "ntk", "yarn", "llama3",
+];
+
 impl RopeScaling {
+    /// The scaling `name` extending a model pre-trained at `original` tokens
+    /// by `factor`, every other parameter at the default transformers gives
+    /// a config that states only `rope_type` and `factor`:
+    ///
+    /// | name | variant |
+    /// |---|---|
+    /// | `none`, `default` | [`RopeScaling::Default`] (`factor` unused) |
+    /// | `linear`, `pi` | [`RopeScaling::Linear`] (position interpolation) |
+    /// | `dynamic` | [`RopeScaling::Dynamic`], unscaled up to `original` |
+    /// | `ntk` | [`RopeScaling::Ntk`] with `alpha = factor` |
+    /// | `yarn` | [`RopeScaling::Yarn`]: β_fast 32, β_slow 1, attention factor from `factor`, rounded correction range |
+    /// | `llama3` | [`RopeScaling::Llama3`]: low_freq_factor 1, high_freq_factor 4 (Llama 3.1's; transformers has no default for them) |
+    ///
+    /// The result is not validated yet:
+    /// [`RopeConfig::with_scaling`](crate::rope::RopeConfig::with_scaling)
+    /// checks it against the base and rotary dimension.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRopeType`] (listing [`FACTOR_SCALINGS`]) for any other
+    /// name.
+    pub fn from_factor(name: &str, factor: f64, original: usize) -> Result<RopeScaling> {
+        Ok(match name {
+            "none" | "default" => RopeScaling::Default,
+            "linear" | "pi" => RopeScaling::Linear { factor },
+            "dynamic" => RopeScaling::Dynamic {
+                factor,
+                max_position_embeddings: original,
+            },
+            "ntk" => RopeScaling::Ntk { alpha: factor },
+            "yarn" => RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                attention_factor: None,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                mscale: None,
+                mscale_all_dim: None,
+                truncate: true,
+            },
+            "llama3" => RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: original,
+            },
+            other => {
+                return Err(Error::UnknownRopeType {
+                    name: other.to_string(),
+                    known: FACTOR_SCALINGS,
+                })
+            }
+        })
+    }
+
     /// The `rope_type` name (one of [`KNOWN_ROPE_TYPES`]).
     pub fn rope_type(&self) -> &'static str {
         match self {
