@@ -273,6 +273,8 @@ impl Task {
         text: &str,
         tokens: Tokenization,
     ) -> Result<Self, LabError> {
+        // The task is checked before a tokenizer is trained on the text.
+        Self::reads_corpus(kind)?;
         Self::with_corpus(kind, Corpus::with_tokens(text, tokens)?)
     }
 

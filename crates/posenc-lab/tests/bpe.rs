@@ -107,6 +107,21 @@ fn any_script_trains_and_round_trips() {
 }
 
 #[test]
+fn a_synthetic_task_is_refused_before_any_tokenizer_is_trained() {
+    // The text is far too short for the vocabulary: if a BPE were trained
+    // first, the error would be TextTooShort, not the task's.
+    let text = "a short text, far too short for it.";
+    for kind in [TaskKind::Copy, TaskKind::Addition, TaskKind::Order] {
+        let e =
+            Task::from_text_with_tokens(kind, text, Tokenization::Bpe { vocab: 4096 }).unwrap_err();
+        assert!(
+            matches!(&e, LabError::Invalid(m) if m.contains("does not read a corpus")),
+            "{kind:?}: {e:?}"
+        );
+    }
+}
+
+#[test]
 fn a_text_too_short_for_the_vocabulary_is_a_typed_error() {
     let text = "a short text, a short text, far too short for it.";
     let e = Corpus::with_tokens(text, Tokenization::Bpe { vocab: 4096 }).unwrap_err();
