@@ -4,15 +4,14 @@
 //! stderr, exit status 2, never a panic).
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
+mod common;
+
 fn posenc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args(args)
-        .output()
-        .expect("run posenc")
+    common::run(args, &[])
 }
 
 fn fixture(rel: &str) -> PathBuf {
@@ -26,30 +25,13 @@ fn read_json(path: &PathBuf) -> Value {
 }
 
 fn ok_json(args: &[&str]) -> Value {
-    let out = posenc(args);
-    assert!(
-        out.status.success(),
-        "posenc {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+    serde_json::from_str(&common::stdout_ok(posenc(args), args)).expect("stdout is JSON")
 }
 
 /// Runs a command that must fail on user input: exit 2, one line starting
 /// with `posenc: error:` (or clap's `error:`), no panic.
 fn fails(args: &[&str]) -> String {
-    let out = posenc(args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(2), "posenc {args:?}: {err}");
-    assert!(!err.contains("panicked"), "posenc {args:?} panicked: {err}");
-    assert!(
-        err.starts_with("posenc: error:") || err.starts_with("error:"),
-        "{err}"
-    );
-    if err.starts_with("posenc: error:") {
-        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-    }
-    err
+    common::refused(args)
 }
 
 fn as_f64s(v: &Value) -> Vec<f64> {

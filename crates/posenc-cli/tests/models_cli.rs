@@ -5,15 +5,14 @@
 //! weights are read.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
+mod common;
+
 fn posenc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args(args)
-        .output()
-        .expect("run posenc")
+    common::run(args, &[])
 }
 
 fn fixture(name: &str) -> String {
@@ -63,20 +62,7 @@ fn text(words: usize) -> String {
 }
 
 fn fails(args: &[&str], needle: &str) {
-    let out = posenc(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "posenc {args:?}: {err}");
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "posenc {args:?}: not one line: {err}"
-    );
-    assert!(err.starts_with("posenc: error:"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    assert!(
-        err.contains(needle),
-        "posenc {args:?}: {err:?} lacks {needle:?}"
-    );
+    common::fails_mentioning(args, needle);
 }
 
 #[test]

@@ -5,13 +5,12 @@
 //! (Russian here), and bad arguments are one-line errors with exit status 2.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
 
 fn posenc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args(args)
-        .output()
-        .expect("run posenc")
+    common::run(args, &[])
 }
 
 fn tmp(name: &str) -> PathBuf {

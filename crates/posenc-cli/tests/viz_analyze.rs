@@ -2,25 +2,16 @@
 //! numbers and reference data, plots written, bad input.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
-fn posenc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args(args)
-        .output()
-        .expect("run posenc")
-}
+mod common;
 
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "status {:?}, stderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
+use common::ok;
+
+fn posenc(args: &[&str]) -> Output {
+    common::run(args, &[])
 }
 
 fn json(args: &[&str]) -> Value {
@@ -43,15 +34,7 @@ fn tmpdir(name: &str) -> PathBuf {
 }
 
 fn fails(args: &[&str], needle: &str) {
-    let out = posenc(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: {err:?}");
-    assert!(err.starts_with("posenc: error: ") && !err.contains("panicked"));
-    assert!(
-        err.contains(needle),
-        "{args:?}: {err} should mention {needle:?}"
-    );
+    common::fails_mentioning(args, needle);
 }
 
 #[test]

@@ -1,7 +1,11 @@
 //! `posenc show`: every family as PNG, SVG and terminal text; bad input.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
+
+use common::ok;
 
 const FAMILIES: &[(&str, &str)] = &[
     ("sinusoidal", "sinusoidal (interleaved), D = 16, base 10000"),
@@ -15,9 +19,9 @@ const FAMILIES: &[(&str, &str)] = &[
     ("binary", "Positions as bits and as sinusoids"),
 ];
 
+/// `posenc` with `NO_COLOR` unset, so the terminal output's colour is tested.
 fn posenc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args(args)
+    common::command(args)
         .env_remove("NO_COLOR")
         .output()
         .expect("run posenc")
@@ -29,24 +33,9 @@ fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "status {:?}, stderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
 /// Exit code 2 and exactly one line on stderr, starting `posenc: error:`.
 fn fails(args: &[&str], needle: &str) {
-    let out = posenc(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: stderr {err}");
-    assert!(!err.contains("panicked"), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: {err:?}");
-    assert!(err.starts_with("posenc: error: "), "{args:?}: {err}");
+    let err = common::one_line_error(posenc(args), args);
     assert!(
         err.to_lowercase().contains(&needle.to_lowercase()),
         "{args:?}: {err} should mention {needle:?}"
