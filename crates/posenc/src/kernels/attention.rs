@@ -45,15 +45,23 @@ const BQ: usize = 64;
 /// Keys per tile.
 const BK: usize = 128;
 /// Keys per tile of the forward pass on long sequences (more than
-/// [`LONG_KEYS`] keys), whose tile products run on the `gemm` crate: larger
-/// products amortise its packing. Short sequences (every lab model) keep
-/// [`BK`] and posenc's tile kernel, so their results do not change.
-const BK_LONG: usize = 256;
-/// Queries per tile of the forward pass on long sequences (96 ran one
-/// layer of SmolLM2's attention at 16,384 tokens 8% faster than 64, 144 no
-/// faster: `cargo run --release -p posenc-models --example attention_time
-/// -- 16384 3`). Each row's softmax runs over the same key tiles for any
-/// value.
+/// [`LONG_KEYS`] keys). Short sequences (every lab model) keep [`BK`], so
+/// their results do not change.
+///
+/// With AVX-512 the long tiles' products run on posenc's tile kernel: 512
+/// keys and 96 queries ran one layer of SmolLM2's attention (9 query heads,
+/// 3 key/value heads, head_dim 64, 2 threads, AMD EPYC Zen 4) at 4,096
+/// tokens in 116.5 ms and at 16,384 in 1,983 ms, against 119.0 and 2,062 ms
+/// with 256 keys, and 127.5 and 2,143 ms with the `gemm` crate's products
+/// on 256-key tiles (`cargo run --release -p posenc-models --example
+/// attention_time -- 16384 1`). At lower levels they run on the `gemm`
+/// crate, which on an AVX2-only CPU beat the AVX2 tile kernel (its 4 × 16
+/// register tile reloads the key tile too often); larger tiles amortise the
+/// crate's packing.
+const BK_LONG: usize = 512;
+/// Queries per tile of the forward pass on long sequences (96 and 64 ran
+/// within 1% of each other at 4,096 tokens with 512 keys; 128 was 3%
+/// slower). Each row's softmax runs over the same key tiles for any value.
 const BQ_LONG: usize = 96;
 /// Keys beyond which the forward pass takes the long-sequence tiles.
 const LONG_KEYS: usize = 1024;
@@ -677,7 +685,9 @@ fn forward_task(
     // leading dimension T_k), else packed here (0..k_end).
     let nk = if shared.is_empty() { d * k_end } else { 0 };
     let bk = key_tile(dm.k_len);
-    let long = bk == BK_LONG;
+    // The long tiles' products on the `gemm` crate below AVX-512 (see
+    // BK_LONG).
+    let crate_gemm = bk == BK_LONG && level != SimdLevel::Avx512;
     let mut scratch = tile::Scratch::take();
     let [kt, krow, q, qa, wv, m, l, acc, s, akt] = scratch.split([
         nk,
@@ -731,7 +741,7 @@ fn forward_task(
             while j0 < k_end {
                 let n = bk.min(k_end - j0);
                 let kb = unsafe { kt.as_ptr().add(if tiled { j0 * d } else { j0 }) };
-                if long {
+                if crate_gemm {
                     // SAFETY: q holds rows × d, the key block d × n with
                     // leading dimension ldk, s rows × n.
                     unsafe {
@@ -819,7 +829,7 @@ fn forward_task(
                 }
                 let v0 = p.v_rows.at(b, hk, j0);
                 let vb = unsafe { p.v.as_ptr().add(v0) };
-                if long {
+                if crate_gemm {
                     // SAFETY: s holds rows × n, the values n rows of d at
                     // stride st, acc rows × d.
                     unsafe {
