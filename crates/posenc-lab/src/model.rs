@@ -196,6 +196,11 @@ impl Lin {
     fn forward(&self, x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
         ops::linear(x, &self.w, self.b.as_ref(), fused)
     }
+
+    /// `GELU(self(x))`, in one op when fused.
+    fn forward_gelu(&self, x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
+        ops::linear_gelu(x, &self.w, self.b.as_ref(), fused)
+    }
 }
 
 /// The hooks of one attention call.
@@ -321,10 +326,9 @@ impl Block {
             .forward(&self.ln1.forward(x, fused)?, offset, hooks, fused)?;
         let x = (x + a)?;
         // x = x + MLP(LN(x)): (B, T, D) → (B, T, d_ff) → (B, T, D)
-        let h = ops::gelu(
-            &self.fc1.forward(&self.ln2.forward(&x, fused)?, fused)?,
-            fused,
-        )?;
+        let h = self
+            .fc1
+            .forward_gelu(&self.ln2.forward(&x, fused)?, fused)?;
         Ok((&x + self.fc2.forward(&h, fused)?)?)
     }
 }

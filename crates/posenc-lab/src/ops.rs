@@ -6,6 +6,7 @@
 //! | `y = x·Wᵀ + b` | [`linear`] (one GEMM forward; dx, dW, db in one backward call) | `candle_nn::Linear` |
 //! | LayerNorm | [`layer_norm`] (one pass per row, saved mean and 1/σ) | mean, variance, normalise, scale, shift |
 //! | GELU (tanh approximation) | [`gelu`] | candle's `gelu` |
+//! | `y = GELU(x·Wᵀ + b)` | [`linear_gelu`] (the pre-activation kept by the op, not a graph node: one gradient fewer for autograd to allocate and sum) | [`linear`] then [`gelu`] |
 //! | cross-entropy from logits | [`cross_entropy`] (log-sum-exp per row; the gradient is `softmax − onehot`) | `log_softmax`, `gather`, mask, mean |
 //!
 //! Every op takes `fused: bool`; `false` runs the reference. The fused ops
@@ -771,6 +772,160 @@ pub fn gelu(x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
         return Ok(x.contiguous()?.apply_op1(Gelu)?);
     }
     Ok(x.gelu()?)
+}
+
+// ---------------------------------------------------------------- linear + GELU
+
+/// `y = GELU(x·Wᵀ + b)`: [`Linear`]'s product, then [`Gelu`]'s rows, in
+/// one op that keeps the pre-activation for its backward pass. As two ops,
+/// the pre-activation is a node of candle's graph, and candle's backward
+/// pass allocates a zero gradient for every node and adds each incoming
+/// gradient to it: for the lab's `(B·T, 4·d_model)` MLP activations that is
+/// a zero-fill and a full-size addition per layer and step, with nothing to
+/// add. Same arithmetic as the two ops, so the same bits.
+struct LinearGelu {
+    level: SimdLevel,
+    pre: Mutex<Option<Vec<f32>>>,
+}
+
+impl LinearGelu {
+    fn fwd(
+        &self,
+        (sx, lx): (&CpuStorage, &Layout),
+        (sw, lw): (&CpuStorage, &Layout),
+        b: Option<(&CpuStorage, &Layout)>,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, d_in, d_out, shape) = linear_dims(lx, lw)?;
+        let bias = match b {
+            Some((sb, lb)) => Some(f32s(sb, lb, "linear b")?),
+            None => None,
+        };
+        let pre = linear_fwd(
+            f32s(sx, lx, "linear x")?,
+            f32s(sw, lw, "linear W")?,
+            bias,
+            n,
+            d_in,
+            d_out,
+            self.level,
+        );
+        // SAFETY: every element is written below.
+        let mut y = unsafe { tile::vec_for_overwrite(pre.len()) };
+        let level = SimdLevel::detect();
+        for_rows(&mut y, 4096, |r, yr| {
+            gelu_fwd(level, &pre[r * 4096..][..yr.len()], yr)
+        });
+        *self.pre.lock().unwrap_or_else(|e| e.into_inner()) = Some(pre);
+        Ok((CpuStorage::F32(y), shape))
+    }
+
+    /// The gradient of the pre-activation, from the one the forward pass
+    /// kept (recomputed if it is gone).
+    fn d_pre(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        dy: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        let kept = self.pre.lock().unwrap_or_else(|e| e.into_inner());
+        let d = match kept.as_ref() {
+            Some(pre) => view(dy, |dyv| gelu_bwd(pre, dyv))?,
+            None => {
+                let pre = linear_inner(x, w, b, Some(self.level))
+                    .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+                view(&pre, |pv| view(dy, |dyv| gelu_bwd(pv, dyv)))??
+            }
+        };
+        Tensor::from_vec(d, dy.shape(), dy.device())
+    }
+}
+
+impl CustomOp3 for LinearGelu {
+    fn name(&self) -> &'static str {
+        "lab-linear-gelu"
+    }
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+        sb: &CpuStorage,
+        lb: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.fwd((sx, lx), (sw, lw), Some((sb, lb)))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let d_pre = self.d_pre(x, w, Some(b), dy)?;
+        let (dx, dw, db) = linear_grads(x, w, &d_pre, true, self.level)?;
+        Ok((
+            Some(dx),
+            Some(dw),
+            db.map(|d| d.reshape(b.shape())).transpose()?,
+        ))
+    }
+}
+
+impl CustomOp2 for LinearGelu {
+    fn name(&self) -> &'static str {
+        "lab-linear-gelu-nobias"
+    }
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.fwd((sx, lx), (sw, lw), None)
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let d_pre = self.d_pre(x, w, None, dy)?;
+        let (dx, dw, _) = linear_grads(x, w, &d_pre, false, self.level)?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// `GELU(x·Wᵀ (+ b))`: fused in one op (the same values and gradients as
+/// the fused [`linear`] then the fused [`gelu`], bit for bit), or candle-nn's
+/// `Linear` then candle's `gelu` (the reference).
+///
+/// # Errors
+/// Shape mismatches; candle errors.
+pub fn linear_gelu(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    fused: bool,
+) -> Result<Tensor, LabError> {
+    let mut all = vec![x, w];
+    all.extend(b);
+    if !(fused && fusable(&all)) {
+        return gelu(&linear(x, w, b, fused)?, fused);
+    }
+    let x = x.contiguous()?;
+    let op = LinearGelu {
+        level: SimdLevel::detect(),
+        pre: Mutex::new(None),
+    };
+    Ok(match b {
+        Some(b) => x.apply_op3(w, b, op)?,
+        None => x.apply_op2(w, op)?,
+    })
 }
 
 // ---------------------------------------------------------------- cross-entropy

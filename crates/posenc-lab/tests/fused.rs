@@ -127,6 +127,43 @@ fn gelu_matches_candle() {
     }
 }
 
+/// The fused linear + GELU against candle-nn's linear then candle's gelu,
+/// and bit for bit against the fused linear then the fused GELU (the
+/// model's path before the two were one op).
+#[test]
+fn linear_gelu_matches_linear_then_gelu() {
+    for &n in &SIZES {
+        for (d_in, d_out) in [(1, 1), (3, 5), (32, 129), (129, 7)] {
+            let x = var(&[2, n, d_in], 11, 1.0);
+            let w = var(&[d_out, d_in], 12, 0.5);
+            let b = var(&[d_out], 13, 0.5);
+            for bias in [Some(&b), None] {
+                let bt = bias.map(|b| b.as_tensor());
+                let what = format!("linear+gelu {n}×{d_in}→{d_out}, bias {}", bias.is_some());
+                let mut vars = vec![&x, &w];
+                vars.extend(bias);
+                compare(&vars, 1e-5, &what, |fused| {
+                    ops::linear_gelu(&x, &w, bt, fused).unwrap()
+                });
+                let one = ops::linear_gelu(&x, &w, bt, true).unwrap();
+                let two = ops::gelu(&ops::linear(&x, &w, bt, true).unwrap(), true).unwrap();
+                assert_eq!(vals(&one), vals(&two), "{what}: values");
+                let g =
+                    Tensor::from_vec(data(one.elem_count(), 98, 1.0), one.shape(), &DEV).unwrap();
+                let g1 = (one * &g).unwrap().sum_all().unwrap().backward().unwrap();
+                let g2 = (two * &g).unwrap().sum_all().unwrap().backward().unwrap();
+                for (i, v) in vars.iter().enumerate() {
+                    assert_eq!(
+                        vals(g1.get(v).unwrap()),
+                        vals(g2.get(v).unwrap()),
+                        "{what}: gradient of input {i}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn cross_entropy_matches_the_composed_ops() {
     for &n in &SIZES {
