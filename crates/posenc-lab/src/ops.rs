@@ -331,6 +331,30 @@ fn linear_dims(x: &Layout, w: &Layout) -> candle_core::Result<(usize, usize, usi
     Ok((n, d_in, d_out, Shape::from(out)))
 }
 
+/// [`linear_fwd`] on the op's storages: the product and the output shape.
+fn linear_storage_fwd(
+    (sx, lx): (&CpuStorage, &Layout),
+    (sw, lw): (&CpuStorage, &Layout),
+    b: Option<(&CpuStorage, &Layout)>,
+    level: SimdLevel,
+) -> candle_core::Result<(Vec<f32>, Shape)> {
+    let (n, d_in, d_out, shape) = linear_dims(lx, lw)?;
+    let bias = match b {
+        Some((sb, lb)) => Some(f32s(sb, lb, "linear b")?),
+        None => None,
+    };
+    let y = linear_fwd(
+        f32s(sx, lx, "linear x")?,
+        f32s(sw, lw, "linear W")?,
+        bias,
+        n,
+        d_in,
+        d_out,
+        level,
+    );
+    Ok((y, shape))
+}
+
 impl CustomOp3 for Linear {
     fn name(&self) -> &'static str {
         "lab-linear"
@@ -344,16 +368,7 @@ impl CustomOp3 for Linear {
         sb: &CpuStorage,
         lb: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (n, d_in, d_out, shape) = linear_dims(lx, lw)?;
-        let y = linear_fwd(
-            f32s(sx, lx, "linear x")?,
-            f32s(sw, lw, "linear W")?,
-            Some(f32s(sb, lb, "linear b")?),
-            n,
-            d_in,
-            d_out,
-            self.level,
-        );
+        let (y, shape) = linear_storage_fwd((sx, lx), (sw, lw), Some((sb, lb)), self.level)?;
         Ok((CpuStorage::F32(y), shape))
     }
     fn bwd(
@@ -384,16 +399,7 @@ impl CustomOp2 for Linear {
         sw: &CpuStorage,
         lw: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (n, d_in, d_out, shape) = linear_dims(lx, lw)?;
-        let y = linear_fwd(
-            f32s(sx, lx, "linear x")?,
-            f32s(sw, lw, "linear W")?,
-            None,
-            n,
-            d_in,
-            d_out,
-            self.level,
-        );
+        let (y, shape) = linear_storage_fwd((sx, lx), (sw, lw), None, self.level)?;
         Ok((CpuStorage::F32(y), shape))
     }
     fn bwd(
@@ -717,13 +723,7 @@ impl CustomOp1 for Gelu {
         "lab-gelu"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = f32s(s, l, "gelu")?;
-        // SAFETY: every element is written below.
-        let mut y = unsafe { tile::vec_for_overwrite(x.len()) };
-        let level = SimdLevel::detect();
-        for_rows(&mut y, 4096, |r, yr| {
-            gelu_fwd(level, &x[r * 4096..][..yr.len()], yr)
-        });
+        let y = gelu_rows(f32s(s, l, "gelu")?);
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
     fn bwd(&self, x: &Tensor, _res: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
@@ -751,6 +751,17 @@ fn gelu_bwd_body(x: &[f32], dy: &[f32], dx: &mut [f32]) {
     }
 }
 posenc::multiversion!(fn gelu_bwd_rows => gelu_bwd_body(x: &[f32], dy: &[f32], dx: &mut [f32]) -> ());
+
+/// GELU of every element of `x`, in rows of 4096 over the threads.
+fn gelu_rows(x: &[f32]) -> Vec<f32> {
+    // SAFETY: every element is written below.
+    let mut y = unsafe { tile::vec_for_overwrite(x.len()) };
+    let level = SimdLevel::detect();
+    for_rows(&mut y, 4096, |r, yr| {
+        gelu_fwd(level, &x[r * 4096..][..yr.len()], yr)
+    });
+    y
+}
 
 fn gelu_bwd(xv: &[f32], dyv: &[f32]) -> Vec<f32> {
     // SAFETY: every element is written below.
@@ -791,52 +802,25 @@ struct LinearGelu {
 impl LinearGelu {
     fn fwd(
         &self,
-        (sx, lx): (&CpuStorage, &Layout),
-        (sw, lw): (&CpuStorage, &Layout),
+        x: (&CpuStorage, &Layout),
+        w: (&CpuStorage, &Layout),
         b: Option<(&CpuStorage, &Layout)>,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (n, d_in, d_out, shape) = linear_dims(lx, lw)?;
-        let bias = match b {
-            Some((sb, lb)) => Some(f32s(sb, lb, "linear b")?),
-            None => None,
-        };
-        let pre = linear_fwd(
-            f32s(sx, lx, "linear x")?,
-            f32s(sw, lw, "linear W")?,
-            bias,
-            n,
-            d_in,
-            d_out,
-            self.level,
-        );
-        // SAFETY: every element is written below.
-        let mut y = unsafe { tile::vec_for_overwrite(pre.len()) };
-        let level = SimdLevel::detect();
-        for_rows(&mut y, 4096, |r, yr| {
-            gelu_fwd(level, &pre[r * 4096..][..yr.len()], yr)
-        });
+        let (pre, shape) = linear_storage_fwd(x, w, b, self.level)?;
+        let y = gelu_rows(&pre);
         *self.pre.lock().unwrap_or_else(|e| e.into_inner()) = Some(pre);
         Ok((CpuStorage::F32(y), shape))
     }
 
     /// The gradient of the pre-activation, from the one the forward pass
-    /// kept (recomputed if it is gone).
-    fn d_pre(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: Option<&Tensor>,
-        dy: &Tensor,
-    ) -> candle_core::Result<Tensor> {
+    /// kept (candle runs `cpu_fwd` when the op is applied, before any
+    /// backward pass can reach it).
+    fn d_pre(&self, dy: &Tensor) -> candle_core::Result<Tensor> {
         let kept = self.pre.lock().unwrap_or_else(|e| e.into_inner());
-        let d = match kept.as_ref() {
-            Some(pre) => view(dy, |dyv| gelu_bwd(pre, dyv))?,
-            None => {
-                let pre = linear_inner(x, w, b, Some(self.level))
-                    .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-                view(&pre, |pv| view(dy, |dyv| gelu_bwd(pv, dyv)))??
-            }
+        let Some(pre) = kept.as_ref() else {
+            candle_core::bail!("linear_gelu: backward pass before the forward pass");
         };
+        let d = view(dy, |dyv| gelu_bwd(pre, dyv))?;
         Tensor::from_vec(d, dy.shape(), dy.device())
     }
 }
@@ -864,7 +848,7 @@ impl CustomOp3 for LinearGelu {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let d_pre = self.d_pre(x, w, Some(b), dy)?;
+        let d_pre = self.d_pre(dy)?;
         let (dx, dw, db) = linear_grads(x, w, &d_pre, true, self.level)?;
         Ok((
             Some(dx),
@@ -894,7 +878,7 @@ impl CustomOp2 for LinearGelu {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let d_pre = self.d_pre(x, w, None, dy)?;
+        let d_pre = self.d_pre(dy)?;
         let (dx, dw, _) = linear_grads(x, w, &d_pre, false, self.level)?;
         Ok((Some(dx), Some(dw)))
     }
