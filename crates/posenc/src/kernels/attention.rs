@@ -51,13 +51,13 @@ const BK: usize = 128;
 /// With AVX-512 the long tiles' products run on posenc's tile kernel: 512
 /// keys and 96 queries ran one layer of SmolLM2's attention (9 query heads,
 /// 3 key/value heads, head_dim 64, 2 threads, AMD EPYC Zen 4) at 4,096
-/// tokens in 116.5 ms and at 16,384 in 1,983 ms, against 119.0 and 2,062 ms
-/// with 256 keys, and 127.5 and 2,143 ms with the `gemm` crate's products
-/// on 256-key tiles (`cargo run --release -p posenc-models --example
-/// attention_time -- 16384 1`). At lower levels they run on the `gemm`
-/// crate, which on an AVX2-only CPU beat the AVX2 tile kernel (its 4 × 16
-/// register tile reloads the key tile too often); larger tiles amortise the
-/// crate's packing.
+/// tokens in 116 ms, against 119 ms with 256 keys and 125–128 ms with the
+/// `gemm` crate's products on 256-key tiles; at 16,384 tokens in
+/// 1,983–2,282 ms against 2,070–2,143 ms with the `gemm` crate, the same
+/// within this machine's spread (`cargo run --release -p posenc-models
+/// --example attention_time -- 4096 3`, `-- 16384 2`). At lower levels they
+/// run on the `gemm` crate, which beat the AVX2 tile kernel on an AVX2-only
+/// CPU; larger tiles amortise the crate's packing.
 const BK_LONG: usize = 512;
 /// Queries per tile of the forward pass on long sequences (96 and 64 ran
 /// within 1% of each other at 4,096 tokens with 512 keys; 128 was 3%
