@@ -178,28 +178,28 @@ impl EvalScaling {
 }
 
 /// A linear layer's parameters (created by candle-nn's `linear`, so names
-/// and initialisation are candle-nn's), applied by [`ops::linear`].
+/// and initialisation are candle-nn's, a bias included), applied by
+/// [`ops::linear`].
 struct Lin {
     w: Tensor,
-    b: Option<Tensor>,
+    b: Tensor,
 }
 
 impl Lin {
     fn new(d_in: usize, d_out: usize, vb: VarBuilder) -> candle_core::Result<Lin> {
         let l = linear(d_in, d_out, vb)?;
+        let b = l
+            .bias()
+            .cloned()
+            .ok_or_else(|| candle_core::Error::Msg("candle-nn's linear has a bias".into()))?;
         Ok(Lin {
             w: l.weight().clone(),
-            b: l.bias().cloned(),
+            b,
         })
     }
 
     fn forward(&self, x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
-        ops::linear(x, &self.w, self.b.as_ref(), fused)
-    }
-
-    /// `GELU(self(x))`, in one op when fused.
-    fn forward_gelu(&self, x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
-        ops::linear_gelu(x, &self.w, self.b.as_ref(), fused)
+        ops::linear(x, &self.w, Some(&self.b), fused)
     }
 }
 
@@ -232,9 +232,12 @@ struct Attention {
 }
 
 impl Attention {
-    fn forward(
+    /// `residual + Attention(x)`, the projection and the addition in one op
+    /// when fused.
+    fn forward_residual(
         &self,
         x: &Tensor,
+        residual: &Tensor,
         offset: usize,
         hooks: &CallHooks,
         fused: bool,
@@ -279,7 +282,7 @@ impl Attention {
             self.attn
                 .forward_packed_reference(&qkv, self.n_heads, self.n_heads, &call, pos)?
         };
-        self.proj.forward(&out, fused)
+        ops::linear_residual(&out, &self.proj.w, &self.proj.b, residual, fused)
     }
 }
 
@@ -321,15 +324,20 @@ impl Block {
         fused: bool,
     ) -> Result<Tensor, LabError> {
         // x = x + Attn(LN(x))
-        let a = self
-            .attn
-            .forward(&self.ln1.forward(x, fused)?, offset, hooks, fused)?;
-        let x = (x + a)?;
-        // x = x + MLP(LN(x)): (B, T, D) → (B, T, d_ff) → (B, T, D)
-        let h = self
-            .fc1
-            .forward_gelu(&self.ln2.forward(&x, fused)?, fused)?;
-        Ok((&x + self.fc2.forward(&h, fused)?)?)
+        let x =
+            self.attn
+                .forward_residual(&self.ln1.forward(x, fused)?, x, offset, hooks, fused)?;
+        // x = x + MLP(LN(x)): (B, T, D) → (B, T, d_ff) → (B, T, D), in one op
+        // when fused.
+        ops::mlp_residual(
+            &x,
+            &self.ln2.weight,
+            &self.ln2.bias,
+            self.ln2.eps,
+            (&self.fc1.w, &self.fc1.b),
+            (&self.fc2.w, &self.fc2.b),
+            fused,
+        )
     }
 }
 

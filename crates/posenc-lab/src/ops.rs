@@ -229,6 +229,16 @@ fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync 
     }
 }
 
+/// `y += x` element by element, on several threads when large (IEEE
+/// addition commutes, so this is candle's `x + y` bit for bit).
+fn add_into(y: &mut [f32], x: &[f32]) {
+    for_rows(y, 4096, |r, yr| {
+        for (o, v) in yr.iter_mut().zip(&x[r * 4096..]) {
+            *o += v;
+        }
+    });
+}
+
 // ---------------------------------------------------------------- linear
 
 /// `y = x·Wᵀ + b` for `x` `(…, in)`, `W` `(out, in)`, `b` `(out,)`, its
@@ -516,28 +526,7 @@ impl CustomOp3 for LayerNormOp {
         if d == 0 || lx.shape().dims().last() != Some(&d) || b.len() != d {
             candle_core::bail!("layer norm: shapes {:?}, {d}, {}", lx.shape(), b.len());
         }
-        let rows = x.len() / d;
-        // SAFETY: every row of y is written below.
-        let mut y = unsafe { tile::vec_for_overwrite(x.len()) };
-        let mut stats = vec![(0f32, 0f32); rows];
-        let eps = self.eps;
-        let level = SimdLevel::detect();
-        // Blocks of CHUNK rows.
-        let block = CHUNK * d;
-        let run = |bi: usize, (yr, st): (&mut [f32], &mut [(f32, f32)])| {
-            ln_fwd(level, &x[bi * block..][..yr.len()], w, b, yr, st, eps)
-        };
-        if x.len() >= PARALLEL_ELEMS && posenc::kernels::threads() > 1 {
-            y.par_chunks_mut(block)
-                .zip(stats.par_chunks_mut(CHUNK))
-                .enumerate()
-                .for_each(|(bi, p)| run(bi, p));
-        } else {
-            y.chunks_mut(block)
-                .zip(stats.chunks_mut(CHUNK))
-                .enumerate()
-                .for_each(|(bi, p)| run(bi, p));
-        }
+        let (y, stats) = layer_norm_fwd(x, w, b, self.eps);
         *self.stats.lock().expect("stats lock") = stats;
         Ok((CpuStorage::F32(y), lx.shape().clone()))
     }
@@ -563,6 +552,34 @@ impl CustomOp3 for LayerNormOp {
             Some(Tensor::from_vec(db, w.shape(), dev)?),
         ))
     }
+}
+
+/// LayerNorm's forward pass on row-major buffers (`w.len()` columns, checked
+/// by the caller): `y`, and `(mean, 1/σ)` per row.
+fn layer_norm_fwd(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> (Vec<f32>, Vec<(f32, f32)>) {
+    let d = w.len();
+    let rows = x.len() / d;
+    // SAFETY: every row of y is written below.
+    let mut y = unsafe { tile::vec_for_overwrite(x.len()) };
+    let mut stats = vec![(0f32, 0f32); rows];
+    let level = SimdLevel::detect();
+    // Blocks of CHUNK rows.
+    let block = CHUNK * d;
+    let run = |bi: usize, (yr, st): (&mut [f32], &mut [(f32, f32)])| {
+        ln_fwd(level, &x[bi * block..][..yr.len()], w, b, yr, st, eps)
+    };
+    if x.len() >= PARALLEL_ELEMS && posenc::kernels::threads() > 1 {
+        y.par_chunks_mut(block)
+            .zip(stats.par_chunks_mut(CHUNK))
+            .enumerate()
+            .for_each(|(bi, p)| run(bi, p));
+    } else {
+        y.chunks_mut(block)
+            .zip(stats.chunks_mut(CHUNK))
+            .enumerate()
+            .for_each(|(bi, p)| run(bi, p));
+    }
+    (y, stats)
 }
 
 /// LayerNorm forward over whole rows of `x`: `y`, and `(mean, 1/σ)` per row.
@@ -910,6 +927,316 @@ pub fn linear_gelu(
         Some(b) => x.apply_op3(w, b, op)?,
         None => x.apply_op2(w, op)?,
     })
+}
+
+// ---------------------------------------------------------------- linear with a residual
+
+/// `y = r + (x·Wᵀ + b)`: a residual branch's last linear layer and the
+/// addition, in one op on `x`, the packed `[W, b]` (flattened; candle's
+/// custom ops take at most three tensors) and `r`. As [`linear`] and an
+/// addition, the branch's output was a node of candle's graph: a zero-filled
+/// gradient and an addition with nothing to add in every backward pass, and
+/// a forward pass over the sum. Same arithmetic as the two ops, so the same
+/// bits.
+struct LinearResidual {
+    d_in: usize,
+    d_out: usize,
+    level: SimdLevel,
+}
+
+impl CustomOp3 for LinearResidual {
+    fn name(&self) -> &'static str {
+        "lab-linear-residual"
+    }
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sp: &CpuStorage,
+        lp: &Layout,
+        sr: &CpuStorage,
+        lr: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32s(sx, lx, "linear x")?;
+        let p = f32s(sp, lp, "linear W, b")?;
+        let r = f32s(sr, lr, "residual")?;
+        let (d_in, d_out) = (self.d_in, self.d_out);
+        if d_in == 0 || lx.shape().dims().last() != Some(&d_in) || p.len() != d_out * (d_in + 1) {
+            candle_core::bail!(
+                "linear: input {:?}, {} parameters for {d_in} → {d_out}",
+                lx.shape(),
+                p.len()
+            );
+        }
+        let n = x.len() / d_in;
+        if r.len() != n * d_out {
+            candle_core::bail!("linear: residual {:?} for {n} rows of {d_out}", lr.shape());
+        }
+        let (w, b) = p.split_at(d_out * d_in);
+        let mut y = linear_fwd(x, w, Some(b), n, d_in, d_out, self.level);
+        // r + (x·Wᵀ + b).
+        add_into(&mut y, r);
+        Ok((CpuStorage::F32(y), lr.shape().clone()))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        p: &Tensor,
+        _r: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (d_in, d_out) = (self.d_in, self.d_out);
+        let n = x.elem_count() / d_in;
+        let (dx, dp) = view(x, |xv| {
+            view(p, |pv| {
+                view(dy, |dyv| {
+                    let (dx, mut dw, db) = linear_bwd(
+                        xv,
+                        &pv[..d_out * d_in],
+                        dyv,
+                        n,
+                        d_in,
+                        d_out,
+                        true,
+                        self.level,
+                    );
+                    dw.extend_from_slice(&db.unwrap_or_default());
+                    (dx, dw)
+                })
+            })
+        })???;
+        let dev = x.device();
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), dev)?),
+            Some(Tensor::from_vec(dp, p.shape(), dev)?),
+            Some(dy.clone()),
+        ))
+    }
+}
+
+/// `r + (x·Wᵀ + b)` for `x` `(…, in)`, `W` `(out, in)`, `r` `(…, out)`:
+/// fused in one op (the same values and gradients as the fused [`linear`]
+/// then an addition, bit for bit), or composed from those (`fused = false`:
+/// candle-nn's `Linear`, the reference).
+///
+/// # Errors
+/// Shape mismatches; candle errors.
+pub fn linear_residual(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    r: &Tensor,
+    fused: bool,
+) -> Result<Tensor, LabError> {
+    let (d_out, d_in) = w.dims2()?;
+    let shapes_fit = x.dim(D::Minus1)? == d_in
+        && b.dims1()? == d_out
+        && r.dims().split_last().map(|(l, rest)| (*l, rest))
+            == x.dims().split_last().map(|(_, rest)| (d_out, rest));
+    if !(fused && fusable(&[x, w, b, r]) && shapes_fit) {
+        return Ok((r + linear(x, w, Some(b), fused)?)?);
+    }
+    let packed = Tensor::cat(&[&w.flatten_all()?, b], 0)?;
+    let op = LinearResidual {
+        d_in,
+        d_out,
+        level: SimdLevel::detect(),
+    };
+    Ok(x.contiguous()?.apply_op3(&packed, &r.contiguous()?, op)?)
+}
+
+// ---------------------------------------------------------------- MLP with its residual
+
+/// What [`MlpResidual`]'s forward pass keeps for its backward pass.
+struct MlpSaved {
+    /// LayerNorm's `(mean, 1/σ)` per row.
+    stats: Vec<(f32, f32)>,
+    /// LayerNorm's output `(n, d)`.
+    ln: Vec<f32>,
+    /// The first layer's pre-activation `(n, d_ff)`.
+    pre: Vec<f32>,
+    /// Its GELU `(n, d_ff)`.
+    h: Vec<f32>,
+}
+
+/// `y = x + W₂·GELU(W₁·LN(x) + b₁) + b₂`, a pre-LayerNorm block's MLP half
+/// with its residual, in one op on `x` and one packed parameter vector
+/// (`[γ, β, W₁, b₁, W₂, b₂]`, flattened; candle's custom ops take at most
+/// three tensors, the concatenation routes each part's gradient back to its
+/// parameter). As [`layer_norm`], [`linear_gelu`], [`linear`] and an
+/// addition, candle's graph had four nodes here, and its backward pass
+/// allocates a zero gradient for each node's input and adds each incoming
+/// gradient to it: `(B·T, d)` and `(B·T, 4·d)` zero-fills and additions
+/// with nothing to add, and a forward pass over the sum. Same arithmetic as
+/// those four ops, kernel for kernel, so the same bits.
+struct MlpResidual {
+    d: usize,
+    d_ff: usize,
+    eps: f32,
+    level: SimdLevel,
+    saved: Mutex<Option<MlpSaved>>,
+}
+
+impl MlpResidual {
+    /// Offsets of `[γ, β, W₁, b₁, W₂, b₂]` in the packed vector, and its length.
+    fn parts(&self) -> ([usize; 6], usize) {
+        let (d, f) = (self.d, self.d_ff);
+        let sizes = [d, d, f * d, f, d * f, d];
+        let mut at = [0; 6];
+        let mut o = 0;
+        for (a, s) in at.iter_mut().zip(sizes) {
+            *a = o;
+            o += s;
+        }
+        (at, o)
+    }
+}
+
+impl CustomOp2 for MlpResidual {
+    fn name(&self) -> &'static str {
+        "lab-mlp-residual"
+    }
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sp: &CpuStorage,
+        lp: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32s(sx, lx, "mlp x")?;
+        let p = f32s(sp, lp, "mlp parameters")?;
+        let (d, f) = (self.d, self.d_ff);
+        let ([g, be, w1, b1, w2, b2], len) = self.parts();
+        if d == 0 || lx.shape().dims().last() != Some(&d) || p.len() != len {
+            candle_core::bail!(
+                "mlp: input {:?}, {} parameters for d {d}, d_ff {f}",
+                lx.shape(),
+                p.len()
+            );
+        }
+        let n = x.len() / d;
+        let (ln, stats) = layer_norm_fwd(x, &p[g..][..d], &p[be..][..d], self.eps);
+        let pre = linear_fwd(
+            &ln,
+            &p[w1..][..f * d],
+            Some(&p[b1..][..f]),
+            n,
+            d,
+            f,
+            self.level,
+        );
+        let h = gelu_rows(&pre);
+        let mut y = linear_fwd(
+            &h,
+            &p[w2..][..d * f],
+            Some(&p[b2..][..d]),
+            n,
+            f,
+            d,
+            self.level,
+        );
+        // The residual: x + MLP(x).
+        add_into(&mut y, x);
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(MlpSaved { stats, ln, pre, h });
+        Ok((CpuStorage::F32(y), lx.shape().clone()))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        p: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let kept = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = kept.as_ref() else {
+            candle_core::bail!("mlp: backward pass before the forward pass");
+        };
+        let (d, f) = (self.d, self.d_ff);
+        let ([g, _, w1, _, w2, _], len) = self.parts();
+        let n = x.elem_count() / d;
+        let (dx, dp) = view(x, |xv| {
+            view(p, |pv| {
+                view(dy, |dyv| {
+                    // The second layer, then GELU, then the first, then LayerNorm.
+                    let (dh, dw2, db2) =
+                        linear_bwd(&s.h, &pv[w2..][..d * f], dyv, n, f, d, true, self.level);
+                    let dpre = gelu_bwd(&s.pre, &dh);
+                    drop(dh);
+                    let (dln, dw1, db1) =
+                        linear_bwd(&s.ln, &pv[w1..][..f * d], &dpre, n, d, f, true, self.level);
+                    drop(dpre);
+                    let (mut dx, dg, dbe) = layer_norm_bwd(xv, &pv[g..][..d], &dln, &s.stats, d);
+                    // The residual's gradient plus LayerNorm's, as candle's backward
+                    // pass adds them.
+                    add_into(&mut dx, dyv);
+                    let mut dp = Vec::with_capacity(len);
+                    for part in [
+                        dg,
+                        dbe,
+                        dw1,
+                        db1.unwrap_or_default(),
+                        dw2,
+                        db2.unwrap_or_default(),
+                    ] {
+                        dp.extend_from_slice(&part);
+                    }
+                    (dx, dp)
+                })
+            })
+        })???;
+        let dev = x.device();
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), dev)?),
+            Some(Tensor::from_vec(dp, len, dev)?),
+        ))
+    }
+}
+
+/// `x + W₂·GELU(W₁·LN(x) + b₁) + b₂` (LayerNorm with `ln_w`, `ln_b` and
+/// `eps`; `W₁` `(d_ff, d)`, `W₂` `(d, d_ff)`): fused in one op (the same
+/// values and gradients as the fused [`layer_norm`], [`linear_gelu`],
+/// [`linear`] and an addition, bit for bit), or composed from those
+/// (`fused = false`: their references).
+///
+/// # Errors
+/// Shape mismatches; candle errors.
+#[allow(clippy::too_many_arguments)]
+pub fn mlp_residual(
+    x: &Tensor,
+    ln_w: &Tensor,
+    ln_b: &Tensor,
+    eps: f64,
+    (w1, b1): (&Tensor, &Tensor),
+    (w2, b2): (&Tensor, &Tensor),
+    fused: bool,
+) -> Result<Tensor, LabError> {
+    let all = [x, ln_w, ln_b, w1, b1, w2, b2];
+    let d = x.dim(D::Minus1)?;
+    let (d_ff, d_in) = w1.dims2()?;
+    let shapes_fit = d_in == d
+        && w2.dims2()? == (d, d_ff)
+        && ln_w.dims1()? == d
+        && ln_b.dims1()? == d
+        && b1.dims1()? == d_ff
+        && b2.dims1()? == d;
+    if !(fused && fusable(&all) && shapes_fit) {
+        let h = linear_gelu(&layer_norm(x, ln_w, ln_b, eps, fused)?, w1, Some(b1), fused)?;
+        return Ok((x + linear(&h, w2, Some(b2), fused)?)?);
+    }
+    let packed = Tensor::cat(
+        &[ln_w, ln_b, &w1.flatten_all()?, b1, &w2.flatten_all()?, b2],
+        0,
+    )?;
+    let op = MlpResidual {
+        d,
+        d_ff,
+        eps: eps as f32,
+        level: SimdLevel::detect(),
+        saved: Mutex::new(None),
+    };
+    Ok(x.contiguous()?.apply_op2(&packed, op)?)
 }
 
 // ---------------------------------------------------------------- cross-entropy

@@ -164,6 +164,96 @@ fn linear_gelu_matches_linear_then_gelu() {
     }
 }
 
+/// A linear layer and a residual addition in one op: against its reference
+/// (candle-nn's `Linear`) within a tolerance, and bit for bit against the
+/// fused linear layer then the addition.
+#[test]
+fn linear_residual_matches_linear_then_add() {
+    for &n in &SIZES {
+        for (d_in, d_out) in [(1, 1), (3, 5), (32, 129), (129, 7)] {
+            let x = var(&[2, n, d_in], 31, 1.0);
+            let w = var(&[d_out, d_in], 32, 0.5);
+            let b = var(&[d_out], 33, 0.5);
+            let r = var(&[2, n, d_out], 34, 1.0);
+            let vars = [&x, &w, &b, &r];
+            let what = format!("linear+residual {n}×{d_in}→{d_out}");
+            compare(&vars, 1e-5, &what, |fused| {
+                ops::linear_residual(&x, &w, &b, &r, fused).unwrap()
+            });
+            let one = ops::linear_residual(&x, &w, &b, &r, true).unwrap();
+            let two = (r.as_tensor() + ops::linear(&x, &w, Some(&b), true).unwrap()).unwrap();
+            assert_eq!(vals(&one), vals(&two), "{what}: values");
+            let dy = Tensor::from_vec(data(one.elem_count(), 96, 1.0), one.shape(), &DEV).unwrap();
+            let g1 = (one * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+            let g2 = (two * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+            for (i, v) in vars.iter().enumerate() {
+                assert_eq!(
+                    vals(g1.get(v).unwrap()),
+                    vals(g2.get(v).unwrap()),
+                    "{what}: gradient of input {i}"
+                );
+            }
+        }
+    }
+    // A residual of another shape is refused, fused or not.
+    let x = var(&[2, 3, 4], 1, 1.0);
+    let w = var(&[5, 4], 2, 1.0);
+    let b = var(&[5], 3, 1.0);
+    let r = var(&[2, 3, 4], 4, 1.0);
+    for fused in [true, false] {
+        assert!(ops::linear_residual(&x, &w, &b, &r, fused).is_err());
+    }
+}
+
+/// The MLP half of a block with its residual in one op: against its
+/// reference (candle's ops) within a tolerance, and bit for bit against the
+/// four fused ops it replaces (LayerNorm, linear + GELU, linear, addition).
+#[test]
+fn mlp_residual_matches_the_four_ops() {
+    for &n in &SIZES {
+        for (d, d_ff) in [(1, 1), (3, 5), (32, 129), (129, 7)] {
+            let x = var(&[2, n, d], 21, 1.0);
+            let g = var(&[d], 22, 0.5);
+            let be = var(&[d], 23, 0.5);
+            let w1 = var(&[d_ff, d], 24, 0.5);
+            let b1 = var(&[d_ff], 25, 0.5);
+            let w2 = var(&[d, d_ff], 26, 0.5);
+            let b2 = var(&[d], 27, 0.5);
+            let vars = [&x, &g, &be, &w1, &b1, &w2, &b2];
+            let what = format!("mlp {n}×{d}, d_ff {d_ff}");
+            let mlp = |fused: bool| {
+                ops::mlp_residual(&x, &g, &be, 1e-5, (&w1, &b1), (&w2, &b2), fused).unwrap()
+            };
+            compare(&vars, 1e-4, &what, mlp);
+            let one = mlp(true);
+            let four = {
+                let ln = ops::layer_norm(&x, &g, &be, 1e-5, true).unwrap();
+                let h = ops::linear_gelu(&ln, &w1, Some(&b1), true).unwrap();
+                (x.as_tensor() + ops::linear(&h, &w2, Some(&b2), true).unwrap()).unwrap()
+            };
+            assert_eq!(vals(&one), vals(&four), "{what}: values");
+            let dy = Tensor::from_vec(data(one.elem_count(), 97, 1.0), one.shape(), &DEV).unwrap();
+            let g1 = (one * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+            let g4 = (four * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+            for (i, v) in vars.iter().enumerate() {
+                assert_eq!(
+                    vals(g1.get(v).unwrap()),
+                    vals(g4.get(v).unwrap()),
+                    "{what}: gradient of input {i}"
+                );
+            }
+        }
+    }
+    // Parameters of the wrong shapes are refused, fused or not.
+    let x = var(&[2, 3, 4], 1, 1.0);
+    let v4 = var(&[4], 2, 1.0);
+    let w = var(&[5, 3], 3, 1.0);
+    let b5 = var(&[5], 4, 1.0);
+    for fused in [true, false] {
+        assert!(ops::mlp_residual(&x, &v4, &v4, 1e-5, (&w, &b5), (&w, &v4), fused).is_err());
+    }
+}
+
 #[test]
 fn cross_entropy_matches_the_composed_ops() {
     for &n in &SIZES {
