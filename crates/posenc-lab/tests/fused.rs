@@ -61,6 +61,23 @@ fn compare(vars: &[&Var], tol: f32, what: &str, f: impl Fn(bool) -> Tensor) {
     }
 }
 
+/// Asserts that two computations of the same function give the same bits:
+/// values, and the gradients of a random linear functional of them with
+/// respect to every variable.
+fn same_bits(one: Tensor, other: Tensor, vars: &[&Var], seed: u64, what: &str) {
+    assert_eq!(vals(&one), vals(&other), "{what}: values");
+    let w = Tensor::from_vec(data(one.elem_count(), seed, 1.0), one.shape(), &DEV).unwrap();
+    let g1 = (one * &w).unwrap().sum_all().unwrap().backward().unwrap();
+    let g2 = (other * &w).unwrap().sum_all().unwrap().backward().unwrap();
+    for (i, v) in vars.iter().enumerate() {
+        assert_eq!(
+            vals(g1.get(v).unwrap()),
+            vals(g2.get(v).unwrap()),
+            "{what}: gradient of input {i}"
+        );
+    }
+}
+
 const SIZES: [usize; 6] = [1, 2, 3, 127, 128, 129];
 
 /// The fused linear layer at every SIMD level this CPU has (posenc's
@@ -147,18 +164,7 @@ fn linear_gelu_matches_linear_then_gelu() {
                 });
                 let one = ops::linear_gelu(&x, &w, bt, true).unwrap();
                 let two = ops::gelu(&ops::linear(&x, &w, bt, true).unwrap(), true).unwrap();
-                assert_eq!(vals(&one), vals(&two), "{what}: values");
-                let g =
-                    Tensor::from_vec(data(one.elem_count(), 98, 1.0), one.shape(), &DEV).unwrap();
-                let g1 = (one * &g).unwrap().sum_all().unwrap().backward().unwrap();
-                let g2 = (two * &g).unwrap().sum_all().unwrap().backward().unwrap();
-                for (i, v) in vars.iter().enumerate() {
-                    assert_eq!(
-                        vals(g1.get(v).unwrap()),
-                        vals(g2.get(v).unwrap()),
-                        "{what}: gradient of input {i}"
-                    );
-                }
+                same_bits(one, two, &vars, 98, &what);
             }
         }
     }
@@ -182,17 +188,7 @@ fn linear_residual_matches_linear_then_add() {
             });
             let one = ops::linear_residual(&x, &w, &b, &r, true).unwrap();
             let two = (r.as_tensor() + ops::linear(&x, &w, Some(&b), true).unwrap()).unwrap();
-            assert_eq!(vals(&one), vals(&two), "{what}: values");
-            let dy = Tensor::from_vec(data(one.elem_count(), 96, 1.0), one.shape(), &DEV).unwrap();
-            let g1 = (one * &dy).unwrap().sum_all().unwrap().backward().unwrap();
-            let g2 = (two * &dy).unwrap().sum_all().unwrap().backward().unwrap();
-            for (i, v) in vars.iter().enumerate() {
-                assert_eq!(
-                    vals(g1.get(v).unwrap()),
-                    vals(g2.get(v).unwrap()),
-                    "{what}: gradient of input {i}"
-                );
-            }
+            same_bits(one, two, &vars, 96, &what);
         }
     }
     // A residual of another shape is refused, fused or not.
@@ -231,17 +227,7 @@ fn mlp_residual_matches_the_four_ops() {
                 let h = ops::linear_gelu(&ln, &w1, Some(&b1), true).unwrap();
                 (x.as_tensor() + ops::linear(&h, &w2, Some(&b2), true).unwrap()).unwrap()
             };
-            assert_eq!(vals(&one), vals(&four), "{what}: values");
-            let dy = Tensor::from_vec(data(one.elem_count(), 97, 1.0), one.shape(), &DEV).unwrap();
-            let g1 = (one * &dy).unwrap().sum_all().unwrap().backward().unwrap();
-            let g4 = (four * &dy).unwrap().sum_all().unwrap().backward().unwrap();
-            for (i, v) in vars.iter().enumerate() {
-                assert_eq!(
-                    vals(g1.get(v).unwrap()),
-                    vals(g4.get(v).unwrap()),
-                    "{what}: gradient of input {i}"
-                );
-            }
+            same_bits(one, four, &vars, 97, &what);
         }
     }
     // Parameters of the wrong shapes are refused, fused or not.
