@@ -5,7 +5,9 @@ For each length T (`--lengths`, default 4096,16384) and each of `--rounds`
 rounds (default 1), alternately:
 
 (a) posenc: `target/release/posenc perplexity --model GGUF --text TEXT
-    --length T --scaling none --json` with RAYON_NUM_THREADS=THREADS; its
+    --length T --scaling none --products P --json` with
+    RAYON_NUM_THREADS=THREADS, once for each P of `--products` (default f32;
+    `f32,bf16` adds the attention's bfloat16 products); its
     tokens/s is read from the JSON it prints (`tokens_per_second`, else T /
     `forward_seconds`, else T / wall time, which then includes the load);
 (b) PyTorch: this script again in `--torch-worker` mode, in its own
@@ -17,15 +19,17 @@ rounds (default 1), alternately:
     are never held).
 
 The peak RSS of each child is its own (`os.wait4` on that child, so one run's
-peak never hides another's). Prints a table: T, posenc tokens/s, PyTorch
-tokens/s, ratio (posenc / PyTorch), peak RSS of each in MB, and the mean loss
-of each when known; `--json` prints the runs and the summary as JSON instead.
+peak never hides another's). Prints a table: T, posenc's products, posenc
+tokens/s, PyTorch tokens/s, ratio (posenc / PyTorch), peak RSS of each in
+MB, and the mean loss of each when known; `--json` prints the runs and the
+summary as JSON instead.
 
 Usage (a venv with torch + transformers + accelerate; never needed by the
 tests or CI):
     cargo build --release -p posenc-cli
     /work/venv/bin/python scripts/bench/forward_vs_transformers.py \
-        [--model GGUF] [--text TEXT] [--lengths 4096,16384] [--rounds 1] [--threads 2] [--json]
+        [--model GGUF] [--text TEXT] [--lengths 4096,16384] [--rounds 1] [--threads 2]
+        [--products f32,bf16] [--json]
 `--skip-posenc` runs the PyTorch side alone; `--posenc PATH` picks the binary.
 """
 
@@ -117,7 +121,7 @@ def find_key(obj, *names):
     return None
 
 
-def run_posenc(args, T):
+def run_posenc(args, T, products):
     binary = Path(args.posenc)
     if not binary.is_file() or not os.access(binary, os.X_OK):
         raise BenchError(
@@ -127,7 +131,7 @@ def run_posenc(args, T):
         )
     cmd = [
         str(binary), "perplexity", "--model", args.model, "--text", args.text,
-        "--length", str(T), "--scaling", "none", "--json",
+        "--length", str(T), "--scaling", "none", "--products", products, "--json",
     ]
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
     rc, stdout, stderr, wall, rss = run_child(cmd, env=env, timeout=args.timeout)
@@ -147,6 +151,7 @@ def run_posenc(args, T):
     loss = find_key(res, "mean_loss", "loss", "nll")
     return {
         "impl": "posenc",
+        "products": products,
         "T": T,
         "tokens_per_second": float(tps),
         "tokens_per_second_from": source,
@@ -248,10 +253,10 @@ def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
-def summarize(runs, lengths):
+def summarize(runs, lengths, products):
     rows = []
-    for T in lengths:
-        p = [r for r in runs if r["T"] == T and r["impl"] == "posenc"]
+    for T, prod in [(T, prod) for T in lengths for prod in products]:
+        p = [r for r in runs if r["T"] == T and r["impl"] == "posenc" and r["products"] == prod]
         t = [r for r in runs if r["T"] == T and r["impl"] == "pytorch"]
 
         def med(rs, key):
@@ -262,6 +267,7 @@ def summarize(runs, lengths):
         rows.append(
             {
                 "T": T,
+                "posenc_products": prod,
                 "posenc_tokens_per_second": ptps,
                 "pytorch_tokens_per_second": ttps,
                 "ratio": (ptps / ttps) if ptps and ttps else None,
@@ -283,6 +289,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--posenc", default=str(DEFAULT_POSENC))
+    ap.add_argument("--products", default="f32",
+                    help="posenc's attention products, comma-separated: f32, bf16")
     ap.add_argument("--skip-posenc", action="store_true", help="run the PyTorch side alone")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per child")
     ap.add_argument("--json", action="store_true")
@@ -295,6 +303,10 @@ def main():
         return torch_worker(args)
 
     lengths = [int(v) for v in args.lengths.split(",") if v.strip()]
+    products = [v.strip() for v in args.products.split(",") if v.strip()]
+    if not products or any(v not in ("f32", "bf16") for v in products):
+        print(f"error: --products takes f32 and/or bf16, not {args.products!r}", file=sys.stderr)
+        return 2
     for path, what in ((args.model, "--model"), (args.text, "--text")):
         if not Path(path).is_file():
             print(f"error: {what} {path} does not exist", file=sys.stderr)
@@ -313,12 +325,12 @@ def main():
     try:
         for rnd in range(args.rounds):
             for T in lengths:
-                if not args.skip_posenc:
-                    r = run_posenc(args, T)
+                for prod in [] if args.skip_posenc else products:
+                    r = run_posenc(args, T, prod)
                     r["round"] = rnd
                     runs.append(r)
                     if not args.json:
-                        print(f"round {rnd} T={T} posenc  {r['tokens_per_second']:9.1f} tok/s  "
+                        print(f"round {rnd} T={T} posenc {prod:4} {r['tokens_per_second']:9.1f} tok/s  "
                               f"{r['peak_rss_mb']:8.1f} MB  ({r['tokens_per_second_from']})", file=sys.stderr)
                 r = run_torch(args, T)
                 r["round"] = rnd
@@ -330,18 +342,19 @@ def main():
         print(f"error: {e}", file=sys.stderr)
         return 1
 
-    rows = summarize(runs, lengths)
+    rows = summarize(runs, lengths, products)
     if args.json:
         print(json.dumps({"threads": args.threads, "model": args.model, "text": args.text,
                           "summary": rows, "runs": runs}, indent=1))
         return 0
-    header = ["T", "posenc tok/s", "PyTorch tok/s", "ratio", "posenc RSS MB", "PyTorch RSS MB",
+    header = ["T", "posenc products", "posenc tok/s", "PyTorch tok/s", "ratio", "posenc RSS MB", "PyTorch RSS MB",
               "posenc loss", "PyTorch loss"]
     print(" | ".join(header))
     print(" | ".join("-" * len(h) for h in header))
     for r in rows:
         print(" | ".join([
             str(r["T"]),
+            r["posenc_products"],
             fmt(r["posenc_tokens_per_second"], ".1f"),
             fmt(r["pytorch_tokens_per_second"], ".1f"),
             fmt(r["ratio"], ".2f"),

@@ -30,6 +30,26 @@ pub const DEFAULT_SCALINGS: &str = "none,linear:2,dynamic:2,ntk:2,yarn:2";
 /// next and is usually the tighter bound).
 pub const MAX_LENGTH: usize = 1 << 22;
 
+/// The precision of the attention's products on windows of more than
+/// 1,024 tokens.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProductsArg {
+    /// f32 throughout.
+    F32,
+    /// q·k and p·v in bfloat16, summed in f32 (CPUs with AVX-512 and
+    /// AVX512_BF16; the softmax stays f32).
+    Bf16,
+}
+
+impl From<ProductsArg> for posenc_models::llama::Products {
+    fn from(p: ProductsArg) -> Self {
+        match p {
+            ProductsArg::F32 => Self::F32,
+            ProductsArg::Bf16 => Self::Bf16,
+        }
+    }
+}
+
 /// Arguments of `posenc perplexity`.
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -70,6 +90,9 @@ pub struct PerplexityArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// The precision of the attention's products past 1,024 tokens.
+    #[arg(long, value_enum, default_value_t = ProductsArg::F32)]
+    pub products: ProductsArg,
 }
 
 /// Arguments of `posenc generate`.
@@ -110,6 +133,9 @@ pub struct GenerateArgs {
     /// streaming the text.
     #[arg(long)]
     pub json: bool,
+    /// The precision of the attention's products past 1,024 tokens.
+    #[arg(long, value_enum, default_value_t = ProductsArg::F32)]
+    pub products: ProductsArg,
 }
 
 fn bar(total: u64, quiet: bool) -> ProgressBar {
@@ -130,6 +156,7 @@ fn bar(total: u64, quiet: bool) -> ProgressBar {
 /// Runs `posenc perplexity`.
 pub fn perplexity(a: PerplexityArgs) -> CliResult {
     let scalings = scaling::parse_list(&a.scaling)?;
+    posenc_models::llama::check_products(a.products.into())?;
     if a.band == 0 {
         return Err(CliError("--band must be at least 1".into()));
     }
@@ -156,7 +183,8 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
     let tokens = perplexity::window(&all, length)?.to_vec();
     drop(all);
     let layers = cfg.num_layers;
-    let (model, source) = files.load(cfg)?;
+    let (mut model, source) = files.load(cfg)?;
+    model.set_products(a.products.into())?;
     if !a.json {
         eprintln!(
             "{source}; tokenizer: {}; window of {length} tokens, trained length {}",
@@ -248,6 +276,7 @@ fn figure_kind(out: &std::path::Path) -> CliResult<FigureKind> {
 /// Runs `posenc generate`.
 pub fn generate_cmd(a: GenerateArgs) -> CliResult {
     let sc: Scaling = a.scaling.parse()?;
+    posenc_models::llama::check_products(a.products.into())?;
     let sampling = if a.temperature == 0.0 {
         Sampling::Greedy
     } else {
@@ -292,7 +321,8 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
     }
     posenc_models::check_memory(&cfg, total, None)?;
     let rope = rope_of(sc.rope_config(&cfg)?)?;
-    let (model, source) = files.load(cfg)?;
+    let (mut model, source) = files.load(cfg)?;
+    model.set_products(a.products.into())?;
     if !a.json {
         eprintln!("{source}; {} prompt tokens; scaling {}", ids.len(), sc.name);
     }

@@ -1,6 +1,7 @@
 //! Times posenc's fused causal attention with RoPE on one packed projection
 //! of SmolLM2-135M's shape (9 query heads, 3 key/value heads, head_dim 64):
-//! `cargo run --release -p posenc-models --example attention_time -- 4096 5`.
+//! `cargo run --release -p posenc-models --example attention_time -- 4096 5`
+//! (a third argument `bf16` runs the long tiles' products in bfloat16).
 
 use std::time::Instant;
 
@@ -12,6 +13,7 @@ use posenc::tensor::rope::{HeadLayout, Rope};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<usize> = std::env::args()
         .skip(1)
+        .take(2)
         .map(|a| a.parse().unwrap())
         .collect();
     let t = args.first().copied().unwrap_or(4096);
@@ -24,7 +26,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         query_key: Some(&rope),
         ..Default::default()
     };
-    let attn = Attention::new(true);
+    let bf16 = std::env::args().nth(3).as_deref() == Some("bf16");
+    let attn = if bf16 {
+        Attention::new(true).with_products(posenc::kernels::attention::Products::Bf16)?
+    } else {
+        Attention::new(true)
+    };
     attn.forward_packed(&qkv, hq, hk, &hooks, AttnPositions::default())?;
     let mut best = f64::INFINITY;
     for _ in 0..reps {

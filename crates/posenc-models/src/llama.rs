@@ -23,6 +23,7 @@
 //! composed candle ops (matmul, the attention's reference path) for tests.
 
 use candle_core::{Device, Tensor};
+pub use posenc::kernels::attention::Products;
 use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
 use posenc::tensor::rope::Rope;
 use rayon::prelude::*;
@@ -59,6 +60,7 @@ pub struct Decoder {
     /// `(V, D)`; `None`: tied to `embed`.
     lm_head: Option<Vec<f32>>,
     reference: bool,
+    products: Products,
 }
 
 impl std::fmt::Debug for Decoder {
@@ -160,6 +162,7 @@ impl Decoder {
             norm,
             lm_head,
             reference: false,
+            products: Products::F32,
         })
     }
 
@@ -172,6 +175,23 @@ impl Decoder {
     /// reference path: the whole `T × T` logits) instead of the fused one.
     pub fn set_reference(&mut self, on: bool) {
         self.reference = on;
+    }
+
+    /// The precision of the attention's products on windows of more than
+    /// 1,024 tokens ([`Products::F32`] by default; see
+    /// [`posenc::tensor::attention::Attention::with_products`]).
+    ///
+    /// # Errors
+    /// [`Products::Bf16`] on a CPU without AVX-512 and AVX512_BF16.
+    pub fn set_products(&mut self, products: Products) -> Result<()> {
+        check_products(products)?;
+        self.products = products;
+        Ok(())
+    }
+
+    /// The attention of this model's forward passes.
+    fn attention(&self) -> Result<Attention> {
+        Ok(Attention::new(true).with_products(self.products)?)
     }
 
     /// The output projection `(V, D)`.
@@ -327,7 +347,7 @@ impl Decoder {
             query_key: Some(rope),
             ..Default::default()
         };
-        let attn = Attention::new(true);
+        let attn = self.attention()?;
         let out = if self.reference {
             attn.forward_packed_reference(
                 &qkv,
@@ -375,7 +395,9 @@ impl Decoder {
             query_key: Some(rope),
             ..Default::default()
         };
-        let attn = Attention::new(true).with_layout(posenc::kernels::HeadLayout::Bthd);
+        let attn = self
+            .attention()?
+            .with_layout(posenc::kernels::HeadLayout::Bthd);
         let pos = AttnPositions::offsets(offset, 0);
         let out = if self.reference {
             attn.forward_reference(&q, &k, &v, &hooks, pos)?
@@ -384,6 +406,16 @@ impl Decoder {
         };
         vec_of(out)
     }
+}
+
+/// Checks that this CPU runs the attention's products at `products`
+/// (before any model is read).
+///
+/// # Errors
+/// [`Products::Bf16`] on a CPU without AVX-512 and AVX512_BF16.
+pub fn check_products(products: Products) -> Result<()> {
+    Attention::new(true).with_products(products)?;
+    Ok(())
 }
 
 /// Keys and values of every layer, unrotated (the attention rotates them at

@@ -380,6 +380,93 @@ fn long_sequence_tiles_match_the_reference() {
     }
 }
 
+/// With bfloat16 products (long tiles only, forward only) the outputs stay
+/// within bfloat16 rounding of the exact reference: queries, keys,
+/// probabilities and values carry 8 significant bits (a relative rounding
+/// error up to 2^-9 each), so with entries in [-1, 1) outputs move by up to
+/// 3.1e-3 of the largest here; the bound is twice that. Shaw's tables,
+/// shorter sequences and a level below AVX-512 keep `f32`.
+#[test]
+fn bf16_products_stay_within_bfloat16_rounding() {
+    if Attention::new(true)
+        .with_products(ka::Products::Bf16)
+        .is_err()
+    {
+        eprintln!("skipped: this CPU has no AVX512_BF16");
+        assert!(!posenc::kernels::bf16::supported());
+        return;
+    }
+    // A lower level refuses bfloat16 products.
+    if SimdLevel::available().contains(&SimdLevel::Avx2) {
+        assert!(Attention::new(true)
+            .with_simd_level(SimdLevel::Avx2)
+            .unwrap()
+            .with_products(ka::Products::Bf16)
+            .is_err());
+    }
+    for kind in [
+        Kind::Nope,
+        Kind::Rope,
+        Kind::RopeInterleavedPartial,
+        Kind::Alibi,
+        Kind::T5,
+        Kind::Shaw,
+        Kind::Cumulative,
+    ] {
+        for (t, d, hq, hk) in [
+            (1025, 8, 2, 1),
+            (1300, 6, 3, 1),
+            (1537, 5, 2, 2),
+            (700, 8, 1, 1),
+        ] {
+            if d % 2 == 1 && !matches!(kind, Kind::Nope | Kind::Alibi | Kind::T5 | Kind::Cumulative)
+            {
+                continue;
+            }
+            for causal in [true, false] {
+                let c = Case {
+                    b: 1,
+                    hq,
+                    hk,
+                    d,
+                    causal,
+                    ..base(t)
+                };
+                let seed = 90 + t as u64;
+                let q = var(&shape(&c, c.hq, c.tq), seed, 1.0);
+                let k = var(&shape(&c, c.hk, c.tk), seed + 1, 1.0);
+                let v = var(&shape(&c, c.hk, c.tk), seed + 2, 1.0);
+                let h = Hooked::new(kind, &c, seed);
+                let hooks = h.hooks();
+                let pos = AttnPositions::default();
+                let attn = Attention::new(causal);
+                let (q, k, v) = (q.as_tensor(), k.as_tensor(), v.as_tensor());
+                let exact = attn.forward_reference(q, k, v, &hooks, pos).unwrap();
+                let f32s = attn.forward(q, k, v, &hooks, pos).unwrap();
+                let bf16 = attn
+                    .with_products(ka::Products::Bf16)
+                    .unwrap()
+                    .forward(q, k, v, &hooks, pos)
+                    .unwrap();
+                let what = format!("{kind:?} t{t} d{d} hq{hq} hk{hk} causal {causal}");
+                let e = max_rel(&bf16, &exact);
+                if t <= 1024 || matches!(kind, Kind::Shaw) {
+                    // Not the bfloat16 path: the f32 kernel's own bits.
+                    assert_eq!(
+                        bf16.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                        f32s.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                        "{what}: f32 path"
+                    );
+                } else {
+                    assert!(e < 6e-3, "{what}: output differs by {e}");
+                    assert!(max_rel(&f32s, &exact) < 2e-5, "{what}: f32 output");
+                    assert!(e > 0.0, "{what}: no bfloat16 rounding at all");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn grouped_heads_layouts_and_head_dims() {
     for kind in [Kind::Nope, Kind::Rope, Kind::Alibi, Kind::Shaw, Kind::Dense] {
@@ -543,6 +630,7 @@ fn kernel_writes_every_output_at_every_level() {
             vector: None,
             dense: None,
             cumulative: None,
+            products: ka::Products::F32,
         };
         let want = ka::reference_forward(&p);
         for level in SimdLevel::available() {

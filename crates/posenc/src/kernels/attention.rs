@@ -331,6 +331,22 @@ pub struct Problem<'a> {
     pub dense: Option<DenseBias<'a>>,
     /// A cumulative bias.
     pub cumulative: Option<CumulativeBias<'a>>,
+    /// The precision of the long-sequence forward tiles' products.
+    pub products: Products,
+}
+
+/// The precision of the attention's products `q·k` and `p·v` in the forward
+/// pass's long-sequence tiles (more than 1,024 keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Products {
+    /// `f32` throughout (the default): every path, every length.
+    #[default]
+    F32,
+    /// Queries, keys, probabilities and values rounded to bfloat16, products
+    /// summed in `f32` ([`super::bf16`]), on CPUs with AVX-512 and
+    /// AVX512_BF16 and no Shaw relative tables; the softmax stays `f32`.
+    /// Shorter sequences, the backward pass and other CPUs run `f32`.
+    Bf16,
 }
 
 /// A raw pointer that may cross threads: tasks write disjoint elements.
@@ -577,6 +593,11 @@ pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], le
     let dm = p.dims;
     assert!(out.len() >= out_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
     assert!(lse.len() >= dm.batch * dm.q_heads * dm.q_len);
+    #[cfg(target_arch = "x86_64")]
+    if bf16_forward(p, level) {
+        forward_bf16(p, out, out_rows, lse, level);
+        return;
+    }
     let parallel = p.work() >= PARALLEL_WORK;
     let q_tiles = dm.q_len.div_ceil(query_tile(dm.k_len));
     // Every key is read by each query tile of each query head of its group:
@@ -786,37 +807,28 @@ fn forward_task(
                 }
                 for r in 0..rows {
                     let i = i0 + r;
-                    let vis = p.visible(i).saturating_sub(j0).min(n);
                     let sr = &mut s[r * n..][..n];
-                    if vis == 0 {
-                        sr.fill(0.0);
-                        continue;
-                    }
                     let qar = if qa.is_empty() {
                         &qa[..]
                     } else {
                         &qa[r * nv..][..nv]
                     };
-                    p.add_bias(b, h, i, j0, &mut sr[..vis], qar);
-                    let mx = tile::max(&sr[..vis]);
-                    let m_new = if mx > m[r] { mx } else { m[r] };
-                    if m_new == f32::NEG_INFINITY {
-                        // Every key so far is masked by a −∞ bias.
-                        sr.fill(0.0);
+                    let wvr = if wv.is_empty() {
+                        &mut wv[..]
+                    } else {
+                        &mut wv[r * nv..][..nv]
+                    };
+                    let vis = softmax_step(
+                        p,
+                        (b, h, i, j0),
+                        sr,
+                        qar,
+                        (&mut m[r], &mut l[r]),
+                        &mut acc[r * d..][..d],
+                        wvr,
+                    );
+                    if vis == 0 {
                         continue;
-                    }
-                    let alpha = tile::exp(m[r] - m_new);
-                    for v in sr[..vis].iter_mut() {
-                        *v = tile::exp(*v - m_new);
-                    }
-                    sr[vis..].fill(0.0);
-                    l[r] = l[r] * alpha + tile::sum(&sr[..vis]);
-                    m[r] = m_new;
-                    if alpha != 1.0 {
-                        tile::scale(alpha, &mut acc[r * d..][..d]);
-                        if !wv.is_empty() {
-                            tile::scale(alpha, &mut wv[r * nv..][..nv]);
-                        }
                     }
                     if let (Some(vt), false) = (p.vector, wv.is_empty()) {
                         let qp = p.q_pos.at(b, i, dm.q_len);
@@ -879,15 +891,9 @@ fn forward_task(
                 let o =
                     unsafe { std::slice::from_raw_parts_mut(out.0.add(out_rows.at(b, h, i)), d) };
                 let lse_i = unsafe { &mut *lse.0.add((b * dm.q_heads + h) * dm.q_len + i) };
-                if l[r] == 0.0 {
-                    o.fill(0.0);
-                    *lse_i = f32::NEG_INFINITY;
+                let Some(inv) = finish_row(o, &acc[r * d..][..d], m[r], l[r], lse_i) else {
                     continue;
-                }
-                let inv = 1.0 / l[r];
-                for (ov, av) in o.iter_mut().zip(&acc[r * d..][..d]) {
-                    *ov = av * inv;
-                }
+                };
                 if let Some(av) = values {
                     for (t, w) in wv[r * nv..][..nv].iter().enumerate() {
                         if *w != 0.0 {
@@ -895,9 +901,268 @@ fn forward_task(
                         }
                     }
                 }
-                *lse_i = m[r] + l[r].ln();
             }
         }
+    }
+}
+
+/// One row's step of the online softmax over a key tile: adds the biases to
+/// the row's logits `sr` (keys `j0..`), turns the visible ones into
+/// `exp(s − m)` with the row's running maximum `m` (the rest of `sr` into
+/// zeros), updates `m` and the running sum `l`, and rescales the row's
+/// accumulators `acc` and `wv` (Shaw's value weights, or empty) when the
+/// maximum moved. Returns the number of visible keys; 0 when the row adds
+/// nothing (no key visible, or every one masked by a −∞ bias).
+#[inline(always)]
+fn softmax_step(
+    p: &Problem,
+    (b, h, i, j0): (usize, usize, usize, usize),
+    sr: &mut [f32],
+    qar: &[f32],
+    (m, l): (&mut f32, &mut f32),
+    acc: &mut [f32],
+    wv: &mut [f32],
+) -> usize {
+    let vis = p.visible(i).saturating_sub(j0).min(sr.len());
+    if vis == 0 {
+        sr.fill(0.0);
+        return 0;
+    }
+    p.add_bias(b, h, i, j0, &mut sr[..vis], qar);
+    let mx = tile::max(&sr[..vis]);
+    let m_new = if mx > *m { mx } else { *m };
+    if m_new == f32::NEG_INFINITY {
+        // Every key so far is masked by a −∞ bias.
+        sr.fill(0.0);
+        return 0;
+    }
+    let alpha = tile::exp(*m - m_new);
+    for v in sr[..vis].iter_mut() {
+        *v = tile::exp(*v - m_new);
+    }
+    sr[vis..].fill(0.0);
+    *l = *l * alpha + tile::sum(&sr[..vis]);
+    *m = m_new;
+    if alpha != 1.0 {
+        tile::scale(alpha, acc);
+        if !wv.is_empty() {
+            tile::scale(alpha, wv);
+        }
+    }
+    vis
+}
+
+/// Writes row `i`'s output `acc / l` and its log-sum-exp `m + ln l` (zeros
+/// and −∞ for a row that saw no key).
+#[inline(always)]
+fn finish_row(o: &mut [f32], acc: &[f32], m: f32, l: f32, lse: &mut f32) -> Option<f32> {
+    if l == 0.0 {
+        o.fill(0.0);
+        *lse = f32::NEG_INFINITY;
+        return None;
+    }
+    let inv = 1.0 / l;
+    for (ov, av) in o.iter_mut().zip(acc) {
+        *ov = av * inv;
+    }
+    *lse = m + l.ln();
+    Some(inv)
+}
+
+/// Whether the forward pass runs its long tiles' products in bfloat16.
+#[cfg(target_arch = "x86_64")]
+fn bf16_forward(p: &Problem, level: SimdLevel) -> bool {
+    p.products == Products::Bf16
+        && p.dims.k_len > LONG_KEYS
+        && level == SimdLevel::Avx512
+        && p.vector.is_none()
+        && p.dims.head_dim > 0
+        && super::bf16::supported()
+}
+
+/// The forward pass with [`Products::Bf16`]: keys (rotated) and values of
+/// every `(b, h_k)` rounded to bfloat16 pairs once, then tasks of
+/// [`BQ_LONG`] queries as in [`forward_task`], the softmax in `f32`.
+#[cfg(target_arch = "x86_64")]
+fn forward_bf16(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], level: SimdLevel) {
+    let dm = p.dims;
+    let (d, bk) = (dm.head_dim, BK_LONG);
+    let n_tiles = dm.k_len.div_ceil(bk);
+    let per_k = d.div_ceil(2) * bk * n_tiles;
+    let per_v = bk / 2 * d * n_tiles;
+    let mut kp = vec![0u32; dm.batch * dm.kv_heads * per_k];
+    let mut vp = vec![0u32; dm.batch * dm.kv_heads * per_v];
+    let parallel = p.work() >= PARALLEL_WORK && super::threads() > 1;
+    let pack = |(task, (kd, vd)): (usize, (&mut [u32], &mut [u32]))| {
+        pack_bf16_dispatch(level, p, task / dm.kv_heads, task % dm.kv_heads, kd, vd)
+    };
+    if parallel {
+        kp.par_chunks_mut(per_k)
+            .zip(vp.par_chunks_mut(per_v))
+            .enumerate()
+            .for_each(pack);
+    } else {
+        kp.chunks_mut(per_k)
+            .zip(vp.chunks_mut(per_v))
+            .enumerate()
+            .for_each(pack);
+    }
+    let q_tiles = dm.q_len.div_ceil(BQ_LONG);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let lse_ptr = SendPtr(lse.as_mut_ptr());
+    let (kp, vp) = (&kp[..], &vp[..]);
+    run_tasks(dm.batch * dm.q_heads * q_tiles, parallel, |task| {
+        let (out_ptr, lse_ptr) = (out_ptr, lse_ptr);
+        let hk = (task / q_tiles) % dm.q_heads / p.group();
+        let bh = task / (q_tiles * dm.q_heads) * dm.kv_heads + hk;
+        forward_bf16_dispatch(
+            level,
+            p,
+            task,
+            q_tiles,
+            &kp[bh * per_k..][..per_k],
+            &vp[bh * per_v..][..per_v],
+            out_ptr,
+            out_rows,
+            lse_ptr,
+        )
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+crate::multiversion!(fn pack_bf16_dispatch => pack_bf16(
+    p: &Problem, b: usize, hk: usize, kd: &mut [u32], vd: &mut [u32]) -> ());
+
+#[cfg(target_arch = "x86_64")]
+crate::multiversion!(fn forward_bf16_dispatch => forward_task_bf16(
+    p: &Problem, task: usize, q_tiles: usize, kp: &[u32], vp: &[u32], out: SendPtr, out_rows: Rows,
+    lse: SendPtr) -> ());
+
+/// Packs the keys of `(b, hk)`, rotated, into `kd` (per tile of
+/// [`BK_LONG`] keys, `(⌈D/2⌉, BK_LONG)` pairs along the head dimension) and
+/// its values into `vd` (per tile, `(BK_LONG/2, D)` pairs along the keys);
+/// both zeroed by the caller.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn pack_bf16(p: &Problem, b: usize, hk: usize, kd: &mut [u32], vd: &mut [u32]) {
+    use super::bf16::{pack_pairs, to_bf16};
+    let d = p.dims.head_dim;
+    let (dp, bk) = (d.div_ceil(2), BK_LONG);
+    let mut row = vec![0f32; d];
+    let mut pairs = vec![0u32; dp];
+    for t in 0..p.dims.k_len {
+        let (jt, j) = (t / bk, t % bk);
+        load_k(p, b, hk, t, &mut row);
+        pack_pairs(&row, &mut pairs);
+        let blk = &mut kd[jt * dp * bk..][..dp * bk];
+        for (q, v) in pairs.iter().enumerate() {
+            blk[q * bk + j] = *v;
+        }
+        let v = &p.v[p.v_rows.at(b, hk, t)..][..d];
+        let shift = if j % 2 == 0 { 0 } else { 16 };
+        let vrow = &mut vd[(jt * (bk / 2) + j / 2) * d..][..d];
+        for (o, x) in vrow.iter_mut().zip(v) {
+            *o |= (to_bf16(*x) as u32) << shift;
+        }
+    }
+}
+
+/// [`forward_task`] with the products in bfloat16 (keys and values packed
+/// by [`pack_bf16`] for this task's `(b, h_k)`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn forward_task_bf16(
+    p: &Problem,
+    task: usize,
+    q_tiles: usize,
+    kp: &[u32],
+    vp: &[u32],
+    out: SendPtr,
+    out_rows: Rows,
+    lse: SendPtr,
+) {
+    use super::bf16::pack_pairs;
+    let dm = p.dims;
+    let d = dm.head_dim;
+    let (dp, bk) = (d.div_ceil(2), BK_LONG);
+    let qt = task % q_tiles;
+    let h = (task / q_tiles) % dm.q_heads;
+    let b = task / (q_tiles * dm.q_heads);
+    let i0 = qt * BQ_LONG;
+    let rows = BQ_LONG.min(dm.q_len - i0);
+    let k_end = p.visible(i0 + rows - 1);
+    let mut q = vec![0f32; d];
+    let mut qp = vec![0u32; rows * dp];
+    let mut pp = vec![0u32; rows * bk / 2];
+    let mut scratch = tile::Scratch::take();
+    let [m, l, acc, s] = scratch.split([rows, rows, rows * d, rows * bk]);
+    for r in 0..rows {
+        load_q(p, b, h, i0 + r, &mut q);
+        pack_pairs(&q, &mut qp[r * dp..][..dp]);
+    }
+    m.fill(f32::NEG_INFINITY);
+    l.fill(0.0);
+    acc.fill(0.0);
+    let mut j0 = 0;
+    while j0 < k_end {
+        let n = bk.min(k_end - j0);
+        let np = n.div_ceil(2);
+        let jt = j0 / bk;
+        // SAFETY: bf16_forward checked the CPU; qp holds rows × dp pairs,
+        // the key tile dp × bk, s rows × n.
+        unsafe {
+            super::bf16::gemm(
+                rows,
+                n,
+                dp,
+                qp.as_ptr(),
+                dp,
+                kp.as_ptr().add(jt * dp * bk),
+                bk,
+                s.as_mut_ptr(),
+                n,
+                false,
+            )
+        };
+        for r in 0..rows {
+            let sr = &mut s[r * n..][..n];
+            let acc_r = &mut acc[r * d..][..d];
+            softmax_step(
+                p,
+                (b, h, i0 + r, j0),
+                sr,
+                &[],
+                (&mut m[r], &mut l[r]),
+                acc_r,
+                &mut [],
+            );
+            pack_pairs(sr, &mut pp[r * np..][..np]);
+        }
+        // SAFETY: as above; pp holds rows × np pairs, the value tile np
+        // (≤ bk/2) × d pairs, acc rows × d.
+        unsafe {
+            super::bf16::gemm(
+                rows,
+                d,
+                np,
+                pp.as_ptr(),
+                np,
+                vp.as_ptr().add(jt * (bk / 2) * d),
+                d,
+                acc.as_mut_ptr(),
+                d,
+                true,
+            )
+        };
+        j0 += n;
+    }
+    for r in 0..rows {
+        let i = i0 + r;
+        // SAFETY: each task writes its own rows.
+        let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(out_rows.at(b, h, i)), d) };
+        let lse_i = unsafe { &mut *lse.0.add((b * dm.q_heads + h) * dm.q_len + i) };
+        finish_row(o, &acc[r * d..][..d], m[r], l[r], lse_i);
     }
 }
 

@@ -28,6 +28,7 @@
 
 pub mod attention;
 pub mod bench;
+pub mod bf16;
 pub(crate) mod mem;
 #[cfg(target_arch = "aarch64")]
 mod neon;

@@ -140,6 +140,7 @@ pub struct Attention {
     scale: Option<f64>,
     layout: HeadLayout,
     level: SimdLevel,
+    products: k::Products,
 }
 
 impl Attention {
@@ -151,6 +152,7 @@ impl Attention {
             scale: None,
             layout: HeadLayout::Bhtd,
             level: SimdLevel::detect(),
+            products: k::Products::F32,
         }
     }
 
@@ -178,6 +180,26 @@ impl Attention {
             ));
         }
         self.level = level;
+        Ok(self)
+    }
+
+    /// The precision of the forward pass's products on sequences of more
+    /// than 1,024 keys (see [`k::Products`]; `f32` by default). The
+    /// reference path and the backward pass stay exact.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] for [`k::Products::Bf16`] on a CPU without
+    /// AVX-512 and AVX512_BF16, or with a SIMD level below AVX-512.
+    pub fn with_products(mut self, products: k::Products) -> Result<Self> {
+        if products == k::Products::Bf16
+            && !(crate::kernels::bf16::supported() && self.level == SimdLevel::Avx512)
+        {
+            return Err(Error::invalid(
+                "attention products",
+                "bfloat16 products need AVX-512 and AVX512_BF16 (and POSENC_SIMD at avx512)",
+            ));
+        }
+        self.products = products;
         Ok(self)
     }
 
@@ -530,6 +552,7 @@ impl Attention {
             causal: self.causal,
             scale: self.scale.unwrap_or(1.0 / (d.head_dim as f64).sqrt()),
             level: self.level,
+            products: self.products,
             q_pos,
             k_pos,
             rotation,
@@ -753,6 +776,7 @@ struct Plan {
     causal: bool,
     scale: f64,
     level: SimdLevel,
+    products: k::Products,
     q_pos: (HostPos, usize),
     k_pos: (HostPos, usize),
     rotation: Option<Rotation>,
@@ -833,6 +857,7 @@ impl Shared {
             vector: None,
             dense: None,
             cumulative: None,
+            products: self.plan.products,
         };
         let dense_full;
         match &self.plan.logits {
@@ -1164,6 +1189,7 @@ fn backward(sh: &Shared, out: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tenso
         vector: None,
         dense: None,
         cumulative: None,
+        products: sh.plan.products,
     };
     let mut pi = 0usize;
     let mut dense_full = [1usize; 4];
