@@ -162,6 +162,17 @@ fn generate_is_greedy_by_default_and_seeded_when_sampling() {
 fn bad_input_gets_one_line_and_exit_2() {
     let tk = tokenizer();
     let model = fixture("tiny-qwen25");
+    // A precision the attention does not have.
+    for cmd in ["perplexity", "generate"] {
+        let err = common::refused(&[cmd, "--model", &model, "--products", "fp8"]);
+        assert!(err.contains("products"), "{err}");
+    }
+    // Below AVX-512 with AVX512_BF16 (here: kernels forced to the portable
+    // level), bfloat16 products are refused before the model is read.
+    let args = ["perplexity", "--model", &model, "--products", "bf16"];
+    let out = common::run(&args, &[("POSENC_SIMD", std::ffi::OsStr::new("scalar"))]);
+    let err = common::one_line_error(out, &args);
+    assert!(err.contains("bfloat16"), "{err}");
     // A missing tokenizer (the checkpoint has no tokenizer.json).
     fails(
         &[

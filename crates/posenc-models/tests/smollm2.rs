@@ -180,3 +180,64 @@ fn smollm2_losses_logits_and_generation_match_transformers() {
         g["text"].as_str().unwrap()
     );
 }
+
+/// With the attention's products in bfloat16 (`--products bf16`; only
+/// windows past 1,024 tokens take them), the first two bands of a
+/// 2,049-token window of Pride and Prejudice stay within the 0.02
+/// nats of transformers' float32 losses, and within 0.01 of posenc's own
+/// float32 run (the whole 16,384-token window's 80 bands of five scalings
+/// stayed within 0.0078 of transformers). Without scaling (`none`) a
+/// position's loss does not depend on the window's length, so these bands
+/// are the first two of `smollm2-long-reference.json`.
+#[test]
+fn bf16_products_keep_the_losses_of_the_long_window() {
+    let Some(path) = model_path("bf16_products_keep_the_losses_of_the_long_window") else {
+        return;
+    };
+    if !posenc::kernels::bf16::supported() {
+        eprintln!(
+            "bf16_products_keep_the_losses_of_the_long_window: SKIPPED: no AVX512_BF16 on this CPU"
+        );
+        return;
+    }
+    let r = common::reference("smollm2-long-reference.json");
+    let mut m = PretrainedModel::load(&path, None).unwrap();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/corpus/pride-and-prejudice.txt"),
+    )
+    .unwrap();
+    let all = m.tokenizer.encode(&text).unwrap();
+    let first = ids(&r["first_ids"]);
+    assert_eq!(&all[..first.len()], &first[..]);
+    // 2,049 tokens: losses at positions 0..2048, both bands whole.
+    let tokens = &all[..2049];
+    let rope = rope_of(
+        "none"
+            .parse::<Scaling>()
+            .unwrap()
+            .rope_config(m.decoder.config())
+            .unwrap(),
+    )
+    .unwrap();
+    let f32_loss = loss_per_position(&m.decoder, tokens, &rope).unwrap();
+    m.decoder
+        .set_products(posenc_models::llama::Products::Bf16)
+        .unwrap();
+    let bf16_loss = loss_per_position(&m.decoder, tokens, &rope).unwrap();
+    let bands = &r["scalings"]["none"]["bands"];
+    for (band, (a, b)) in [("0-1024", (0, 1024)), ("1024-2048", (1024, 2048))] {
+        let mean = |l: &[f64]| l[a..b].iter().sum::<f64>() / (b - a) as f64;
+        let want = bands[band].as_f64().unwrap();
+        let (got, exact) = (mean(&bf16_loss), mean(&f32_loss));
+        eprintln!("band {band}: bf16 {got:.5}, f32 {exact:.5}, transformers {want:.5}");
+        assert!((got - want).abs() < 0.02, "band {band}: {got} vs {want}");
+        assert!(
+            (got - exact).abs() < 0.01,
+            "band {band}: {got} vs f32 {exact}"
+        );
+        assert!(
+            (exact - want).abs() < 1e-3,
+            "band {band}: f32 {exact} vs {want}"
+        );
+    }
+}
