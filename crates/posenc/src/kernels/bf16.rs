@@ -9,7 +9,7 @@
 //! Operands are stored as `u32` pairs: element `(i, p)` of a pair matrix
 //! holds the bfloat16 values of entries `2p` (low half) and `2p + 1` (high
 //! half) of row `i` along the summed axis, which is what converting a
-//! contiguous `f32` row gives. [`gemm`] is tested against the same sums in
+//! contiguous `f32` row gives. [`gemm()`] is tested against the same sums in
 //! `f64` over the rounded values.
 
 /// `x` rounded to bfloat16 (nearest, ties to even), as its 16 bits.
@@ -42,7 +42,7 @@ pub fn pack_pairs(x: &[f32], dst: &mut [u32]) {
     }
 }
 
-/// Whether this CPU runs [`gemm`] (AVX-512 F and AVX512_BF16).
+/// Whether this CPU runs [`gemm()`] (AVX-512 F and AVX512_BF16).
 pub fn supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -11,6 +11,9 @@
 //!   positional hooks inside (rotary queries and keys, ALiBi, bucketed and
 //!   dense biases, Shaw et al.'s relative keys and values), streaming over
 //!   key tiles; [`attention::reference_forward`] beside it.
+//! - [`bf16`]: products in bfloat16 (AVX512_BF16), which the attention's
+//!   long-sequence forward tiles use when asked
+//!   ([`attention::Products::Bf16`]).
 //! - [`table`]: the cos/sin tables themselves, built with an `f64`
 //!   recurrence re-anchored exactly every [`table::ANCHOR_EVERY`] positions
 //!   (fast) beside the direct `f64` evaluation (exact).
