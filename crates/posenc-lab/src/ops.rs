@@ -7,6 +7,8 @@
 //! | LayerNorm | [`layer_norm`] (one pass per row, saved mean and 1/σ) | mean, variance, normalise, scale, shift |
 //! | GELU (tanh approximation) | [`gelu`] | candle's `gelu` |
 //! | `y = GELU(x·Wᵀ + b)` | [`linear_gelu`] (the pre-activation kept by the op, not a graph node: one gradient fewer for autograd to allocate and sum) | [`linear`] then [`gelu`] |
+//! | `y = r + (x·Wᵀ + b)` | [`linear_residual`] (a residual branch's last layer and the addition; `[W, b]` packed into one input) | [`linear`] then an addition |
+//! | `y = x + W₂·GELU(W₁·LN(x) + b₁) + b₂` | [`mlp_residual`] (a block's MLP half with its residual, its six parameters packed into one input) | [`layer_norm`], [`linear_gelu`], [`linear`], an addition |
 //! | cross-entropy from logits | [`cross_entropy`] (log-sum-exp per row; the gradient is `softmax − onehot`) | `log_softmax`, `gather`, mask, mean |
 //!
 //! Every op takes `fused: bool`; `false` runs the reference. The fused ops
@@ -389,12 +391,7 @@ impl CustomOp3 for Linear {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, db) = linear_grads(x, w, dy, true, self.level)?;
-        Ok((
-            Some(dx),
-            Some(dw),
-            db.map(|d| d.reshape(b.shape())).transpose()?,
-        ))
+        linear_op_grads(x, w, b, dy, self.level)
     }
 }
 
@@ -419,9 +416,37 @@ impl CustomOp2 for Linear {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, _) = linear_grads(x, w, dy, false, self.level)?;
-        Ok((Some(dx), Some(dw)))
+        linear_op_grads_nobias(x, w, dy, self.level)
     }
+}
+
+/// The gradients of `x·Wᵀ + b` with respect to `x`, `W` and `b`, as a
+/// three-input custom op returns them.
+fn linear_op_grads(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    dy: &Tensor,
+    level: SimdLevel,
+) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    let (dx, dw, db) = linear_grads(x, w, dy, true, level)?;
+    Ok((
+        Some(dx),
+        Some(dw),
+        db.map(|d| d.reshape(b.shape())).transpose()?,
+    ))
+}
+
+/// The gradients of `x·Wᵀ` with respect to `x` and `W`, as a two-input
+/// custom op returns them.
+fn linear_op_grads_nobias(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    level: SimdLevel,
+) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+    let (dx, dw, _) = linear_grads(x, w, dy, false, level)?;
+    Ok((Some(dx), Some(dw)))
 }
 
 fn linear_grads(
@@ -865,13 +890,7 @@ impl CustomOp3 for LinearGelu {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let d_pre = self.d_pre(dy)?;
-        let (dx, dw, db) = linear_grads(x, w, &d_pre, true, self.level)?;
-        Ok((
-            Some(dx),
-            Some(dw),
-            db.map(|d| d.reshape(b.shape())).transpose()?,
-        ))
+        linear_op_grads(x, w, b, &self.d_pre(dy)?, self.level)
     }
 }
 
@@ -895,9 +914,7 @@ impl CustomOp2 for LinearGelu {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let d_pre = self.d_pre(dy)?;
-        let (dx, dw, _) = linear_grads(x, w, &d_pre, false, self.level)?;
-        Ok((Some(dx), Some(dw)))
+        linear_op_grads_nobias(x, w, &self.d_pre(dy)?, self.level)
     }
 }
 
@@ -1030,10 +1047,13 @@ pub fn linear_residual(
     fused: bool,
 ) -> Result<Tensor, LabError> {
     let (d_out, d_in) = w.dims2()?;
+    // r: x's shape with d_out in place of d_in.
+    let lead = x.rank().saturating_sub(1);
     let shapes_fit = x.dim(D::Minus1)? == d_in
         && b.dims1()? == d_out
-        && r.dims().split_last().map(|(l, rest)| (*l, rest))
-            == x.dims().split_last().map(|(_, rest)| (d_out, rest));
+        && r.rank() == x.rank()
+        && r.dims()[..lead] == x.dims()[..lead]
+        && r.dim(D::Minus1)? == d_out;
     if !(fused && fusable(&[x, w, b, r]) && shapes_fit) {
         return Ok((r + linear(x, w, Some(b), fused)?)?);
     }
