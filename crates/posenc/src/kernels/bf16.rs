@@ -3,8 +3,8 @@
 //! (8 significant bits, round to nearest even), products accumulated in
 //! `f32` by AVX512_BF16's `VDPBF16PS`, which does two multiply-adds per
 //! `f32` lane per instruction: twice the `f32` FMA rate on CPUs that have it
-//! (233 GFLOP/s per core on a Zen 4 EPYC against 117,
-//! `scripts/bench/bf16_peak.c` and `fma_peak.c`).
+//! (230–233 GFLOP/s per core on a Zen 4 EPYC against 116–117,
+//! `scripts/bench/fma_peak.c` built with AVX512_BF16).
 //!
 //! Operands are stored as `u32` pairs: element `(i, p)` of a pair matrix
 //! holds the bfloat16 values of entries `2p` (low half) and `2p + 1` (high
