@@ -81,6 +81,19 @@ fn threads_for(work: usize) -> usize {
 /// 2048-row products of a 4-layer d_model 128 step).
 const TILE_MAX_MACS: usize = 1 << 20;
 
+/// Whether [`matmul`] computes an `m × n × k` product on posenc's AVX-512
+/// tiles (given row-major `C` and non-negative strides), rather than with
+/// the `gemm` crate.
+fn on_tiles(level: SimdLevel, m: usize, n: usize, k: usize) -> bool {
+    level == SimdLevel::Avx512 && m * n * k <= TILE_MAX_MACS
+}
+
+/// The `gemm` crate (0.19) sums at least 512 terms of the inner dimension
+/// in registers before it touches `C` (`gemm-common`'s `kernel_params`
+/// takes `kc = max(512, …)`, capped at `k`): up to this `k`, `C = A·B`
+/// followed by `C += bias` rounds exactly as `C = bias; C += A·B`.
+const GEMM_ONE_PASS_K: usize = 512;
+
 /// `C (m×n) = α·C + A·B` with row and column strides (any layout), on
 /// the threads the size warrants: posenc's tile kernels at AVX-512 for
 /// products up to [`TILE_MAX_MACS`], the `gemm` crate (AVX2 + FMA) otherwise.
@@ -108,13 +121,7 @@ fn matmul(
         return;
     }
     let threads = threads_for(m * n * k);
-    if level == SimdLevel::Avx512
-        && m * n * k <= TILE_MAX_MACS
-        && c_cs == 1
-        && c_rs >= 0
-        && a_rs >= 0
-        && a_cs >= 0
-    {
+    if on_tiles(level, m, n, k) && c_cs == 1 && c_rs >= 0 && a_rs >= 0 && a_cs >= 0 {
         // posenc's own AVX-512 tiles (the gemm crate is built for AVX2 +
         // FMA here, and has no switch to follow POSENC_SIMD): B must have
         // contiguous rows, so a transposed view (the weights of `x·Wᵀ`, a
@@ -189,17 +196,31 @@ fn pack_rows(k: usize, n: usize, b: &[f32], (b_rs, b_cs): (isize, isize)) -> Vec
     out
 }
 
+/// `acc[c] += x[r, c]` for each row `r` of `x` in order (rows of
+/// `acc.len()`), at the CPU's vector width: each column is its own sum, so
+/// the width does not change the result.
+#[inline(always)]
+fn add_rows_body(x: &[f32], acc: &mut [f32]) {
+    if acc.is_empty() {
+        return;
+    }
+    for row in x.chunks_exact(acc.len()) {
+        for (a, v) in acc.iter_mut().zip(row) {
+            *a += v;
+        }
+    }
+}
+posenc::multiversion!(fn add_rows => add_rows_body(x: &[f32], acc: &mut [f32]) -> ());
+
 /// `Σ_rows x[r, c]` for a row-major `(rows, cols)` buffer, over fixed chunks
 /// of rows added in order.
 fn column_sums(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let chunks = rows.div_ceil(CHUNK);
+    let level = SimdLevel::detect();
     let part = |ci: usize| {
         let mut acc = vec![0f32; cols];
-        for r in ci * CHUNK..((ci + 1) * CHUNK).min(rows) {
-            for (a, v) in acc.iter_mut().zip(&x[r * cols..][..cols]) {
-                *a += v;
-            }
-        }
+        let (r0, r1) = (ci * CHUNK, ((ci + 1) * CHUNK).min(rows));
+        add_rows(level, &x[r0 * cols..r1 * cols], &mut acc);
         acc
     };
     let parts: Vec<Vec<f32>> =
@@ -258,7 +279,36 @@ fn linear_fwd(
     d_out: usize,
     level: SimdLevel,
 ) -> Vec<f32> {
-    let mut y = match bias {
+    let (mut y, pending) = linear_product(x, w, bias, n, d_in, d_out, level);
+    if let Some(b) = pending {
+        add_bias(&mut y, b, None);
+    }
+    y
+}
+
+/// `x·Wᵀ (+ b)`, with the bias either added already (`None` returned) or
+/// left for the caller to add to the finished product (`Some(b)`), in the
+/// same pass as its next element-wise step.
+///
+/// Candle's reference adds `b` to the finished product; the fused ops have
+/// always started the product from `b` (posenc's tiles accumulate into
+/// `C`). Both orders give the same bits when the product is one sum per
+/// element before it meets `C`: the `gemm` crate's products with
+/// `k ≤` [`GEMM_ONE_PASS_K`]. Those defer the bias, which saves the pass
+/// that copies `b` into every row and the product's read of it; the tile
+/// products and longer sums keep the bias first, so no result changes.
+fn linear_product<'b>(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&'b [f32]>,
+    n: usize,
+    d_in: usize,
+    d_out: usize,
+    level: SimdLevel,
+) -> (Vec<f32>, Option<&'b [f32]>) {
+    let defer = bias.is_some() && d_in <= GEMM_ONE_PASS_K && !on_tiles(level, n, d_out, d_in);
+    let first = if defer { None } else { bias };
+    let mut y = match first {
         Some(b) => {
             let mut y = Vec::with_capacity(n * d_out);
             for _ in 0..n {
@@ -269,7 +319,7 @@ fn linear_fwd(
         // SAFETY: the product below overwrites every element.
         None => unsafe { tile::vec_for_overwrite(n * d_out) },
     };
-    // y (n × out) += x (n × in) · Wᵀ (in × out): Wᵀ has row stride 1, column stride in.
+    // y (n × out) (+)= x (n × in) · Wᵀ (in × out): Wᵀ has row stride 1, column stride in.
     matmul(
         level,
         n,
@@ -277,13 +327,39 @@ fn linear_fwd(
         d_in,
         &mut y,
         (d_out as isize, 1),
-        bias.is_some(),
+        first.is_some(),
         x,
         (d_in as isize, 1),
         w,
         (1, d_in as isize),
     );
-    y
+    (y, if defer { bias } else { None })
+}
+
+/// `y[i, c] = (y[i, c] + b[c]) (+ r[i, c])` for row-major `y` with rows of
+/// `b.len()`: a deferred bias, and a residual when given, in one pass.
+fn add_bias(y: &mut [f32], b: &[f32], r: Option<&[f32]>) {
+    let d = b.len();
+    let rows = (4096 / d).max(1);
+    for_rows(y, rows * d, |ci, yc| {
+        let base = ci * rows * d;
+        match r {
+            Some(r) => {
+                for (yr, rr) in yc.chunks_mut(d).zip(r[base..].chunks(d)) {
+                    for ((o, bv), rv) in yr.iter_mut().zip(b).zip(rr) {
+                        *o = (*o + bv) + rv;
+                    }
+                }
+            }
+            None => {
+                for yr in yc.chunks_mut(d) {
+                    for (o, bv) in yr.iter_mut().zip(b) {
+                        *o += bv;
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// `dx = dy·W`, `dW = dyᵀ·x`, `db = Σ dy`.
@@ -658,13 +734,30 @@ fn ln_bwd_body(
     {
         let (mean, rstd) = *st;
         // g = dy·w; dx = rstd·(g − mean(g) − x̂·mean(g·x̂))
+        // Element i goes to lane i % 8: whole groups of 8 (which the
+        // compiler vectorises), then the rest.
         let mut sg = [0f32; 8];
         let mut sgx = [0f32; 8];
-        for i in 0..d {
+        let full = d / 8 * 8;
+        for (((xc, gc), wc), pc) in xr[..full]
+            .chunks_exact(8)
+            .zip(gr[..full].chunks_exact(8))
+            .zip(w[..full].chunks_exact(8))
+            .zip(pr[..full].chunks_exact_mut(8))
+        {
+            for l in 0..8 {
+                let g = gc[l] * wc[l];
+                let xh = (xc[l] - mean) * rstd;
+                sg[l] += g;
+                sgx[l] += g * xh;
+                pc[l] = gc[l] * xh;
+            }
+        }
+        for i in full..d {
             let g = gr[i] * w[i];
             let xh = (xr[i] - mean) * rstd;
-            sg[i % 8] += g;
-            sgx[i % 8] += g * xh;
+            sg[i - full] += g;
+            sgx[i - full] += g * xh;
             pr[i] = gr[i] * xh;
         }
         let mg = sg.iter().sum::<f32>() / d as f32;
@@ -814,6 +907,45 @@ fn gelu_bwd(xv: &[f32], dyv: &[f32]) -> Vec<f32> {
         gelu_bwd_rows(level, &xv[base..][..dr.len()], &dyv[base..][..dr.len()], dr)
     });
     dx
+}
+
+#[inline(always)]
+fn gelu_bias_body(pre: &mut [f32], bias: &[f32], h: &mut [f32]) {
+    let d = bias.len();
+    for (pr, hr) in pre.chunks_mut(d).zip(h.chunks_mut(d)) {
+        for ((v, o), b) in pr.iter_mut().zip(hr.iter_mut()).zip(bias) {
+            let x = *v + b;
+            *v = x;
+            let t = tile::tanh(SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x));
+            *o = 0.5 * x * (1.0 + t);
+        }
+    }
+}
+posenc::multiversion!(fn gelu_bias_rows => gelu_bias_body(
+    pre: &mut [f32], bias: &[f32], h: &mut [f32]) -> ());
+
+/// GELU of `pre` after adding a deferred bias to each row (`b` of `d`
+/// elements, added to `pre` in place, so that it holds the pre-activation
+/// the backward pass needs), in one pass: the values of adding the bias and
+/// then [`gelu_rows`], bit for bit. Without a bias, [`gelu_rows`].
+fn gelu_after_bias(pre: &mut [f32], b: Option<&[f32]>) -> Vec<f32> {
+    let Some(bias) = b.filter(|b| !b.is_empty()) else {
+        return gelu_rows(pre);
+    };
+    let d = bias.len();
+    // SAFETY: every element is written below.
+    let mut h = unsafe { tile::vec_for_overwrite(pre.len()) };
+    let level = SimdLevel::detect();
+    let width = (4096 / d).max(1) * d;
+    let run = |(p, hh): (&mut [f32], &mut [f32])| gelu_bias_rows(level, p, bias, hh);
+    if pre.len() >= PARALLEL_ELEMS && posenc::kernels::threads() > 1 {
+        pre.par_chunks_mut(width)
+            .zip(h.par_chunks_mut(width))
+            .for_each(run);
+    } else {
+        pre.chunks_mut(width).zip(h.chunks_mut(width)).for_each(run);
+    }
+    h
 }
 
 /// GELU (tanh approximation): fused, or candle's `gelu`.
@@ -990,9 +1122,12 @@ impl CustomOp3 for LinearResidual {
             candle_core::bail!("linear: residual {:?} for {n} rows of {d_out}", lr.shape());
         }
         let (w, b) = p.split_at(d_out * d_in);
-        let mut y = linear_fwd(x, w, Some(b), n, d_in, d_out, self.level);
+        let (mut y, pending) = linear_product(x, w, Some(b), n, d_in, d_out, self.level);
         // r + (x·Wᵀ + b).
-        add_into(&mut y, r);
+        match pending {
+            Some(b) => add_bias(&mut y, b, Some(r)),
+            None => add_into(&mut y, r),
+        }
         Ok((CpuStorage::F32(y), lr.shape().clone()))
     }
     fn bwd(
@@ -1137,7 +1272,7 @@ impl CustomOp2 for MlpResidual {
         }
         let n = x.len() / d;
         let (ln, stats) = layer_norm_fwd(x, &p[g..][..d], &p[be..][..d], self.eps);
-        let pre = linear_fwd(
+        let (mut pre, pending) = linear_product(
             &ln,
             &p[w1..][..f * d],
             Some(&p[b1..][..f]),
@@ -1146,8 +1281,8 @@ impl CustomOp2 for MlpResidual {
             f,
             self.level,
         );
-        let h = gelu_rows(&pre);
-        let mut y = linear_fwd(
+        let h = gelu_after_bias(&mut pre, pending);
+        let (mut y, pending) = linear_product(
             &h,
             &p[w2..][..d * f],
             Some(&p[b2..][..d]),
@@ -1157,7 +1292,10 @@ impl CustomOp2 for MlpResidual {
             self.level,
         );
         // The residual: x + MLP(x).
-        add_into(&mut y, x);
+        match pending {
+            Some(b) => add_bias(&mut y, b, Some(x)),
+            None => add_into(&mut y, x),
+        }
         *self.saved.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(MlpSaved { stats, ln, pre, h });
         Ok((CpuStorage::F32(y), lx.shape().clone()))

@@ -810,6 +810,23 @@ struct Shared {
 }
 
 /// A contiguous `f32` copy of a CPU tensor's data, with its layout.
+/// The `n` elements of a contiguous CPU `f32` storage, from its layout's
+/// start, without a copy.
+fn cpu_f32_contiguous<'a>(s: &'a Storage, l: &Layout, n: usize) -> Result<&'a [f32]> {
+    match s {
+        Storage::Cpu(CpuStorage::F32(v)) if l.is_contiguous() => v
+            .get(l.start_offset()..l.start_offset() + n)
+            .ok_or(Error::DType {
+                what: "fused attention backward (a storage shorter than its layout)",
+                dtype: "f32".into(),
+            }),
+        _ => Err(Error::DType {
+            what: "fused attention backward (contiguous CPU f32)",
+            dtype: "not contiguous CPU f32".into(),
+        }),
+    }
+}
+
 fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
@@ -1131,8 +1148,12 @@ fn backward(sh: &Shared, out: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tenso
     let params = sh.param_data()?;
     let grad = grad.to_dtype(DType::F32)?.contiguous()?;
     let out = out.contiguous()?;
-    let go = host_f32(&grad)?;
-    let o = host_f32(&out)?;
+    // Both are contiguous f32 on the CPU: read them in place.
+    let (go_s, go_l) = grad.storage_and_layout();
+    let go = cpu_f32_contiguous(&go_s, go_l, grad.elem_count())?;
+    let out = out.to_dtype(DType::F32)?;
+    let (o_s, o_l) = out.storage_and_layout();
+    let o = cpu_f32_contiguous(&o_s, o_l, out.elem_count())?;
     let n_qkv = match sh.layouts {
         Inputs::Separate => 3,
         Inputs::Packed => 1,
@@ -1335,16 +1356,7 @@ fn backward(sh: &Shared, out: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tenso
         cumulative_k: (!g_ck.is_empty()).then_some(&mut g_ck[..]),
     };
     let out_rows = sh.g.out_rows;
-    k::backward(
-        &prob,
-        &o,
-        out_rows,
-        &go,
-        out_rows,
-        &lse,
-        grads,
-        sh.plan.level,
-    );
+    k::backward(&prob, o, out_rows, go, out_rows, &lse, grads, sh.plan.level);
     let _ = (&mut gq, &mut gk, &mut gv, &mut gqkv);
     // Assemble in input order.
     let mut res: Vec<Option<Tensor>> = Vec::new();
