@@ -232,18 +232,28 @@ struct Attention {
 }
 
 impl Attention {
-    /// `residual + Attention(x)`, the projection and the addition in one op
-    /// when fused.
+    /// `x + Attention(LN(x))`: when fused, LayerNorm and the query, key and
+    /// value projection in one op, and the output projection and the
+    /// addition in another.
     fn forward_residual(
         &self,
         x: &Tensor,
-        residual: &Tensor,
+        ln: &LayerNorm,
         offset: usize,
         hooks: &CallHooks,
         fused: bool,
     ) -> Result<Tensor, LabError> {
+        let residual = x;
         // (B, T, D) → (B, T, 3D): queries, keys and values of every head.
-        let qkv = self.qkv.forward(x, fused)?;
+        // Forgetting attention also reads the normalised input itself.
+        let (qkv, normed) = if matches!(self.learned, Some(LayerBias::Fox(_))) {
+            let h = ln.forward(x, fused)?;
+            (self.qkv.forward(&h, fused)?, Some(h))
+        } else {
+            let wb = (&self.qkv.w, &self.qkv.b);
+            let qkv = ops::ln_linear(x, &ln.weight, &ln.bias, ln.eps, wb, fused)?;
+            (qkv, None)
+        };
         let pos = AttnPositions::same(Positions::Offset(offset));
         let own: Option<Box<dyn LogitsHook>> = match &self.learned {
             None => None,
@@ -263,7 +273,10 @@ impl Attention {
             }
             Some(LayerBias::Fox(f)) => {
                 // c (B, H, T) from this layer's input: bias c_i − c_j.
-                let c = f.cumulative(x, None)?;
+                let h = normed
+                    .as_ref()
+                    .expect("normalised for forgetting attention");
+                let c = f.cumulative(h, None)?;
                 Some(Box::new(CumulativeBias { q: c.clone(), k: c }))
             }
         };
@@ -324,9 +337,9 @@ impl Block {
         fused: bool,
     ) -> Result<Tensor, LabError> {
         // x = x + Attn(LN(x))
-        let x =
-            self.attn
-                .forward_residual(&self.ln1.forward(x, fused)?, x, offset, hooks, fused)?;
+        let x = self
+            .attn
+            .forward_residual(x, &self.ln1, offset, hooks, fused)?;
         // x = x + MLP(LN(x)): (B, T, D) → (B, T, d_ff) → (B, T, D), in one op
         // when fused.
         ops::mlp_residual(

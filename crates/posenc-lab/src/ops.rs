@@ -7,6 +7,7 @@
 //! | LayerNorm | [`layer_norm`] (one pass per row, saved mean and 1/σ) | mean, variance, normalise, scale, shift |
 //! | GELU (tanh approximation) | [`gelu`] | candle's `gelu` |
 //! | `y = GELU(x·Wᵀ + b)` | [`linear_gelu`] (the pre-activation kept by the op, not a graph node: one gradient fewer for autograd to allocate and sum) | [`linear`] then [`gelu`] |
+//! | `y = LN(x)·Wᵀ + b` | [`ln_linear`] (a branch's LayerNorm and first layer; `[γ, β, W, b]` packed into one input) | [`layer_norm`] then [`linear`] |
 //! | `y = r + (x·Wᵀ + b)` | [`linear_residual`] (a residual branch's last layer and the addition; `[W, b]` packed into one input) | [`linear`] then an addition |
 //! | `y = x + W₂·GELU(W₁·LN(x) + b₁) + b₂` | [`mlp_residual`] (a block's MLP half with its residual, its six parameters packed into one input) | [`layer_norm`], [`linear_gelu`], [`linear`], an addition |
 //! | cross-entropy from logits | [`cross_entropy`] (log-sum-exp per row; the gradient is `softmax − onehot`) | `log_softmax`, `gather`, mask, mean |
@@ -1199,6 +1200,141 @@ pub fn linear_residual(
         level: SimdLevel::detect(),
     };
     Ok(x.contiguous()?.apply_op3(&packed, &r.contiguous()?, op)?)
+}
+
+// ---------------------------------------------------------------- LayerNorm then linear
+
+/// `y = LN(x)·Wᵀ + b`, a pre-LayerNorm branch's LayerNorm and first linear
+/// layer (the attention's query, key and value projection), in one op on
+/// `x` and the packed `[γ, β, W, b]` (flattened; candle's custom ops take
+/// at most three tensors). As [`layer_norm`] then [`linear`], the
+/// normalised input was a node of candle's graph: a zero-filled gradient
+/// and an addition with nothing to add in every backward pass. Same
+/// arithmetic as the two ops, so the same bits.
+struct LnLinear {
+    d: usize,
+    d_out: usize,
+    eps: f32,
+    level: SimdLevel,
+    /// LayerNorm's `(mean, 1/σ)` per row and its output `(n, d)`.
+    saved: Mutex<Option<(Vec<(f32, f32)>, Vec<f32>)>>,
+}
+
+impl LnLinear {
+    /// Offsets of `[γ, β, W, b]` in the packed vector, and its length.
+    fn parts(&self) -> ([usize; 4], usize) {
+        let (d, o) = (self.d, self.d_out);
+        ([0, d, 2 * d, 2 * d + o * d], 2 * d + o * d + o)
+    }
+}
+
+impl CustomOp2 for LnLinear {
+    fn name(&self) -> &'static str {
+        "lab-ln-linear"
+    }
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sp: &CpuStorage,
+        lp: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32s(sx, lx, "ln-linear x")?;
+        let p = f32s(sp, lp, "ln-linear parameters")?;
+        let (d, o) = (self.d, self.d_out);
+        let ([g, be, w, b], len) = self.parts();
+        if d == 0 || lx.shape().dims().last() != Some(&d) || p.len() != len {
+            candle_core::bail!(
+                "ln-linear: input {:?}, {} parameters for {d} → {o}",
+                lx.shape(),
+                p.len()
+            );
+        }
+        let n = x.len() / d;
+        let (ln, stats) = layer_norm_fwd(x, &p[g..][..d], &p[be..][..d], self.eps);
+        let (mut y, pending) = linear_product(
+            &ln,
+            &p[w..][..o * d],
+            Some(&p[b..][..o]),
+            n,
+            d,
+            o,
+            self.level,
+        );
+        if let Some(bias) = pending {
+            add_bias(&mut y, bias, None);
+        }
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((stats, ln));
+        let mut dims = lx.shape().dims().to_vec();
+        *dims.last_mut().expect("rank ≥ 1") = o;
+        Ok((CpuStorage::F32(y), Shape::from(dims)))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        p: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let kept = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((stats, ln)) = kept.as_ref() else {
+            candle_core::bail!("ln-linear: backward pass before the forward pass");
+        };
+        let (d, o) = (self.d, self.d_out);
+        let ([g, _, w, _], len) = self.parts();
+        let n = x.elem_count() / d;
+        let (dx, dp) = view(x, |xv| {
+            view(p, |pv| {
+                view(dy, |dyv| {
+                    let (dln, dw, db) =
+                        linear_bwd(ln, &pv[w..][..o * d], dyv, n, d, o, true, self.level);
+                    let (dx, dg, dbe) = layer_norm_bwd(xv, &pv[g..][..d], &dln, stats, d);
+                    let mut dp = Vec::with_capacity(len);
+                    for part in [dg, dbe, dw, db.unwrap_or_default()] {
+                        dp.extend_from_slice(&part);
+                    }
+                    (dx, dp)
+                })
+            })
+        })???;
+        let dev = x.device();
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), dev)?),
+            Some(Tensor::from_vec(dp, len, dev)?),
+        ))
+    }
+}
+
+/// `LN(x)·Wᵀ + b` (LayerNorm with `ln_w`, `ln_b` and `eps`; `W` `(out, d)`):
+/// fused in one op (the same values and gradients as the fused
+/// [`layer_norm`] then [`linear`], bit for bit), or composed from those
+/// (`fused = false`: their references).
+///
+/// # Errors
+/// Shape mismatches; candle errors.
+pub fn ln_linear(
+    x: &Tensor,
+    ln_w: &Tensor,
+    ln_b: &Tensor,
+    eps: f64,
+    (w, b): (&Tensor, &Tensor),
+    fused: bool,
+) -> Result<Tensor, LabError> {
+    let d = x.dim(D::Minus1)?;
+    let (d_out, d_in) = w.dims2()?;
+    let shapes_fit = d_in == d && ln_w.dims1()? == d && ln_b.dims1()? == d && b.dims1()? == d_out;
+    if !(fused && fusable(&[x, ln_w, ln_b, w, b]) && shapes_fit) {
+        return linear(&layer_norm(x, ln_w, ln_b, eps, fused)?, w, Some(b), fused);
+    }
+    let packed = Tensor::cat(&[ln_w, ln_b, &w.flatten_all()?, b], 0)?;
+    let op = LnLinear {
+        d,
+        d_out,
+        eps: eps as f32,
+        level: SimdLevel::detect(),
+        saved: Mutex::new(None),
+    };
+    Ok(x.contiguous()?.apply_op2(&packed, op)?)
 }
 
 // ---------------------------------------------------------------- MLP with its residual

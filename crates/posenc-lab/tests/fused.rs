@@ -201,6 +201,40 @@ fn linear_residual_matches_linear_then_add() {
     }
 }
 
+/// LayerNorm and a linear layer in one op: against its reference (candle's
+/// ops) within a tolerance, and bit for bit against the fused LayerNorm then
+/// the fused linear layer (sizes past the AVX-512 tiles' limit take the
+/// `gemm` crate's product with the bias added after it).
+#[test]
+fn ln_linear_matches_layer_norm_then_linear() {
+    for &n in &SIZES {
+        for (d, d_out) in [(1, 1), (3, 5), (32, 129), (129, 7)] {
+            let x = var(&[2, n, d], 41, 1.0);
+            let g = var(&[d], 42, 0.5);
+            let be = var(&[d], 43, 0.5);
+            let w = var(&[d_out, d], 44, 0.5);
+            let b = var(&[d_out], 45, 0.5);
+            let vars = [&x, &g, &be, &w, &b];
+            let what = format!("ln+linear {n}×{d}→{d_out}");
+            let f = |fused: bool| ops::ln_linear(&x, &g, &be, 1e-5, (&w, &b), fused).unwrap();
+            compare(&vars, 1e-4, &what, f);
+            let two = {
+                let ln = ops::layer_norm(&x, &g, &be, 1e-5, true).unwrap();
+                ops::linear(&ln, &w, Some(&b), true).unwrap()
+            };
+            same_bits(f(true), two, &vars, 98, &what);
+        }
+    }
+    // Parameters of the wrong shapes are refused, fused or not.
+    let x = var(&[2, 3, 4], 1, 1.0);
+    let v4 = var(&[4], 2, 1.0);
+    let w = var(&[5, 3], 3, 1.0);
+    let b5 = var(&[5], 4, 1.0);
+    for fused in [true, false] {
+        assert!(ops::ln_linear(&x, &v4, &v4, 1e-5, (&w, &b5), fused).is_err());
+    }
+}
+
 /// The MLP half of a block with its residual in one op: against its
 /// reference (candle's ops) within a tolerance, and bit for bit against the
 /// four fused ops it replaces (LayerNorm, linear + GELU, linear, addition).
