@@ -1216,9 +1216,12 @@ struct LnLinear {
     d_out: usize,
     eps: f32,
     level: SimdLevel,
-    /// LayerNorm's `(mean, 1/σ)` per row and its output `(n, d)`.
-    saved: Mutex<Option<(Vec<(f32, f32)>, Vec<f32>)>>,
+    saved: Mutex<Option<LnSaved>>,
 }
+
+/// What [`LnLinear`]'s forward pass keeps: LayerNorm's `(mean, 1/σ)` per
+/// row and its output `(n, d)`.
+type LnSaved = (Vec<(f32, f32)>, Vec<f32>);
 
 impl LnLinear {
     /// Offsets of `[γ, β, W, b]` in the packed vector, and its length.
