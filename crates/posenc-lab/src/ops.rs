@@ -644,7 +644,7 @@ impl CustomOp3 for LayerNormOp {
         let stats = self.stats.lock().expect("stats lock").clone();
         let (dx, dw, db) = view(x, |xv| {
             view(w, |wv| {
-                view(dy, |dyv| layer_norm_bwd(xv, wv, dyv, &stats, d))
+                view(dy, |dyv| layer_norm_bwd(xv, wv, dyv, &stats, d, None))
             })
         })???;
         let dev = x.device();
@@ -722,16 +722,18 @@ fn ln_bwd_body(
     w: &[f32],
     dy: &[f32],
     stats: &[(f32, f32)],
+    res: &[f32],
     dx: &mut [f32],
     prod: &mut [f32],
 ) {
     let d = w.len();
-    for ((((xr, gr), st), dxr), pr) in x
+    for (r, ((((xr, gr), st), dxr), pr)) in x
         .chunks_exact(d)
         .zip(dy.chunks_exact(d))
         .zip(stats)
         .zip(dx.chunks_exact_mut(d))
         .zip(prod.chunks_exact_mut(d))
+        .enumerate()
     {
         let (mean, rstd) = *st;
         // g = dy·w; dx = rstd·(g − mean(g) − x̂·mean(g·x̂))
@@ -763,23 +765,39 @@ fn ln_bwd_body(
         }
         let mg = sg.iter().sum::<f32>() / d as f32;
         let mgx = sgx.iter().sum::<f32>() / d as f32;
-        for i in 0..d {
-            let g = gr[i] * w[i];
-            let xh = (xr[i] - mean) * rstd;
-            dxr[i] = rstd * (g - mg - xh * mgx);
+        if res.is_empty() {
+            for i in 0..d {
+                let g = gr[i] * w[i];
+                let xh = (xr[i] - mean) * rstd;
+                dxr[i] = rstd * (g - mg - xh * mgx);
+            }
+        } else {
+            // A residual path's gradient, added as candle's backward pass
+            // adds the two: to the finished LayerNorm gradient.
+            let rr = &res[r * d..][..d];
+            for i in 0..d {
+                let g = gr[i] * w[i];
+                let xh = (xr[i] - mean) * rstd;
+                let v = rstd * (g - mg - xh * mgx);
+                dxr[i] = v + rr[i];
+            }
         }
     }
 }
 posenc::multiversion!(fn ln_bwd => ln_bwd_body(
-    x: &[f32], w: &[f32], dy: &[f32], stats: &[(f32, f32)], dx: &mut [f32], prod: &mut [f32]) -> ());
+    x: &[f32], w: &[f32], dy: &[f32], stats: &[(f32, f32)], res: &[f32], dx: &mut [f32],
+    prod: &mut [f32]) -> ());
 
-/// LayerNorm's backward pass on row-major buffers: `(dx, dw, db)`.
+/// LayerNorm's backward pass on row-major buffers: `(dx, dw, db)`, with a
+/// residual path's gradient `res` (same shape as `x`) added to `dx` when
+/// given.
 fn layer_norm_bwd(
     xv: &[f32],
     wv: &[f32],
     dyv: &[f32],
     stats: &[(f32, f32)],
     d: usize,
+    res: Option<&[f32]>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     {
         let rows = xv.len() / d;
@@ -796,6 +814,7 @@ fn layer_norm_bwd(
                 wv,
                 &dyv[bi * block..][..n],
                 &stats[bi * CHUNK..][..n / d],
+                res.map_or(&[][..], |r| &r[bi * block..][..n]),
                 dxr,
                 pr,
             )
@@ -947,6 +966,38 @@ fn gelu_after_bias(pre: &mut [f32], b: Option<&[f32]>) -> Vec<f32> {
         pre.chunks_mut(width).zip(h.chunks_mut(width)).for_each(run);
     }
     h
+}
+
+/// [`gelu_bwd`] and the column sums of its result (the bias gradient of
+/// the layer before it), each block of [`CHUNK`] rows summed while it is in
+/// cache: the bits of [`gelu_bwd`] then [`column_sums`].
+fn gelu_bwd_sums(pre: &[f32], dy: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) {
+    if cols == 0 || pre.is_empty() {
+        return (gelu_bwd(pre, dy), vec![0f32; cols]);
+    }
+    // SAFETY: every element is written below.
+    let mut dx = unsafe { tile::vec_for_overwrite(pre.len()) };
+    let level = SimdLevel::detect();
+    let block = CHUNK * cols;
+    let run = |(ci, dc): (usize, &mut [f32])| {
+        let (base, m) = (ci * block, dc.len());
+        gelu_bwd_rows(level, &pre[base..][..m], &dy[base..][..m], dc);
+        let mut acc = vec![0f32; cols];
+        add_rows(level, dc, &mut acc);
+        acc
+    };
+    let parts: Vec<Vec<f32>> = if pre.len() >= PARALLEL_ELEMS && posenc::kernels::threads() > 1 {
+        dx.par_chunks_mut(block).enumerate().map(run).collect()
+    } else {
+        dx.chunks_mut(block).enumerate().map(run).collect()
+    };
+    let mut sums = vec![0f32; cols];
+    for p in parts {
+        for (o, v) in sums.iter_mut().zip(p) {
+            *o += v;
+        }
+    }
+    (dx, sums)
 }
 
 /// GELU (tanh approximation): fused, or candle's `gelu`.
@@ -1291,7 +1342,7 @@ impl CustomOp2 for LnLinear {
                 view(dy, |dyv| {
                     let (dln, dw, db) =
                         linear_bwd(ln, &pv[w..][..o * d], dyv, n, d, o, true, self.level);
-                    let (dx, dg, dbe) = layer_norm_bwd(xv, &pv[g..][..d], &dln, stats, d);
+                    let (dx, dg, dbe) = layer_norm_bwd(xv, &pv[g..][..d], &dln, stats, d, None);
                     let mut dp = Vec::with_capacity(len);
                     for part in [dg, dbe, dw, db.unwrap_or_default()] {
                         dp.extend_from_slice(&part);
@@ -1459,24 +1510,17 @@ impl CustomOp2 for MlpResidual {
                     // The second layer, then GELU, then the first, then LayerNorm.
                     let (dh, dw2, db2) =
                         linear_bwd(&s.h, &pv[w2..][..d * f], dyv, n, f, d, true, self.level);
-                    let dpre = gelu_bwd(&s.pre, &dh);
+                    let (dpre, db1) = gelu_bwd_sums(&s.pre, &dh, f);
                     drop(dh);
-                    let (dln, dw1, db1) =
-                        linear_bwd(&s.ln, &pv[w1..][..f * d], &dpre, n, d, f, true, self.level);
+                    let (dln, dw1, _) =
+                        linear_bwd(&s.ln, &pv[w1..][..f * d], &dpre, n, d, f, false, self.level);
                     drop(dpre);
-                    let (mut dx, dg, dbe) = layer_norm_bwd(xv, &pv[g..][..d], &dln, &s.stats, d);
-                    // The residual's gradient plus LayerNorm's, as candle's backward
-                    // pass adds them.
-                    add_into(&mut dx, dyv);
+                    // LayerNorm's gradient plus the residual's, as candle's
+                    // backward pass adds them.
+                    let (dx, dg, dbe) =
+                        layer_norm_bwd(xv, &pv[g..][..d], &dln, &s.stats, d, Some(dyv));
                     let mut dp = Vec::with_capacity(len);
-                    for part in [
-                        dg,
-                        dbe,
-                        dw1,
-                        db1.unwrap_or_default(),
-                        dw2,
-                        db2.unwrap_or_default(),
-                    ] {
+                    for part in [dg, dbe, dw1, db1, dw2, db2.unwrap_or_default()] {
                         dp.extend_from_slice(&part);
                     }
                     (dx, dp)
