@@ -1304,17 +1304,8 @@ impl CustomOp2 for LnLinear {
                 p.len()
             );
         }
-        let n = x.len() / d;
-        let (ln, stats) = layer_norm_fwd(x, &p[g..][..d], &p[be..][..d], self.eps);
-        let (mut y, pending) = linear_product(
-            &ln,
-            &p[w..][..o * d],
-            Some(&p[b..][..o]),
-            n,
-            d,
-            o,
-            self.level,
-        );
+        let params = [&p[g..][..d], &p[be..][..d], &p[w..][..o * d], &p[b..][..o]];
+        let (ln, stats, mut y, pending) = ln_product(x, params, self.eps, self.level);
         if let Some(bias) = pending {
             add_bias(&mut y, bias, None);
         }
@@ -1357,6 +1348,24 @@ impl CustomOp2 for LnLinear {
             Some(Tensor::from_vec(dp, len, dev)?),
         ))
     }
+}
+
+/// LayerNorm of `x` with `[γ, β, W, b]` (`γ`, `β` of `d`, `W` `(d_out, d)`),
+/// then its product with `W` and `b`, the bias possibly left for the caller
+/// ([`linear_product`]): `(LN(x), (mean, 1/σ) per row, product, pending
+/// bias)`.
+#[allow(clippy::type_complexity)]
+fn ln_product<'p>(
+    x: &[f32],
+    [g, be, w, b]: [&'p [f32]; 4],
+    eps: f32,
+    level: SimdLevel,
+) -> (Vec<f32>, Vec<(f32, f32)>, Vec<f32>, Option<&'p [f32]>) {
+    let (d, d_out) = (g.len(), b.len());
+    let n = x.len() / d.max(1);
+    let (ln, stats) = layer_norm_fwd(x, g, be, eps);
+    let (y, pending) = linear_product(&ln, w, Some(b), n, d, d_out, level);
+    (ln, stats, y, pending)
 }
 
 /// `LN(x)·Wᵀ + b` (LayerNorm with `ln_w`, `ln_b` and `eps`; `W` `(out, d)`):
@@ -1461,16 +1470,13 @@ impl CustomOp2 for MlpResidual {
             );
         }
         let n = x.len() / d;
-        let (ln, stats) = layer_norm_fwd(x, &p[g..][..d], &p[be..][..d], self.eps);
-        let (mut pre, pending) = linear_product(
-            &ln,
+        let params = [
+            &p[g..][..d],
+            &p[be..][..d],
             &p[w1..][..f * d],
-            Some(&p[b1..][..f]),
-            n,
-            d,
-            f,
-            self.level,
-        );
+            &p[b1..][..f],
+        ];
+        let (ln, stats, mut pre, pending) = ln_product(x, params, self.eps, self.level);
         let h = gelu_after_bias(&mut pre, pending);
         let (mut y, pending) = linear_product(
             &h,
