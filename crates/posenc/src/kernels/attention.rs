@@ -40,13 +40,17 @@ use super::tile;
 use super::SimdLevel;
 use crate::rope::PairLayout;
 
-/// Queries per tile (short sequences, and every backward pass). A causal
-/// tile computes its key range up to its last query's keys: with 32 rows,
-/// a 128-token causal head computes 10,240 of the logits matrix's entries
-/// (8,256 visible) where 64 rows computed 12,288. The hidden entries only
-/// ever added exact zeros, so the results keep their bits (a lab training
-/// run writes the same checkpoint with either).
+/// Queries per forward tile on short sequences. A causal tile computes its
+/// key range up to its last query's keys: with 32 rows, a 128-token causal
+/// head computes 10,240 of the logits matrix's entries (8,256 visible) where
+/// 64 rows computed 12,288. The hidden entries only ever added exact zeros,
+/// so the results keep their bits (a lab training run writes the same
+/// checkpoint with either).
 const BQ: usize = 32;
+/// Queries per tile of the backward pass (9,216 of the 128-token head's
+/// entries; its five products per tile, against the forward's two, make
+/// the smaller tile pay there). Same bits, for the same reason.
+const BQ_BWD: usize = 16;
 /// Keys per tile.
 const BK: usize = 128;
 /// Keys per tile of the forward pass on long sequences (more than
@@ -1392,22 +1396,22 @@ fn backward_task(
     let navt = if values.is_some() { d * nv } else { 0 };
     let mut scratch = tile::Scratch::take();
     let [kr, kt, vt, dkr, dv, qs, dqs, dvec, pm, dp, qa, doa, wk, wv, akt, avt] = scratch.split([
-        tk * d,  // kr: rotated keys (T_k, D)
-        d * tk,  // kt: their transpose
-        d * tk,  // vt: values transposed
-        tk * d,  // dkr
-        tk * d,  // dv
-        tq * d,  // qs: rotated, scaled queries
-        tq * d,  // dqs
-        tq,      // dvec
-        BQ * BK, // P
-        BQ * BK, // dP, then dS
-        nk,      // qa
-        nvv,     // doa
-        nk,      // wk
-        nvv,     // wv
-        nakt,    // a^K transposed
-        navt,    // a^V transposed
+        tk * d,      // kr: rotated keys (T_k, D)
+        d * tk,      // kt: their transpose
+        d * tk,      // vt: values transposed
+        tk * d,      // dkr
+        tk * d,      // dv
+        tq * d,      // qs: rotated, scaled queries
+        tq * d,      // dqs
+        tq,          // dvec
+        BQ_BWD * BK, // P
+        BQ_BWD * BK, // dP, then dS
+        nk,          // qa
+        nvv,         // doa
+        nk,          // wk
+        nvv,         // wv
+        nakt,        // a^K transposed
+        navt,        // a^V transposed
     ]);
     {
         {
@@ -1489,7 +1493,7 @@ fn backward_task(
                 let lse_h = &lse[bh * tq..][..tq];
                 let mut i0 = 0;
                 while i0 < tq {
-                    let rows = BQ.min(tq - i0);
+                    let rows = BQ_BWD.min(tq - i0);
                     let k_end = p.visible(i0 + rows - 1);
                     let mut j0 = 0;
                     while j0 < k_end {
