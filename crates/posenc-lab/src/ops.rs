@@ -271,22 +271,6 @@ struct Linear {
     level: SimdLevel,
 }
 
-fn linear_fwd(
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    n: usize,
-    d_in: usize,
-    d_out: usize,
-    level: SimdLevel,
-) -> Vec<f32> {
-    let (mut y, pending) = linear_product(x, w, bias, n, d_in, d_out, level);
-    if let Some(b) = pending {
-        add_bias(&mut y, b, None);
-    }
-    y
-}
-
 /// `x·Wᵀ (+ b)`, with the bias either added already (`None` returned) or
 /// left for the caller to add to the finished product (`Some(b)`), in the
 /// same pass as its next element-wise step.
@@ -420,27 +404,38 @@ fn linear_dims(x: &Layout, w: &Layout) -> candle_core::Result<(usize, usize, usi
     Ok((n, d_in, d_out, Shape::from(out)))
 }
 
-/// [`linear_fwd`] on the op's storages: the product and the output shape.
-fn linear_storage_fwd(
+/// [`linear_product`] on the op's storages: the product, the bias it left
+/// for the caller to add, and the output shape.
+#[allow(clippy::type_complexity)]
+fn linear_storage_product<'b>(
     (sx, lx): (&CpuStorage, &Layout),
     (sw, lw): (&CpuStorage, &Layout),
-    b: Option<(&CpuStorage, &Layout)>,
+    b: Option<(&'b CpuStorage, &Layout)>,
     level: SimdLevel,
-) -> candle_core::Result<(Vec<f32>, Shape)> {
+) -> candle_core::Result<(Vec<f32>, Option<&'b [f32]>, Shape)> {
     let (n, d_in, d_out, shape) = linear_dims(lx, lw)?;
     let bias = match b {
         Some((sb, lb)) => Some(f32s(sb, lb, "linear b")?),
         None => None,
     };
-    let y = linear_fwd(
-        f32s(sx, lx, "linear x")?,
-        f32s(sw, lw, "linear W")?,
-        bias,
-        n,
-        d_in,
-        d_out,
-        level,
-    );
+    let x = f32s(sx, lx, "linear x")?;
+    let w = f32s(sw, lw, "linear W")?;
+    let (y, pending) = linear_product(x, w, bias, n, d_in, d_out, level);
+    Ok((y, pending, shape))
+}
+
+/// `x·Wᵀ (+ b)` on the op's storages: the finished product and the output
+/// shape.
+fn linear_storage_fwd(
+    x: (&CpuStorage, &Layout),
+    w: (&CpuStorage, &Layout),
+    b: Option<(&CpuStorage, &Layout)>,
+    level: SimdLevel,
+) -> candle_core::Result<(Vec<f32>, Shape)> {
+    let (mut y, pending, shape) = linear_storage_product(x, w, b, level)?;
+    if let Some(b) = pending {
+        add_bias(&mut y, b, None);
+    }
     Ok((y, shape))
 }
 
@@ -1032,8 +1027,8 @@ impl LinearGelu {
         w: (&CpuStorage, &Layout),
         b: Option<(&CpuStorage, &Layout)>,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (pre, shape) = linear_storage_fwd(x, w, b, self.level)?;
-        let y = gelu_rows(&pre);
+        let (mut pre, pending, shape) = linear_storage_product(x, w, b, self.level)?;
+        let y = gelu_after_bias(&mut pre, pending);
         *self.pre.lock().unwrap_or_else(|e| e.into_inner()) = Some(pre);
         Ok((CpuStorage::F32(y), shape))
     }
@@ -1130,6 +1125,49 @@ pub fn linear_gelu(
     })
 }
 
+// ---------------------------------------------------------------- packed parameters
+
+/// Offsets of consecutive parts of the given sizes in a packed parameter
+/// vector, and its length.
+fn packed_offsets<const N: usize>(sizes: [usize; N]) -> ([usize; N], usize) {
+    let mut at = [0; N];
+    let mut o = 0;
+    for (a, s) in at.iter_mut().zip(sizes) {
+        *a = o;
+        o += s;
+    }
+    (at, o)
+}
+
+/// The backward pass of an op on `x` and a packed parameter vector `p`
+/// (read in place where contiguous): `f(x, p, dy)` returns `dx` and the
+/// parameters' gradients part by part in packing order, which are packed
+/// the same way. Returns the gradients of `x` and `p`.
+fn packed_grads(
+    x: &Tensor,
+    p: &Tensor,
+    dy: &Tensor,
+    f: impl FnOnce(&[f32], &[f32], &[f32]) -> (Vec<f32>, Vec<Vec<f32>>),
+) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+    let (dx, dp) = view(x, |xv| {
+        view(p, |pv| {
+            view(dy, |dyv| {
+                let (dx, parts) = f(xv, pv, dyv);
+                let mut dp = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+                for part in parts {
+                    dp.extend_from_slice(&part);
+                }
+                (dx, dp)
+            })
+        })
+    })???;
+    let dev = x.device();
+    Ok((
+        Some(Tensor::from_vec(dx, x.shape(), dev)?),
+        Some(Tensor::from_vec(dp, p.shape(), dev)?),
+    ))
+}
+
 // ---------------------------------------------------------------- linear with a residual
 
 /// `y = r + (x·Wᵀ + b)`: a residual branch's last linear layer and the
@@ -1192,30 +1230,12 @@ impl CustomOp3 for LinearResidual {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (d_in, d_out) = (self.d_in, self.d_out);
         let n = x.elem_count() / d_in;
-        let (dx, dp) = view(x, |xv| {
-            view(p, |pv| {
-                view(dy, |dyv| {
-                    let (dx, mut dw, db) = linear_bwd(
-                        xv,
-                        &pv[..d_out * d_in],
-                        dyv,
-                        n,
-                        d_in,
-                        d_out,
-                        true,
-                        self.level,
-                    );
-                    dw.extend_from_slice(&db.unwrap_or_default());
-                    (dx, dw)
-                })
-            })
-        })???;
-        let dev = x.device();
-        Ok((
-            Some(Tensor::from_vec(dx, x.shape(), dev)?),
-            Some(Tensor::from_vec(dp, p.shape(), dev)?),
-            Some(dy.clone()),
-        ))
+        let (dx, dp) = packed_grads(x, p, dy, |xv, pv, dyv| {
+            let w = &pv[..d_out * d_in];
+            let (dx, dw, db) = linear_bwd(xv, w, dyv, n, d_in, d_out, true, self.level);
+            (dx, vec![dw, db.unwrap_or_default()])
+        })?;
+        Ok((dx, dp, Some(dy.clone())))
     }
 }
 
@@ -1278,7 +1298,7 @@ impl LnLinear {
     /// Offsets of `[γ, β, W, b]` in the packed vector, and its length.
     fn parts(&self) -> ([usize; 4], usize) {
         let (d, o) = (self.d, self.d_out);
-        ([0, d, 2 * d, 2 * d + o * d], 2 * d + o * d + o)
+        packed_offsets([d, d, o * d, o])
     }
 }
 
@@ -1326,27 +1346,13 @@ impl CustomOp2 for LnLinear {
             candle_core::bail!("ln-linear: backward pass before the forward pass");
         };
         let (d, o) = (self.d, self.d_out);
-        let ([g, _, w, _], len) = self.parts();
+        let ([g, _, w, _], _) = self.parts();
         let n = x.elem_count() / d;
-        let (dx, dp) = view(x, |xv| {
-            view(p, |pv| {
-                view(dy, |dyv| {
-                    let (dln, dw, db) =
-                        linear_bwd(ln, &pv[w..][..o * d], dyv, n, d, o, true, self.level);
-                    let (dx, dg, dbe) = layer_norm_bwd(xv, &pv[g..][..d], &dln, stats, d, None);
-                    let mut dp = Vec::with_capacity(len);
-                    for part in [dg, dbe, dw, db.unwrap_or_default()] {
-                        dp.extend_from_slice(&part);
-                    }
-                    (dx, dp)
-                })
-            })
-        })???;
-        let dev = x.device();
-        Ok((
-            Some(Tensor::from_vec(dx, x.shape(), dev)?),
-            Some(Tensor::from_vec(dp, len, dev)?),
-        ))
+        packed_grads(x, p, dy, |xv, pv, dyv| {
+            let (dln, dw, db) = linear_bwd(ln, &pv[w..][..o * d], dyv, n, d, o, true, self.level);
+            let (dx, dg, dbe) = layer_norm_bwd(xv, &pv[g..][..d], &dln, stats, d, None);
+            (dx, vec![dg, dbe, dw, db.unwrap_or_default()])
+        })
     }
 }
 
@@ -1436,14 +1442,7 @@ impl MlpResidual {
     /// Offsets of `[γ, β, W₁, b₁, W₂, b₂]` in the packed vector, and its length.
     fn parts(&self) -> ([usize; 6], usize) {
         let (d, f) = (self.d, self.d_ff);
-        let sizes = [d, d, f * d, f, d * f, d];
-        let mut at = [0; 6];
-        let mut o = 0;
-        for (a, s) in at.iter_mut().zip(sizes) {
-            *a = o;
-            o += s;
-        }
-        (at, o)
+        packed_offsets([d, d, f * d, f, d * f, d])
     }
 }
 
@@ -1508,36 +1507,22 @@ impl CustomOp2 for MlpResidual {
             candle_core::bail!("mlp: backward pass before the forward pass");
         };
         let (d, f) = (self.d, self.d_ff);
-        let ([g, _, w1, _, w2, _], len) = self.parts();
+        let ([g, _, w1, _, w2, _], _) = self.parts();
         let n = x.elem_count() / d;
-        let (dx, dp) = view(x, |xv| {
-            view(p, |pv| {
-                view(dy, |dyv| {
-                    // The second layer, then GELU, then the first, then LayerNorm.
-                    let (dh, dw2, db2) =
-                        linear_bwd(&s.h, &pv[w2..][..d * f], dyv, n, f, d, true, self.level);
-                    let (dpre, db1) = gelu_bwd_sums(&s.pre, &dh, f);
-                    drop(dh);
-                    let (dln, dw1, _) =
-                        linear_bwd(&s.ln, &pv[w1..][..f * d], &dpre, n, d, f, false, self.level);
-                    drop(dpre);
-                    // LayerNorm's gradient plus the residual's, as candle's
-                    // backward pass adds them.
-                    let (dx, dg, dbe) =
-                        layer_norm_bwd(xv, &pv[g..][..d], &dln, &s.stats, d, Some(dyv));
-                    let mut dp = Vec::with_capacity(len);
-                    for part in [dg, dbe, dw1, db1, dw2, db2.unwrap_or_default()] {
-                        dp.extend_from_slice(&part);
-                    }
-                    (dx, dp)
-                })
-            })
-        })???;
-        let dev = x.device();
-        Ok((
-            Some(Tensor::from_vec(dx, x.shape(), dev)?),
-            Some(Tensor::from_vec(dp, len, dev)?),
-        ))
+        packed_grads(x, p, dy, |xv, pv, dyv| {
+            // The second layer, then GELU, then the first, then LayerNorm.
+            let (dh, dw2, db2) =
+                linear_bwd(&s.h, &pv[w2..][..d * f], dyv, n, f, d, true, self.level);
+            let (dpre, db1) = gelu_bwd_sums(&s.pre, &dh, f);
+            drop(dh);
+            let (dln, dw1, _) =
+                linear_bwd(&s.ln, &pv[w1..][..f * d], &dpre, n, d, f, false, self.level);
+            drop(dpre);
+            // LayerNorm's gradient plus the residual's, as candle's backward
+            // pass adds them.
+            let (dx, dg, dbe) = layer_norm_bwd(xv, &pv[g..][..d], &dln, &s.stats, d, Some(dyv));
+            (dx, vec![dg, dbe, dw1, db1, dw2, db2.unwrap_or_default()])
+        })
     }
 }
 
