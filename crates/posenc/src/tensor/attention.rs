@@ -809,7 +809,6 @@ struct Shared {
     grads: Mutex<Option<Vec<Option<Tensor>>>>,
 }
 
-/// A contiguous `f32` copy of a CPU tensor's data, with its layout.
 /// The `n` elements of a contiguous CPU `f32` storage, from its layout's
 /// start, without a copy.
 fn cpu_f32_contiguous<'a>(s: &'a Storage, l: &Layout, n: usize) -> Result<&'a [f32]> {
@@ -827,6 +826,7 @@ fn cpu_f32_contiguous<'a>(s: &'a Storage, l: &Layout, n: usize) -> Result<&'a [f
     }
 }
 
+/// A contiguous `f32` copy of a CPU tensor's data, with its layout.
 fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
