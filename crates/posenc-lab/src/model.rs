@@ -245,14 +245,19 @@ impl Attention {
     ) -> Result<Tensor, LabError> {
         let residual = x;
         // (B, T, D) → (B, T, 3D): queries, keys and values of every head.
-        // Forgetting attention also reads the normalised input itself.
-        let (qkv, normed) = if matches!(self.learned, Some(LayerBias::Fox(_))) {
-            let h = ln.forward(x, fused)?;
-            (self.qkv.forward(&h, fused)?, Some(h))
-        } else {
-            let wb = (&self.qkv.w, &self.qkv.b);
-            let qkv = ops::ln_linear(x, &ln.weight, &ln.bias, ln.eps, wb, fused)?;
-            (qkv, None)
+        // Forgetting attention also reads the normalised input itself: its
+        // gates c (B, H, T), for the bias c_i − c_j.
+        let (qkv, fox_gates) = match &self.learned {
+            Some(LayerBias::Fox(f)) => {
+                let h = ln.forward(x, fused)?;
+                let c = f.cumulative(&h, None)?;
+                (self.qkv.forward(&h, fused)?, Some(c))
+            }
+            _ => {
+                let wb = (&self.qkv.w, &self.qkv.b);
+                let qkv = ops::ln_linear(x, &ln.weight, &ln.bias, ln.eps, wb, fused)?;
+                (qkv, None)
+            }
         };
         let pos = AttnPositions::same(Positions::Offset(offset));
         let own: Option<Box<dyn LogitsHook>> = match &self.learned {
@@ -271,14 +276,8 @@ impl Attention {
                 let p = Positions::Offset(offset);
                 Some(Box::new(DenseBias(c.bias(&split(0)?, &split(1)?, p, p)?)))
             }
-            Some(LayerBias::Fox(f)) => {
-                // c (B, H, T) from this layer's input: bias c_i − c_j.
-                let h = normed
-                    .as_ref()
-                    .expect("normalised for forgetting attention");
-                let c = f.cumulative(h, None)?;
-                Some(Box::new(CumulativeBias { q: c.clone(), k: c }))
-            }
+            Some(LayerBias::Fox(_)) => fox_gates
+                .map(|c| Box::new(CumulativeBias { q: c.clone(), k: c }) as Box<dyn LogitsHook>),
         };
         let shaw_logits = self.shaw.as_deref().map(|s| s as &dyn LogitsHook);
         let call = AttentionHooks {
