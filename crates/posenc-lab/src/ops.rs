@@ -230,6 +230,12 @@ fn column_sums(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         } else {
             (0..chunks).map(part).collect()
         };
+    add_parts(parts, cols)
+}
+
+/// The element-wise sum of per-chunk partial sums of `cols` columns, added
+/// in chunk order (the second half of [`column_sums`]' fixed order).
+fn add_parts(parts: Vec<Vec<f32>>, cols: usize) -> Vec<f32> {
     let mut out = vec![0f32; cols];
     for p in parts {
         for (o, v) in out.iter_mut().zip(p) {
@@ -986,13 +992,7 @@ fn gelu_bwd_sums(pre: &[f32], dy: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) {
     } else {
         dx.chunks_mut(block).enumerate().map(run).collect()
     };
-    let mut sums = vec![0f32; cols];
-    for p in parts {
-        for (o, v) in sums.iter_mut().zip(p) {
-            *o += v;
-        }
-    }
-    (dx, sums)
+    (dx, add_parts(parts, cols))
 }
 
 /// GELU (tanh approximation): fused, or candle's `gelu`.
