@@ -27,6 +27,7 @@ pub mod absolute;
 pub mod analysis;
 pub mod encoding;
 pub mod error;
+pub mod extend;
 pub mod kernels;
 pub mod nope;
 pub mod relative;
@@ -42,3 +43,28 @@ pub use error::{Error, Result};
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The pages of `docs/`, compiled as doc tests: any Rust block in them runs
+/// (`crates/posenc-cli/tests/docs_commands.rs` checks that every page is
+/// listed here, and the `posenc` command lines of their shell blocks).
+#[cfg(doctest)]
+pub mod docs_doctests {
+    #[doc = include_str!("../../../docs/exactness.md")]
+    pub struct Exactness;
+    #[doc = include_str!("../../../docs/explorer.md")]
+    pub struct Explorer;
+    #[doc = include_str!("../../../docs/kernels.md")]
+    pub struct Kernels;
+    #[doc = include_str!("../../../docs/lab.md")]
+    pub struct Lab;
+    #[doc = include_str!("../../../docs/layout.md")]
+    pub struct Layout;
+    #[doc = include_str!("../../../docs/models.md")]
+    pub struct Models;
+    #[doc = include_str!("../../../docs/report.md")]
+    pub struct Report;
+    #[doc = include_str!("../../../docs/speed.md")]
+    pub struct Speed;
+    #[doc = include_str!("../../../docs/verdicts.md")]
+    pub struct Verdicts;
+}

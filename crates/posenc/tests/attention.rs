@@ -631,6 +631,7 @@ fn kernel_writes_every_output_at_every_level() {
             dense: None,
             cumulative: None,
             products: ka::Products::F32,
+            window: None,
         };
         let want = ka::reference_forward(&p);
         for level in SimdLevel::available() {

@@ -38,6 +38,7 @@ use rayon::prelude::*;
 use super::rope::{RopeTables, RowMap};
 use super::tile;
 use super::SimdLevel;
+use crate::extend::KeyRange;
 use crate::rope::PairLayout;
 
 /// Queries per forward tile on short sequences. A causal tile computes its
@@ -342,6 +343,11 @@ pub struct Problem<'a> {
     pub cumulative: Option<CumulativeBias<'a>>,
     /// The precision of the long-sequence forward tiles' products.
     pub products: Products,
+    /// Restricts each query to one run of keys (inside the causal mask),
+    /// for the ranges of a training-free context method
+    /// ([`crate::extend`]); the query at step `i` is at key position `i +
+    /// T_k − T_q`. Forward pass only: [`backward`] refuses it.
+    pub window: Option<KeyRange>,
 }
 
 /// The precision of the attention's products `q·k` and `p·v` in the forward
@@ -411,6 +417,36 @@ impl Problem<'_> {
             (i as i64 + self.shift() + 1).clamp(0, self.dims.k_len as i64) as usize
         } else {
             self.dims.k_len
+        }
+    }
+
+    /// The keys `lo..hi` query `i` may see (the causal mask and the window).
+    #[inline(always)]
+    fn span(&self, i: usize) -> (usize, usize) {
+        let vis = self.visible(i);
+        match self.window {
+            None => (0, vis),
+            Some(w) => {
+                let a = (i as i64 + self.shift()).max(0) as usize;
+                let (lo, hi) = w.range(a);
+                (lo, hi.min(vis))
+            }
+        }
+    }
+
+    /// The first key tile start (a multiple of `bk`) and the end of the keys
+    /// the queries `i0..i0 + rows` see together.
+    #[inline(always)]
+    fn tile_span(&self, i0: usize, rows: usize, bk: usize) -> (usize, usize) {
+        let (_, end) = self.span(i0 + rows - 1);
+        match self.window {
+            None => (0, end),
+            Some(_) => {
+                // Both ends of a window are non-decreasing in the query.
+                let (lo, _) = self.span(i0);
+                let lo = lo.min(end);
+                (lo / bk * bk, end)
+            }
         }
     }
 
@@ -754,14 +790,14 @@ fn forward_task(
     let nv = p.n_vec_rows();
     let keys = p.vector.and_then(|v| v.keys);
     let values = p.vector.and_then(|v| v.values);
-    let k_end = p.visible(i0 + rows - 1);
+    let bk = key_tile(dm.k_len);
+    let (k_start, k_end) = p.tile_span(i0, rows, bk);
     let nqa = if keys.is_some() { rows * nv } else { 0 };
     let nwv = if values.is_some() { rows * nv } else { 0 };
     let nakt = if keys.is_some() { d * nv } else { 0 };
     // Keys of (b, hk), rotated and transposed: from `shared` (all of them,
     // leading dimension T_k), else packed here (0..k_end).
     let nk = if shared.is_empty() { d * k_end } else { 0 };
-    let bk = key_tile(dm.k_len);
     // The long tiles' products on the `gemm` crate below AVX-512 (see
     // BK_LONG).
     let crate_gemm = bk == BK_LONG && level != SimdLevel::Avx512;
@@ -815,7 +851,7 @@ fn forward_task(
             l.fill(0.0);
             acc.fill(0.0);
             wv.fill(0.0);
-            let mut j0 = 0;
+            let mut j0 = k_start;
             while j0 < k_end {
                 let n = bk.min(k_end - j0);
                 let kb = unsafe { kt.as_ptr().add(if tiled { j0 * d } else { j0 }) };
@@ -980,12 +1016,15 @@ fn softmax_step(
     acc: &mut [f32],
     wv: &mut [f32],
 ) -> usize {
-    let vis = p.visible(i).saturating_sub(j0).min(sr.len());
-    if vis == 0 {
+    let (lo, hi) = p.span(i);
+    let vis = hi.saturating_sub(j0).min(sr.len());
+    if vis == 0 || lo >= j0 + vis {
         sr.fill(0.0);
         return 0;
     }
     p.add_bias(b, h, i, j0, &mut sr[..vis], qar);
+    // Keys before the window's start (a context method's range).
+    sr[..lo.saturating_sub(j0)].fill(f32::NEG_INFINITY);
     let mx = tile::max(&sr[..vis]);
     let m_new = if mx > *m { mx } else { *m };
     if m_new == f32::NEG_INFINITY {
@@ -1148,7 +1187,7 @@ fn forward_task_bf16(
     let b = task / (q_tiles * dm.q_heads);
     let i0 = qt * BQ_LONG;
     let rows = BQ_LONG.min(dm.q_len - i0);
-    let k_end = p.visible(i0 + rows - 1);
+    let (k_start, k_end) = p.tile_span(i0, rows, bk);
     let mut q = vec![0f32; d];
     let mut qp = vec![0u32; rows * dp];
     let mut pp = vec![0u32; rows * bk / 2];
@@ -1161,7 +1200,7 @@ fn forward_task_bf16(
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
     acc.fill(0.0);
-    let mut j0 = 0;
+    let mut j0 = k_start;
     while j0 < k_end {
         let n = bk.min(k_end - j0);
         let np = n.div_ceil(2);
@@ -1250,6 +1289,10 @@ pub fn backward(
     level: SimdLevel,
 ) {
     let dm = p.dims;
+    assert!(
+        p.window.is_none(),
+        "the backward pass has no key windows (context methods are forward-only)"
+    );
     assert!(o.len() >= o_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
     assert!(d_o.len() >= do_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
     assert!(lse.len() >= dm.batch * dm.q_heads * dm.q_len);
@@ -1783,9 +1826,9 @@ pub fn reference_forward(p: &Problem) -> Vec<f64> {
                 .collect();
             for i in 0..dm.q_len {
                 let qp = p.q_pos.at(b, i, dm.q_len);
-                let vis = p.visible(i);
+                let (lo, vis) = p.span(i);
                 let mut s = vec![f64::NEG_INFINITY; dm.k_len];
-                for (j, sj) in s.iter_mut().enumerate().take(vis) {
+                for (j, sj) in s.iter_mut().enumerate().take(vis).skip(lo) {
                     let r = p.k_pos.at(b, j, dm.k_len) - qp;
                     let mut x: f64 = (0..d).map(|x| qv[i][x] * kv[j][x]).sum();
                     if let Some(ak) = p.vector.and_then(|v| v.keys) {
@@ -1816,7 +1859,7 @@ pub fn reference_forward(p: &Problem) -> Vec<f64> {
                     }
                     *sj = x;
                 }
-                if vis == 0 {
+                if vis <= lo {
                     continue;
                 }
                 let mx = s[..vis].iter().cloned().fold(f64::NEG_INFINITY, f64::max);

@@ -875,6 +875,7 @@ impl Shared {
             dense: None,
             cumulative: None,
             products: self.plan.products,
+            window: None,
         };
         let dense_full;
         match &self.plan.logits {
@@ -1211,6 +1212,7 @@ fn backward(sh: &Shared, out: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tenso
         dense: None,
         cumulative: None,
         products: sh.plan.products,
+        window: None,
     };
     let mut pi = 0usize;
     let mut dense_full = [1usize; 4];

@@ -1,0 +1,525 @@
+//! Training-free context methods ([`crate::extend`]: Self-Extend, ReRoPE,
+//! leaky ReRoPE, dual chunk attention, attention sinks) run inside posenc's
+//! fused attention, on candle tensors.
+//!
+//! [`MethodAttention`] runs one streaming pass of the fused kernel per range
+//! of the method ([`View`]): the queries and keys are rotated inside at the
+//! range's remapped positions, key tiles outside the range are skipped, and
+//! each pass returns its outputs and per-row log-sum-exp, which are merged
+//! exactly as one softmax over all the logits (`o = Σ_v e^{lse_v − lse}
+//! o_v`). Memory grows linearly with the length (no `T × T` tensor); the
+//! work is plain causal attention's plus the key tiles a range boundary
+//! crosses. [`MethodAttention::forward_reference`] writes every logit out
+//! (`f64`, for short windows): what the fused path is tested against.
+//!
+//! Forward only (inference: perplexity, retrieval, generation with a KV
+//! cache); the gradients of these rules are not implemented.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use posenc::extend::{ContextMethod, ModelLengths};
+//! use posenc::rope::{PairLayout, RopeFrequencies};
+//! use posenc::tensor::extend::MethodAttention;
+//! use posenc::tensor::rope::Rope;
+//!
+//! let freqs = RopeFrequencies::plain(10_000.0, 16, PairLayout::HalfSplit)?;
+//! let rope = Rope::new(freqs)?;
+//! let method: ContextMethod = "self-extend:4:16".parse()?;
+//! let attn = MethodAttention::new(method, &rope, ModelLengths::default())?;
+//! // A packed projection: 2 query heads, 1 key/value head, head_dim 16.
+//! let qkv = Tensor::randn(0f32, 1.0, (1, 100, (2 + 2) * 16), &Device::Cpu)?;
+//! let fused = attn.forward_packed(&qkv, 2, 1)?;
+//! let reference = attn.forward_packed_reference(&qkv, 2, 1)?;
+//! let diff = (fused - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
+//! assert!(diff < 1e-4);
+//! # Ok::<(), posenc::Error>(())
+//! ```
+
+use candle_core::{DType, Device, Tensor};
+
+use super::rope::Rope;
+use super::Positions;
+use crate::error::{Error, Result};
+use crate::extend::{ContextMethod, ModelLengths, View};
+use crate::kernels::attention::{self as k, Products};
+use crate::kernels::SimdLevel;
+use crate::rope::PairLayout;
+
+/// A training-free context method bound to a model's RoPE (see the [module
+/// docs](self)).
+pub struct MethodAttention<'r> {
+    method: ContextMethod,
+    lengths: ModelLengths,
+    base: &'r Rope,
+    /// The rope of views whose frequencies are divided (leaky ReRoPE).
+    scaled: Option<Rope>,
+    views: Vec<View>,
+    level: SimdLevel,
+    products: Products,
+}
+
+impl std::fmt::Debug for MethodAttention<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MethodAttention")
+            .field("method", &self.method)
+            .field("lengths", &self.lengths)
+            .field("views", &self.views)
+            .finish()
+    }
+}
+
+/// Where one call's queries, keys and values are.
+struct Call<'a> {
+    dims: k::Dims,
+    q: &'a [f32],
+    q_rows: k::Rows,
+    k: &'a [f32],
+    k_rows: k::Rows,
+    v: &'a [f32],
+    v_rows: k::Rows,
+}
+
+impl<'r> MethodAttention<'r> {
+    /// `method` over `rope` (any frequency scaling; the method remaps the
+    /// positions it rotates at). `lengths` gives ReRoPE's training length
+    /// and DCA's `max_position_embeddings`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] for invalid parameters
+    /// ([`ContextMethod::validate`]) or a rope with xPos.
+    pub fn new(method: ContextMethod, rope: &'r Rope, lengths: ModelLengths) -> Result<Self> {
+        method.validate()?;
+        if rope.xpos_scale_base().is_some() {
+            return Err(Error::invalid(
+                "attention method",
+                "xPos scales keys by their position: no context method remaps it",
+            ));
+        }
+        let views = method.views();
+        let scaled = match views.iter().find(|v| v.freq_divisor != 1.0) {
+            Some(v) => {
+                let mut f = rope.frequencies();
+                for x in f.inv_freq.iter_mut() {
+                    *x = (*x as f64 / v.freq_divisor) as f32;
+                }
+                Some(Rope::new(f)?.with_layout(rope.layout()))
+            }
+            None => None,
+        };
+        Ok(MethodAttention {
+            method,
+            lengths,
+            base: rope,
+            scaled,
+            views,
+            level: SimdLevel::detect(),
+            products: Products::F32,
+        })
+    }
+
+    /// The precision of the long-sequence tiles' products (see
+    /// [`crate::tensor::attention::Attention::with_products`]).
+    ///
+    /// # Errors
+    /// As [`crate::tensor::attention::Attention::with_products`].
+    pub fn with_products(mut self, products: Products) -> Result<Self> {
+        super::attention::Attention::new(true).with_products(products)?;
+        self.products = products;
+        Ok(self)
+    }
+
+    /// Runs the kernel at `level` (for tests comparing levels).
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] if this CPU lacks the level.
+    pub fn with_simd_level(mut self, level: SimdLevel) -> Result<Self> {
+        super::attention::Attention::new(true).with_simd_level(level)?;
+        self.level = level;
+        Ok(self)
+    }
+
+    /// The method.
+    pub fn method(&self) -> ContextMethod {
+        self.method
+    }
+
+    /// Causal attention over a packed projection `(B, T, (H_q + 2·H_k)·D)`
+    /// (queries, keys, values), positions `0..T`; returns `(B, T, H_q·D)`.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a tensor that is not 3-d or a width that is not
+    /// `(H_q + 2·H_k)·D`; [`Error::DType`] for a tensor that is not `f32`
+    /// on the CPU; the rope's errors.
+    pub fn forward_packed(&self, qkv: &Tensor, q_heads: usize, kv_heads: usize) -> Result<Tensor> {
+        self.packed(qkv, q_heads, kv_heads, false)
+    }
+
+    /// [`forward_packed`](Self::forward_packed) with every logit written out
+    /// (`f64`, `O(T²)`: for tests on short windows).
+    ///
+    /// # Errors
+    /// As [`forward_packed`](Self::forward_packed).
+    pub fn forward_packed_reference(
+        &self,
+        qkv: &Tensor,
+        q_heads: usize,
+        kv_heads: usize,
+    ) -> Result<Tensor> {
+        self.packed(qkv, q_heads, kv_heads, true)
+    }
+
+    /// `T_q` new queries `(B, T_q, H_q, D)` over every key `(B, T_k, H_k, D)`
+    /// and value of a KV cache (unrotated; the new ones last): the queries
+    /// are at positions `T_k − T_q..T_k`, the keys at `0..T_k`. Returns
+    /// `(B, T_q, H_q, D)`.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for tensors that are not 4-d, disagree in batch or
+    /// head dimension, heads that do not group, or more queries than keys;
+    /// otherwise as [`forward_packed`](Self::forward_packed).
+    pub fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        self.cached(q, k, v, false)
+    }
+
+    /// [`forward`](Self::forward) with every logit written out.
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward).
+    pub fn forward_reference(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        self.cached(q, k, v, true)
+    }
+
+    fn packed(&self, qkv: &Tensor, hq: usize, hk: usize, reference: bool) -> Result<Tensor> {
+        let (b, t, w) = qkv.dims3().map_err(|_| Error::Shape {
+            what: "packed qkv",
+            expected: "(batch, seq_len, (q_heads + 2·kv_heads)·head_dim)".into(),
+            got: format!("{:?}", qkv.dims()),
+        })?;
+        let heads = hq + 2 * hk;
+        if hq == 0 || hk == 0 || w == 0 || !w.is_multiple_of(heads) || !hq.is_multiple_of(hk) {
+            return Err(Error::Shape {
+                what: "packed qkv",
+                expected: format!(
+                    "width divisible by q_heads + 2·kv_heads = {heads}, kv_heads dividing q_heads"
+                ),
+                got: format!("{:?}, {hq} q heads, {hk} kv heads", qkv.dims()),
+            });
+        }
+        let d = w / heads;
+        let data = host_f32(qkv)?;
+        let rows = |offset: usize| k::Rows {
+            offset,
+            sb: t * w,
+            sh: d,
+            st: w,
+        };
+        let call = Call {
+            dims: k::Dims {
+                batch: b,
+                q_heads: hq,
+                kv_heads: hk,
+                q_len: t,
+                k_len: t,
+                head_dim: d,
+            },
+            q: &data,
+            q_rows: rows(0),
+            k: &data,
+            k_rows: rows(hq * d),
+            v: &data,
+            v_rows: rows((hq + hk) * d),
+        };
+        let out = self.run(&call, reference)?;
+        Ok(Tensor::from_vec(out, (b, t, hq * d), &Device::Cpu)?)
+    }
+
+    fn cached(&self, q: &Tensor, kt: &Tensor, v: &Tensor, reference: bool) -> Result<Tensor> {
+        let dims4 = |x: &Tensor, what: &'static str| -> Result<(usize, usize, usize, usize)> {
+            x.dims4().map_err(|_| Error::Shape {
+                what,
+                expected: "(batch, seq_len, heads, head_dim)".into(),
+                got: format!("{:?}", x.dims()),
+            })
+        };
+        let (b, tq, hq, d) = dims4(q, "queries")?;
+        let (bk, tk, hk, dk) = dims4(kt, "keys")?;
+        if (bk, tk, hk, dk) != dims4(v, "values")? || b != bk || d != dk {
+            return Err(Error::Shape {
+                what: "keys and values",
+                expected: format!("batch and head_dim as the queries' {:?}", q.dims()),
+                got: format!("k {:?}, v {:?}", kt.dims(), v.dims()),
+            });
+        }
+        if hk == 0 || !hq.is_multiple_of(hk) || tq > tk || tq == 0 || d == 0 || b == 0 {
+            return Err(Error::Shape {
+                what: "attention heads and lengths",
+                expected: "kv heads dividing q heads, 1 ≤ T_q ≤ T_k, non-zero sizes".into(),
+                got: format!("q {:?}, k {:?}", q.dims(), kt.dims()),
+            });
+        }
+        let (qd, kd, vd) = (host_f32(q)?, host_f32(kt)?, host_f32(v)?);
+        let call = Call {
+            dims: k::Dims {
+                batch: b,
+                q_heads: hq,
+                kv_heads: hk,
+                q_len: tq,
+                k_len: tk,
+                head_dim: d,
+            },
+            q: &qd,
+            q_rows: k::Rows::bthd(hq, tq, d),
+            k: &kd,
+            k_rows: k::Rows::bthd(hk, tk, d),
+            v: &vd,
+            v_rows: k::Rows::bthd(hk, tk, d),
+        };
+        let out = self.run(&call, reference)?;
+        Ok(Tensor::from_vec(out, (b, tq, hq, d), &Device::Cpu)?)
+    }
+
+    /// The queries with ReRoPE's log-n factor applied (`None`: every factor
+    /// is 1).
+    fn scaled_queries(&self, c: &Call) -> Option<Vec<f32>> {
+        let dm = c.dims;
+        let shift = dm.k_len - dm.q_len;
+        let factors: Vec<f32> = (0..dm.q_len)
+            .map(|t| self.method.query_scale(shift + t, &self.lengths))
+            .collect();
+        if factors.iter().all(|&f| f == 1.0) {
+            return None;
+        }
+        let mut q = c.q.to_vec();
+        for b in 0..dm.batch {
+            for h in 0..dm.q_heads {
+                for (t, f) in factors.iter().enumerate() {
+                    let at = c.q_rows.offset + b * c.q_rows.sb + h * c.q_rows.sh + t * c.q_rows.st;
+                    for x in &mut q[at..at + dm.head_dim] {
+                        *x *= f;
+                    }
+                }
+            }
+        }
+        Some(q)
+    }
+
+    /// Output `(B, T_q, H_q, D)` row-major.
+    fn run(&self, c: &Call, reference: bool) -> Result<Vec<f32>> {
+        let dm = c.dims;
+        for (what, data, rows, heads, len) in [
+            ("queries", c.q, c.q_rows, dm.q_heads, dm.q_len),
+            ("keys", c.k, c.k_rows, dm.kv_heads, dm.k_len),
+            ("values", c.v, c.v_rows, dm.kv_heads, dm.k_len),
+        ] {
+            let need = rows.extent(dm.batch, heads, len, dm.head_dim);
+            if need > data.len() {
+                return Err(Error::Shape {
+                    what,
+                    expected: format!("{need} elements"),
+                    got: format!("{}", data.len()),
+                });
+            }
+        }
+        let rd = self.base.rotary_dim();
+        if rd > dm.head_dim {
+            return Err(Error::InvalidDimension {
+                what: "rotary_dim",
+                value: rd,
+                reason: "must be at most head_dim",
+            });
+        }
+        let scaled_q = self.scaled_queries(c);
+        let q = scaled_q.as_deref().unwrap_or(c.q);
+        let scale = self.method.logit_scale(dm.k_len, &self.lengths) / (dm.head_dim as f64).sqrt();
+        if reference {
+            return self.reference(c, q, scale);
+        }
+        let shift = dm.k_len - dm.q_len;
+        let n_out = dm.batch * dm.q_heads * dm.q_len;
+        let out_rows = k::Rows::bthd(dm.q_heads, dm.q_len, dm.head_dim);
+        let mut parts: Vec<(Vec<f32>, Vec<f32>)> = Vec::with_capacity(self.views.len());
+        for view in &self.views {
+            let rope = if view.freq_divisor != 1.0 {
+                self.scaled.as_ref().unwrap_or(self.base)
+            } else {
+                self.base
+            };
+            let q_ids: Vec<u32> = (0..dm.batch)
+                .flat_map(|_| (0..dm.q_len).map(|t| view.query.at(shift + t)))
+                .map(to_u32)
+                .collect::<Result<_>>()?;
+            let k_ids: Vec<u32> = (0..dm.batch)
+                .flat_map(|_| (0..dm.k_len).map(|j| view.key.at(j)))
+                .map(to_u32)
+                .collect::<Result<_>>()?;
+            let q_ids = Tensor::from_vec(q_ids, (dm.batch, dm.q_len), &Device::Cpu)?;
+            let k_ids = Tensor::from_vec(k_ids, (dm.batch, dm.k_len), &Device::Cpu)?;
+            let tables = rope.attention_tables(
+                Positions::Ids(&q_ids),
+                Positions::Ids(&k_ids),
+                dm.batch,
+                dm.q_len,
+                dm.k_len,
+            )?;
+            let rotation = k::Rotation {
+                rotary_dim: tables.rotary_dim,
+                pairs: tables.pairs,
+                q: tables.tables.query(),
+                k: tables.tables.key(),
+                q_rows: tables.q_rows.map(),
+                k_rows: tables.k_rows.map(),
+            };
+            let prob = k::Problem {
+                dims: dm,
+                scale: scale as f32,
+                causal: true,
+                q,
+                q_rows: c.q_rows,
+                k: c.k,
+                k_rows: c.k_rows,
+                v: c.v,
+                v_rows: c.v_rows,
+                rotation: Some(rotation),
+                q_pos: k::Pos::Offset(shift as i64),
+                k_pos: k::Pos::Offset(0),
+                alibi: None,
+                scalar: None,
+                vector: None,
+                dense: None,
+                cumulative: None,
+                products: self.products,
+                window: Some(view.keys),
+            };
+            let mut out = vec![0f32; n_out * dm.head_dim];
+            let mut lse = vec![0f32; n_out];
+            k::forward(&prob, &mut out, out_rows, &mut lse, self.level);
+            parts.push((out, lse));
+        }
+        Ok(merge(&parts, dm))
+    }
+
+    /// Every logit written out, in `f64`.
+    fn reference(&self, c: &Call, q: &[f32], scale: f64) -> Result<Vec<f32>> {
+        let dm = c.dims;
+        let d = dm.head_dim;
+        let shift = dm.k_len - dm.q_len;
+        let freqs = self.base.frequencies();
+        let att = freqs.attention_factor;
+        let rotate = |x: &[f32], pos: usize, divisor: f64| -> Vec<f64> {
+            let mut y: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            let half = freqs.rotary_dim / 2;
+            for (i, &f) in freqs.inv_freq.iter().enumerate() {
+                let (a, b) = match freqs.layout {
+                    PairLayout::HalfSplit => (i, i + half),
+                    PairLayout::Interleaved => (2 * i, 2 * i + 1),
+                };
+                let f = ((f as f64 / divisor) as f32) as f64;
+                let ang = pos as f64 * f;
+                let (cs, sn) = (ang.cos() * att, ang.sin() * att);
+                let (x0, x1) = (x[a] as f64, x[b] as f64);
+                y[a] = x0 * cs - x1 * sn;
+                y[b] = x1 * cs + x0 * sn;
+            }
+            y
+        };
+        let at = |rows: k::Rows, b: usize, h: usize, t: usize| {
+            rows.offset + b * rows.sb + h * rows.sh + t * rows.st
+        };
+        let group = dm.q_heads / dm.kv_heads;
+        let mut out = vec![0f32; dm.batch * dm.q_len * dm.q_heads * d];
+        for b in 0..dm.batch {
+            for h in 0..dm.q_heads {
+                let hk = h / group;
+                for t in 0..dm.q_len {
+                    let a = shift + t;
+                    let qv = &q[at(c.q_rows, b, h, t)..][..d];
+                    let mut s = vec![f64::NEG_INFINITY; a + 1];
+                    for (j, sj) in s.iter_mut().enumerate() {
+                        let Some(vi) = self.method.view_of(&self.views, a, j) else {
+                            continue;
+                        };
+                        let view = &self.views[vi];
+                        let qr = rotate(qv, view.query.at(a), view.freq_divisor);
+                        let kv = &c.k[at(c.k_rows, b, hk, j)..][..d];
+                        let kr = rotate(kv, view.key.at(j), view.freq_divisor);
+                        *sj = qr.iter().zip(&kr).map(|(x, y)| x * y).sum::<f64>() * scale;
+                    }
+                    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    if mx == f64::NEG_INFINITY {
+                        continue;
+                    }
+                    let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    let mut o = vec![0f64; d];
+                    for (j, ej) in e.iter().enumerate() {
+                        if *ej == 0.0 {
+                            continue;
+                        }
+                        let vv = &c.v[at(c.v_rows, b, hk, j)..][..d];
+                        for (ox, vx) in o.iter_mut().zip(vv) {
+                            *ox += ej / z * *vx as f64;
+                        }
+                    }
+                    let dst = &mut out[((b * dm.q_len + t) * dm.q_heads + h) * d..][..d];
+                    for (dx, ox) in dst.iter_mut().zip(&o) {
+                        *dx = *ox as f32;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Merges per-view outputs `(B, T_q, H_q, D)` and log-sum-exps `(B, H_q,
+/// T_q)` into one softmax's output.
+fn merge(parts: &[(Vec<f32>, Vec<f32>)], dm: k::Dims) -> Vec<f32> {
+    let d = dm.head_dim;
+    let mut out = vec![0f32; dm.batch * dm.q_len * dm.q_heads * d];
+    let mut w = vec![0f32; parts.len()];
+    for b in 0..dm.batch {
+        for h in 0..dm.q_heads {
+            for t in 0..dm.q_len {
+                let li = (b * dm.q_heads + h) * dm.q_len + t;
+                let m = parts
+                    .iter()
+                    .map(|(_, l)| l[li])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                if m == f32::NEG_INFINITY {
+                    continue;
+                }
+                for (wv, (_, l)) in w.iter_mut().zip(parts) {
+                    *wv = (l[li] - m).exp();
+                }
+                let z: f32 = w.iter().sum();
+                let oi = ((b * dm.q_len + t) * dm.q_heads + h) * d;
+                let dst = &mut out[oi..oi + d];
+                for (wv, (o, _)) in w.iter().zip(parts) {
+                    if *wv == 0.0 {
+                        continue;
+                    }
+                    let f = wv / z;
+                    for (x, y) in dst.iter_mut().zip(&o[oi..oi + d]) {
+                        *x += f * y;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn to_u32(p: usize) -> Result<u32> {
+    u32::try_from(p)
+        .map_err(|_| Error::invalid("attention method", format!("position {p} exceeds u32")))
+}
+
+fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
+    if !matches!(t.device(), Device::Cpu) || t.dtype() != DType::F32 {
+        return Err(Error::DType {
+            what: "context methods run on f32 CPU tensors",
+            dtype: format!("{:?} on {:?}", t.dtype(), t.device()),
+        });
+    }
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
