@@ -23,8 +23,10 @@
 //! composed candle ops (matmul, the attention's reference path) for tests.
 
 use candle_core::{Device, Tensor};
+use posenc::extend::{ContextMethod, ModelLengths};
 pub use posenc::kernels::attention::Products;
 use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
+use posenc::tensor::extend::MethodAttention;
 use posenc::tensor::rope::Rope;
 use rayon::prelude::*;
 
@@ -61,6 +63,8 @@ pub struct Decoder {
     lm_head: Option<Vec<f32>>,
     reference: bool,
     products: Products,
+    /// A training-free attention method run in every layer.
+    method: Option<ContextMethod>,
 }
 
 impl std::fmt::Debug for Decoder {
@@ -163,6 +167,7 @@ impl Decoder {
             lm_head,
             reference: false,
             products: Products::F32,
+            method: None,
         })
     }
 
@@ -187,6 +192,35 @@ impl Decoder {
         check_products(products)?;
         self.products = products;
         Ok(())
+    }
+
+    /// Runs every layer's attention with a training-free context method
+    /// (Self-Extend, ReRoPE, dual chunk attention, sinks: see
+    /// [`posenc::extend`]) on top of the RoPE given to each call; `None`
+    /// (the default) for plain attention.
+    ///
+    /// # Errors
+    /// The method's parameter checks.
+    pub fn set_method(&mut self, method: Option<ContextMethod>) -> Result<()> {
+        if let Some(m) = method {
+            m.validate()
+                .map_err(|e| ModelError::Invalid(e.to_string()))?;
+        }
+        self.method = method;
+        Ok(())
+    }
+
+    /// The attention method set by [`set_method`](Self::set_method).
+    pub fn method(&self) -> Option<ContextMethod> {
+        self.method
+    }
+
+    /// The lengths the context methods read from this model's config.
+    pub fn model_lengths(&self) -> ModelLengths {
+        ModelLengths {
+            trained: Some(self.cfg.trained_length()),
+            max_position_embeddings: Some(self.cfg.max_position_embeddings),
+        }
     }
 
     /// The attention of this model's forward passes.
@@ -225,10 +259,34 @@ impl Decoder {
         &self,
         tokens: &[u32],
         rope: &Rope,
+        cache: Option<&mut KvCache>,
+        on_layer: &mut dyn FnMut(usize),
+    ) -> Result<Vec<f32>> {
+        self.hidden_states_with(tokens, rope, self.method, cache, on_layer)
+    }
+
+    /// [`Decoder::hidden_states_observed`] with `method` (instead of the
+    /// one [`set_method`](Self::set_method) gave) in every layer's
+    /// attention.
+    ///
+    /// # Errors
+    /// As [`Decoder::hidden_states`]; the method's checks.
+    pub fn hidden_states_with(
+        &self,
+        tokens: &[u32],
+        rope: &Rope,
+        method: Option<ContextMethod>,
         mut cache: Option<&mut KvCache>,
         on_layer: &mut dyn FnMut(usize),
     ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
+        let method = match method {
+            Some(m) => Some(
+                MethodAttention::new(m, rope, self.model_lengths())?
+                    .with_products(self.products)?,
+            ),
+            None => None,
+        };
         let t = tokens.len();
         if t == 0 {
             return Err(ModelError::Invalid("no tokens to run".into()));
@@ -263,9 +321,9 @@ impl Decoder {
             let attn = match cache.as_deref_mut() {
                 Some(c) => {
                     c.append(li, &qkv, t, hq, hk, dh);
-                    self.attend_cached(&qkv, t, c, li, rope, offset)?
+                    self.attend_cached(&qkv, t, c, li, rope, method.as_ref(), offset)?
                 }
-                None => self.attend(qkv, t, rope)?,
+                None => self.attend(qkv, t, rope, method.as_ref())?,
             };
             let o = self.linear(&attn, t, hq * dh, &layer.wo, d, layer.bo.as_deref())?;
             add_into(&mut x, &o);
@@ -339,10 +397,24 @@ impl Decoder {
 
     /// Causal attention over one packed projection `(T, W)`: positions
     /// `0..T`.
-    fn attend(&self, qkv: Vec<f32>, t: usize, rope: &Rope) -> Result<Vec<f32>> {
+    fn attend(
+        &self,
+        qkv: Vec<f32>,
+        t: usize,
+        rope: &Rope,
+        method: Option<&MethodAttention>,
+    ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let w = cfg.qkv_width();
         let qkv = Tensor::from_vec(qkv, (1, t, w), &Device::Cpu)?;
+        if let Some(ma) = method {
+            let out = if self.reference {
+                ma.forward_packed_reference(&qkv, cfg.num_heads, cfg.num_kv_heads)?
+            } else {
+                ma.forward_packed(&qkv, cfg.num_heads, cfg.num_kv_heads)?
+            };
+            return vec_of(out);
+        }
         let hooks = AttentionHooks {
             query_key: Some(rope),
             ..Default::default()
@@ -370,6 +442,7 @@ impl Decoder {
 
     /// Attention of `t` new queries at `offset..offset + t` over every key
     /// in the cache (which already holds the new ones).
+    #[allow(clippy::too_many_arguments)]
     fn attend_cached(
         &self,
         qkv: &[f32],
@@ -377,6 +450,7 @@ impl Decoder {
         cache: &KvCache,
         layer: usize,
         rope: &Rope,
+        method: Option<&MethodAttention>,
         offset: usize,
     ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
@@ -391,6 +465,14 @@ impl Decoder {
         let q = Tensor::from_vec(q, (1, t, hq, dh), &Device::Cpu)?;
         let k = Tensor::from_slice(&kc[..tk * hk * dh], (1, tk, hk, dh), &Device::Cpu)?;
         let v = Tensor::from_slice(&vc[..tk * hk * dh], (1, tk, hk, dh), &Device::Cpu)?;
+        if let Some(ma) = method {
+            let out = if self.reference {
+                ma.forward_reference(&q, &k, &v)?
+            } else {
+                ma.forward(&q, &k, &v)?
+            };
+            return vec_of(out);
+        }
         let hooks = AttentionHooks {
             query_key: Some(rope),
             ..Default::default()

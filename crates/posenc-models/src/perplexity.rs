@@ -169,7 +169,13 @@ pub fn run_scaling(
     let cfg = scaling.rope_config(model.config())?;
     let rope = rope_of(cfg.clone())?;
     let t0 = Instant::now();
-    let loss = loss_per_position_observed(model, tokens, &rope, on_layer)?;
+    if tokens.len() < 2 {
+        return Err(ModelError::Invalid(
+            "a window needs at least two tokens".into(),
+        ));
+    }
+    let hidden = model.hidden_states_with(tokens, &rope, scaling.method, None, on_layer)?;
+    let loss = losses_from_hidden(model, &hidden, tokens)?;
     let secs = t0.elapsed().as_secs_f64();
     summarize(
         scaling,

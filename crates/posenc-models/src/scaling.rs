@@ -9,6 +9,7 @@
 
 use std::str::FromStr;
 
+use posenc::extend::ContextMethod;
 use posenc::rope::{RopeConfig, RopeScaling};
 
 use crate::config::DecoderConfig;
@@ -35,13 +36,22 @@ pub enum ScalingKind {
     Yarn(f64),
 }
 
-/// A scaling with the name it was given (kept for tables and JSON keys).
+/// A scaling with the name it was given (kept for tables and JSON keys),
+/// and optionally a training-free attention method
+/// ([`posenc::extend::ContextMethod`]) run with it.
+///
+/// Syntax: a scaling (`yarn:2`), a method (`self-extend:4:512`, over the
+/// model's own RoPE, as the authors' patches use the model's rotary
+/// embedding; dual chunk attention over plain RoPE, as ChunkLlama rebuilds
+/// its tables from the base), or both joined by `+` (`dca:6144:1024+yarn:2`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scaling {
     /// The name as written (`yarn:2`).
     pub name: String,
-    /// What it does.
+    /// What it does to the frequencies.
     pub kind: ScalingKind,
+    /// The attention method, if any.
+    pub method: Option<ContextMethod>,
 }
 
 impl FromStr for Scaling {
@@ -49,43 +59,83 @@ impl FromStr for Scaling {
 
     fn from_str(s: &str) -> Result<Scaling> {
         let s = s.trim();
-        let (kind, factor) = match s.split_once(':') {
-            Some((k, f)) => {
-                let f: f64 = f.trim().parse().map_err(|_| {
-                    ModelError::Invalid(format!("scaling {s:?}: factor {f:?} is not a number"))
-                })?;
-                if !(f.is_finite() && f > 0.0 && f <= MAX_FACTOR) {
-                    return Err(ModelError::Invalid(format!(
-                        "scaling {s:?}: the factor must be in (0, {MAX_FACTOR}]"
-                    )));
-                }
-                (k.trim(), Some(f))
-            }
-            None => (s, None),
+        let parts: Vec<&str> = s.split('+').map(str::trim).collect();
+        if parts.len() > 2 || parts.iter().any(|p| p.is_empty()) {
+            return Err(ModelError::Invalid(format!(
+                "scaling {s:?}: expected SCALING, METHOD or METHOD+SCALING"
+            )));
+        }
+        let (methods, scalings): (Vec<&str>, Vec<&str>) = parts
+            .iter()
+            .partition(|p| posenc::extend::is_method_name(p));
+        if methods.len() > 1 || scalings.len() > 1 {
+            return Err(ModelError::Invalid(format!(
+                "scaling {s:?}: at most one attention method and one frequency scaling"
+            )));
+        }
+        let method = match methods.first() {
+            Some(m) => Some(
+                m.parse::<ContextMethod>()
+                    .map_err(|e| ModelError::Invalid(e.to_string()))?,
+            ),
+            None => None,
         };
-        let need = |f: Option<f64>| {
-            f.ok_or_else(|| {
-                ModelError::Invalid(format!("scaling {s:?} needs a factor, as in {s}:2"))
-            })
+        let kind = match scalings.first() {
+            Some(k) => parse_kind(k)?,
+            None => match method {
+                Some(ContextMethod::Dca { .. }) => ScalingKind::None,
+                _ => ScalingKind::Model,
+            },
         };
-        let kind = match kind {
-            "model" if factor.is_none() => ScalingKind::Model,
-            "none" if factor.is_none() => ScalingKind::None,
-            "linear" | "pi" => ScalingKind::Linear(need(factor)?),
-            "dynamic" => ScalingKind::Dynamic(need(factor)?),
-            "ntk" => ScalingKind::Ntk(need(factor)?),
-            "yarn" => ScalingKind::Yarn(need(factor)?),
-            _ => {
-                return Err(ModelError::Invalid(format!(
-                    "unknown scaling {s:?}: use model, none, linear:F, dynamic:F, ntk:F or yarn:F"
-                )))
-            }
-        };
+        if method.is_some() && matches!(kind, ScalingKind::Dynamic(_)) {
+            return Err(ModelError::Invalid(format!(
+                "scaling {s:?}: dynamic NTK changes the frequencies with the length, \
+                 which the attention methods' remapped positions do not define"
+            )));
+        }
         Ok(Scaling {
             name: s.to_string(),
             kind,
+            method,
         })
     }
+}
+
+/// Parses one frequency scaling (`none`, `yarn:2`, ...).
+fn parse_kind(s: &str) -> Result<ScalingKind> {
+    let (kind, factor) = match s.split_once(':') {
+        Some((k, f)) => {
+            let f: f64 = f.trim().parse().map_err(|_| {
+                ModelError::Invalid(format!("scaling {s:?}: factor {f:?} is not a number"))
+            })?;
+            if !(f.is_finite() && f > 0.0 && f <= MAX_FACTOR) {
+                return Err(ModelError::Invalid(format!(
+                    "scaling {s:?}: the factor must be in (0, {MAX_FACTOR}]"
+                )));
+            }
+            (k.trim(), Some(f))
+        }
+        None => (s, None),
+    };
+    let need = |f: Option<f64>| {
+        f.ok_or_else(|| ModelError::Invalid(format!("scaling {s:?} needs a factor, as in {s}:2")))
+    };
+    let kind = match kind {
+        "model" if factor.is_none() => ScalingKind::Model,
+        "none" if factor.is_none() => ScalingKind::None,
+        "linear" | "pi" => ScalingKind::Linear(need(factor)?),
+        "dynamic" => ScalingKind::Dynamic(need(factor)?),
+        "ntk" => ScalingKind::Ntk(need(factor)?),
+        "yarn" => ScalingKind::Yarn(need(factor)?),
+        _ => {
+            return Err(ModelError::Invalid(format!(
+                "unknown scaling {s:?}: use model, none, linear:F, dynamic:F, ntk:F or \
+                     yarn:F, or an attention method: {}",
+                posenc::extend::SYNTAX
+            )))
+        }
+    };
+    Ok(kind)
 }
 
 /// Parses a comma-separated list (`none,linear:2,yarn:2`), refusing
