@@ -17,4 +17,6 @@ pub mod model;
 pub mod server;
 pub mod views;
 
-pub use server::{router, run, serve, MAX_BODY_BYTES};
+pub use server::{
+    app, router, run, run_with, serve, serve_with, Limits, MAX_ANSWER_BYTES, MAX_BODY_BYTES,
+};

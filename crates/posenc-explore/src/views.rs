@@ -26,6 +26,10 @@ pub const MAX_SIN_VALUES: usize = 1 << 18;
 pub const MAX_CURVE_POINTS: usize = 4096;
 /// The most ALiBi heads.
 pub const MAX_HEADS: usize = 4096;
+/// The most ALiBi bias values (heads × distances) one request gets: every
+/// head count up to [`MAX_HEADS`] at the page's 65 distances, about 10 MB of
+/// JSON at most (4096 heads at 4096 distances would be 325 MB).
+pub const MAX_BIAS_VALUES: usize = 1 << 19;
 /// The largest Shaw clipping distance.
 pub const MAX_SHAW_K: usize = 1 << 16;
 /// The largest distance or position of the teaching views.
@@ -185,14 +189,20 @@ pub fn rope_view(
 /// `r = distances[i]`.
 ///
 /// # Errors
-/// [`Error::TooLarge`] past the bounds; [`Error::ZeroHeads`].
+/// [`Error::TooLarge`] past the bounds (heads × points included:
+/// [`MAX_BIAS_VALUES`]); [`Error::ZeroHeads`].
 pub fn alibi_view(heads: usize, max_distance: u64, points: usize) -> Result<Value> {
     bound("heads", heads as u64, MAX_HEADS as u64)?;
     bound("max_distance", max_distance, MAX_DISTANCE)?;
     bound("points", points as u64, MAX_CURVE_POINTS as u64)?;
+    let d = distances(max_distance, points);
+    bound(
+        "bias values (heads × points)",
+        (heads as u64).saturating_mul(d.len() as u64),
+        MAX_BIAS_VALUES as u64,
+    )?;
     let mut v = alibi_json(heads)?;
     let alibi = Alibi::new(heads, AlibiMode::Causal)?;
-    let d = distances(max_distance, points);
     let bias: Vec<Vec<f64>> = alibi
         .slopes()
         .iter()
