@@ -348,6 +348,52 @@ impl DecoderConfig {
         (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
     }
 
+    /// Every parameter [`crate::Decoder::load`] reads for this config, by
+    /// Hugging Face name, with its shape (Hugging Face order). The output
+    /// projection `lm_head.weight` is last; with tied embeddings it is
+    /// optional (used when present).
+    pub fn expected_tensors(&self) -> Vec<(String, Vec<usize>)> {
+        let (d, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let (hq, hk, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let mut out: Vec<(String, Vec<usize>)> = vec![
+            ("model.embed_tokens.weight".into(), vec![v, d]),
+            ("model.norm.weight".into(), vec![d]),
+        ];
+        for l in 0..self.num_layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            out.extend([
+                (p("input_layernorm.weight"), vec![d]),
+                (p("post_attention_layernorm.weight"), vec![d]),
+                (p("self_attn.q_proj.weight"), vec![hq * dh, d]),
+                (p("self_attn.k_proj.weight"), vec![hk * dh, d]),
+                (p("self_attn.v_proj.weight"), vec![hk * dh, d]),
+                (p("self_attn.o_proj.weight"), vec![d, hq * dh]),
+                (p("mlp.gate_proj.weight"), vec![i, d]),
+                (p("mlp.up_proj.weight"), vec![i, d]),
+                (p("mlp.down_proj.weight"), vec![d, i]),
+            ]);
+            if self.qkv_bias {
+                out.extend([
+                    (p("self_attn.q_proj.bias"), vec![hq * dh]),
+                    (p("self_attn.k_proj.bias"), vec![hk * dh]),
+                    (p("self_attn.v_proj.bias"), vec![hk * dh]),
+                ]);
+            }
+            if self.o_bias {
+                out.push((p("self_attn.o_proj.bias"), vec![d]));
+            }
+            if self.mlp_bias {
+                out.extend([
+                    (p("mlp.gate_proj.bias"), vec![i]),
+                    (p("mlp.up_proj.bias"), vec![i]),
+                    (p("mlp.down_proj.bias"), vec![d]),
+                ]);
+            }
+        }
+        out.push(("lm_head.weight".into(), vec![v, d]));
+        out
+    }
+
     /// Number of parameters (embeddings counted once when tied).
     pub fn parameters(&self) -> u64 {
         let d = self.hidden_size as u64;

@@ -35,6 +35,19 @@ pub enum ModelError {
         /// The architecture as the file names it.
         name: String,
     },
+    /// A path that is not a regular file (a FIFO, a character or block
+    /// device, a socket, a directory where a file is expected), refused by
+    /// its type before it is opened for reading.
+    #[error("{path}: a {kind}, not a regular file (refused without reading it)")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// A forward pass produced a non-finite value (NaN or infinity).
+    #[error("{0}")]
+    NonFinite(String),
     /// A config value is missing or out of range.
     #[error("invalid model config: {0}")]
     Config(String),

@@ -1,6 +1,9 @@
-//! GGUF files (llama.cpp's format): header and metadata through candle's
-//! reader ([`candle_core::quantized::gguf_file`]), every tensor's extent
-//! checked against the file before any is read, metadata mapped onto the
+//! GGUF files (llama.cpp's format): the header scanned and checked by this
+//! module first ([`scan_header`]: every count, string and array bounded by
+//! the bytes present and by a stated cap, the alignment, every tensor's
+//! type, shape, offset and extent, no duplicate or overlapping tensors),
+//! then read by candle's reader ([`candle_core::quantized::gguf_file`]),
+//! which thus only ever sees a well-formed header; metadata mapped onto the
 //! Hugging Face config as transformers' `integrations/ggml.py` maps it, and
 //! tensors dequantized to `f32` under their Hugging Face names.
 //!
@@ -15,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{Content, Value};
@@ -29,6 +32,25 @@ use crate::weights::WeightSource;
 
 /// Largest number of elements of one tensor accepted (2^34: 64 GB in f32).
 pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 34;
+
+/// Longest metadata string accepted (16 MiB; chat templates are tens of
+/// kilobytes).
+pub const MAX_METADATA_STRING: u64 = 16 << 20;
+
+/// Longest metadata key or tensor name accepted, bytes.
+pub const MAX_NAME_BYTES: u64 = 1024;
+
+/// Most metadata entries accepted.
+pub const MAX_METADATA_KEYS: u64 = 1 << 16;
+
+/// Most tensors accepted.
+pub const MAX_TENSORS: u64 = 1 << 20;
+
+/// Most metadata array elements accepted, all arrays together (2^22: the
+/// largest vocabularies, with their scores, types and merges, need under
+/// 2 million). candle holds each element in 32 bytes, so the metadata's
+/// memory is bounded by 128 MiB plus the bytes of its strings.
+pub const MAX_METADATA_ELEMENTS: u64 = 1 << 22;
 
 /// The tensor types this crate dequantizes (others are refused by name).
 pub const SUPPORTED_TYPES: &[GgmlDType] = &[
@@ -74,9 +96,13 @@ impl GgufFile {
     /// [`ModelError::BadFile`] for anything that is not a complete GGUF
     /// file.
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
-        let file_size = file.metadata().map_err(|e| ModelError::io(path, e))?.len();
+        let (file, file_size) = crate::input::open_regular(path)?;
         let mut reader = BufReader::new(file);
+        let scanned = scan_header(&mut reader, file_size)
+            .map_err(|reason| ModelError::bad_file(path, reason))?;
+        reader
+            .seek(SeekFrom::Start(0))
+            .map_err(|e| ModelError::io(path, e))?;
         let content = Content::read(&mut reader).map_err(|e| {
             let msg = e.to_string();
             if msg.contains("magic") {
@@ -87,6 +113,14 @@ impl GgufFile {
                 ModelError::bad_file(path, format!("unreadable GGUF header: {msg}"))
             }
         })?;
+        if content.tensor_data_offset != scanned.data_offset
+            || content.tensor_infos.len() != scanned.tensors
+        {
+            return Err(ModelError::bad_file(
+                path,
+                "candle's reader and the header scan disagree on the tensor directory",
+            ));
+        }
         for (name, info) in &content.tensor_infos {
             let dims = info.shape.dims();
             let mut elems: u64 = 1;
@@ -362,7 +396,9 @@ impl GgufFile {
                 attention_factor: Some(1.0),
             })?;
         }
-        DecoderConfig::from_hf(&hf, rope)
+        let cfg = DecoderConfig::from_hf(&hf, rope)?;
+        self.check_config(&cfg)?;
+        Ok(cfg)
     }
 
     fn read_f32(&mut self, name: &str) -> Result<Tensor> {
@@ -384,8 +420,426 @@ impl GgufFile {
             .content
             .tensor(&mut self.reader, name, &Device::Cpu)
             .map_err(|e| ModelError::bad_file(&self.path, format!("tensor {name}: {e}")))?;
-        Ok(q.dequantize(&Device::Cpu)?)
+        let t = q.dequantize(&Device::Cpu)?;
+        crate::weights::check_finite(&t, name, &self.path)?;
+        Ok(t)
     }
+
+    /// Checks the file's tensors against `cfg` before any is read
+    /// ([`crate::weights::check_tensor_set`], under GGUF names; a
+    /// `rope_freqs.weight` and `attn_rot_embd` tensors are allowed).
+    ///
+    /// # Errors
+    /// [`ModelError::BadFile`] naming missing, unexpected or misshapen
+    /// tensors.
+    pub fn check_config(&self, cfg: &DecoderConfig) -> Result<()> {
+        let present: HashMap<String, Vec<usize>> = self
+            .content
+            .tensor_infos
+            .iter()
+            .map(|(n, i)| (n.clone(), i.shape.dims().to_vec()))
+            .collect();
+        crate::weights::check_tensor_set(
+            cfg,
+            &present,
+            &gguf_name,
+            &|n| n == "rope_freqs.weight" || n.ends_with(".attn_rot_embd"),
+            &self.path,
+        )
+    }
+}
+
+/// What [`scan_header`] found in a well-formed GGUF header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderScan {
+    /// The format version (1, 2 or 3).
+    pub version: u32,
+    /// Metadata entries.
+    pub metadata_entries: usize,
+    /// Tensors.
+    pub tensors: usize,
+    /// `general.alignment`, or 32.
+    pub alignment: u64,
+    /// Where the tensor data starts (the end of the header, aligned).
+    pub data_offset: u64,
+}
+
+/// The GGML type of a type id (`ggml.h`), for the types candle reads.
+fn ggml_type(id: u32) -> Option<GgmlDType> {
+    Some(match id {
+        0 => GgmlDType::F32,
+        1 => GgmlDType::F16,
+        2 => GgmlDType::Q4_0,
+        3 => GgmlDType::Q4_1,
+        6 => GgmlDType::Q5_0,
+        7 => GgmlDType::Q5_1,
+        8 => GgmlDType::Q8_0,
+        9 => GgmlDType::Q8_1,
+        10 => GgmlDType::Q2K,
+        11 => GgmlDType::Q3K,
+        12 => GgmlDType::Q4K,
+        13 => GgmlDType::Q5K,
+        14 => GgmlDType::Q6K,
+        15 => GgmlDType::Q8K,
+        30 => GgmlDType::BF16,
+        _ => return None,
+    })
+}
+
+/// Bytes on disk of one metadata value of a fixed-size type id, `None` for
+/// strings and arrays.
+fn fixed_size(ty: u32) -> Option<u64> {
+    match ty {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4..=6 => Some(4),
+        10..=12 => Some(8),
+        _ => None,
+    }
+}
+
+/// A reader that knows its position and the file's size, so that every
+/// read is checked against the bytes present before it is made.
+struct Scanner<'a, R> {
+    r: &'a mut R,
+    pos: u64,
+    size: u64,
+    version: u32,
+}
+
+type ScanResult<T> = std::result::Result<T, String>;
+
+impl<R: Read> Scanner<'_, R> {
+    fn need(&self, n: u64, what: &dyn Fn() -> String) -> ScanResult<()> {
+        if self.size.saturating_sub(self.pos) < n {
+            return Err(format!(
+                "truncated: {} needs {n} bytes at offset {}, the file has {}",
+                what(),
+                self.pos,
+                self.size
+            ));
+        }
+        Ok(())
+    }
+
+    fn bytes(&mut self, n: u64, what: &dyn Fn() -> String) -> ScanResult<Vec<u8>> {
+        self.need(n, what)?;
+        let mut v = vec![0u8; n as usize];
+        self.r
+            .read_exact(&mut v)
+            .map_err(|e| format!("{}: {e}", what()))?;
+        self.pos += n;
+        Ok(v)
+    }
+
+    fn skip(&mut self, n: u64, what: &dyn Fn() -> String) -> ScanResult<()> {
+        self.need(n, what)?;
+        let copied = std::io::copy(&mut (&mut *self.r).take(n), &mut std::io::sink())
+            .map_err(|e| format!("{}: {e}", what()))?;
+        if copied != n {
+            return Err(format!("truncated: {} at offset {}", what(), self.pos));
+        }
+        self.pos += n;
+        Ok(())
+    }
+
+    fn u8(&mut self, what: &dyn Fn() -> String) -> ScanResult<u8> {
+        Ok(self.bytes(1, what)?[0])
+    }
+
+    fn u32(&mut self, what: &dyn Fn() -> String) -> ScanResult<u32> {
+        let b = self.bytes(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self, what: &dyn Fn() -> String) -> ScanResult<u64> {
+        let b = self.bytes(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    /// A count or string length: 32 bits in version 1, 64 after.
+    fn length(&mut self, what: &dyn Fn() -> String) -> ScanResult<u64> {
+        if self.version == 1 {
+            Ok(self.u32(what)? as u64)
+        } else {
+            self.u64(what)
+        }
+    }
+
+    fn prefix_size(&self) -> u64 {
+        if self.version == 1 {
+            4
+        } else {
+            8
+        }
+    }
+
+    /// A key or tensor name, as candle stores it (trailing NULs dropped,
+    /// invalid UTF-8 replaced).
+    fn name(&mut self, what: &dyn Fn() -> String) -> ScanResult<String> {
+        let len = self.length(what)?;
+        if len > MAX_NAME_BYTES {
+            return Err(format!(
+                "{} is {len} bytes long, over the {MAX_NAME_BYTES}-byte limit",
+                what()
+            ));
+        }
+        let mut v = self.bytes(len, what)?;
+        while v.last() == Some(&0) {
+            v.pop();
+        }
+        Ok(String::from_utf8_lossy(&v).into_owned())
+    }
+
+    /// One metadata value of type `ty`; the value of an integer, for
+    /// `general.alignment`.
+    fn value(&mut self, ty: u32, key: &str, elements: &mut u64) -> ScanResult<Option<i128>> {
+        let what = || format!("the value of metadata {key}");
+        Ok(match ty {
+            0 => Some(self.u8(&what)? as i128),
+            1 => Some(self.u8(&what)? as i8 as i128),
+            2 | 3 => {
+                let b = self.bytes(2, &what)?;
+                let u = u16::from_le_bytes([b[0], b[1]]);
+                Some(if ty == 2 { u as i128 } else { u as i16 as i128 })
+            }
+            4 => Some(self.u32(&what)? as i128),
+            5 => Some(self.u32(&what)? as i32 as i128),
+            7 => match self.u8(&what)? {
+                0 | 1 => None,
+                b => return Err(format!("metadata {key}: boolean byte {b}, not 0 or 1")),
+            },
+            6 | 10..=12 => {
+                self.skip(fixed_size(ty).unwrap_or(8), &what)?;
+                None
+            }
+            8 => {
+                let len = self.length(&what)?;
+                if len > MAX_METADATA_STRING {
+                    return Err(format!(
+                        "metadata {key}: a string of {len} bytes, over the {MAX_METADATA_STRING}-byte limit"
+                    ));
+                }
+                self.skip(len, &what)?;
+                None
+            }
+            9 => {
+                let elem = self.u32(&|| format!("the element type of metadata {key}"))?;
+                if elem == 9 {
+                    return Err(format!(
+                        "metadata {key}: an array of arrays (not supported, as in llama.cpp)"
+                    ));
+                }
+                if elem > 12 {
+                    return Err(format!(
+                        "metadata {key}: an array of unknown value type id {elem}"
+                    ));
+                }
+                let n = self.length(&|| format!("the length of metadata array {key}"))?;
+                let min = fixed_size(elem).unwrap_or(self.prefix_size());
+                let left = self.size.saturating_sub(self.pos);
+                if n.saturating_mul(min) > left {
+                    return Err(format!(
+                        "metadata {key}: an array of {n} elements needs at least {} bytes, the file has {left} left",
+                        n.saturating_mul(min)
+                    ));
+                }
+                *elements = elements.saturating_add(n);
+                if *elements > MAX_METADATA_ELEMENTS {
+                    return Err(format!(
+                        "metadata {key}: {} array elements in all, over the limit of {MAX_METADATA_ELEMENTS}",
+                        *elements
+                    ));
+                }
+                match (elem, fixed_size(elem)) {
+                    (7, _) => {
+                        for _ in 0..n {
+                            self.value(7, key, elements)?;
+                        }
+                    }
+                    (_, Some(size)) => self.skip(n * size, &what)?,
+                    _ => {
+                        for _ in 0..n {
+                            self.value(elem, key, elements)?;
+                        }
+                    }
+                }
+                None
+            }
+            other => return Err(format!("metadata {key} has unknown value type id {other}")),
+        })
+    }
+}
+
+/// Reads and checks a GGUF header from the start of `r` (a file of
+/// `file_size` bytes) without keeping it: the magic and version; the
+/// tensor and metadata counts against the bytes left and
+/// [`MAX_TENSORS`] / [`MAX_METADATA_KEYS`]; every key and name (at most
+/// [`MAX_NAME_BYTES`], no duplicates); every value's type id, every string
+/// ([`MAX_METADATA_STRING`]) and array (its elements' minimum size against
+/// the bytes left, all arrays together at most [`MAX_METADATA_ELEMENTS`],
+/// no nesting) and boolean byte; `general.alignment` (an integer, a
+/// non-zero multiple of 8, as the GGUF specification says); every tensor's
+/// dimensions (at most 4, none zero, at most [`MAX_TENSOR_ELEMENTS`]
+/// elements, whole blocks), type id, offset (a multiple of the alignment)
+/// and extent (inside the file), and that no two tensors overlap. Nothing
+/// larger than a name is allocated, whatever the file says.
+///
+/// # Errors
+/// The reason, in words, naming the field (with the path added by the
+/// caller).
+pub fn scan_header<R: Read>(r: &mut R, file_size: u64) -> ScanResult<HeaderScan> {
+    let mut s = Scanner {
+        r,
+        pos: 0,
+        size: file_size,
+        version: 3,
+    };
+    let magic = s.bytes(4, &|| "the magic number".to_string())?;
+    if magic != b"GGUF" {
+        return Err("not a GGUF file (wrong magic number)".into());
+    }
+    let version = s.u32(&|| "the version".to_string())?;
+    if !(1..=3).contains(&version) {
+        return Err(format!("GGUF version {version} (posenc reads 1 to 3)"));
+    }
+    s.version = version;
+    let tensor_count = s.length(&|| "the tensor count".to_string())?;
+    let kv_count = s.length(&|| "the metadata count".to_string())?;
+    if tensor_count > MAX_TENSORS {
+        return Err(format!(
+            "{tensor_count} tensors, over the limit of {MAX_TENSORS}"
+        ));
+    }
+    if kv_count > MAX_METADATA_KEYS {
+        return Err(format!(
+            "{kv_count} metadata entries, over the limit of {MAX_METADATA_KEYS}"
+        ));
+    }
+    let p = s.prefix_size();
+    let least = kv_count
+        .saturating_mul(p + 4 + 1)
+        .saturating_add(tensor_count.saturating_mul(p + 4 + 4 + 8));
+    let left = file_size.saturating_sub(s.pos);
+    if least > left {
+        return Err(format!(
+            "truncated: the header declares {tensor_count} tensors and {kv_count} metadata entries, at least {least} bytes, the file has {left} left"
+        ));
+    }
+    let mut keys = std::collections::HashSet::new();
+    let mut elements = 0u64;
+    let mut alignment: Option<u64> = None;
+    for i in 0..kv_count {
+        let key = s.name(&|| format!("the key of metadata entry {i}"))?;
+        if !keys.insert(key.clone()) {
+            return Err(format!("metadata {key} appears twice"));
+        }
+        let ty = s.u32(&|| format!("the value type of metadata {key}"))?;
+        let v = s.value(ty, &key, &mut elements)?;
+        if key == "general.alignment" {
+            // The integer types candle's reader takes the alignment from.
+            let a = match (ty, v) {
+                (0..=5, Some(a)) if a >= 0 => a as u64,
+                _ => {
+                    return Err("general.alignment is not a non-negative 32-bit integer".to_string())
+                }
+            };
+            if a == 0 || !a.is_multiple_of(8) {
+                return Err(format!(
+                    "general.alignment is {a}: the GGUF specification asks for a non-zero multiple of 8"
+                ));
+            }
+            alignment = Some(a);
+        }
+    }
+    let alignment = alignment.unwrap_or(32);
+    struct Entry {
+        name: String,
+        offset: u64,
+        bytes: u64,
+    }
+    let mut names = std::collections::HashSet::new();
+    let mut entries: Vec<Entry> = Vec::with_capacity(tensor_count.min(1 << 16) as usize);
+    for i in 0..tensor_count {
+        let name = s.name(&|| format!("the name of tensor {i}"))?;
+        if !names.insert(name.clone()) {
+            return Err(format!("tensor {name} appears twice"));
+        }
+        let nd = s.u32(&|| format!("the dimension count of tensor {name}"))?;
+        if nd > 4 {
+            return Err(format!("tensor {name} has {nd} dimensions, at most 4"));
+        }
+        let mut elems: u64 = 1;
+        let mut dims = Vec::with_capacity(nd as usize);
+        for k in 0..nd {
+            let d = s.length(&|| format!("dimension {k} of tensor {name}"))?;
+            dims.push(d);
+            elems = elems.saturating_mul(d);
+        }
+        if dims.contains(&0) || elems > MAX_TENSOR_ELEMENTS {
+            return Err(format!(
+                "tensor {name} has dimensions {dims:?} ({elems} elements; 1 to {MAX_TENSOR_ELEMENTS} accepted)"
+            ));
+        }
+        let ty = s.u32(&|| format!("the type of tensor {name}"))?;
+        let dtype =
+            ggml_type(ty).ok_or_else(|| format!("tensor {name} has unknown type id {ty}"))?;
+        let block = dtype.block_size() as u64;
+        if !elems.is_multiple_of(block) {
+            return Err(format!(
+                "tensor {name}: {elems} elements are not whole {dtype:?} blocks of {block}"
+            ));
+        }
+        let bytes = elems / block * dtype.type_size() as u64;
+        let offset = s.u64(&|| format!("the offset of tensor {name}"))?;
+        entries.push(Entry {
+            name,
+            offset,
+            bytes,
+        });
+    }
+    let data_offset = s.pos.div_ceil(alignment).saturating_mul(alignment);
+    for e in &entries {
+        if !e.offset.is_multiple_of(alignment) {
+            return Err(format!(
+                "tensor {}: offset {} is not a multiple of the alignment {alignment}",
+                e.name, e.offset
+            ));
+        }
+        let end = data_offset
+            .checked_add(e.offset)
+            .and_then(|x| x.checked_add(e.bytes));
+        if end.is_none_or(|end| end > file_size) {
+            return Err(format!(
+                "truncated: tensor {} needs bytes {}..{} of a {file_size}-byte file",
+                e.name,
+                data_offset.saturating_add(e.offset),
+                data_offset.saturating_add(e.offset).saturating_add(e.bytes)
+            ));
+        }
+    }
+    entries.sort_by_key(|e| e.offset);
+    for w in entries.windows(2) {
+        if w[0].offset + w[0].bytes > w[1].offset {
+            return Err(format!(
+                "tensors {} (bytes {}..{} of the data) and {} (from {}) overlap",
+                w[0].name,
+                w[0].offset,
+                w[0].offset + w[0].bytes,
+                w[1].name,
+                w[1].offset
+            ));
+        }
+    }
+    Ok(HeaderScan {
+        version,
+        metadata_entries: kv_count as usize,
+        tensors: tensor_count as usize,
+        alignment,
+        data_offset,
+    })
 }
 
 /// The GGUF name of a Hugging Face parameter name (Llama and Qwen2 layouts,

@@ -42,6 +42,7 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod input;
 pub mod llama;
 pub mod perplexity;
 pub mod scaling;

@@ -127,6 +127,28 @@ fn ints(v: Option<&Value>) -> Vec<i64> {
     }
 }
 
+/// Refuses a GGUF tokenizer model that does not match its vocabulary's
+/// spelling: byte-level BPE (`gpt2`) spells a space `Ġ` (U+0120),
+/// SentencePiece (`llama`) spells it `▁` (U+2581). A vocabulary where the
+/// other model's spelling is the more common one was written for it (read
+/// with the wrong model it tokenizes, but every loss is wrong).
+fn check_model_matches_vocabulary(model: &str, tokens: &[String], path: &Path) -> Result<()> {
+    let byte_level = tokens.iter().filter(|t| t.contains('\u{120}')).count();
+    let sentencepiece = tokens.iter().filter(|t| t.contains('\u{2581}')).count();
+    let wrong = match model {
+        "gpt2" => sentencepiece > byte_level,
+        "llama" => byte_level > sentencepiece,
+        _ => false,
+    };
+    if wrong {
+        return Err(ModelError::Tokenizer(format!(
+            "{}: tokenizer.ggml.model is {model:?}, but the vocabulary is spelled for the other model ({byte_level} tokens with the byte-level space U+0120, {sentencepiece} with SentencePiece's U+2581)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
     ModelError::Tokenizer(e.to_string())
 }
@@ -192,6 +214,7 @@ impl TextTokenizer {
                 })
                 .collect()
         };
+        check_model_matches_vocabulary(&model, &tokens, path)?;
         let (mut tk, add_bos, byte_alphabet) = match model.as_str() {
             "gpt2" => {
                 let spell = bytes_to_unicode();
@@ -285,7 +308,7 @@ impl TextTokenizer {
         if !user.is_empty() {
             tk.add_tokens(user).map_err(tok_err)?;
         }
-        Ok(TextTokenizer {
+        let tk = TextTokenizer {
             inner: tk,
             bos,
             add_bos: add_bos && bos.is_some(),
@@ -295,7 +318,31 @@ impl TextTokenizer {
                 pre.map(|p| format!(", pre-tokenizer {p}"))
                     .unwrap_or_default()
             ),
-        })
+        };
+        if let Some((dims, _)) = g.tensor_info("token_embd.weight") {
+            tk.check_model_vocab(dims.first().copied().unwrap_or(0))?;
+        }
+        Ok(tk)
+    }
+
+    /// Checks this tokenizer against a model of `rows` embedding rows: it
+    /// must not know more tokens than there are rows (its ids would fall
+    /// outside the embedding), nor far fewer (the model would generate ids
+    /// it cannot decode): at least `rows − max(1024, rows/16)` (checkpoints
+    /// pad their embedding rows by a few hundred at most).
+    ///
+    /// # Errors
+    /// [`ModelError::Tokenizer`] saying both sizes.
+    pub fn check_model_vocab(&self, rows: usize) -> Result<()> {
+        let n = self.vocab_size();
+        let slack = (rows / 16).max(1024);
+        if n > rows || n.saturating_add(slack) < rows {
+            return Err(ModelError::Tokenizer(format!(
+                "{}: {n} tokens for a model of {rows} embedding rows: the tokenizer of another model",
+                self.source
+            )));
+        }
+        Ok(())
     }
 
     /// Reads a `tokenizer.json`; `add_bos_token` and the special tokens come
@@ -306,16 +353,7 @@ impl TextTokenizer {
     /// [`ModelError::Io`] / [`ModelError::Tokenizer`] for a missing, too
     /// large or invalid file.
     pub fn from_file(path: &Path) -> Result<TextTokenizer> {
-        let len = std::fs::metadata(path)
-            .map_err(|e| ModelError::io(path, e))?
-            .len();
-        if len > MAX_TOKENIZER_BYTES {
-            return Err(ModelError::Tokenizer(format!(
-                "{}: {len} bytes is over the {MAX_TOKENIZER_BYTES}-byte limit",
-                path.display()
-            )));
-        }
-        let bytes = std::fs::read(path).map_err(|e| ModelError::io(path, e))?;
+        let bytes = crate::input::read_bounded(path, MAX_TOKENIZER_BYTES)?;
         let inner = Tokenizer::from_bytes(&bytes)
             .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
         Ok(TextTokenizer {

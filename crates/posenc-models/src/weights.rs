@@ -3,12 +3,14 @@
 //! files), both asked by Hugging Face parameter name and expected shape, and
 //! both returning `f32` tensors.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
+use crate::config::DecoderConfig;
 use crate::error::{ModelError, Result};
 
 /// A store of named parameters.
@@ -24,6 +26,99 @@ pub trait WeightSource {
     fn load(&mut self, hf_name: &str, shape: &[usize]) -> Result<Tensor>;
     /// One line saying what the store is (format, tensor types).
     fn describe(&self) -> String;
+}
+
+/// Checks the tensors a file has (`present`: the file's names and shapes)
+/// against those `cfg` reads ([`DecoderConfig::expected_tensors`], named
+/// in the file by `file_name`), before any is read: every missing tensor
+/// and every tensor the config does not use (unless `allowed_extra`) is
+/// named (the first few of each), and every shape is checked. A config
+/// saying 1 layer on a 2-layer checkpoint, or 3 on it, is refused here.
+///
+/// # Errors
+/// [`ModelError::BadFile`] naming the tensors.
+pub fn check_tensor_set(
+    cfg: &DecoderConfig,
+    present: &HashMap<String, Vec<usize>>,
+    file_name: &dyn Fn(&str) -> Option<String>,
+    allowed_extra: &dyn Fn(&str) -> bool,
+    path: &Path,
+) -> Result<()> {
+    let list = |names: &[String]| -> String {
+        let shown: Vec<&str> = names.iter().take(4).map(String::as_str).collect();
+        let more = names.len().saturating_sub(4);
+        if more > 0 {
+            format!("{} and {more} more", shown.join(", "))
+        } else {
+            shown.join(", ")
+        }
+    };
+    let mut expected = HashSet::new();
+    let mut missing = Vec::new();
+    for (hf, shape) in cfg.expected_tensors() {
+        let name = file_name(&hf).unwrap_or_else(|| hf.clone());
+        match present.get(&name) {
+            Some(dims) if dims != &shape => {
+                return Err(ModelError::bad_file(
+                    path,
+                    format!("tensor {name} has shape {dims:?}, the config expects {shape:?}"),
+                ))
+            }
+            Some(_) => {}
+            None if hf == "lm_head.weight" && cfg.tie_word_embeddings => {}
+            None => missing.push(name.clone()),
+        }
+        expected.insert(name);
+    }
+    if !missing.is_empty() {
+        return Err(ModelError::bad_file(
+            path,
+            format!(
+                "missing tensors for the config's {} layers: {}",
+                cfg.num_layers,
+                list(&missing)
+            ),
+        ));
+    }
+    let mut unexpected: Vec<String> = present
+        .keys()
+        .filter(|n| !expected.contains(*n) && !allowed_extra(n))
+        .cloned()
+        .collect();
+    if !unexpected.is_empty() {
+        unexpected.sort();
+        return Err(ModelError::bad_file(
+            path,
+            format!(
+                "tensors the config ({} layers) does not use: {}; the config does not match the weights",
+                cfg.num_layers,
+                list(&unexpected)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that every value of a parameter just read is finite, naming the
+/// tensor (and so its layer) and the first bad index otherwise. A sum
+/// screens the tensor; only a non-finite sum is searched element by
+/// element.
+///
+/// # Errors
+/// [`ModelError::BadFile`] for a NaN or an infinity.
+pub fn check_finite(t: &Tensor, name: &str, path: &Path) -> Result<()> {
+    let sum = t.sum_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+    if sum.is_finite() {
+        return Ok(());
+    }
+    let values = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        return Err(ModelError::bad_file(
+            path,
+            format!("tensor {name} has the non-finite value {v} at index {i}"),
+        ));
+    }
+    Ok(())
 }
 
 /// A Hugging Face checkpoint's safetensors files, memory-mapped.
@@ -62,16 +157,9 @@ impl Safetensors {
         let files = if single.is_file() {
             vec![single]
         } else if index.is_file() {
-            let len = std::fs::metadata(&index)
-                .map_err(|e| ModelError::io(&index, e))?
-                .len();
-            if len > MAX_INDEX_BYTES {
-                return Err(ModelError::bad_file(
-                    &index,
-                    format!("{len} bytes is too large"),
-                ));
-            }
-            let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
+            let bytes = crate::input::read_bounded(&index, MAX_INDEX_BYTES)?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| ModelError::bad_file(&index, "not UTF-8 text"))?;
             let idx: Index = serde_json::from_str(&text)
                 .map_err(|e| ModelError::bad_file(&index, e.to_string()))?;
             let mut shards: Vec<String> = idx.weight_map.into_values().collect();
@@ -99,12 +187,50 @@ impl Safetensors {
                 )));
             }
         }
+        for f in &files {
+            crate::input::check_regular(f)?;
+        }
         // SAFETY: the files are mapped read-only; posenc does not modify
         // them, and a checkpoint changed by another process while it is
         // read is outside what any loader can guard against.
         let st = unsafe { MmapedSafetensors::multi(&files) }
             .map_err(|e| ModelError::bad_file(&files[0], e.to_string()))?;
-        Ok(Safetensors { files, st })
+        let st = Safetensors { files, st };
+        // The checkpoint's own config.json, when it parses, must describe
+        // these tensors (a bad config is reported by whoever reads it).
+        let cfg_path = dir.join("config.json");
+        if let Ok(bytes) = crate::input::read_bounded(&cfg_path, crate::MAX_CONFIG_BYTES) {
+            if let Ok(cfg) = std::str::from_utf8(&bytes)
+                .map_err(|_| ())
+                .and_then(|t| DecoderConfig::from_hf_json_str(t).map_err(|_| ()))
+            {
+                st.check_config(&cfg)?;
+            }
+        }
+        Ok(st)
+    }
+
+    /// Checks the checkpoint's tensors against `cfg`
+    /// ([`check_tensor_set`]; rotary `inv_freq` buffers of older
+    /// checkpoints are allowed).
+    ///
+    /// # Errors
+    /// [`ModelError::BadFile`] naming missing, unexpected or misshapen
+    /// tensors.
+    pub fn check_config(&self, cfg: &DecoderConfig) -> Result<()> {
+        let present: HashMap<String, Vec<usize>> = self
+            .st
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| (n, v.shape().to_vec()))
+            .collect();
+        check_tensor_set(
+            cfg,
+            &present,
+            &|hf| Some(hf.to_string()),
+            &|n| n.ends_with("rotary_emb.inv_freq"),
+            &self.files[0],
+        )
     }
 }
 
@@ -130,7 +256,9 @@ impl WeightSource for Safetensors {
             .st
             .load(hf_name, &Device::Cpu)
             .map_err(|e| ModelError::bad_file(&self.files[0], format!("{hf_name}: {e}")))?;
-        Ok(t.to_dtype(DType::F32)?)
+        let t = t.to_dtype(DType::F32)?;
+        check_finite(&t, hf_name, &self.files[0])?;
+        Ok(t)
     }
 
     fn describe(&self) -> String {
