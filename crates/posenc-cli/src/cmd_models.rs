@@ -4,17 +4,18 @@
 //! `posenc-models` crate; the figure in `posenc-report`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use posenc_models::generate::{generate, Sampling};
+use posenc_models::input::{self, Prompt};
 use posenc_models::perplexity::{self, rope_of};
-use posenc_models::{scaling, ModelError, ModelFiles, Scaling};
+use posenc_models::{scaling, Decoder, ModelError, ModelFiles, Scaling};
 use posenc_plot::Figure;
 
-use crate::output::{num, table};
+use crate::output::{check_writable, num, table, write_atomic};
 use crate::{CliError, CliResult};
 
 impl From<ModelError> for CliError {
@@ -107,7 +108,8 @@ pub struct GenerateArgs {
     /// Read the prompt from a UTF-8 file.
     #[arg(long = "prompt-file", value_name = "FILE")]
     pub prompt_file: Option<PathBuf>,
-    /// Keep only the last N tokens of the prompt.
+    /// Keep only the last N tokens of the prompt (a prompt may have at most
+    /// 131,072 tokens, posenc_models::input::MAX_PROMPT_TOKENS).
     #[arg(long = "prompt-tokens")]
     pub prompt_tokens: Option<usize>,
     /// New tokens to generate at most (fewer if an end-of-sequence token
@@ -162,7 +164,9 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
     }
     if let Some(out) = &a.out {
         figure_kind(out)?;
+        check_writable(out, "--out")?;
     }
+    check_inputs(&a.model, a.tokenizer.as_deref(), a.text.as_deref())?;
     // Headers and config only: nothing large is read before the checks.
     let mut files = ModelFiles::open(&a.model)?;
     let cfg = files.config()?;
@@ -171,20 +175,24 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
         return Err(CliError(format!("--length must be in 2..={MAX_LENGTH}")));
     }
     posenc_models::check_memory(&cfg, length, None)?;
-    let text = match &a.text {
-        Some(p) => posenc_models::read_text(p)?,
-        None => posenc_report::corpus::PRIDE_AND_PREJUDICE.to_string(),
-    };
     let tk = files
         .tokenizer(a.tokenizer.as_deref())?
         .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-    let all = tk.encode(&text)?;
-    drop(text);
+    tk.check_model_vocab(cfg.vocab_size)?;
+    // A text file is read and tokenized only as far as the window needs.
+    let all = match &a.text {
+        Some(p) => input::text_tokens(p, &tk, length)?,
+        None => tk.encode(posenc_report::corpus::PRIDE_AND_PREJUDICE)?,
+    };
     let tokens = perplexity::window(&all, length)?.to_vec();
     drop(all);
     let layers = cfg.num_layers;
     let (mut model, source) = files.load(cfg)?;
     model.set_products(a.products.into())?;
+    if let Some(first) = scalings.first() {
+        let rope = rope_of(first.rope_config(model.config())?)?;
+        input::check_first_forward(&model, &tokens, &rope, &mut |k| first_layers(&a.model, k))?;
+    }
     if !a.json {
         eprintln!(
             "{source}; tokenizer: {}; window of {length} tokens, trained length {}",
@@ -204,10 +212,11 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
     if let Some(out) = &a.out {
         let plot = posenc_report::pretrained::loss_plot(&study);
         let err = |e: posenc_plot::PlotError| CliError(format!("{}: {e}", out.display()));
-        match figure_kind(out)? {
-            FigureKind::Svg => std::fs::write(out, plot.to_svg_string(900, 520).map_err(err)?)?,
-            FigureKind::Png => plot.to_png(out, 900, 520).map_err(err)?,
-        }
+        let bytes = match figure_kind(out)? {
+            FigureKind::Svg => plot.to_svg_string(900, 520).map_err(err)?.into_bytes(),
+            FigureKind::Png => plot.to_png_bytes(900, 520).map_err(err)?,
+        };
+        write_atomic(out, &bytes)?;
     }
     if a.json {
         println!(
@@ -245,6 +254,26 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
         println!("wrote {}", out.display());
     }
     Ok(())
+}
+
+/// Refuses, before anything is opened, a model path, tokenizer or text
+/// that is missing or not a regular file (a FIFO would block, a device
+/// never ends).
+fn check_inputs(model: &Path, tokenizer: Option<&Path>, text: Option<&Path>) -> CliResult {
+    input::check_model_path(model)?;
+    for p in [tokenizer, text].into_iter().flatten() {
+        input::check_regular(p)?;
+    }
+    Ok(())
+}
+
+/// The model at `path` with its first `layers` layers only (to find the
+/// first layer whose output is not finite).
+fn first_layers(path: &Path, layers: usize) -> posenc_models::Result<Decoder> {
+    let mut files = ModelFiles::open(path)?;
+    let mut cfg = files.config()?;
+    cfg.num_layers = layers;
+    Ok(files.load(cfg)?.0)
 }
 
 fn stderr_is_tty() -> bool {
@@ -293,23 +322,22 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
         )));
     }
     let prompt = match (&a.prompt, &a.prompt_file) {
-        (Some(p), None) => p.clone(),
-        (None, Some(f)) => posenc_models::read_text(f)?,
+        (Some(p), None) => Prompt::Text(p),
+        (None, Some(f)) => Prompt::File(f),
         _ => return Err(CliError("give --prompt TEXT or --prompt-file FILE".into())),
     };
+    if a.prompt_tokens == Some(0) {
+        return Err(CliError("--prompt-tokens must be at least 1".into()));
+    }
+    check_inputs(&a.model, a.tokenizer.as_deref(), a.prompt_file.as_deref())?;
     let mut files = ModelFiles::open(&a.model)?;
     let cfg = files.config()?;
     let tk = files
         .tokenizer(a.tokenizer.as_deref())?
         .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-    let mut ids = tk.encode(&prompt)?;
-    if let Some(n) = a.prompt_tokens {
-        if n == 0 {
-            return Err(CliError("--prompt-tokens must be at least 1".into()));
-        }
-        let skip = ids.len().saturating_sub(n);
-        ids.drain(..skip);
-    }
+    tk.check_model_vocab(cfg.vocab_size)?;
+    // At most MAX_PROMPT_TOKENS, refused before any prefill.
+    let ids = input::prompt_tokens(&tk, prompt, a.prompt_tokens)?;
     if ids.is_empty() {
         return Err(CliError("the prompt has no tokens".into()));
     }
@@ -323,6 +351,7 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
     let rope = rope_of(sc.rope_config(&cfg)?)?;
     let (mut model, source) = files.load(cfg)?;
     model.set_products(a.products.into())?;
+    input::check_first_forward(&model, &ids, &rope, &mut |k| first_layers(&a.model, k))?;
     if !a.json {
         eprintln!("{source}; {} prompt tokens; scaling {}", ids.len(), sc.name);
     }

@@ -1,7 +1,76 @@
-//! Readable tables for the terminal.
+//! Readable tables for the terminal, and result files checked before the
+//! work and written atomically.
+
+use std::path::{Path, PathBuf};
 
 /// Formats a number compactly with `prec` decimals (the report's format).
 pub use posenc_report::num;
+
+use crate::{CliError, CliResult};
+
+fn parent_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Checks, before any work, that a result file `path` (given as `flag`)
+/// can be written: its directory exists and takes a new file (a probe file
+/// is created and removed), and `path` is not a directory. Errors name the
+/// flag and the path.
+pub fn check_writable(path: &Path, flag: &str) -> CliResult {
+    let dir = parent_of(path);
+    let fail = |why: String| CliError(format!("{flag} {}: {why}", path.display()));
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(fail(format!("{} is not a directory", dir.display()))),
+        Err(e) => {
+            return Err(fail(format!(
+                "the directory {} cannot be used: {e}",
+                dir.display()
+            )))
+        }
+    }
+    if path.is_dir() {
+        return Err(fail("is a directory".into()));
+    }
+    let probe = dir.join(format!(".posenc-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(fail(format!(
+            "cannot create a file in {}: {e}",
+            dir.display()
+        ))),
+    }
+}
+
+/// Writes `bytes` to `path` atomically: into a temporary file beside it,
+/// then renamed over it, so that `path` holds either its old content or
+/// the whole new one. Errors name the path.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> CliResult {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = parent_of(path).join(format!(".posenc-{}-{name}", std::process::id()));
+    let fail = |e: std::io::Error| CliError(format!("{}: {e}", path.display()));
+    if let Err(e) = std::fs::write(&tmp, bytes) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(fail(e));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        fail(e)
+    })
+}
 
 /// Renders rows of cells as an aligned text table with a header line.
 pub fn table(header: &[String], rows: &[Vec<String>]) -> String {
@@ -55,6 +124,27 @@ mod tests {
             ],
         );
         assert_eq!(t, "  a  bb\n---  --\n  1  22\n333   4\n");
+    }
+
+    #[test]
+    fn result_files_are_checked_first_and_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("posenc-output-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("no-such-dir").join("loss.svg");
+        let e = check_writable(&missing, "--out").unwrap_err().0;
+        assert!(e.starts_with("--out ") && e.contains("no-such-dir"), "{e}");
+        let e = check_writable(Path::new("/proc/loss.svg"), "--out")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("/proc/loss.svg"), "{e}");
+        let out = dir.join("loss.svg");
+        check_writable(&out, "--out").unwrap();
+        write_atomic(&out, b"old").unwrap();
+        write_atomic(&out, b"new").unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), b"new");
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file left: {left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

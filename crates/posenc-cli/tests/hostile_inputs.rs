@@ -1,0 +1,294 @@
+//! Issue 29 through the binary: every hostile model variant of the
+//! generator (`posenc-models/tests/common/hostile.rs`), every special file
+//! as `--model`, `--text`, `--tokenizer` and `--prompt-file`, an oversized
+//! prompt and unwritable `--out` targets, each run of `posenc` limited to
+//! 1 GiB of address space (RLIMIT_AS) and 20 seconds: exit status 2, one
+//! line starting with `posenc: error: `, no panic, no abort, no hang. A
+//! 6 MB text with `--length 16` runs within the same limits.
+
+mod common;
+#[path = "../../posenc-models/tests/common/hostile.rs"]
+mod hostile;
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("posenc-cli-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Runs `posenc args` under the memory limit, killed after 20 s.
+fn limited(args: &[&str]) -> (Output, Duration) {
+    let mut cmd = common::command(args);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    hostile::limit_memory(&mut cmd);
+    let start = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return (child.wait_with_output().unwrap(), start.elapsed());
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "posenc {args:?} still running after 20 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `posenc args` must be refused with one line (see
+/// [`common::one_line_error`]) under the limits; the line.
+fn refused(args: &[&str]) -> String {
+    let (out, _) = limited(args);
+    common::one_line_error(out, args)
+}
+
+/// A word-level tokenizer.json over `w0`..`w254` and `[UNK]`.
+fn word_tokenizer() -> PathBuf {
+    let mut vocab = serde_json::Map::new();
+    for i in 0..255 {
+        vocab.insert(format!("w{i}"), serde_json::Value::from(i));
+    }
+    vocab.insert("[UNK]".into(), 255.into());
+    let tk = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    let p = scratch("words.json");
+    std::fs::write(&p, tk.to_string()).unwrap();
+    p
+}
+
+fn words_text(name: &str, bytes: usize) -> PathBuf {
+    let mut t = String::with_capacity(bytes + 8);
+    let mut i = 0usize;
+    while t.len() < bytes {
+        t.push_str(&format!("w{} ", (i * 37 + 11) % 255));
+        i += 1;
+    }
+    let p = scratch(name);
+    std::fs::write(&p, t).unwrap();
+    p
+}
+
+#[test]
+fn every_hostile_model_is_refused_with_one_line_in_1_gib() {
+    let dir = scratch("variants");
+    let (base, variants) = hostile::model_variants(&fixtures(), &dir);
+    let text = words_text("text.txt", 4096);
+    let tk = word_tokenizer();
+    let args_for = |model: &Path| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "perplexity",
+            "--model",
+            model.to_str().unwrap(),
+            "--text",
+            text.to_str().unwrap(),
+            "--length",
+            "16",
+            "--band",
+            "8",
+            "--scaling",
+            "none",
+            "--quiet",
+            "--json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if model.is_dir() {
+            a.extend(["--tokenizer".into(), tk.to_str().unwrap().into()]);
+        }
+        a
+    };
+    // The undamaged base runs (the generator writes a valid model).
+    let a = args_for(&base);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let (out, _) = limited(&a);
+    let v: serde_json::Value = serde_json::from_str(&common::ok(&out)).unwrap();
+    assert!(v["scalings"]["none"]["mean_inside"]
+        .as_f64()
+        .unwrap()
+        .is_finite());
+    // Every variant is refused: two at a time.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(v) = variants.get(i) else { break };
+                let a = args_for(&v.model);
+                let a: Vec<&str> = a.iter().map(String::as_str).collect();
+                let (out, _) = limited(&a);
+                let err = String::from_utf8_lossy(&out.stderr).to_string();
+                assert!(
+                    out.status.code() == Some(2)
+                        && err.lines().count() == 1
+                        && err.starts_with("posenc: error: ")
+                        && !err.contains("panicked"),
+                    "{}: status {:?}, stderr {err:?}",
+                    v.name,
+                    out.status
+                );
+            });
+        }
+    });
+    println!(
+        "hostile model variants tried through the CLI: {}, all refused with one line",
+        variants.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn special_files_huge_prompts_and_unwritable_outputs_are_refused_first() {
+    let model_dir = scratch("model");
+    let (model, _) = {
+        // Only the base model is needed here.
+        let (base, v) = hostile::model_variants(&fixtures(), &model_dir);
+        (base, v.len())
+    };
+    let model = model.to_str().unwrap().to_string();
+    let tk = word_tokenizer();
+    let tk = tk.to_str().unwrap();
+    let text = words_text("ok.txt", 2048);
+    let text = text.to_str().unwrap();
+    let fifo = scratch("fifo");
+    let _ = std::fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let dir = scratch("a-directory");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut tried = 0;
+    for special in [
+        fifo.to_str().unwrap(),
+        "/dev/zero",
+        "/dev/urandom",
+        dir.to_str().unwrap(),
+    ] {
+        let cases: [Vec<&str>; 4] = [
+            vec!["perplexity", "--model", special, "--text", text],
+            vec![
+                "perplexity",
+                "--model",
+                &model,
+                "--text",
+                special,
+                "--length",
+                "16",
+            ],
+            vec![
+                "perplexity",
+                "--model",
+                &model,
+                "--text",
+                text,
+                "--tokenizer",
+                special,
+            ],
+            vec!["generate", "--model", &model, "--prompt-file", special],
+        ];
+        for args in cases {
+            if special == dir.to_str().unwrap() && args[2] == special {
+                // A directory is a checkpoint: refused for its missing config.
+                refused(&args);
+            } else {
+                let err = refused(&args);
+                assert!(err.contains(special), "{err}");
+            }
+            tried += 1;
+        }
+    }
+    // A 1 MiB prompt: refused before any prefill, naming the cap.
+    let prompt = words_text("prompt.txt", 1 << 20);
+    let (out, took) = limited(&[
+        "generate",
+        "--model",
+        &model,
+        "--tokenizer",
+        tk,
+        "--prompt-file",
+        prompt.to_str().unwrap(),
+    ]);
+    let err = common::one_line_error(out, &[]);
+    assert!(
+        err.contains("131072") && err.contains("--prompt-tokens"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // Its last tokens can be kept.
+    let (out, _) = limited(&[
+        "generate",
+        "--model",
+        &model,
+        "--tokenizer",
+        tk,
+        "--prompt-file",
+        prompt.to_str().unwrap(),
+        "--prompt-tokens",
+        "8",
+        "--max-tokens",
+        "2",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&common::ok(&out)).unwrap();
+    assert_eq!(v["prompt_ids"].as_array().unwrap().len(), 8);
+    // --out into a missing directory or /proc: refused before the model is
+    // read, naming the path.
+    for out in ["/nonexistent-posenc-dir/loss.svg", "/proc/loss.svg"] {
+        let err = refused(&[
+            "perplexity",
+            "--model",
+            &model,
+            "--text",
+            text,
+            "--out",
+            out,
+        ]);
+        assert!(err.contains(out), "{err}");
+        tried += 1;
+    }
+    // A 6 MB text with a window of 16 tokens: read only as far as needed.
+    let big = words_text("big.txt", 6 << 20);
+    let (out, took) = limited(&[
+        "perplexity",
+        "--model",
+        &model,
+        "--tokenizer",
+        tk,
+        "--text",
+        big.to_str().unwrap(),
+        "--length",
+        "16",
+        "--band",
+        "8",
+        "--scaling",
+        "none",
+        "--json",
+        "--out",
+        scratch("loss.svg").to_str().unwrap(),
+    ]);
+    common::ok(&out);
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(std::fs::read_to_string(scratch("loss.svg"))
+        .unwrap()
+        .contains("<svg"));
+    println!("special-file, prompt and output cases tried through the CLI: {tried}");
+    let _ = std::fs::remove_file(&fifo);
+}
