@@ -12,6 +12,7 @@ import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
 import { mkdtempSync, mkdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
+import { createServer } from "node:http";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
@@ -178,4 +179,46 @@ test("relative biases: ALiBi slopes equal posenc bias alibi --json", async () =>
   const s12 = JSON.parse(await page.getAttribute("#alibi-slopes", "data-slopes"));
   assert.deepEqual(s12, cli("bias", "alibi", "--heads", "12", "--json").slopes);
   await shot("bias");
+});
+
+test("the page works from http://localhost:PORT too; another origin's requests are refused", async () => {
+  const local = url.replace("127.0.0.1", "localhost");
+  assert.deepEqual(pageErrors, [], "script errors in the page");
+  await page.goto("about:blank");
+  await page.goto(local + "#view=model&cfg=llama-3.1-8b");
+  await page.waitForSelector("section[data-ready='1']", { timeout: 20000 });
+  const want = cli("rope", "inspect", "--json", "--config", fixture("checkpoints/llama-3.1-8b.config.json")).inv_freq;
+  assert.deepEqual(await invFreqs("#model-out"), want);
+  assert.equal(await page.textContent("#error"), "");
+  // the page's own POST from localhost is served
+  const own = await page.evaluate(async () => (await fetch("/api/inspect", {
+    method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ config: { hidden_size: 64, num_attention_heads: 4 } }),
+  })).status);
+  assert.equal(own, 200);
+  assert.deepEqual(pageErrors, [], "script errors in the page");
+  // a page of another origin (another local server's, the attacker's page
+  // of a DNS rebinding or a cross-site request) sends a text/plain POST,
+  // which needs no preflight: the server refuses it on the wire
+  const other = createServer((req, res) => {
+    res.writeHead(200, { "content-type": "text/html" });
+    res.end("<p>elsewhere</p>");
+  });
+  await new Promise((resolve) => other.listen(0, "127.0.0.1", resolve));
+  const statuses = [];
+  const listen = (r) => { if (r.url().includes("/api/inspect")) statuses.push(r.status()); };
+  page.on("response", listen);
+  try {
+    await page.goto(`http://127.0.0.1:${other.address().port}/`);
+    await page.evaluate(async (target) => {
+      await fetch(target + "api/inspect", {
+        method: "POST", mode: "no-cors", headers: { "content-type": "text/plain" },
+        body: JSON.stringify({ config: { hidden_size: 64, num_attention_heads: 4 } }),
+      });
+    }, url);
+  } finally {
+    page.off("response", listen);
+    other.close();
+  }
+  assert.deepEqual(statuses, [403]);
 });
