@@ -10,6 +10,7 @@ mod cmd_bias;
 mod cmd_explore;
 mod cmd_lab;
 mod cmd_models;
+mod cmd_passkey;
 mod cmd_rope;
 mod cmd_table;
 mod output;
@@ -80,6 +81,9 @@ enum Command {
     Perplexity(cmd_models::PerplexityArgs),
     /// Generate text with a pretrained model, with any RoPE scaling.
     Generate(cmd_models::GenerateArgs),
+    /// Passkey and needle retrieval over prompt length × needle depth, for
+    /// every scaling and attention method, on a pretrained model.
+    Passkey(cmd_passkey::PasskeyArgs),
     /// Write the report (report.md, results.json): every encoding family with
     /// its formula, values and measured properties.
     Report(report::ReportArgs),
@@ -146,6 +150,7 @@ fn run(cli: Cli) -> CliResult {
         Command::Bench(c) => bench::run(c),
         Command::Perplexity(a) => cmd_models::perplexity(a),
         Command::Generate(a) => cmd_models::generate_cmd(a),
+        Command::Passkey(a) => cmd_passkey::passkey_cmd(a),
         Command::Report(a) => report::run(a),
         Command::Explore(a) => cmd_explore::run(a),
     }

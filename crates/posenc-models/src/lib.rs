@@ -44,6 +44,7 @@ pub mod generate;
 pub mod gguf;
 pub mod input;
 pub mod llama;
+pub mod passkey;
 pub mod perplexity;
 pub mod scaling;
 pub mod tokenizer;

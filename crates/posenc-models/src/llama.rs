@@ -528,6 +528,19 @@ impl KvCache {
         self.len == 0
     }
 
+    /// Keeps the first `len` positions (no-op when it holds fewer).
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        for (k, v) in self.layers.iter_mut() {
+            let per = if self.len == 0 { 0 } else { k.len() / self.len };
+            k.truncate(len * per);
+            v.truncate(len * per);
+        }
+        self.len = len;
+    }
+
     fn append(&mut self, layer: usize, qkv: &[f32], t: usize, hq: usize, hk: usize, dh: usize) {
         let w = (hq + 2 * hk) * dh;
         let (k, v) = &mut self.layers[layer];
