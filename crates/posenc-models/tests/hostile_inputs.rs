@@ -303,3 +303,45 @@ fn prompts_over_the_cap_are_refused_naming_it() {
     let ids = input::prompt_tokens(&words, Prompt::Text("w7 w8"), None).unwrap();
     assert_eq!(ids, [7, 8]);
 }
+
+/// The fuzz targets' seed corpus (`fuzz/corpus`), replayed on stable with
+/// the `gguf_header` target's check: whatever the scan accepts, candle's
+/// reader reads to the same tensor count and data offset.
+#[test]
+fn the_fuzz_corpus_replays_on_stable() {
+    use candle_core::quantized::gguf_file::Content;
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus");
+    let mut accepted = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(corpus.join("gguf_header"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in &entries {
+        let data = std::fs::read(p).unwrap();
+        let cursor = &mut std::io::Cursor::new(&data);
+        if let Ok(scan) = posenc_models::gguf::scan_header(cursor, data.len() as u64) {
+            let content = Content::read(&mut std::io::Cursor::new(&data))
+                .unwrap_or_else(|e| panic!("{}: candle refuses: {e}", p.display()));
+            assert_eq!(content.tensor_infos.len(), scan.tensors);
+            assert_eq!(content.tensor_data_offset, scan.data_offset);
+            accepted.push(p.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    assert_eq!(
+        accepted,
+        [
+            "aligned-64.gguf",
+            "every-type.gguf",
+            "no-tensors.gguf",
+            "v1.gguf"
+        ]
+    );
+    let st = |name: &str| {
+        let data = std::fs::read(corpus.join("safetensors_header").join(name)).unwrap();
+        candle_core::safetensors::load_buffer(&data, &candle_core::Device::Cpu)
+    };
+    assert_eq!(st("two.safetensors").unwrap().len(), 2);
+    assert!(st("empty.safetensors").unwrap().is_empty());
+    assert!(st("bad-offsets.safetensors").is_err());
+}
