@@ -1,4 +1,6 @@
-//! `posenc explore`: the interactive explorer, served on 127.0.0.1.
+//! `posenc explore`: the interactive explorer, served on 127.0.0.1 behind
+//! the guards of `posenc_explore::Limits` (loopback `Host` names only, no
+//! cross-origin requests, bounded answers, header and request timeouts).
 
 use std::io::Write;
 
@@ -44,7 +46,10 @@ pub fn run(a: ExploreArgs) -> CliResult {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{url}");
         let _ = out.flush();
-        eprintln!("posenc explore: serving on {url} (Ctrl-C stops)");
+        eprintln!(
+            "posenc explore: serving on {url} and http://localhost:{}/ only, to this machine's own pages (Ctrl-C stops)",
+            addr.port()
+        );
         if open {
             open_browser(&url);
         }
