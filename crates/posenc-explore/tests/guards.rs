@@ -301,3 +301,49 @@ async fn the_default_timeouts_are_at_most_30_seconds() {
     assert!(l.max_answer_bytes <= 50_000_000);
     assert!(l.heavy_concurrency >= 2 && l.max_connections >= 8);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_view_at_its_caps_answers_at_most_50_mb() {
+    use posenc_explore::views::{MAX_CURVE_POINTS, MAX_SHAW_K, MAX_SIN_VALUES, MAX_VIEW_DIM};
+    let addr = start(Limits::default()).await;
+    let span = (MAX_CURVE_POINTS * 16 / 2) as i64;
+    for uri in [
+        format!(
+            "/api/sinusoidal?positions={}&dim=128&max_k={MAX_CURVE_POINTS}",
+            MAX_SIN_VALUES / 128
+        ),
+        format!("/api/sinusoidal?positions=256&dim={MAX_VIEW_DIM}&max_k={MAX_CURVE_POINTS}&k=-3"),
+        format!("/api/rope?dim={MAX_VIEW_DIM}&points={MAX_CURVE_POINTS}&max_distance=1000000000"),
+        format!("/api/bias/t5?buckets=1048576&max_distance=10000000&lo=-{span}&hi={span}"),
+        format!("/api/bias/shaw?max_relative={MAX_SHAW_K}&lo=-{span}&hi={span}"),
+    ] {
+        let a = get(addr, &uri).await;
+        assert_eq!(a.status, 200, "{uri}: {}", String::from_utf8_lossy(&a.body));
+        assert!(a.body.len() <= 50_000_000, "{uri}: {} bytes", a.body.len());
+        eprintln!("{uri}: {} bytes", a.body.len());
+    }
+    // a model view with the most pairs a config may have, a scaling and a
+    // target length (every pair's row)
+    let pairs = posenc_explore::model::MAX_PAIRS;
+    let config = json!({"config": {
+        "hidden_size": 2 * pairs, "num_attention_heads": 1, "max_position_embeddings": 4096,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
+    }, "target_len": 1u64 << 40})
+    .to_string();
+    let a = send(
+        addr,
+        &format!(
+            "POST /api/model HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json",
+            addr.port()
+        ),
+        config.as_bytes(),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+    assert!(
+        a.body.len() <= 50_000_000,
+        "/api/model: {} bytes",
+        a.body.len()
+    );
+    eprintln!("/api/model with {pairs} pairs: {} bytes", a.body.len());
+}
