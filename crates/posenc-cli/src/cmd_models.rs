@@ -69,7 +69,9 @@ pub struct PerplexityArgs {
     /// RoPE scalings to compare, comma-separated: model (the config's own),
     /// none, linear:F (Position Interpolation), dynamic:F (dynamic NTK),
     /// ntk:F (NTK-aware base), yarn:F. Factors are relative to the trained
-    /// length.
+    /// length. Training-free attention methods too: self-extend:G:W,
+    /// rerope:W, leaky-rerope:W:K, dca:CHUNK:LOCAL, sinks:S:WINDOW, alone or
+    /// with a scaling (METHOD+SCALING).
     #[arg(long, default_value = DEFAULT_SCALINGS)]
     pub scaling: String,
     /// Positions per band of the summary.
@@ -351,6 +353,7 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
     let rope = rope_of(sc.rope_config(&cfg)?)?;
     let (mut model, source) = files.load(cfg)?;
     model.set_products(a.products.into())?;
+    model.set_method(sc.method)?;
     input::check_first_forward(&model, &ids, &rope, &mut |k| first_layers(&a.model, k))?;
     if !a.json {
         eprintln!("{source}; {} prompt tokens; scaling {}", ids.len(), sc.name);

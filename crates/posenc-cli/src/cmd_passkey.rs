@@ -29,11 +29,15 @@ pub struct PasskeyArgs {
     #[arg(long, value_name = "FILE")]
     pub model: PathBuf,
     /// Prompt lengths in tokens, comma-separated.
-    #[arg(long, default_value = "2048,4096,8192,12288,16384")]
+    #[arg(
+        long,
+        default_value = "2048,4096,8192,12288,16384",
+        allow_hyphen_values = true
+    )]
     pub lengths: String,
     /// Needle depths in [0, 1] (fraction of the filler before the needle),
     /// comma-separated.
-    #[arg(long, default_value = "0,0.25,0.5,0.75,1")]
+    #[arg(long, default_value = "0,0.25,0.5,0.75,1", allow_hyphen_values = true)]
     pub depths: String,
     /// Trials per (length, depth) cell, each with its own key.
     #[arg(long, default_value_t = 2)]

@@ -1,0 +1,136 @@
+//! `posenc passkey` refuses bad input with one line and exit 2 before the
+//! model is read: the model given here is not a model at all, so any error
+//! about the arguments proves they were checked first.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::fails_mentioning;
+
+/// A fresh scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("posenc-passkey-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn not_a_model(dir: &Path) -> PathBuf {
+    let p = dir.join("not-a-model.gguf");
+    std::fs::write(&p, b"this is not a GGUF file").unwrap();
+    p
+}
+
+#[test]
+fn bad_methods_and_grids_are_refused_before_the_model() {
+    let dir = scratch("grid");
+    let model = not_a_model(&dir);
+    let m = model.to_str().unwrap();
+    let cases: [(&[&str], &str); 13] = [
+        (&["--scaling", "foo:2"], "unknown scaling"),
+        (&["--scaling", "self-extend:0:512"], "out of range"),
+        (&["--scaling", "self-extend:4:0"], "out of range"),
+        (&["--scaling", "self-extend:3:512"], "must divide"),
+        (&["--scaling", "rerope:0"], "out of range"),
+        (&["--scaling", "leaky-rerope:512:0"], "above 0"),
+        (&["--scaling", "leaky-rerope:512:-2"], "above 0"),
+        (&["--scaling", "sinks:8:4"], "no recent keys"),
+        (&["--scaling", "dca:512:512"], "below the chunk size"),
+        (&["--scaling", "self-extend:4:512+dynamic:2"], "dynamic"),
+        (&["--depths", "0,1.5"], "outside [0, 1]"),
+        (&["--depths", "-0.1"], "outside [0, 1]"),
+        (&["--lengths", "2048,10"], "too short"),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec!["passkey", "--model", m];
+        args.extend_from_slice(extra);
+        fails_mentioning(&args, needle);
+    }
+    fails_mentioning(&["passkey", "--model", m, "--trials", "0"], "trials");
+    fails_mentioning(
+        &["passkey", "--model", m, "--lengths", "abc"],
+        "not a number",
+    );
+}
+
+#[test]
+fn bad_haystacks_are_refused_before_the_model() {
+    let dir = scratch("haystack");
+    let model = not_a_model(&dir);
+    let m = model.to_str().unwrap();
+    let short = dir.join("short.txt");
+    std::fs::write(&short, "Too few words here.").unwrap();
+    fails_mentioning(
+        &[
+            "passkey",
+            "--model",
+            m,
+            "--haystack",
+            short.to_str().unwrap(),
+        ],
+        "at least 64 are needed",
+    );
+    let binary = dir.join("binary.txt");
+    let mut bytes = b"words ".repeat(100);
+    bytes.extend_from_slice(&[0xff, 0xfe, 0x00]);
+    std::fs::write(&binary, &bytes).unwrap();
+    fails_mentioning(
+        &[
+            "passkey",
+            "--model",
+            m,
+            "--haystack",
+            binary.to_str().unwrap(),
+        ],
+        "not UTF-8",
+    );
+    fails_mentioning(
+        &["passkey", "--model", m, "--haystack", dir.to_str().unwrap()],
+        "directory",
+    );
+    fails_mentioning(
+        &[
+            "passkey",
+            "--model",
+            m,
+            "--out",
+            "/nonexistent-dir/heat.svg",
+        ],
+        "/nonexistent-dir",
+    );
+    fails_mentioning(
+        &["passkey", "--model", m, "--out", "heat.txt"],
+        ".png or .svg",
+    );
+}
+
+/// A haystack too short for the length is refused once the tokenizer has
+/// measured it, before the weights are read (needs the real model).
+#[test]
+fn a_haystack_shorter_than_the_length_is_refused() {
+    let model =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !model.is_file() {
+        if std::env::var("POSENC_REQUIRE_MODEL").is_ok_and(|v| v == "1") {
+            panic!("no model at {}", model.display());
+        }
+        eprintln!("a_haystack_shorter_than_the_length_is_refused: SKIPPED: no model");
+        return;
+    }
+    let dir = scratch("short");
+    let hay = dir.join("hay.txt");
+    std::fs::write(&hay, "The cat sat on the mat. ".repeat(40)).unwrap();
+    fails_mentioning(
+        &[
+            "passkey",
+            "--model",
+            model.to_str().unwrap(),
+            "--haystack",
+            hay.to_str().unwrap(),
+            "--lengths",
+            "4096",
+        ],
+        "too short",
+    );
+}
