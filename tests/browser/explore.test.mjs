@@ -222,3 +222,18 @@ test("the page works from http://localhost:PORT too; another origin's requests a
   }
   assert.deepEqual(statuses, [403]);
 });
+
+test("a model whose config leaves RoPE keys to defaults: warned, and seen in training 'unknown'", async () => {
+  await open("view=model&cfg=gemma-3-4b-it&target=131072");
+  const warn = await page.textContent("#model-warnings");
+  assert.match(warn, /no rope_theta/);
+  assert.match(warn, /training length is unknown/);
+  const seen = await page.$$eval("#model-out td.seen", (tds) => [...new Set(tds.map((td) => td.textContent))]);
+  assert.deepEqual(seen, ["unknown"]);
+  await shot("model-defaults");
+  // a config that names them: no warning, every pair judged
+  await open("view=model&cfg=llama-3.1-8b&target=131072");
+  assert.equal(await page.$("#model-warnings"), null);
+  const judged = await page.$$eval("#model-out td.seen", (tds) => tds.map((td) => td.textContent));
+  assert.ok(judged.length > 0 && judged.every((s) => s === "yes" || s === "no: unseen angles"));
+});

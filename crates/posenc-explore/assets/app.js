@@ -494,7 +494,7 @@ function layerTypePanel(m, t, target, width = 520) {
       el("td", {}, fmt(p.wavelength, 6)),
       el("td", { class: "role-" + p.role.replace(" ", "-") }, p.role),
       target ? el("td", {}, fmt(p.target_max_angle, 4)) : null,
-      target ? el("td", {}, p.unseen ? "no: unseen angles" : "yes") : null));
+      target ? el("td", { class: "seen" }, p.unseen === undefined ? "unknown" : p.unseen ? "no: unseen angles" : "yes") : null));
   });
   box.append(el("h3", {}, `layer type ${t.name}` + (t.layers ? ` (layers ${t.layers})` : "")), kv, charts,
     byAxis ? legend(AXES.slice(0, t.num_axes).map((a, i) => [`axis ${a} (every pair kept)`, COLORS[i]])) : legend(Object.entries(ROLE_COLORS)),
@@ -519,6 +519,7 @@ function viewModel(root) {
     let m;
     try { m = await api("/api/model", body); err.textContent = ""; } catch (e) { err.textContent = e.message; out.textContent = ""; root.dataset.ready = "error"; return; }
     out.textContent = "";
+    if (m.warnings && m.warnings.length) out.append(el("div", { class: "warning", id: "model-warnings" }, ...m.warnings.map((w) => el("p", {}, "⚠ " + w))));
     out.append(el("div", { class: "panel" }, summary(m)));
     for (const t of m.layer_types) out.append(layerTypePanel(m, t, body.target_len));
     root.dataset.ready = "1";

@@ -261,11 +261,57 @@ fn layer_type_json(
     }))
 }
 
+/// Whether `v` has a key named one of `names` at any depth (a config's
+/// `text_config`, `rope_parameters` per layer type, ...).
+fn has_key(v: &Value, names: &[&str]) -> bool {
+    match v {
+        Value::Object(m) => m
+            .iter()
+            .any(|(k, x)| names.contains(&k.as_str()) || has_key(x, names)),
+        Value::Array(a) => a.iter().any(|x| has_key(x, names)),
+        _ => false,
+    }
+}
+
+/// What the view shows that the config does not say: `defaulted` (the keys
+/// whose values are defaults) and `warnings` (one line each).
+fn defaults_json(
+    text: &str,
+    types: &[Value],
+    target_len: Option<usize>,
+) -> (Vec<&'static str>, Vec<String>) {
+    let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    let mut defaulted = Vec::new();
+    let mut warnings = Vec::new();
+    if !has_key(&v, &["rope_theta", "rotary_emb_base"]) {
+        defaulted.push("rope_theta");
+        let thetas: Vec<String> = types
+            .iter()
+            .map(|t| format!("{}", t["rope_theta"]))
+            .collect();
+        warnings.push(format!(
+            "the config names no rope_theta: the base shown ({}) is a default (the model type's in transformers, else 10000), not the config's",
+            thetas.join(", ")
+        ));
+    }
+    if types.iter().any(|t| t["train_len"].is_null()) {
+        defaulted.push("max_position_embeddings");
+        warnings.push(if target_len.is_some() {
+            "the config names no max_position_embeddings: the training length is unknown, so no pair is judged seen or unseen at N".to_string()
+        } else {
+            "the config names no max_position_embeddings: the training length is unknown".to_string()
+        });
+    }
+    (defaulted, warnings)
+}
+
 /// The explorer's model view: `inspect` (exactly `posenc rope inspect
 /// --json`), `model_type`, `num_layers`, `nope_layers` (ranges),
 /// `layer_types` (each with its layers and every pair as
-/// [`layer_type_json`] describes), `mrope_section`, `seq_len` and
-/// `target_len`.
+/// [`layer_type_json`] describes), `mrope_section`, `seq_len`,
+/// `target_len`, and what the config leaves to defaults: `defaulted` (key
+/// names) with one line each in `warnings`. Where the training length is
+/// unknown, pairs carry no `unseen` (the page says "unknown").
 ///
 /// # Errors
 /// The library's error (one line) for a config it cannot read or a RoPE it
@@ -299,7 +345,10 @@ pub fn model_json(text: &str, seq_len: Option<usize>, target_len: Option<usize>)
         types.push(v);
     }
     let nope = layer_ranges(model.layers(), |l| *l == LayerRope::NoPe);
+    let (defaulted, warnings) = defaults_json(text, &types, target_len);
     Ok(json!({
+        "defaulted": defaulted,
+        "warnings": warnings,
         "inspect": inspect,
         "model_type": model.model_type(),
         "num_layers": model.layers().len(),

@@ -578,3 +578,61 @@ async fn mutated_real_configs_get_typed_errors_or_finite_numbers() {
         "{ok} answers, {errors} errors"
     );
 }
+
+#[tokio::test]
+async fn defaults_the_config_does_not_name_are_warned_and_unknown_stays_unknown() {
+    // no RoPE key at all: the base is a default, and the page says so
+    let (s, v) = call_json(
+        "POST",
+        "/api/model",
+        Some(json!({"config": {"hidden_size": 64, "num_attention_heads": 4}, "target_len": 8192})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let defaulted: Vec<&str> = v["defaulted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert_eq!(defaulted, ["rope_theta", "max_position_embeddings"]);
+    let w = v["warnings"].as_array().unwrap();
+    assert!(w[0].as_str().unwrap().contains("no rope_theta"), "{w:?}");
+    assert!(w[0].as_str().unwrap().contains("10000"), "{w:?}");
+    assert!(w[1].as_str().unwrap().contains("unknown"), "{w:?}");
+    // without a training length no pair is judged seen or unseen
+    let t = &v["layer_types"][0];
+    assert!(t["unseen_pairs"].is_null());
+    assert!(t["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p.get("unseen").is_none()));
+    // Gemma 3 4B's config names neither (transformers' config class holds
+    // them): warned, not guessed
+    let gemma = posenc_explore::configs::config("gemma-3-4b-it").expect("bundled");
+    let (s, v) = call_json(
+        "POST",
+        "/api/model",
+        Some(json!({"config": gemma, "target_len": 131072})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        v["defaulted"],
+        json!(["rope_theta", "max_position_embeddings"])
+    );
+    // a config that names both: no warning, and every pair judged
+    let llama = posenc_explore::configs::config("llama-3.1-8b").unwrap();
+    let (s, v) = call_json(
+        "POST",
+        "/api/model",
+        Some(json!({"config": llama, "target_len": 131072})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["warnings"], json!([]));
+    assert_eq!(v["defaulted"], json!([]));
+    let pairs = v["layer_types"][0]["pairs"].as_array().unwrap();
+    assert!(pairs.iter().all(|p| p["unseen"].is_boolean()));
+}
