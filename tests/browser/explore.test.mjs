@@ -168,7 +168,25 @@ test("compare: two configs side by side, then two scalings of one", async () => 
   assert.equal(text.rope_scaling.rope_type, "linear");
   assert.equal(lin.length, a.length);
   assert.match(await page.textContent("#cmp-b-out"), /linear/);
+  // the legends and headings name both sides
+  const legends = await page.$$eval("#compare-out > .grid .legend", (ls) => ls.map((l) => l.textContent));
+  assert.ok(legends.length >= 2);
+  for (const l of legends) assert.match(l, /A: Llama 3\.1 8B.*B: Llama 3\.1 8B.*, with linear ×4/);
+  assert.match(await page.textContent("#cmp-b-name"), /with linear ×4/);
   await shot("compare-scalings");
+  // the scaling is in the URL by its name, B's text is not; the link
+  // restores the same B
+  const hash = new URL(page.url()).hash;
+  const q = new URLSearchParams(hash.slice(1));
+  assert.equal(q.get("bsc"), "linear ×4");
+  assert.equal(q.get("btext"), null);
+  await open(hash.slice(1));
+  assert.deepEqual(await invFreqs("#cmp-b-out"), lin);
+  assert.equal(await page.inputValue("#cmp-scaling"), "linear ×4");
+  // picking a B of its own ends "A with a scaling"
+  await redraw(() => page.selectOption("#cmp-b-select", "qwen2.5-7b-instruct-yarn"));
+  assert.equal(new URLSearchParams(new URL(page.url()).hash.slice(1)).get("bsc"), null);
+  assert.deepEqual(await invFreqs("#cmp-b-out"), b);
 });
 
 test("relative biases: ALiBi slopes equal posenc bias alibi --json", async () => {

@@ -9,7 +9,7 @@ const DEFAULTS = {
   sinusoidal: { positions: "64", dim: "64", base: "10000", layout: "interleaved", k: "4", ref: "0" },
   rope: { dim: "64", base: "10000", position: "100", context: "4096", base2: "500000" },
   model: { cfg: "llama-3.1-8b", text: "", seq: "", target: "131072" },
-  compare: { a: "llama-3.1-8b", b: "qwen2.5-7b-instruct-yarn", atext: "", btext: "", target: "131072" },
+  compare: { a: "llama-3.1-8b", b: "qwen2.5-7b-instruct-yarn", atext: "", btext: "", bsc: "", target: "131072" },
   bias: { heads: "8", buckets: "32", maxdist: "128", bidir: "1", shawk: "16" },
 };
 
@@ -557,18 +557,34 @@ function viewCompare(root) {
   const pa = configPicker("a", "atext", (t) => { texts.a = t; load(); }, "cmp-a");
   const pb = configPicker("b", "btext", (t) => { texts.b = t; load(); }, "cmp-b");
   const scSel = el("select", { id: "cmp-scaling" }, Object.keys(SCALINGS).map((k) => el("option", { value: k }, k)));
+  if (SCALINGS[s.bsc]) scSel.value = s.bsc;
   const scBtn = el("button", { id: "cmp-apply" }, "B = A with this scaling");
+  // B as "A with a scaling" is kept in the URL by the scaling's name (bsc),
+  // never as B's text: a shared link derives B from A again.
   scBtn.addEventListener("click", () => {
     try { pb.ta.value = withScaling(pa.ta.value, scSel.value); } catch (e) { err.textContent = "config A is not JSON: " + e.message; return; }
-    pb.sel.value = ""; setState("b", ""); setState("btext", pb.ta.value); texts.b = pb.ta.value; load();
+    pb.sel.value = ""; setState("b", ""); setState("btext", ""); setState("bsc", scSel.value); texts.b = pb.ta.value; load();
   });
+  // choosing or pasting a B of its own ends "A with a scaling" (capture: before the picker's own handler)
+  const ownB = () => setState("bsc", "");
+  pb.sel.addEventListener("change", ownB, true);
+  pb.node.querySelector("button").addEventListener("click", ownB, true);
+  // what the legends and headings call each side
+  const picked = (p) => (p.sel.value && p.sel.selectedOptions[0] ? p.sel.selectedOptions[0].textContent : "pasted config");
+  const names = () => { const a = picked(pa); return { a, b: SCALINGS[s.bsc] ? `${a}, with ${s.bsc}` : picked(pb) }; };
+  const hA = el("h3", { id: "cmp-a-name" }, "A"), hB = el("h3", { id: "cmp-b-name" }, "B");
   root.append(el("h2", {}, "Compare two configs (or two scalings of one)"),
     el("div", { class: "controls" }, numberInput("target length N", "target", { min: 1, onchange: () => load() }), el("label", {}, "scaling for B:", scSel), scBtn),
-    el("div", { class: "cols2" }, el("div", { class: "panel" }, el("h3", {}, "A"), pa.node), el("div", { class: "panel" }, el("h3", {}, "B"), pb.node)),
+    el("div", { class: "cols2" }, el("div", { class: "panel" }, hA, pa.node), el("div", { class: "panel" }, hB, pb.node)),
     err, out);
   let seq = 0;
   async function load() {
+    if (SCALINGS[s.bsc] && texts.a) {
+      try { texts.b = withScaling(texts.a, s.bsc); pb.ta.value = texts.b; pb.sel.value = ""; } catch (e) { err.textContent = "config A is not JSON: " + e.message; root.dataset.ready = "error"; return; }
+    }
     if (!texts.a || !texts.b) return;
+    const n = names();
+    hA.textContent = "A: " + n.a; hB.textContent = "B: " + n.b;
     const my = ++seq;
     const target = s.target ? Number(s.target) : undefined;
     let a, b;
@@ -584,12 +600,12 @@ function viewCompare(root) {
       plot(wl, { series: [{ x: ta.pairs.map((p) => p.pair / ta.pairs.length), y: ta.pairs.map((p) => p.wavelength), dots: true }, { x: tb.pairs.map((p) => p.pair / tb.pairs.length), y: tb.pairs.map((p) => p.wavelength), dots: true }], ylog: true, xlabel: "pair i / (rotary_dim/2)", ylabel: "wavelength", hlines: target ? [{ v: target, label: `N = ${target}`, color: "#b86e00" }] : [] });
       plot(ratio, { series: [{ x: ta.pairs.map((p) => p.pair / ta.pairs.length), y: ta.pairs.map((p) => p.ratio), dots: true }, { x: tb.pairs.map((p) => p.pair / tb.pairs.length), y: tb.pairs.map((p) => p.ratio), dots: true }], ylog: true, xlabel: "pair i / (rotary_dim/2)", ylabel: "scaled / unscaled frequency" });
       out.append(el("div", { class: "grid" },
-        el("div", { class: "panel" }, el("h3", {}, `overlaid: wavelength per pair (first layer type: ${ta.name} / ${tb.name})`), wl, legend([["A", COLORS[0]], ["B", COLORS[1]]])),
-        el("div", { class: "panel" }, el("h3", {}, "overlaid: what the scaling does to each frequency"), ratio, legend([["A", COLORS[0]], ["B", COLORS[1]]]))));
+        el("div", { class: "panel" }, el("h3", {}, `overlaid: wavelength per pair (first layer type: ${ta.name} / ${tb.name})`), wl, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]])),
+        el("div", { class: "panel" }, el("h3", {}, "overlaid: what the scaling does to each frequency"), ratio, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]]))));
     }
     out.append(el("div", { class: "cols2" },
-      el("div", { id: "cmp-a-out" }, el("div", { class: "panel" }, el("h3", {}, "A"), summary(a)), a.layer_types.map((t) => layerTypePanel(a, t, target, 540))),
-      el("div", { id: "cmp-b-out" }, el("div", { class: "panel" }, el("h3", {}, "B"), summary(b)), b.layer_types.map((t) => layerTypePanel(b, t, target, 540)))));
+      el("div", { id: "cmp-a-out" }, el("div", { class: "panel" }, el("h3", {}, "A: " + n.a), summary(a)), a.layer_types.map((t) => layerTypePanel(a, t, target, 540))),
+      el("div", { id: "cmp-b-out" }, el("div", { class: "panel" }, el("h3", {}, "B: " + n.b), summary(b)), b.layer_types.map((t) => layerTypePanel(b, t, target, 540)))));
     root.dataset.ready = "1";
   }
 }
