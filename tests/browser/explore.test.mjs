@@ -255,3 +255,16 @@ test("a model whose config leaves RoPE keys to defaults: warned, and seen in tra
   const judged = await page.$$eval("#model-out td.seen", (tds) => tds.map((td) => td.textContent));
   assert.ok(judged.length > 0 && judged.every((s) => s === "yes" || s === "no: unseen angles"));
 });
+
+test("LongRoPE: each column names the factor set it uses", async () => {
+  await open("view=model&cfg=phi-3-mini-128k-instruct&target=131072");
+  const heads = await page.$$eval("#model-out table.pairs tr:first-child th", (ths) => ths.map((th) => th.textContent));
+  assert.ok(heads.includes("inv_freq (short_factor)"), heads.join(" | "));
+  assert.ok(heads.includes("max angle at N (rad, long_factor)"), heads.join(" | "));
+  assert.match(await page.textContent("#model-out"), /short_factor in the frequency columns .*long_factor at N = 131072/);
+  // at a seq_len past the original length the frequency columns use the long set too
+  await open("view=model&cfg=phi-3-mini-128k-instruct&target=131072&seq=8192");
+  const heads2 = await page.$$eval("#model-out table.pairs tr:first-child th", (ths) => ths.map((th) => th.textContent));
+  assert.ok(heads2.includes("inv_freq (long_factor)"), heads2.join(" | "));
+  await shot("model-longrope");
+});

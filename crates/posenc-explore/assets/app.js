@@ -457,7 +457,11 @@ function layerTypePanel(m, t, target, width = 520) {
   add("rope_type", t.rope_type); add("rope_theta", fmt(t.rope_theta, 8)); add("head_dim / rotary_dim", `${t.head_dim} / ${t.rotary_dim}`);
   add("layout", t.layout); add("attention factor", fmt(t.attention_factor, 8));
   add("max_position_embeddings", t.max_position_embeddings); add("original_max_position_embeddings", t.original_max_position_embeddings);
-  const shown = new Set(["correction_range", "original_max_position_embeddings", "max_position_embeddings", "high_freq_wavelen", "low_freq_wavelen"]);
+  const shown = new Set(["correction_range", "original_max_position_embeddings", "max_position_embeddings", "high_freq_wavelen", "low_freq_wavelen", "uses_long_factor", "target_uses_long_factor"]);
+  // LongRoPE: which factor set each column uses (short up to the original length, long past it)
+  const set = (long) => (long ? "long_factor" : "short_factor");
+  const longrope = Array.isArray(sc.long_factor);
+  if (longrope) add("factor set", `${set(sc.uses_long_factor)} in the frequency columns (seq_len ${m.seq_len || "not given"})` + (target ? `, ${set(sc.target_uses_long_factor)} at N = ${target}` : ""));
   for (const [k, v] of Object.entries(sc)) if (!Array.isArray(v) && !shown.has(k) && v !== null) add(k, typeof v === "number" ? fmt(v, 6) : String(v));
   if (sc.correction_range) add("YaRN correction range (pairs)", `${fmt(sc.correction_range[0], 4)} … ${fmt(sc.correction_range[1], 4)}: below kept (> β_fast turns), above interpolated (< β_slow turns)`);
   if (sc.high_freq_wavelen) add("llama3 bands", `wavelength < ${fmt(sc.high_freq_wavelen, 6)} kept, > ${fmt(sc.low_freq_wavelen, 6)} divided by ${sc.factor}, between: smooth`);
@@ -482,7 +486,9 @@ function layerTypePanel(m, t, target, width = 520) {
     plot(lf, { series: [{ x: pairs, y: sc.short_factor, dots: true }, { x: pairs, y: sc.long_factor, dots: true }], xlabel: "pair i", ylabel: "LongRoPE factor λ_i" });
     charts.append(el("div", {}, el("h3", {}, "LongRoPE factors"), lf, legend([["short_factor", COLORS[0]], ["long_factor", COLORS[1]]])));
   }
-  const table = el("table", { class: "pairs" }, el("tr", {}, ["pair", t.num_axes > 1 ? "axis" : null, "inv_freq", "unscaled", "ratio", "wavelength", "role", target ? "max angle at N (rad)" : null, target ? "seen in training" : null].filter((x) => x).map((h) => el("th", {}, h))));
+  const invHead = longrope ? `inv_freq (${set(sc.uses_long_factor)})` : "inv_freq";
+  const angleHead = longrope ? `max angle at N (rad, ${set(sc.target_uses_long_factor)})` : "max angle at N (rad)";
+  const table = el("table", { class: "pairs" }, el("tr", {}, ["pair", t.num_axes > 1 ? "axis" : null, invHead, "unscaled", "ratio", "wavelength", "role", target ? angleHead : null, target ? "seen in training" : null].filter((x) => x).map((h) => el("th", {}, h))));
   t.pairs.forEach((p, i) => {
     const iv = ins && ins.inv_freq ? ins.inv_freq[i] : p.inv_freq;
     table.append(el("tr", { class: p.unseen ? "unseen" : "" },

@@ -205,7 +205,23 @@ fn layer_type_json(
         Some(n) => Some(cfg.frequencies(Some(n))?),
         None => None,
     };
-    let (scaling, factor) = scaling_json(cfg, seq_len);
+    let (mut scaling, factor) = scaling_json(cfg, seq_len);
+    // LongRoPE picks its factor set by length: the columns at `seq_len` and
+    // at `N` may use different ones, and the page names each
+    if let (
+        RopeScaling::LongRope {
+            original_max_position_embeddings,
+            ..
+        },
+        Some(_),
+    ) = (cfg.scaling(), target_len)
+    {
+        scaling["target_uses_long_factor"] =
+            json!(posenc::rope::scaling::longrope::uses_long_factor(
+                target_len,
+                *original_max_position_embeddings
+            ));
+    }
     let train_len = cfg
         .original_max_position_embeddings()
         .or(cfg.max_position_embeddings());

@@ -636,3 +636,45 @@ async fn defaults_the_config_does_not_name_are_warned_and_unknown_stays_unknown(
     let pairs = v["layer_types"][0]["pairs"].as_array().unwrap();
     assert!(pairs.iter().all(|p| p["unseen"].is_boolean()));
 }
+
+#[tokio::test]
+async fn longrope_names_the_factor_set_of_each_column() {
+    let phi = posenc_explore::configs::config("phi-3-mini-128k-instruct").expect("bundled");
+    // no seq_len: the frequency columns use the short factors; at N past the
+    // original 4096 positions the model uses the long ones
+    let (s, v) = call_json(
+        "POST",
+        "/api/model",
+        Some(json!({"config": phi, "target_len": 131072})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let t = &v["layer_types"][0];
+    assert_eq!(t["scaling"]["uses_long_factor"], json!(false));
+    assert_eq!(t["scaling"]["target_uses_long_factor"], json!(true));
+    let short = t["scaling"]["short_factor"].as_array().unwrap();
+    let long = t["scaling"]["long_factor"].as_array().unwrap();
+    let p = &t["pairs"][20];
+    let w0 = p["unscaled_inv_freq"].as_f64().unwrap();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs();
+    // each column is the unscaled frequency over its own set's factor
+    assert!(close(
+        p["inv_freq"].as_f64().unwrap(),
+        w0 / short[20].as_f64().unwrap()
+    ));
+    assert!(close(
+        p["target_inv_freq"].as_f64().unwrap(),
+        w0 / long[20].as_f64().unwrap()
+    ));
+    // at N within the original length both are the short set
+    let (_, v) = call_json(
+        "POST",
+        "/api/model",
+        Some(json!({"config": phi, "target_len": 2048})),
+    )
+    .await;
+    assert_eq!(
+        v["layer_types"][0]["scaling"]["target_uses_long_factor"],
+        json!(false)
+    );
+}
