@@ -268,3 +268,23 @@ test("LongRoPE: each column names the factor set it uses", async () => {
   assert.ok(heads2.includes("inv_freq (long_factor)"), heads2.join(" | "));
   await shot("model-longrope");
 });
+
+test("at 400 px wide no view scrolls sideways", async () => {
+  await page.setViewportSize({ width: 400, height: 900 });
+  try {
+    for (const hash of ["view=sinusoidal", "view=rope", "view=model&cfg=llama-3.1-8b", "view=compare", "view=bias"]) {
+      await open(hash);
+      const wide = await page.evaluate(() => document.documentElement.scrollWidth);
+      assert.ok(wide <= 400, `${hash}: the page is ${wide} px wide at a 400 px viewport`);
+      // the charts shrink to their boxes, keeping their shape
+      const shapes = await page.$$eval("main canvas", (cs) => cs.map((c) => [c.getBoundingClientRect().width, c.getBoundingClientRect().height, c.width / c.height]));
+      for (const [w, h, ratio] of shapes) {
+        assert.ok(w <= 400 && w > 100, `${hash}: a chart ${w} px wide`);
+        assert.ok(Math.abs(w / h - ratio) < 0.05, `${hash}: a chart drawn at ${ratio} shown at ${w / h}`);
+      }
+      await shot("narrow-" + hash.split("&")[0].slice(5));
+    }
+  } finally {
+    await page.setViewportSize({ width: 1280, height: 1000 });
+  }
+});

@@ -112,7 +112,10 @@ const COLORS = ["#2f6fd0", "#d0542f", "#1b7f3b", "#7b3fb5", "#b86e00", "#0b8a8a"
 function canvas(w, h, cls) {
   const c = el("canvas", { class: cls });
   const r = window.devicePixelRatio || 1;
-  c.width = w * r; c.height = h * r; c.style.width = w + "px"; c.style.height = h + "px";
+  c.width = w * r; c.height = h * r;
+  // drawn at w × h, shown at most as wide as its container (same aspect): no
+  // sideways scroll on a narrow screen
+  c.style.width = w + "px"; c.style.maxWidth = "100%"; c.style.height = "auto"; c.style.aspectRatio = `${w} / ${h}`;
   c.getContext("2d").scale(r, r);
   c.cssW = w; c.cssH = h;
   return c;
