@@ -98,6 +98,15 @@ test("sinusoidal: the heatmap is the CLI's table, and follows its sliders", asyn
   await redraw(() => page.selectOption("select[name='layout']", "concatenated"));
   const row2 = JSON.parse(await page.getAttribute("canvas[data-first]", "data-first"));
   assert.deepEqual(row2, cli("table", "sinusoidal", "--positions", "64", "--dim", "32", "--layout", "concatenated", "--json").table[1]);
+  // the heatmap carries its colour bar, and with few rows and columns its
+  // ticks stay whole numbers (they read 0.6000000000000001 before)
+  assert.equal(await page.getAttribute("canvas[data-first]", "data-colorbar"), "-1..1");
+  await redraw(() => slide("positions", 4));
+  await redraw(() => slide("dim", 4));
+  const ticks = JSON.parse(await page.getAttribute("canvas[data-first]", "data-ticks"));
+  assert.ok(ticks.length >= 4 && ticks.every((l) => /^\d+$/.test(l)), ticks.join(" "));
+  await redraw(() => slide("positions", 64));
+  await redraw(() => slide("dim", 32));
   // M_k's blocks are shown, and its residual is tiny
   assert.ok((await page.$$(".block")).length > 4);
   assert.match(await page.textContent("#mk-info"), /over the first/);

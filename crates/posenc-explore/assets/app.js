@@ -240,25 +240,47 @@ function legend(items) {
   return el("div", { class: "legend" }, items.map(([label, color]) => el("span", {}, el("i", { style: `background:${color}` }), label)));
 }
 
-// Blue–white–red heatmap of rows (values in [-1, 1]).
+// Whole-number ticks from lo to hi (rows and columns: no 0.6000000000000001).
+function wholeTicks(lo, hi, n) {
+  return niceTicks(lo, hi, Math.max(1, Math.min(n, hi - lo))).filter((t) => Number.isInteger(t));
+}
+
+// The heatmap's colour of v in [-1, 1]: blue (−1), white (0), red (+1).
+function heatColor(v) {
+  const a = Math.abs(Math.max(-1, Math.min(1, v))), w = Math.round(255 * (1 - a));
+  return v > 0 ? `rgb(255,${w},${w})` : `rgb(${w},${w},255)`;
+}
+
+// Blue–white–red heatmap of rows (values in [-1, 1]), with its colour bar.
 function heatmap(c, rows, opts = {}) {
   const g = c.getContext("2d"), W = c.cssW, H = c.cssH;
-  const m = { l: 40, r: 8, t: 8, b: 30 };
+  const m = { l: 40, r: 48, t: 8, b: 30 };
   g.clearRect(0, 0, W, H);
   const n = rows.length, d = rows[0].length;
   const cw = (W - m.l - m.r) / d, ch = (H - m.t - m.b) / n;
   for (let i = 0; i < n; i++) for (let j = 0; j < d; j++) {
-    const v = Math.max(-1, Math.min(1, rows[i][j]));
-    const a = Math.abs(v), r = v > 0 ? 255 : Math.round(255 * (1 - a)), b = v < 0 ? 255 : Math.round(255 * (1 - a)), gg = Math.round(255 * (1 - a));
-    g.fillStyle = v > 0 ? `rgb(${r},${gg},${Math.round(255 * (1 - a))})` : `rgb(${Math.round(255 * (1 - a))},${gg},${b})`;
+    g.fillStyle = heatColor(rows[i][j]);
     g.fillRect(m.l + j * cw, m.t + i * ch, Math.ceil(cw), Math.ceil(ch));
   }
   g.fillStyle = "#5b6575"; g.font = "11px system-ui, sans-serif"; g.textAlign = "right"; g.textBaseline = "middle";
-  for (const t of niceTicks(0, n - 1, 6)) g.fillText(String(t + (opts.offset || 0)), m.l - 4, m.t + (t + 0.5) * ch);
+  const rowTicks = wholeTicks(0, n - 1, 6).map((t) => [t, String(t + (opts.offset || 0))]), colTicks = wholeTicks(0, d - 1, 8).map((t) => [t, String(t)]);
+  for (const [t, label] of rowTicks) g.fillText(label, m.l - 4, m.t + (t + 0.5) * ch);
   g.textAlign = "center"; g.textBaseline = "top";
-  for (const t of niceTicks(0, d - 1, 8)) g.fillText(String(t), m.l + (t + 0.5) * cw, H - m.b + 3);
+  for (const [t, label] of colTicks) g.fillText(label, m.l + (t + 0.5) * cw, H - m.b + 3);
+  c.dataset.ticks = JSON.stringify([...rowTicks, ...colTicks].map(([, label]) => label));
   g.textBaseline = "bottom"; g.fillText(opts.xlabel || "dimension", m.l + (W - m.l - m.r) / 2, H - 1);
   g.save(); g.translate(10, m.t + (H - m.t - m.b) / 2); g.rotate(-Math.PI / 2); g.textBaseline = "middle"; g.fillText(opts.ylabel || "position", 0, 0); g.restore();
+  // colour bar: +1 at the top, −1 at the bottom
+  const bx = W - m.r + 10, bw = 10, top = m.t, bottom = H - m.b, steps = 100;
+  for (let k = 0; k < steps; k++) {
+    const v = 1 - (2 * (k + 0.5)) / steps;
+    g.fillStyle = heatColor(v);
+    g.fillRect(bx, top + (k * (bottom - top)) / steps, bw, Math.ceil((bottom - top) / steps) + 1);
+  }
+  g.strokeStyle = "#c9ced6"; g.lineWidth = 1; g.strokeRect(bx, top, bw, bottom - top);
+  g.fillStyle = "#5b6575"; g.textAlign = "left"; g.textBaseline = "middle";
+  for (const [v, label] of [[1, "+1"], [0, "0"], [-1, "−1"]]) g.fillText(label, bx + bw + 4, top + ((1 - v) / 2) * (bottom - top));
+  c.dataset.colorbar = "-1..1";
   return c;
 }
 
