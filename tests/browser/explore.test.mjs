@@ -297,3 +297,30 @@ test("at 400 px wide no view scrolls sideways", async () => {
     await page.setViewportSize({ width: 1280, height: 1000 });
   }
 });
+
+test("hover readouts: the nearest point of a chart, linked to the pair's table row", async () => {
+  await open("view=model&cfg=llama-3.1-8b");
+  // pair 40's dot on the wavelength chart, in page coordinates
+  const at = await page.evaluate(() => {
+    const c = document.querySelectorAll("[data-layer-type] canvas")[1];
+    const p = c.hover.points.find((q) => q.si === 1 && q.i === 40);
+    const r = c.getBoundingClientRect();
+    return { x: r.left + (p.cx * r.width) / c.cssW, y: r.top + (p.cy * r.height) / c.cssH, y40: p.y };
+  });
+  await page.mouse.move(at.x, at.y);
+  const tip = await page.textContent("#tip");
+  assert.match(tip, /^scaled: pair i = 40, wavelength \(positions\) = /);
+  assert.equal(await page.getAttribute("tr.hover", "data-pair"), "40");
+  assert.ok(await page.isVisible("#tip"));
+  await shot("model-hover");
+  // away from every point: no readout, no row marked
+  await page.mouse.move(2, 2);
+  assert.equal(await page.isVisible("#tip"), false);
+  assert.equal(await page.$("tr.hover"), null);
+  // every other view's charts have readouts too
+  for (const hash of ["view=sinusoidal", "view=rope", "view=compare", "view=bias"]) {
+    await open(hash);
+    const counts = await page.$$eval("main canvas", (cs) => cs.filter((c) => c.hover).map((c) => c.hover.points.length));
+    assert.ok(counts.length >= 2 && counts.every((n) => n > 0), `${hash}: ${counts}`);
+  }
+});

@@ -227,7 +227,40 @@ function plot(c, opts) {
     });
   });
   g.restore();
+  // what the hover readout needs: every drawn point in the chart's own
+  // coordinates, its series and index
+  const points = [];
+  opts.series.forEach((s, si) => s.x.forEach((x, i) => { if (ok(x, s.y[i])) points.push({ si, i, x, y: s.y[i], cx: px(x), cy: py(s.y[i]) }); }));
+  c.hover = { points, names: opts.series.map((s, si) => s.label || (opts.series.length > 1 ? `series ${si + 1}` : "")), xlabel: opts.xlabel || "x", ylabel: opts.ylabel || "y", onHover: opts.onHover };
+  hoverable(c);
   return c;
+}
+
+// The hover readout of a chart drawn by plot(): the nearest point (within
+// 16 px) named with its series, x and y; opts.onHover(i, si) links it to
+// other views of the same data (the pair tables' rows).
+const tip = el("div", { class: "tip", id: "tip" });
+function hoverable(c) {
+  if (c.hoverBound) return;
+  c.hoverBound = true;
+  const leave = () => { tip.style.display = "none"; if (c.hover && c.hover.onHover) c.hover.onHover(null); };
+  c.addEventListener("mouseleave", leave);
+  c.addEventListener("mousemove", (e) => {
+    const h = c.hover;
+    if (!h || !h.points.length) return;
+    const r = c.getBoundingClientRect(), sx = c.cssW / r.width, sy = c.cssH / r.height;
+    const mx = (e.clientX - r.left) * sx, my = (e.clientY - r.top) * sy;
+    let best = null, bd = 16 * 16;
+    for (const p of h.points) { const d = (p.cx - mx) ** 2 + (p.cy - my) ** 2; if (d < bd) { bd = d; best = p; } }
+    if (!best) { leave(); return; }
+    const name = h.names[best.si];
+    tip.textContent = `${name ? name + ": " : ""}${h.xlabel} = ${fmt(best.x, 6)}, ${h.ylabel} = ${fmt(best.y, 6)}`;
+    if (!tip.isConnected) document.body.append(tip);
+    tip.style.display = "block";
+    tip.style.left = Math.min(window.scrollX + e.clientX + 12, window.scrollX + document.documentElement.clientWidth - tip.offsetWidth - 4) + "px";
+    tip.style.top = window.scrollY + e.clientY + 14 + "px";
+    if (h.onHover) h.onHover(best.i, best.si);
+  });
 }
 
 // A tick's label: plain decimals without trailing zeros, powers beyond.
@@ -337,8 +370,8 @@ function viewSinusoidal(root) {
     g.fillStyle = "#5b6575"; g.font = "11px system-ui"; g.textAlign = "center"; g.textBaseline = "top";
     g.fillText("bits (high … low)", 30 + (bits.cssW - 30) / 2, bits.cssH - 16);
     const sm = v.similarity, half = Number(s.dim) / 2;
-    plot(sim, { series: [{ x: sm.offsets, y: sm.cosine }, { x: sm.offsets, y: sm.dot.map((d) => d / half) }], xlabel: "k", ylabel: "similarity", hlines: [{ v: 0, label: "", color: "#bbb" }] });
-    plot(waves, { series: [{ x: v.wavelengths.map((_, i) => i), y: v.wavelengths, dots: true }], ylog: true, xlabel: "pair i", ylabel: "wavelength", hlines: [{ v: Number(s.positions), label: `positions shown (${s.positions})`, color: "#b86e00" }] });
+    plot(sim, { series: [{ x: sm.offsets, y: sm.cosine, label: "cosine" }, { x: sm.offsets, y: sm.dot.map((d) => d / half), label: "dot product / (d/2)" }], xlabel: "k", ylabel: "similarity", hlines: [{ v: 0, label: "", color: "#bbb" }] });
+    plot(waves, { series: [{ x: v.wavelengths.map((_, i) => i), y: v.wavelengths, dots: true, label: "wavelength" }], ylog: true, xlabel: "pair i", ylabel: "wavelength", hlines: [{ v: Number(s.positions), label: `positions shown (${s.positions})`, color: "#b86e00" }] });
     waves.dataset.wavelengths = JSON.stringify(v.wavelengths);
     const lm = v.linear_map;
     blocks.textContent = "";
@@ -402,10 +435,10 @@ function viewRope(root) {
     }
     clocks.dataset.angles = JSON.stringify(a.angle);
     const pairs = a.inv_freq.map((_, i) => i);
-    plot(wl, { series: [{ x: pairs, y: a.wavelengths, dots: true }, { x: pairs, y: b.wavelengths, dots: true }], ylog: true, xlabel: "pair i", ylabel: "wavelength (positions)", hlines: [{ v: Number(s.context), label: `context ${s.context}`, color: "#b86e00" }] });
+    plot(wl, { series: [{ x: pairs, y: a.wavelengths, dots: true, label: `base ${s.base}` }, { x: pairs, y: b.wavelengths, dots: true, label: `second base ${s.base2}` }], ylog: true, xlabel: "pair i", ylabel: "wavelength (positions)", hlines: [{ v: Number(s.context), label: `context ${s.context}`, color: "#b86e00" }] });
     const unturned = a.turns_in_context.filter((t) => t < 1).length;
     unturnedNote.textContent = `${unturned} of ${n} pairs make less than one turn within ${s.context} positions (base ${s.base}; orange clocks): their angles near the end of the context are ones no shorter sequence showed.`;
-    plot(decay, { series: [{ x: a.decay.distances, y: a.decay.bound }, { x: b.decay.distances, y: b.decay.bound }], xlabel: "relative distance", ylabel: "(1/(d/2)) Σ|S_j|" });
+    plot(decay, { series: [{ x: a.decay.distances, y: a.decay.bound, label: `base ${s.base}` }, { x: b.decay.distances, y: b.decay.bound, label: `second base ${s.base2}` }], xlabel: "relative distance", ylabel: "(1/(d/2)) Σ|S_j|" });
     root.dataset.ready = "1";
   }
   draw();
@@ -499,16 +532,26 @@ function layerTypePanel(m, t, target, width = 520) {
   const vlines = [];
   // YaRN's correction range is in pair indices (transformers ramps over dim // 2 entries)
   if (sc.correction_range) { vlines.push({ v: sc.correction_range[0], label: "β_fast", color: "#b86e00" }, { v: sc.correction_range[1], label: "β_slow", color: "#b86e00" }); }
-  plot(f, { series: [{ x: pairs, y: t.pairs.map((p) => p.unscaled_inv_freq), color: "#aab2bf" }, { x: pairs, y: t.pairs.map((p) => p.inv_freq), dots: true, dotColor: roleColor }], ylog: true, xlabel: "pair i", ylabel: "inv_freq (rad / position)", vlines });
+  // hovering a chart's point marks its pair's row in the table below
+  const rowEls = [];
+  const onHover = (i) => {
+    for (const r of rowEls) r.classList.remove("hover");
+    const r = i === null ? null : rowEls[i];
+    if (!r) return;
+    r.classList.add("hover");
+    const box = r.closest(".scroll");
+    if (box && (r.offsetTop < box.scrollTop + 24 || r.offsetTop > box.scrollTop + box.clientHeight - 24)) box.scrollTop = r.offsetTop - box.clientHeight / 2;
+  };
+  plot(f, { series: [{ x: pairs, y: t.pairs.map((p) => p.unscaled_inv_freq), color: "#aab2bf", label: "unscaled" }, { x: pairs, y: t.pairs.map((p) => p.inv_freq), dots: true, dotColor: roleColor, label: "scaled" }], ylog: true, xlabel: "pair i", ylabel: "inv_freq (rad / position)", vlines, onHover });
   const hl = [];
   if (t.train_len) hl.push({ v: t.train_len, label: `training length ${t.train_len}`, color: "#1b7f3b" });
   if (target) hl.push({ v: target, label: `N = ${target}`, color: "#d0542f" });
   if (sc.high_freq_wavelen) hl.push({ v: sc.high_freq_wavelen, label: "high_freq_wavelen", color: "#b86e00" }, { v: sc.low_freq_wavelen, label: "low_freq_wavelen", color: "#b86e00" });
-  plot(w, { series: [{ x: pairs, y: t.pairs.map((p) => p.unscaled_wavelength), color: "#aab2bf" }, { x: pairs, y: t.pairs.map((p) => p.wavelength), dots: true, dotColor: roleColor }], ylog: true, xlabel: "pair i", ylabel: "wavelength (positions)", hlines: hl });
+  plot(w, { series: [{ x: pairs, y: t.pairs.map((p) => p.unscaled_wavelength), color: "#aab2bf", label: "unscaled" }, { x: pairs, y: t.pairs.map((p) => p.wavelength), dots: true, dotColor: roleColor, label: "scaled" }], ylog: true, xlabel: "pair i", ylabel: "wavelength (positions)", hlines: hl, onHover });
   const charts = el("div", { class: "grid" }, el("div", {}, el("h3", {}, "frequency per pair (grey: unscaled)"), f), el("div", {}, el("h3", {}, "wavelength per pair"), w));
   if (sc.long_factor) {
     const lf = canvas(width, 220);
-    plot(lf, { series: [{ x: pairs, y: sc.short_factor, dots: true }, { x: pairs, y: sc.long_factor, dots: true }], xlabel: "pair i", ylabel: "LongRoPE factor λ_i" });
+    plot(lf, { series: [{ x: pairs, y: sc.short_factor, dots: true, label: "short_factor" }, { x: pairs, y: sc.long_factor, dots: true, label: "long_factor" }], xlabel: "pair i", ylabel: "LongRoPE factor λ_i", onHover });
     charts.append(el("div", {}, el("h3", {}, "LongRoPE factors"), lf, legend([["short_factor", COLORS[0]], ["long_factor", COLORS[1]]])));
   }
   const invHead = longrope ? `inv_freq (${set(sc.uses_long_factor)})` : "inv_freq";
@@ -516,7 +559,7 @@ function layerTypePanel(m, t, target, width = 520) {
   const table = el("table", { class: "pairs" }, el("tr", {}, ["pair", t.num_axes > 1 ? "axis" : null, invHead, "unscaled", "ratio", "wavelength", "role", target ? angleHead : null, target ? "seen in training" : null].filter((x) => x).map((h) => el("th", {}, h))));
   t.pairs.forEach((p, i) => {
     const iv = ins && ins.inv_freq ? ins.inv_freq[i] : p.inv_freq;
-    table.append(el("tr", { class: p.unseen ? "unseen" : "" },
+    table.append(rowEls[i] = el("tr", { class: p.unseen ? "unseen" : "", "data-pair": p.pair },
       el("td", {}, p.pair),
       t.num_axes > 1 ? el("td", {}, AXES[p.axis] || p.axis) : null,
       el("td", { class: "inv-freq", "data-value": String(iv) }, fmt(iv, 6)),
@@ -628,8 +671,8 @@ function viewCompare(root) {
     const ta = a.layer_types[0], tb = b.layer_types[0];
     const wl = canvas(540, 300), ratio = canvas(540, 300);
     if (ta && tb) {
-      plot(wl, { series: [{ x: ta.pairs.map((p) => p.pair / ta.pairs.length), y: ta.pairs.map((p) => p.wavelength), dots: true }, { x: tb.pairs.map((p) => p.pair / tb.pairs.length), y: tb.pairs.map((p) => p.wavelength), dots: true }], ylog: true, xlabel: "pair i / (rotary_dim/2)", ylabel: "wavelength", hlines: target ? [{ v: target, label: `N = ${target}`, color: "#b86e00" }] : [] });
-      plot(ratio, { series: [{ x: ta.pairs.map((p) => p.pair / ta.pairs.length), y: ta.pairs.map((p) => p.ratio), dots: true }, { x: tb.pairs.map((p) => p.pair / tb.pairs.length), y: tb.pairs.map((p) => p.ratio), dots: true }], ylog: true, xlabel: "pair i / (rotary_dim/2)", ylabel: "scaled / unscaled frequency" });
+      plot(wl, { series: [{ x: ta.pairs.map((p) => p.pair / ta.pairs.length), y: ta.pairs.map((p) => p.wavelength), dots: true, label: "A" }, { x: tb.pairs.map((p) => p.pair / tb.pairs.length), y: tb.pairs.map((p) => p.wavelength), dots: true, label: "B" }], ylog: true, xlabel: "pair i / (rotary_dim/2)", ylabel: "wavelength", hlines: target ? [{ v: target, label: `N = ${target}`, color: "#b86e00" }] : [] });
+      plot(ratio, { series: [{ x: ta.pairs.map((p) => p.pair / ta.pairs.length), y: ta.pairs.map((p) => p.ratio), dots: true, label: "A" }, { x: tb.pairs.map((p) => p.pair / tb.pairs.length), y: tb.pairs.map((p) => p.ratio), dots: true, label: "B" }], ylog: true, xlabel: "pair i / (rotary_dim/2)", ylabel: "scaled / unscaled frequency" });
       out.append(el("div", { class: "grid" },
         el("div", { class: "panel" }, el("h3", {}, `overlaid: wavelength per pair (first layer type: ${ta.name} / ${tb.name})`), wl, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]])),
         el("div", { class: "panel" }, el("h3", {}, "overlaid: what the scaling does to each frequency"), ratio, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]]))));
@@ -674,11 +717,11 @@ function viewBias(root) {
         api("/api/bias/shaw?" + qs({ max_relative: s.shawk, lo: -64, hi: 64 }))]);
       err.textContent = "";
     } catch (e) { err.textContent = e.message; return; }
-    plot(al, { series: a.bias.map((b) => ({ x: a.distances, y: b, width: 1.2 })), xlabel: "distance (query − key)", ylabel: "bias" });
+    plot(al, { series: a.bias.map((b, h) => ({ x: a.distances, y: b, width: 1.2, label: `head ${h} (slope ${fmt(a.slopes[h], 4)})` })), xlabel: "distance (query − key)", ylabel: "bias" });
     slopes.textContent = "slopes: " + a.slopes.map((x) => fmt(x, 4)).join(", ");
     slopes.dataset.slopes = JSON.stringify(a.slopes);
-    plot(t5c, { series: [{ x: t.relative, y: t.bucket, step: true }], xlabel: "relative position", ylabel: "bucket", vlines: [{ v: -md, label: "−max_distance", color: "#b86e00" }, { v: md, label: "max_distance", color: "#b86e00" }] });
-    plot(sh, { series: [{ x: h.relative, y: h.clipped, step: true }], xlabel: "relative position", ylabel: "clipped distance", hlines: [{ v: Number(s.shawk), label: "k", color: "#b86e00" }, { v: -Number(s.shawk), label: "−k", color: "#b86e00" }] });
+    plot(t5c, { series: [{ x: t.relative, y: t.bucket, step: true, label: "T5" }], xlabel: "relative position", ylabel: "bucket", vlines: [{ v: -md, label: "−max_distance", color: "#b86e00" }, { v: md, label: "max_distance", color: "#b86e00" }] });
+    plot(sh, { series: [{ x: h.relative, y: h.clipped, step: true, label: "Shaw" }], xlabel: "relative position", ylabel: "clipped distance", hlines: [{ v: Number(s.shawk), label: "k", color: "#b86e00" }, { v: -Number(s.shawk), label: "−k", color: "#b86e00" }] });
     root.dataset.ready = "1";
   }
   draw();
