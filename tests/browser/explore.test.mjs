@@ -324,3 +324,31 @@ test("hover readouts: the nearest point of a chart, linked to the pair's table r
     assert.ok(counts.length >= 2 && counts.every((n) => n > 0), `${hash}: ${counts}`);
   }
 });
+
+test("export: the view's API answer as JSON, its table as CSV, its charts as PNG", async () => {
+  await open("view=model&cfg=llama-3.1-8b");
+  const get = async (id) => {
+    const [d] = await Promise.all([page.waitForEvent("download"), page.click(id)]);
+    return { name: d.suggestedFilename(), bytes: readFileSync(await d.path()) };
+  };
+  const j = await get("#export-json");
+  assert.equal(j.name, "posenc-model.json");
+  const m = JSON.parse(j.bytes.toString("utf8"));
+  const want = cli("rope", "inspect", "--json", "--config", fixture("checkpoints/llama-3.1-8b.config.json"));
+  assert.deepEqual(m.inspect.inv_freq, want.inv_freq);
+  const c = await get("#export-csv");
+  assert.equal(c.name, "posenc-model.csv");
+  const lines = c.bytes.toString("utf8").trim().split("\n");
+  assert.equal(lines[0], "layer_type,pair,axis,inv_freq,unscaled_inv_freq,ratio,wavelength,unscaled_wavelength,role,target_inv_freq,target_max_angle,train_max_angle,unseen");
+  assert.equal(lines.length, 1 + want.inv_freq.length);
+  assert.equal(lines[41].split(",")[1], "40");
+  assert.equal(Number(lines[41].split(",")[3]), m.layer_types[0].pairs[40].inv_freq);
+  const p = await get("#export-png");
+  assert.equal(p.name, "posenc-model.png");
+  assert.deepEqual([...p.bytes.subarray(0, 8)], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+  assert.ok(p.bytes.length > 5000);
+  // and on the teaching views
+  await open("view=bias");
+  const b = await get("#export-csv");
+  assert.match(b.bytes.toString("utf8"), /^distance \(query − key\),ALiBi head 0 \(slope 0\.5\)/);
+});

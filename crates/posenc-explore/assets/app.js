@@ -356,6 +356,7 @@ function viewSinusoidal(root) {
       err.textContent = "";
     } catch (e) { err.textContent = e.message; return; }
     const rows = v.table.table;
+    setExport(v, [["position", ...rows[0].map((_, j) => `dim ${j}`)], ...rows.map((r, p) => [p + Number(v.table.offset || 0), ...r])]);
     heatmap(heat, rows);
     heat.dataset.positions = rows.length; heat.dataset.dim = rows[0].length;
     heat.dataset.first = JSON.stringify(rows[Math.min(1, rows.length - 1)]);
@@ -434,6 +435,8 @@ function viewRope(root) {
       if (cell > 26) { g.fillStyle = "#5b6575"; g.fillText(String(i), cx, cy + r + 1); }
     }
     clocks.dataset.angles = JSON.stringify(a.angle);
+    setExport({ base: a, second_base: b }, [["pair", "inv_freq", "angle at position", "wavelength", "turns in context", "second base inv_freq", "second base wavelength"],
+      ...a.inv_freq.map((w, i) => [i, w, a.angle[i], a.wavelengths[i], a.turns_in_context[i], b.inv_freq[i], b.wavelengths[i]])]);
     const pairs = a.inv_freq.map((_, i) => i);
     plot(wl, { series: [{ x: pairs, y: a.wavelengths, dots: true, label: `base ${s.base}` }, { x: pairs, y: b.wavelengths, dots: true, label: `second base ${s.base2}` }], ylog: true, xlabel: "pair i", ylabel: "wavelength (positions)", hlines: [{ v: Number(s.context), label: `context ${s.context}`, color: "#b86e00" }] });
     const unturned = a.turns_in_context.filter((t) => t < 1).length;
@@ -596,6 +599,7 @@ function viewModel(root) {
     if (m.warnings && m.warnings.length) out.append(el("div", { class: "warning", id: "model-warnings" }, ...m.warnings.map((w) => el("p", {}, "⚠ " + w))));
     out.append(el("div", { class: "panel" }, summary(m)));
     for (const t of m.layer_types) out.append(layerTypePanel(m, t, body.target_len));
+    setExport(m, [["layer_type", ...PAIR_COLUMNS], ...pairRows(m)]);
     root.dataset.ready = "1";
   }
 }
@@ -668,6 +672,7 @@ function viewCompare(root) {
     } catch (e) { err.textContent = e.message; root.dataset.ready = "error"; return; }
     if (my !== seq) return;
     out.textContent = "";
+    setExport({ a, b, a_name: n.a, b_name: n.b }, [["side", "layer_type", ...PAIR_COLUMNS], ...pairRows(a, "A"), ...pairRows(b, "B")]);
     const ta = a.layer_types[0], tb = b.layer_types[0];
     const wl = canvas(540, 300), ratio = canvas(540, 300);
     if (ta && tb) {
@@ -719,6 +724,7 @@ function viewBias(root) {
     } catch (e) { err.textContent = e.message; return; }
     plot(al, { series: a.bias.map((b, h) => ({ x: a.distances, y: b, width: 1.2, label: `head ${h} (slope ${fmt(a.slopes[h], 4)})` })), xlabel: "distance (query − key)", ylabel: "bias" });
     slopes.textContent = "slopes: " + a.slopes.map((x) => fmt(x, 4)).join(", ");
+    setExport({ alibi: a, t5: t, shaw: h }, [["distance (query − key)", ...a.slopes.map((m, i) => `ALiBi head ${i} (slope ${m})`)], ...a.distances.map((d, j) => [d, ...a.bias.map((b) => b[j])])]);
     slopes.dataset.slopes = JSON.stringify(a.slopes);
     plot(t5c, { series: [{ x: t.relative, y: t.bucket, step: true, label: "T5" }], xlabel: "relative position", ylabel: "bucket", vlines: [{ v: -md, label: "−max_distance", color: "#b86e00" }, { v: md, label: "max_distance", color: "#b86e00" }] });
     plot(sh, { series: [{ x: h.relative, y: h.clipped, step: true, label: "Shaw" }], xlabel: "relative position", ylabel: "clipped distance", hlines: [{ v: Number(s.shawk), label: "k", color: "#b86e00" }, { v: -Number(s.shawk), label: "−k", color: "#b86e00" }] });
@@ -731,12 +737,61 @@ function viewBias(root) {
 
 const VIEWS = { sinusoidal: viewSinusoidal, rope: viewRope, model: viewModel, compare: viewCompare, bias: viewBias };
 
+// ---------------------------------------------------------------- export ---
+
+// A model's pairs as CSV rows (one per pair of every layer type).
+const PAIR_COLUMNS = ["pair", "axis", "inv_freq", "unscaled_inv_freq", "ratio", "wavelength", "unscaled_wavelength", "role", "target_inv_freq", "target_max_angle", "train_max_angle", "unseen"];
+function pairRows(m, side) {
+  const rows = [];
+  for (const t of m.layer_types) for (const p of t.pairs) rows.push([...(side ? [side] : []), t.name, ...PAIR_COLUMNS.map((k) => p[k])]);
+  return rows;
+}
+
+// What the current view shows, for the export bar: its API answers (JSON),
+// its main table (CSV rows, the first the header) and its charts (PNG).
+let exported = null;
+function setExport(json, rows) { exported = { json, rows }; }
+
+function csvText(rows) {
+  const cell = (v) => (v === null || v === undefined ? "" : /[",\n]/.test(String(v)) ? `"${String(v).replace(/"/g, '""')}"` : String(v));
+  return rows.map((r) => r.map(cell).join(",")).join("\n") + "\n";
+}
+
+function download(name, blob) {
+  const a = el("a", { href: URL.createObjectURL(blob), download: name });
+  document.body.append(a); a.click(); a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+}
+
+// Every chart of the view in one PNG, stacked, at the screen's resolution.
+function chartsPng() {
+  const cs = [...document.querySelectorAll("main canvas")];
+  const w = Math.max(...cs.map((c) => c.width)), h = cs.reduce((s, c) => s + c.height, 0);
+  const out = document.createElement("canvas");
+  out.width = w; out.height = h;
+  const g = out.getContext("2d");
+  g.fillStyle = "#fff"; g.fillRect(0, 0, w, h);
+  let y = 0;
+  for (const c of cs) { g.drawImage(c, 0, y); y += c.height; }
+  return out;
+}
+
+function exportBar() {
+  const name = () => `posenc-${current.view}`;
+  const btn = (label, id, f) => el("button", { id, onclick: () => { if (exported) f(); } }, label);
+  return el("div", { class: "export" }, "export: ",
+    btn("JSON", "export-json", () => download(name() + ".json", new Blob([JSON.stringify(exported.json, null, 1)], { type: "application/json" }))),
+    btn("CSV", "export-csv", () => download(name() + ".csv", new Blob([csvText(exported.rows)], { type: "text/csv" }))),
+    btn("PNG", "export-png", () => chartsPng().toBlob((b) => download(name() + ".png", b), "image/png")));
+}
+
 function render() {
   current = readHash();
+  exported = null;
   const main = document.getElementById("main");
   main.textContent = "";
   const root = el("section", { id: "view-" + current.view });
-  main.append(root);
+  main.append(exportBar(), root);
   for (const a of document.querySelectorAll("#tabs a")) a.classList.toggle("active", a.dataset.view === current.view);
   VIEWS[current.view](root);
   writeHash();
