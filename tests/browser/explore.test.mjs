@@ -352,3 +352,24 @@ test("export: the view's API answer as JSON, its table as CSV, its charts as PNG
   const b = await get("#export-csv");
   assert.match(b.bytes.toString("utf8"), /^distance \(query − key\),ALiBi head 0 \(slope 0\.5\)/);
 });
+
+test("a pasted config stays out of the URL, and in the tab across a reload", async () => {
+  await open("view=model");
+  const qwen = readFileSync(fixture("models/qwen2-vl-7b-instruct.config.json"), "utf8");
+  await redraw(async () => {
+    await page.fill("#model-text", qwen);
+    await page.click("#model-load");
+  });
+  const q = new URLSearchParams(new URL(page.url()).hash.slice(1));
+  assert.equal(q.get("text"), null);
+  assert.equal(q.get("cfg"), "");
+  assert.ok(page.url().length < 200, page.url());
+  const want = cli("rope", "inspect", "--json", "--config", fixture("models/qwen2-vl-7b-instruct.config.json")).inv_freq;
+  assert.deepEqual(await invFreqs("#model-out"), want);
+  await page.reload();
+  await page.waitForSelector("section[data-ready='1']", { timeout: 20000 });
+  assert.deepEqual(await invFreqs("#model-out"), want);
+  // a link that names a bundled config shows it, whatever the tab pasted
+  await open("view=model&cfg=llama-2-7b");
+  assert.deepEqual(await invFreqs("#model-out"), cli("rope", "inspect", "--json", "--config", fixture("checkpoints/llama-2-7b.config.json")).inv_freq);
+});

@@ -23,10 +23,15 @@ function readHash() {
 
 let current = readHash();
 
+// A pasted config.json (often kilobytes) stays out of the URL: it is kept for
+// this tab in sessionStorage, and a link names the bundled config instead.
+const PASTES = new Set(["text", "atext", "btext"]);
+const pasteKey = (k) => `posenc:${current.view}:${k}`;
+
 function writeHash() {
   const q = new URLSearchParams();
   q.set("view", current.view);
-  for (const [k, v] of Object.entries(current.s)) if (v !== DEFAULTS[current.view][k]) q.set(k, v);
+  for (const [k, v] of Object.entries(current.s)) if (v !== DEFAULTS[current.view][k] && !PASTES.has(k)) q.set(k, v);
   history.replaceState(null, "", "#" + q.toString());
 }
 
@@ -472,7 +477,11 @@ function configPicker(keyCfg, keyText, onload, id) {
     start();
   });
   async function start() {
+    // a link's own text (older links carried it), else this tab's paste when
+    // no bundled config is named, else the bundled config
+    const pasted = current.s[keyCfg] ? "" : sessionStorage.getItem(pasteKey(keyText)) || "";
     if (current.s[keyText]) ta.value = current.s[keyText];
+    else if (pasted) { ta.value = pasted; current.s[keyText] = pasted; }
     else if (current.s[keyCfg]) ta.value = await configText(current.s[keyCfg]);
     onload(ta.value);
   }
@@ -481,9 +490,10 @@ function configPicker(keyCfg, keyText, onload, id) {
     if (sel.value) { ta.value = await configText(sel.value); onload(ta.value); }
   });
   btn.addEventListener("click", () => {
+    try { sessionStorage.setItem(pasteKey(keyText), ta.value); } catch (e) { /* storage full or off: the paste lives in the page only */ }
     sel.value = ""; setState(keyCfg, ""); setState(keyText, ta.value); onload(ta.value);
   });
-  return { node: el("div", {}, el("label", {}, "a real config: ", sel), ta, btn), ta, sel };
+  return { node: el("div", {}, el("label", {}, "a real config: ", sel), ta, btn, el("span", { class: "note" }, " a pasted config stays in this tab, not in the page's link")), ta, sel };
 }
 
 const ROLE_COLORS = { kept: "#1b7f3b", interpolated: "#2f6fd0", ramp: "#b86e00", rescaled: "#7b3fb5", "not rotated": "#888" };
