@@ -373,3 +373,19 @@ test("a pasted config stays out of the URL, and in the tab across a reload", asy
   await open("view=model&cfg=llama-2-7b");
   assert.deepEqual(await invFreqs("#model-out"), cli("rope", "inspect", "--json", "--config", fixture("checkpoints/llama-2-7b.config.json")).inv_freq);
 });
+
+test("compare: a pair-by-pair table of B against A, and any layer type overlaid", async () => {
+  await open("view=compare&a=llama-3.1-8b&bsc=linear%20%C3%974");
+  const a = cli("rope", "inspect", "--json", "--config", fixture("checkpoints/llama-3.1-8b.config.json"));
+  const ratios = await page.$$eval("#cmp-diff td.ratio-ba", (tds) => tds.map((td) => Number(td.dataset.value)));
+  assert.equal(ratios.length, a.inv_freq.length);
+  // B is Llama 3.1's base with linear ×4: B / A is 1/4 on llama3's kept (fast) pairs
+  assert.ok(Math.abs(ratios[0] - 0.25) < 1e-6, String(ratios[0]));
+  // Gemma 3 against itself with YaRN: either layer type can be overlaid
+  await open("view=compare&a=gemma-3-1b-it&bsc=YaRN%20%C3%974");
+  assert.match(await page.textContent("#compare-out"), /layer type full_attention \/ full_attention/);
+  await redraw(() => page.selectOption("#cmp-a-type", "sliding_attention"));
+  assert.match(await page.textContent("#compare-out"), /layer type sliding_attention \/ full_attention/);
+  assert.equal(new URLSearchParams(new URL(page.url()).hash.slice(1)).get("alt"), "sliding_attention");
+  await shot("compare-layer-types");
+});

@@ -9,7 +9,7 @@ const DEFAULTS = {
   sinusoidal: { positions: "64", dim: "64", base: "10000", layout: "interleaved", k: "4", ref: "0" },
   rope: { dim: "64", base: "10000", position: "100", context: "4096", base2: "500000" },
   model: { cfg: "llama-3.1-8b", text: "", seq: "", target: "131072" },
-  compare: { a: "llama-3.1-8b", b: "qwen2.5-7b-instruct-yarn", atext: "", btext: "", bsc: "", target: "131072" },
+  compare: { a: "llama-3.1-8b", b: "qwen2.5-7b-instruct-yarn", atext: "", btext: "", bsc: "", alt: "", blt: "", target: "131072" },
   bias: { heads: "8", buckets: "32", maxdist: "128", bidir: "1", shawk: "16" },
 };
 
@@ -683,14 +683,35 @@ function viewCompare(root) {
     if (my !== seq) return;
     out.textContent = "";
     setExport({ a, b, a_name: n.a, b_name: n.b }, [["side", "layer_type", ...PAIR_COLUMNS], ...pairRows(a, "A"), ...pairRows(b, "B")]);
-    const ta = a.layer_types[0], tb = b.layer_types[0];
+    // which layer type of each side is overlaid (every one can be: alt, blt in the URL)
+    const pick = (m, key) => m.layer_types.find((x) => x.name === s[key]) || m.layer_types[0];
+    const ta = pick(a, "alt"), tb = pick(b, "blt");
+    const typeSel = (m, key, side) => (m.layer_types.length > 1
+      ? el("label", {}, `${side}'s layer type: `, el("select", { id: `cmp-${side.toLowerCase()}-type`, onchange: (e) => { setState(key, e.target.value); load(); } },
+        m.layer_types.map((x) => { const o = el("option", { value: x.name }, x.name); if (x === (side === "A" ? ta : tb)) o.selected = true; return o; })))
+      : null);
     const wl = canvas(540, 300), ratio = canvas(540, 300);
     if (ta && tb) {
       plot(wl, { series: [{ x: ta.pairs.map((p) => p.pair / ta.pairs.length), y: ta.pairs.map((p) => p.wavelength), dots: true, label: "A" }, { x: tb.pairs.map((p) => p.pair / tb.pairs.length), y: tb.pairs.map((p) => p.wavelength), dots: true, label: "B" }], ylog: true, xlabel: "pair i / (rotary_dim/2)", ylabel: "wavelength", hlines: target ? [{ v: target, label: `N = ${target}`, color: "#b86e00" }] : [] });
       plot(ratio, { series: [{ x: ta.pairs.map((p) => p.pair / ta.pairs.length), y: ta.pairs.map((p) => p.ratio), dots: true, label: "A" }, { x: tb.pairs.map((p) => p.pair / tb.pairs.length), y: tb.pairs.map((p) => p.ratio), dots: true, label: "B" }], ylog: true, xlabel: "pair i / (rotary_dim/2)", ylabel: "scaled / unscaled frequency" });
+      const sels = [typeSel(a, "alt", "A"), typeSel(b, "blt", "B")].filter((x) => x);
+      if (sels.length) out.append(el("div", { class: "controls" }, sels));
       out.append(el("div", { class: "grid" },
-        el("div", { class: "panel" }, el("h3", {}, `overlaid: wavelength per pair (first layer type: ${ta.name} / ${tb.name})`), wl, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]])),
+        el("div", { class: "panel" }, el("h3", {}, `overlaid: wavelength per pair (layer type ${ta.name} / ${tb.name})`), wl, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]])),
         el("div", { class: "panel" }, el("h3", {}, "overlaid: what the scaling does to each frequency"), ratio, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]]))));
+      // pair by pair, side by side (pairs matched by index; a note where the sizes differ)
+      const k = Math.min(ta.pairs.length, tb.pairs.length);
+      const diff = el("table", { class: "pairs", id: "cmp-diff" }, el("tr", {}, ["pair", "A inv_freq", "B inv_freq", "B / A", "A wavelength", "B wavelength", "A role", "B role"].map((h) => el("th", {}, h))));
+      for (let i = 0; i < k; i++) {
+        const pa_ = ta.pairs[i], pb_ = tb.pairs[i];
+        diff.append(el("tr", { "data-pair": i }, el("td", {}, i), el("td", {}, fmt(pa_.inv_freq, 6)), el("td", {}, fmt(pb_.inv_freq, 6)),
+          el("td", { class: "ratio-ba", "data-value": String(pb_.inv_freq / pa_.inv_freq) }, fmt(pb_.inv_freq / pa_.inv_freq, 5)),
+          el("td", {}, fmt(pa_.wavelength, 6)), el("td", {}, fmt(pb_.wavelength, 6)),
+          el("td", { class: "role-" + pa_.role.replace(" ", "-") }, pa_.role), el("td", { class: "role-" + pb_.role.replace(" ", "-") }, pb_.role)));
+      }
+      out.append(el("div", { class: "panel" }, el("h3", {}, `pair by pair: B against A (layer type ${ta.name} / ${tb.name})`),
+        ta.pairs.length !== tb.pairs.length ? el("p", { class: "note" }, `A has ${ta.pairs.length} pairs, B ${tb.pairs.length}: the first ${k} are matched by index.`) : null,
+        el("div", { class: "scroll" }, diff)));
     }
     out.append(el("div", { class: "cols2" },
       el("div", { id: "cmp-a-out" }, el("div", { class: "panel" }, el("h3", {}, "A: " + n.a), summary(a)), a.layer_types.map((t) => layerTypePanel(a, t, target, 540))),
