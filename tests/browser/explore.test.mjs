@@ -389,3 +389,17 @@ test("compare: a pair-by-pair table of B against A, and any layer type overlaid"
   assert.equal(new URLSearchParams(new URL(page.url()).hash.slice(1)).get("alt"), "sliding_attention");
   await shot("compare-layer-types");
 });
+
+test("every chart has a caption saying what to notice", async () => {
+  for (const hash of ["view=sinusoidal", "view=rope", "view=model&cfg=llama-3.1-8b", "view=compare", "view=bias"]) {
+    await open(hash);
+    // each chart's box (its panel, or its cell in a model's grid) holds one caption
+    const missing = await page.$$eval("main canvas", (cs) => cs
+      .filter((c) => !c.parentElement.querySelector(".notice"))
+      .map((c) => c.parentElement.querySelector("h3")?.textContent || "?"));
+    const lf = missing.filter((h) => h !== "LongRoPE factors");
+    assert.deepEqual(lf, [], `${hash}: charts without a caption`);
+    const notices = await page.$$eval(".notice", (ns) => ns.map((n) => n.textContent));
+    assert.ok(notices.length >= 2 && notices.every((n) => n.startsWith("What to notice: ") && n.length > 40), hash);
+  }
+});

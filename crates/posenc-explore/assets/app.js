@@ -274,6 +274,11 @@ function tickLabel(t) {
   return a >= 1e6 || (a < 1e-3 && t !== 0) ? fmt(t, 3) : String(+t.toPrecision(6));
 }
 
+// A chart's caption for a learner: what the picture shows, in one or two sentences.
+function notice(text) {
+  return el("p", { class: "notice" }, el("b", {}, "What to notice: "), text);
+}
+
 function legend(items) {
   return el("div", { class: "legend" }, items.map(([label, color]) => el("span", {}, el("i", { style: `background:${color}` }), label)));
 }
@@ -346,12 +351,16 @@ function viewSinusoidal(root) {
       slider("reference p", "ref", 0, 1000, 1, { onchange: refresh })),
     err,
     el("div", { class: "grid" },
-      el("div", { class: "panel" }, el("h3", {}, "PE table (rows: positions, columns: dimensions)"), heat),
-      el("div", { class: "panel" }, el("h3", {}, "binary counter"), bits),
+      el("div", { class: "panel" }, el("h3", {}, "PE table (rows: positions, columns: dimensions)"), heat,
+        notice("the first columns (the fast pairs) flip every few positions, like the low bits of the binary counter beside; each column to the right changes more slowly, so every row is a different pattern.")),
+      el("div", { class: "panel" }, el("h3", {}, "binary counter"), bits,
+        notice("bit b flips every 2^b positions: the sinusoid does the same with smooth turns instead of jumps.")),
       el("div", { class: "panel" }, el("h3", {}, "similarity of PE(p) and PE(p + k) against k"), sim,
+        notice("the similarity is largest at k = 0 and falls, with ripples, as k grows; moving the reference p changes nothing, so the encoding carries relative distance."),
         legend([["cosine", COLORS[0]], ["dot product / (d/2)", COLORS[1]]]),
         el("p", { class: "note" }, "Every row has norm √(d/2), so the two curves coincide; both depend on k only, not on the reference p.")),
-      el("div", { class: "panel" }, el("h3", {}, "wavelength of each pair (positions per turn)"), waves),
+      el("div", { class: "panel" }, el("h3", {}, "wavelength of each pair (positions per turn)"), waves,
+        notice("the wavelengths grow geometrically, from 2π up to 2π·base; pairs above the dashed line never complete a turn within the positions shown.")),
       el("div", { class: "panel", style: "max-width:1080px" }, el("h3", {}, "PE(p + k) = M_k · PE(p): the rotation blocks of M_k"), mkInfo, blocks)));
 
   async function draw() {
@@ -414,10 +423,13 @@ function viewRope(root) {
       slider("second base", "base2", 1, 7, 0.05, Object.assign({ onchange: refresh }, log10map))),
     err,
     el("div", { class: "grid" },
-      el("div", { class: "panel" }, el("h3", {}, "each pair's rotation at the position (the clock picture)"), clocks),
+      el("div", { class: "panel" }, el("h3", {}, "each pair's rotation at the position (the clock picture)"), clocks,
+        notice("by this position the first pairs have turned many times and the last ones have barely moved; orange clocks never complete a turn within the context length.")),
       el("div", { class: "panel" }, el("h3", {}, "wavelength per pair against the context length"), wl, unturnedNote,
+        notice("a larger base stretches every wavelength, so more pairs stay under one turn within the context: the second base shows by how much."),
         legend([["base", COLORS[0]], ["second base", COLORS[1]]])),
       el("div", { class: "panel" }, el("h3", {}, "RoFormer's long-term decay bound (§3.4.3) against relative distance"), decay,
+        notice("the bound falls with the distance between query and key, with ripples: far tokens can contribute less; with a larger base it falls more slowly."),
         legend([["base", COLORS[0]], ["second base", COLORS[1]]]))));
 
   async function draw() {
@@ -561,7 +573,11 @@ function layerTypePanel(m, t, target, width = 520) {
   if (target) hl.push({ v: target, label: `N = ${target}`, color: "#d0542f" });
   if (sc.high_freq_wavelen) hl.push({ v: sc.high_freq_wavelen, label: "high_freq_wavelen", color: "#b86e00" }, { v: sc.low_freq_wavelen, label: "low_freq_wavelen", color: "#b86e00" });
   plot(w, { series: [{ x: pairs, y: t.pairs.map((p) => p.unscaled_wavelength), color: "#aab2bf", label: "unscaled" }, { x: pairs, y: t.pairs.map((p) => p.wavelength), dots: true, dotColor: roleColor, label: "scaled" }], ylog: true, xlabel: "pair i", ylabel: "wavelength (positions)", hlines: hl, onHover });
-  const charts = el("div", { class: "grid" }, el("div", {}, el("h3", {}, "frequency per pair (grey: unscaled)"), f), el("div", {}, el("h3", {}, "wavelength per pair"), w));
+  const charts = el("div", { class: "grid" },
+    el("div", {}, el("h3", {}, "frequency per pair (grey: unscaled)"), f,
+      notice("where the dots leave the grey line the scaling changed that pair: kept pairs lie on it, interpolated ones sit the factor below it.")),
+    el("div", {}, el("h3", {}, "wavelength per pair"), w,
+      notice("pairs whose wavelength is above the training length never completed a turn in pre-training: at a longer N these are the ones that can meet angles they never saw.")));
   if (sc.long_factor) {
     const lf = canvas(width, 220);
     plot(lf, { series: [{ x: pairs, y: sc.short_factor, dots: true, label: "short_factor" }, { x: pairs, y: sc.long_factor, dots: true, label: "long_factor" }], xlabel: "pair i", ylabel: "LongRoPE factor λ_i", onHover });
@@ -697,8 +713,10 @@ function viewCompare(root) {
       const sels = [typeSel(a, "alt", "A"), typeSel(b, "blt", "B")].filter((x) => x);
       if (sels.length) out.append(el("div", { class: "controls" }, sels));
       out.append(el("div", { class: "grid" },
-        el("div", { class: "panel" }, el("h3", {}, `overlaid: wavelength per pair (layer type ${ta.name} / ${tb.name})`), wl, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]])),
-        el("div", { class: "panel" }, el("h3", {}, "overlaid: what the scaling does to each frequency"), ratio, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]]))));
+        el("div", { class: "panel" }, el("h3", {}, `overlaid: wavelength per pair (layer type ${ta.name} / ${tb.name})`), wl, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]]),
+          notice("where the two curves part, the two RoPEs differ; a curve shifted up is a slower rotation, stretched to reach further positions.")),
+        el("div", { class: "panel" }, el("h3", {}, "overlaid: what the scaling does to each frequency"), ratio, legend([["A: " + n.a, COLORS[0]], ["B: " + n.b, COLORS[1]]]),
+          notice("1 is a pair kept as trained; below 1 the scaling slows that pair down (interpolation), typically the slow pairs more than the fast ones."))));
       // pair by pair, side by side (pairs matched by index; a note where the sizes differ)
       const k = Math.min(ta.pairs.length, tb.pairs.length);
       const diff = el("table", { class: "pairs", id: "cmp-diff" }, el("tr", {}, ["pair", "A inv_freq", "B inv_freq", "B / A", "A wavelength", "B wavelength", "A role", "B role"].map((h) => el("th", {}, h))));
@@ -740,9 +758,12 @@ function viewBias(root) {
       slider("Shaw k", "shawk", 0, 64, 1, { onchange: refresh })),
     err,
     el("div", { class: "grid" },
-      el("div", { class: "panel" }, el("h3", {}, "ALiBi: bias per head against distance"), al, slopes),
-      el("div", { class: "panel" }, el("h3", {}, "T5: bucket against relative position (key − query)"), t5c),
-      el("div", { class: "panel" }, el("h3", {}, "Shaw: the clipped distance, the table row used"), sh)));
+      el("div", { class: "panel" }, el("h3", {}, "ALiBi: bias per head against distance"), al, slopes,
+        notice("each head's bias is a straight line in the distance, with slopes falling geometrically from head to head: steep heads look nearby, flat heads far.")),
+      el("div", { class: "panel" }, el("h3", {}, "T5: bucket against relative position (key − query)"), t5c,
+        notice("small distances get a bucket each, larger ones share logarithmically wider buckets, and everything past max_distance shares the last bucket.")),
+      el("div", { class: "panel" }, el("h3", {}, "Shaw: the clipped distance, the table row used"), sh,
+        notice("past ±k every distance uses the same table row: the model cannot tell those distances apart."))));
   async function draw() {
     let a, t, h;
     const md = Number(s.maxdist);
