@@ -48,7 +48,7 @@ before(async () => {
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
     args: ["--no-sandbox", "--disable-gpu"],
   });
-  page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+  page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
   page.on("pageerror", (e) => pageErrors.push(e.message));
 });
 
@@ -294,7 +294,7 @@ test("at 400 px wide no view scrolls sideways", async () => {
       await shot("narrow-" + hash.split("&")[0].slice(5));
     }
   } finally {
-    await page.setViewportSize({ width: 1280, height: 1000 });
+    await page.setViewportSize({ width: 1400, height: 1000 });
   }
 });
 
