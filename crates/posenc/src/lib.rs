@@ -59,6 +59,8 @@ pub mod docs_doctests {
     pub struct Lab;
     #[doc = include_str!("../../../docs/layout.md")]
     pub struct Layout;
+    #[doc = include_str!("../../../docs/long-context.md")]
+    pub struct LongContext;
     #[doc = include_str!("../../../docs/models.md")]
     pub struct Models;
     #[doc = include_str!("../../../docs/report.md")]
