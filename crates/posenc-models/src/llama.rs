@@ -534,7 +534,7 @@ impl KvCache {
             return;
         }
         for (k, v) in self.layers.iter_mut() {
-            let per = if self.len == 0 { 0 } else { k.len() / self.len };
+            let per = k.len().checked_div(self.len).unwrap_or(0);
             k.truncate(len * per);
             v.truncate(len * per);
         }

@@ -308,6 +308,7 @@ pub fn run(a: &Options) -> Result<Summary> {
             &body,
             &name,
             &preset.name,
+            preset.passkey_trials,
             &ctx.cache,
         )?);
     }

@@ -211,6 +211,15 @@ pub struct Preset {
     pub shaw: ShawExp,
     /// Experiment 7.
     pub analytic: Analytic,
+    /// Experiment 8 (`--model`): passkey trials per (length, depth) cell of
+    /// the retrieval grid (lengths L/4, L/2, L, 1.5 L, 2 L; depths 0, 0.5,
+    /// 1); 0 skips retrieval.
+    #[serde(default = "default_passkey_trials")]
+    pub passkey_trials: usize,
+}
+
+fn default_passkey_trials() -> usize {
+    1
 }
 
 impl Preset {

@@ -104,6 +104,100 @@ pub const SCALINGS: [&str; 4] = ["none", "linear:2", "dynamic:2", "yarn:2"];
 /// New tokens generated after the window, per scaling.
 pub const CONTINUATION: usize = 40;
 
+/// Needle depths of the retrieval grid.
+pub const PASSKEY_DEPTHS: [f64; 3] = [0.0, 0.5, 1.0];
+
+/// Prompt lengths of the retrieval grid for a model trained on `l`:
+/// L/4, L/2, L, 1.5 L, 2 L.
+pub fn passkey_lengths(l: usize) -> Vec<usize> {
+    vec![l / 4, l / 2, l, 3 * l / 2, 2 * l]
+}
+
+/// Scalings and methods of the retrieval grid: no scaling, PI, dynamic
+/// NTK, YaRN (factor 2 each) and Self-Extend with group 4 and a
+/// neighbour window of L/8 (Jin et al. 2024 extend Llama 2's 4k by
+/// groups of 4–8 with windows of 512–1,024 tokens).
+pub fn passkey_methods(l: usize) -> Vec<String> {
+    let w = ((l / 8).max(4) / 4) * 4;
+    let mut v: Vec<String> = SCALINGS.iter().map(|s| s.to_string()).collect();
+    v.push(format!("self-extend:4:{w}"));
+    v
+}
+
+/// Accuracy per method and length of the retrieval grid.
+struct Retrieval {
+    methods: Vec<String>,
+    lengths: Vec<usize>,
+    /// `[method][length]`: accuracy over depths and trials.
+    accuracy: Vec<Vec<f64>>,
+    /// `[method][length]`: mean log-probability of the answer.
+    logprob: Vec<Vec<f64>>,
+    trials_per_length: usize,
+}
+
+/// Runs the landmark passkey grid on `decoder` (see [`passkey_lengths`],
+/// [`PASSKEY_DEPTHS`], [`passkey_methods`]).
+fn retrieval(
+    decoder: &posenc_models::Decoder,
+    tk: &posenc_models::TextTokenizer,
+    l: usize,
+    trials: usize,
+) -> Result<Retrieval> {
+    use posenc_models::passkey::{Haystack, ProbeGrid, Prober, PromptBuilder};
+    let grid = ProbeGrid {
+        lengths: passkey_lengths(l),
+        depths: PASSKEY_DEPTHS.to_vec(),
+        trials,
+        seed: 0,
+    };
+    grid.validate().map_err(err)?;
+    let haystack = Haystack::Landmark;
+    let builder = PromptBuilder::new(tk, &haystack);
+    let sizes: Vec<usize> = grid
+        .lengths
+        .iter()
+        .map(|&n| builder.calibrate(n))
+        .collect::<posenc_models::Result<_>>()
+        .map_err(err)?;
+    let methods = passkey_methods(l);
+    let (mut accuracy, mut logprob) = (Vec::new(), Vec::new());
+    let total = methods.len() * grid.lengths.len() * grid.depths.len() * trials;
+    let mut done = 0;
+    for name in &methods {
+        let scaling: Scaling = name.parse().map_err(err)?;
+        let mut prober = Prober::new(decoder, &scaling, tk.eos()).map_err(err)?;
+        let (mut acc, mut lp) = (Vec::new(), Vec::new());
+        for (li, &length) in grid.lengths.iter().enumerate() {
+            prober.reset();
+            let (mut hits, mut sum, mut n) = (0usize, 0f64, 0usize);
+            for (di, &depth) in grid.depths.iter().enumerate() {
+                for trial in 0..trials {
+                    done += 1;
+                    eprint!("\rposenc report: experiment {ID}: passkey {name} at {length} tokens ({done}/{total})   ");
+                    let (key, word) = grid.key(&haystack, li, di, trial);
+                    let prompt = builder.prompt(sizes[li], depth, key, &word).map_err(err)?;
+                    let r = prober.trial(tk, &prompt, length, depth).map_err(err)?;
+                    hits += usize::from(r.correct);
+                    sum += r.logprob;
+                    n += 1;
+                }
+            }
+            acc.push(hits as f64 / n as f64);
+            lp.push(sum / n as f64);
+        }
+        accuracy.push(acc);
+        logprob.push(lp);
+    }
+    eprintln!();
+    Ok(Retrieval {
+        methods,
+        lengths: grid.lengths,
+        accuracy,
+        logprob,
+        trials_per_length: grid.depths.len() * trials,
+    })
+}
+
 /// The experiment number.
 pub const ID: usize = 8;
 
@@ -174,6 +268,7 @@ pub fn experiment(
     text: &str,
     text_name: &str,
     preset: &str,
+    passkey_trials: usize,
     cache: &Path,
 ) -> Result<ExpOutput> {
     let mut files = ModelFiles::open(model).map_err(err)?;
@@ -197,11 +292,12 @@ pub fn experiment(
         .to_vec();
     let unigram = unigram_entropy(&all);
     let key = fnv(format!(
-        "{:016x} {:016x} {t} {CONTINUATION} {:016x} {:016x}",
+        "{:016x} {:016x} {t} {CONTINUATION} {passkey_trials} {:016x} {:016x} {:016x}",
         model_identity(model)?,
         fnv(text.as_bytes()),
         fnv(include_str!("pretrained.rs").as_bytes()),
         fnv(include_str!("claims/experiments.rs").as_bytes()),
+        fnv(include_str!("../../posenc-models/src/passkey.rs").as_bytes()),
     )
     .as_bytes());
     let path = cache.join(format!("pretrained-{key:016x}.json"));
@@ -253,6 +349,11 @@ pub fn experiment(
         runs.push(perplexity::summarize(&scaling, &rcfg, loss, t, secs, 1024, l).map_err(err)?);
     }
     eprintln!();
+    let found = if passkey_trials > 0 {
+        Some(retrieval(&decoder, &tk, l, passkey_trials)?)
+    } else {
+        None
+    };
     let study = Study {
         model: source.clone(),
         trained_length: l,
@@ -331,6 +432,49 @@ pub fn experiment(
         serde_json::json!("YaRN and dynamic scaling lowest without fine-tuning (Table 1, Fig. 4)"),
         ce::pretrained_dynamic_yarn_best(&dynamic, &yarn, &pi, &none),
     ));
+    if let Some(r) = &found {
+        let at_2l = |i: usize| r.accuracy[i].last().copied().unwrap_or(f64::NAN);
+        let best = (1..r.methods.len())
+            .max_by(|&a, &b| at_2l(a).total_cmp(&at_2l(b)))
+            .unwrap_or(0);
+        let value: serde_json::Map<String, serde_json::Value> = r
+            .methods
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (format!("{m}, 2L"), serde_json::json!(at_2l(i))))
+            .collect();
+        o.claims.push(claim(
+            &ce::PRETRAINED_RETRIEVAL,
+            &format!(
+                "greedy passkey accuracy at 2L ({} prompts per length)",
+                r.trials_per_length
+            ),
+            serde_json::Value::Object(value),
+            serde_json::json!("LLaMA 7B + PI/YaRN fine-tuned: 0.5–1.0 up to 32k; no scaling: 0 past L (Chen et al. 2023 §3.4; YaRN data/passkey-32k.csv)"),
+            ce::pretrained_retrieval(at_2l(0), at_2l(best)),
+        ));
+        let mut header = vec!["scaling or method".to_string()];
+        header.extend(r.lengths.iter().map(|n| format!("{n} tokens")));
+        header.push("log p(answer) at 2L".into());
+        o.tables.push(Table {
+            title: format!(
+                "Passkey retrieval (landmark prompts, greedy exact match over depths {:?}, {} prompts per length; the last column: mean teacher-forced log-probability of the key's tokens at 2L)",
+                PASSKEY_DEPTHS, r.trials_per_length
+            ),
+            header,
+            rows: r
+                .methods
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    let mut row = vec![m.clone()];
+                    row.extend(r.accuracy[i].iter().map(|a| num(*a, 2)));
+                    row.push(num(r.logprob[i].last().copied().unwrap_or(f64::NAN), 2));
+                    row
+                })
+                .collect(),
+        });
+    }
     let mut header = vec!["positions".to_string()];
     header.extend(SCALINGS.iter().map(|s| s.to_string()));
     let mut rows: Vec<Vec<String>> = (0..study.runs[0].bands.len())
@@ -377,7 +521,8 @@ pub fn experiment(
     o.text = format!(
         "The quiz's third question is about a trained model's context window, and the lab's two-layer character models of experiment 3 are too small to show it: Press et al. 2022 measured rotary models of 247M parameters losing little past L, while models of 1B parameters and more blow up (Chen et al. 2023). This experiment runs a real pretrained decoder through posenc's RoPE and fused attention: **{source}** ({} layers, {} query and {} key/value heads, head dimension {}, RoPE base {}, trained length L = {l}).\n\n\
          One window: the first 2L = {t} tokens of {text_name}, tokenized as one string by the model's own tokenizer ({}). Loss of token i + 1 given tokens 0..i at every position, zero-shot (no fine-tuning), with each scaling set as transformers sets it: `none` (plain RoPE), `linear:2` (Position Interpolation, every frequency halved), `dynamic:2` (dynamic NTK, the base rescaled from the window's length), `yarn:2` (YaRN, factor 2, original length L, β_fast 32, β_slow 1, attention factor 0.1 ln 2 + 1). The claims compare the mean loss on positions L..2L with the loss at L (no scaling, positions 0..L), with e3's thresholds; with one model and one window there are no seeds, so two scalings are compared band by band over the bands beyond L (paired differences, twice the standard error). The unigram entropy of the text's tokens is {}. Then each scaling continues the window greedily by {CONTINUATION} tokens, through the KV cache: the question is whether the model can *generate* past L.\n\n\
-         Reproduce one scaling's curve with `posenc perplexity --model {} --length {t}`.",
+         Generation is also judged as the papers judge it, by retrieval: landmark passkey prompts (YaRN's `eval/passkey.py` format) of L/4 to 2L tokens with the key at depths 0, 0.5 and 1, read greedily; each scaling as above, and Self-Extend (Jin et al. 2024), which keeps the model's RoPE for the nearest keys and groups the positions of the far ones.\n\n\
+         Reproduce one scaling's curve with `posenc perplexity --model {} --length {t}`, and the retrieval with `posenc passkey --model {} --lengths {} --depths 0,0.5,1 --scaling {}`.",
         decoder.config().num_layers,
         decoder.config().num_heads,
         decoder.config().num_kv_heads,
@@ -386,6 +531,13 @@ pub fn experiment(
         tk.source(),
         num(unigram, 3),
         model.display(),
+        model.display(),
+        passkey_lengths(l)
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        passkey_methods(l).join(","),
     );
     o.seconds = start.elapsed().as_secs_f64();
     if let Some(dir) = path.parent() {

@@ -644,12 +644,38 @@ mod tests;
 
 /// The claims of experiment 8, in report order (not in [`ALL`]: the
 /// experiment runs only when a model is given).
-pub const PRETRAINED: [&ClaimDef; 4] = [
+pub const PRETRAINED: [&ClaimDef; 5] = [
     &PRETRAINED_QUIZ,
     &PRETRAINED_NO_SCALING_BLOWS_UP,
     &PRETRAINED_PI_ZERO_SHOT,
     &PRETRAINED_DYNAMIC_YARN_BEST,
+    &PRETRAINED_RETRIEVAL,
 ];
+
+/// e8: "generates well" judged by retrieval.
+pub const PRETRAINED_RETRIEVAL: ClaimDef = ClaimDef {
+    id: "e8.retrieval-needs-interpolation",
+    experiment: 8,
+    claim: "Seed 001's quiz, third answer, judged as the papers judge generation at length: a RoPE decoder trained at L retrieves a passkey at 2L only with interpolation (or an attention-level extension).",
+    source: "seed 001 (quiz); Chen et al. 2023 (PI), §3.4 passkey retrieval; Peng et al. 2023 (YaRN), passkey (repository data/passkey-32k.csv: YaRN 0.68–1.0 up to 32k after fine-tuning); Jin et al. 2024 (Self-Extend), passkey without fine-tuning",
+    rule: "landmark passkey prompts (YaRN's eval/passkey.py format), greedy, the first integer of 10 generated tokens; accuracy at 2L over every depth and trial, zero-shot. Reproduced if no scaling retrieves ≤ 20% while the best of PI, dynamic NTK, YaRN and Self-Extend retrieves ≥ 80%; partly if no scaling ≤ 20% and the best ≥ 50%; not reproduced otherwise (no scaling above 20%, or no method at 50%)",
+};
+
+/// [`PRETRAINED_RETRIEVAL`]'s rule: accuracies at 2L of no scaling and of
+/// the best interpolation or extension.
+pub fn pretrained_retrieval(none_at_2l: f64, best_at_2l: f64) -> Verdict {
+    Verdict::finite_or_nan(&[none_at_2l, best_at_2l], || {
+        if none_at_2l > 0.2 {
+            Verdict::NotReproduced
+        } else if best_at_2l >= 0.8 {
+            Verdict::Reproduced
+        } else if best_at_2l >= 0.5 {
+            Verdict::Partly
+        } else {
+            Verdict::NotReproduced
+        }
+    })
+}
 
 /// e8: the quiz's third answer on a pretrained model.
 pub const PRETRAINED_QUIZ: ClaimDef = ClaimDef {
