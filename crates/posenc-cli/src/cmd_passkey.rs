@@ -231,7 +231,7 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
                 for trial in 0..grid.trials {
                     pb.set_message(format!("{} @ {length}", sc.name));
                     let (key, word) = grid.key(&haystack, li, di, trial);
-                    let prompt = builder.prompt(sizes[li], depth, key, &word)?;
+                    let prompt = builder.prompt_within(length, sizes[li], depth, key, &word)?;
                     let r = prober.trial(&tk, &prompt, length, depth)?;
                     results.push(r);
                     pb.inc(1);

@@ -264,6 +264,38 @@ impl<'a> PromptBuilder<'a> {
         Ok(lo)
     }
 
+    /// The prompt with at most `n` filler units (as [`calibrate`] gave for
+    /// `length`), fewer if this depth and key make it longer than `length`
+    /// tokens: every prompt of a length has at most that many tokens.
+    ///
+    /// # Errors
+    /// The tokenizer's; [`ModelError::Invalid`] if no filler size fits.
+    ///
+    /// [`calibrate`]: Self::calibrate
+    pub fn prompt_within(
+        &self,
+        length: usize,
+        n: usize,
+        depth: f64,
+        key: u64,
+        word: &str,
+    ) -> Result<Prompt> {
+        let mut n = n;
+        loop {
+            let p = self.prompt(n, depth, key, word)?;
+            if p.ids.len() <= length {
+                return Ok(p);
+            }
+            if n == 0 {
+                return Err(ModelError::Invalid(format!(
+                    "no prompt of at most {length} tokens holds the needle"
+                )));
+            }
+            // A filler unit is at most one token: shrink by the excess.
+            n = n.saturating_sub((p.ids.len() - length).max(1));
+        }
+    }
+
     /// The prompt with `n` filler units, the needle at `depth`, for `key`.
     ///
     /// # Errors

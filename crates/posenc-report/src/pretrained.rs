@@ -144,8 +144,13 @@ fn retrieval(
     trials: usize,
 ) -> Result<Retrieval> {
     use posenc_models::passkey::{Haystack, ProbeGrid, Prober, PromptBuilder};
+    // A model trained on fewer than 256 tokens has L/4 below the shortest
+    // prompt that holds the needle: those lengths are left out.
     let grid = ProbeGrid {
-        lengths: passkey_lengths(l),
+        lengths: passkey_lengths(l)
+            .into_iter()
+            .filter(|&n| n >= posenc_models::passkey::MIN_LENGTH)
+            .collect(),
         depths: PASSKEY_DEPTHS.to_vec(),
         trials,
         seed: 0,
@@ -175,7 +180,9 @@ fn retrieval(
                     done += 1;
                     eprint!("\rposenc report: experiment {ID}: passkey {name} at {length} tokens ({done}/{total})   ");
                     let (key, word) = grid.key(&haystack, li, di, trial);
-                    let prompt = builder.prompt(sizes[li], depth, key, &word).map_err(err)?;
+                    let prompt = builder
+                        .prompt_within(length, sizes[li], depth, key, &word)
+                        .map_err(err)?;
                     let r = prober.trial(tk, &prompt, length, depth).map_err(err)?;
                     hits += usize::from(r.correct);
                     sum += r.logprob;
@@ -349,7 +356,7 @@ pub fn experiment(
         runs.push(perplexity::summarize(&scaling, &rcfg, loss, t, secs, 1024, l).map_err(err)?);
     }
     eprintln!();
-    let found = if passkey_trials > 0 {
+    let found = if passkey_trials > 0 && 2 * l >= posenc_models::passkey::MIN_LENGTH {
         Some(retrieval(&decoder, &tk, l, passkey_trials)?)
     } else {
         None

@@ -783,6 +783,17 @@ mod pretrained_rules {
     use super::*;
 
     #[test]
+    fn retrieval_rule_reads_no_scaling_and_the_best_method_at_2l() {
+        assert_eq!(pretrained_retrieval(0.0, 1.0), Verdict::Reproduced);
+        assert_eq!(pretrained_retrieval(0.2, 0.8), Verdict::Reproduced);
+        assert_eq!(pretrained_retrieval(0.0, 0.6), Verdict::Partly);
+        assert_eq!(pretrained_retrieval(0.0, 0.4), Verdict::NotReproduced);
+        // No scaling still retrieves: the claim's premise fails.
+        assert_eq!(pretrained_retrieval(0.6, 1.0), Verdict::NotReproduced);
+        assert_eq!(pretrained_retrieval(f64::NAN, 1.0), Verdict::Nan);
+    }
+
+    #[test]
     fn paired_comparison_uses_the_band_differences() {
         // Same level shift on every band: lower however noisy the bands.
         let a = [3.0, 5.0, 4.0, 7.0];
