@@ -170,6 +170,10 @@ def main():
             "generation": f"model.generate(ids, do_sample=False, max_new_tokens={args.new_tokens}), generation config eos 2 / pad 2 (stops early at EOS), KV cache",
             "answer": "first integer in tok.decode(new_ids) (re.search(r'\\d+')), as YaRN's test_model",
         },
+        "notes": {
+            "seconds": "wall time of generate on 2 CPU cores shared with other jobs: not a benchmark",
+            "margins": "the gap between the best and second-best logit of each greedy step is not recorded; an implementation that differs in float32 rounding may legitimately pick another token where that gap is tiny (a degenerate continuation such as ' the is is ...' is the likely place)"
+        },
         "L": L,
         "scalings": {s: {"rope_parameters": scaling_rope_parameters(s, base, L)[0],
                          "max_position_embeddings": scaling_rope_parameters(s, base, L)[1] or base.max_position_embeddings}
