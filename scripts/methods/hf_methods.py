@@ -31,9 +31,18 @@ called with the (possibly fractional) positions below. Methods, by name:
 - `sinks:S:WINDOW` (mit-han-lab/streaming-llm, enable_llama_pos_shift_attention + StartRecentKVCache(start_size S,
   recent_size WINDOW - S) in examples/eval_long_ppl.py's token-by-token loop), as a prefill: query i sees keys
   j < S and keys with i - j <= WINDOW - S; recent keys: q at i, k at j (true distance); sink keys: q at
-  min(i, WINDOW), k at j (distance min(i, WINDOW) - j). `sinks-stream` runs the authors' loop itself (one token a
-  step, a legacy (k, v) cache of unrotated keys trimmed by their StartRecentKVCache.__call__ after every step,
-  query at position = cache length, keys at their cache slots) to verify this rule.
+  min(i, WINDOW), k at j (distance min(i, WINDOW) - j). `validate` runs the authors' loop itself
+  (`sinks_stream_losses`: one token a step, a legacy (k, v) cache of unrotated keys trimmed by their
+  StartRecentKVCache.__call__ after every step, query at position = cache length, keys at their cache slots) to
+  verify this rule.
+
+Decode (KV cache) in the authors' code, read but not run here: Self-Extend's q_len == 1 path marks the last W keys
+neighbours and groups the rest with the shift applied once the query position reaches W (the prefill rule per
+query); ReRoPE/leaky decode rotate the cached keys by -min(i - j, W) (leaky: the concatenated table, same relative
+positions) with the query scaled at its own position: the prefill rule. ChunkLlama's decode path uses the same
+three tables, but it caches keys AFTER rotation and rebuilds its tables (and mscale) whenever the length grows past
+the largest seen, so past max_position_embeddings each cached key keeps the mscale of the step that computed it
+while the query gets the current one; a prefill of the whole window gives every key the final mscale.
 
 Subcommands and their exact commands (from the repository root, /work/venv as in the brief, plus accelerate):
 
@@ -44,12 +53,15 @@ Subcommands and their exact commands (from the repository root, /work/venv as in
   # one attention call on synthetic q/k/v with sharp logits, every method (kernel-level test data)
   HF_HUB_OFFLINE=1 /work/venv/bin/python scripts/methods/hf_methods.py attention \\
       --out crates/posenc-models/tests/fixtures/methods/attention.json
+  # SmolLM2 at 1,024 tokens: eager engine vs sdpa, methods at windows >= T vs the engine (merged into validation.json)
+  HF_HUB_OFFLINE=1 /work/venv/bin/python scripts/methods/hf_methods.py engine-check \\
+      --out crates/posenc-models/tests/fixtures/methods/validation.json
   # tiny random models fixture
   HF_HUB_OFFLINE=1 /work/venv/bin/python scripts/methods/hf_methods.py tiny \\
       --out crates/posenc-models/tests/fixtures/methods/tiny.json
   # SmolLM2 band losses at 4,096 tokens (results are merged into --out, one method at a time)
   HF_HUB_OFFLINE=1 nohup /work/venv/bin/python scripts/methods/hf_methods.py smollm2 \\
-      --methods dca:3072:512,sinks:4:1024,self-extend:4:512,rerope:512,leaky-rerope:512:16,yarn:2 \\
+      --methods none,self-extend:4:512,self-extend:8:1024,rerope:512,leaky-rerope:512:16,dca:3072:512,dca:1024:256,sinks:4:1024,yarn:2 \\
       --out crates/posenc-models/tests/fixtures/methods/smollm2-methods-4k.json > /tmp/smollm2.log 2>&1 &
   # the SmolLM2 bands against the shared cross-check (/work/shared/fixtures/methods/smollm2-pride-4k.json)
   /work/venv/bin/python scripts/methods/hf_methods.py compare
@@ -860,6 +872,39 @@ def cmd_validate(args):
     dump(res, args.out)
 
 
+def cmd_engine_check(args):
+    """SmolLM2, first 1,024 ids: the eager engine ('plain') against sdpa (logits and per-token losses), every method
+    with windows >= T against 'plain', and sinks:4:256 against none (the size of a real method's effect); merged into
+    --out under "smollm2_engine"."""
+    tok, model = load_smollm2(args.gguf)
+    base = copy.deepcopy(model.config)
+    L, mpe = trained_length(base), base.max_position_embeddings
+    ids = tok(Path(args.text).read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:1024]
+    r = {}
+    with torch.no_grad():
+        install_method(model, "none", L, mpe)
+        ref = full_logits(model, ids)
+        rl = token_losses(ref, ids)
+        install_method(model, "plain", L, mpe)
+        pl = full_logits(model, ids)
+        pll = token_losses(pl, ids)
+        r["plain vs none"] = {"max_abs_logit_diff": maxdiff(pl, ref), "max_abs_loss_diff": maxdiff(pll, rl),
+                              "mean_loss_diff": float((pll - rl).mean())}
+        print("plain vs none", r["plain vs none"], flush=True)
+        for spec in ["self-extend:4:1024", "rerope:1024", "leaky-rerope:1024:16", "dca:1536:512", "sinks:4:1024", "sinks:4:256"]:
+            install_method(model, spec, L, mpe)
+            lg = full_logits(model, ids)
+            ll = token_losses(lg, ids)
+            r[spec] = {"max_abs_logit_diff_vs_plain": maxdiff(lg, pl), "max_abs_loss_diff_vs_none": maxdiff(ll, rl),
+                       "mean_loss": float(ll.mean()), "mean_loss_none": float(rl.mean())}
+            print(spec, r[spec], flush=True)
+        install_method(model, "none", L, mpe)
+    path = Path(args.out)
+    out = json.loads(path.read_text()) if path.exists() else {**versions()}
+    out["smollm2_engine"] = r
+    dump(out, path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -876,19 +921,21 @@ def main():
     c = sub.add_parser("compare")
     c.add_argument("--shared", default="/work/shared/fixtures/methods/smollm2-pride-4k.json")
     c.add_argument("--mine", default=str(FIXTURES / "methods" / "smollm2-methods-4k.json"))
+    ec = sub.add_parser("engine-check")
+    ec.add_argument("--out", default=str(FIXTURES / "methods" / "validation.json"))
     v = sub.add_parser("validate")
     v.add_argument("--out", default=str(FIXTURES / "methods" / "validation.json"))
     v.add_argument("--no-smollm2", dest="smollm2", action="store_false")
-    for p in (s, v):
+    for p in (s, v, ec):
         p.add_argument("--gguf", default=str(DEFAULT_GGUF))
         p.add_argument("--text", default=str(CORPUS))
-    for p in (t, s, v, a):
+    for p in (t, s, v, a, ec):
         p.add_argument("--threads", type=int, default=2)
     c.set_defaults(threads=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     {"tiny": cmd_tiny, "smollm2": cmd_smollm2, "validate": cmd_validate, "attention": cmd_attention,
-     "compare": cmd_compare}[args.cmd](args)
+     "compare": cmd_compare, "engine-check": cmd_engine_check}[args.cmd](args)
 
 
 if __name__ == "__main__":
