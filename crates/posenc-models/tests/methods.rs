@@ -18,7 +18,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::{fixture, floats, ids, max_abs_diff};
 use posenc_models::passkey::{self, Haystack, PromptBuilder};
@@ -52,6 +52,89 @@ fn run(model: &Decoder, method: &str, tokens: &[u32]) -> (Vec<f64>, Vec<f64>) {
         .map(|&x| x as f64)
         .collect();
     (loss, last)
+}
+
+/// One attention call on synthetic inputs with sharp logits
+/// (`attention.json`: q and k drawn as 2·N(0, 1), 64 tokens, 2 query heads,
+/// 1 key/value head, head_dim 16), for ten settings of the five methods.
+/// Self-Extend with a group that does not divide the window is refused
+/// (posenc rotates at whole positions). The outputs agreed to 4.1e-6 when
+/// this was written (transformers' f32 angles against posenc's f64); the
+/// bound is 2e-5.
+#[test]
+fn attention_calls_match_the_authors_code() {
+    use candle_core::{Device, Tensor};
+    use posenc::extend::{ContextMethod, ModelLengths};
+    use posenc::rope::{PairLayout, RopeFrequencies};
+    use posenc::tensor::extend::MethodAttention;
+    use posenc::tensor::rope::Rope;
+
+    let r = common::reference("methods/attention.json");
+    let s = &r["settings"]["shapes"];
+    let get = |k: &str| s[k].as_u64().unwrap() as usize;
+    let (t, hq, hk, d) = (get("T"), get("heads"), get("kv_heads"), get("head_dim"));
+    let f32s =
+        |v: &serde_json::Value| -> Vec<f32> { floats(v).into_iter().map(|x| x as f32).collect() };
+    // [H, T, d] as stored → (1, T, H, d).
+    let bthd = |v: &serde_json::Value, h: usize| {
+        Tensor::from_vec(f32s(v), (1, h, t, d), &Device::Cpu)
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+    };
+    let (q, k, v) = (bthd(&r["q"], hq), bthd(&r["k"], hk), bthd(&r["v"], hk));
+    let rope = Rope::new(RopeFrequencies::plain(10_000.0, d, PairLayout::HalfSplit).unwrap())
+        .unwrap()
+        .with_layout(posenc::kernels::HeadLayout::Bthd);
+    let lengths = ModelLengths {
+        trained: r["settings"]["training_length_for_logn"]
+            .as_u64()
+            .map(|x| x as usize),
+        max_position_embeddings: r["settings"]["dca_max_position_embeddings"]
+            .as_u64()
+            .map(|x| x as usize),
+    };
+    let mut checked = 0;
+    for (name, m) in r["methods"].as_object().unwrap() {
+        if name == "plain" {
+            continue;
+        }
+        let method: ContextMethod = match name.parse() {
+            Ok(m) => m,
+            Err(e) => {
+                assert!(name.starts_with("self-extend:3:10"), "{name}: {e}");
+                continue;
+            }
+        };
+        let want = f32s(&m["output"]);
+        let attn = MethodAttention::new(method, &rope, lengths).unwrap();
+        for reference in [false, true] {
+            let out = if reference {
+                attn.forward_reference(&q, &k, &v).unwrap()
+            } else {
+                attn.forward(&q, &k, &v).unwrap()
+            };
+            // (1, T, H, d) → [H, T, d].
+            let got: Vec<f32> = out
+                .transpose(1, 2)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            eprintln!("{name} reference={reference}: {diff:.2e}");
+            assert!(diff < 2e-5, "{name} reference={reference}: {diff}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
 }
 
 #[test]
@@ -89,29 +172,7 @@ fn tiny_models_match_the_authors_code() {
     }
 }
 
-const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn model_path(test: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("POSENC_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models")
-                .join(FILE)
-        });
-    if path.is_file() {
-        return Some(path);
-    }
-    let why = format!(
-        "{test}: SKIPPED: no model at {} (run scripts/get-model.sh or set POSENC_TEST_GGUF)",
-        path.display()
-    );
-    if std::env::var("POSENC_REQUIRE_MODEL").is_ok_and(|v| v == "1") {
-        panic!("{why}, and POSENC_REQUIRE_MODEL=1 asks for it");
-    }
-    eprintln!("{why}");
-    None
-}
+use common::model_path;
 
 /// The first two bands of a 2,049-token window (a position's loss does not
 /// depend on the window's length past it) of each method within 0.005
@@ -134,6 +195,7 @@ fn smollm2_bands_match_the_authors_code() {
         "rerope:512",
         "leaky-rerope:512:16",
         "sinks:4:1024",
+        "dca:1024:256",
     ] {
         let (loss, _) = run(&m.decoder, method, tokens);
         let bands = &r["results"][method]["bands_full"];

@@ -14,7 +14,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::{floats, ids};
 use posenc_models::generate::{generate, Sampling};
@@ -22,29 +22,7 @@ use posenc_models::gguf::GgufFile;
 use posenc_models::perplexity::{loss_per_position, rope_of};
 use posenc_models::{PretrainedModel, Scaling, TextTokenizer};
 
-const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn model_path(test: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("POSENC_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models")
-                .join(FILE)
-        });
-    if path.is_file() {
-        return Some(path);
-    }
-    let why = format!(
-        "{test}: SKIPPED: no model at {} (run scripts/get-model.sh or set POSENC_TEST_GGUF)",
-        path.display()
-    );
-    if std::env::var("POSENC_REQUIRE_MODEL").is_ok_and(|v| v == "1") {
-        panic!("{why}, and POSENC_REQUIRE_MODEL=1 asks for it");
-    }
-    eprintln!("{why}");
-    None
-}
+use common::model_path;
 
 /// Token ids identical to transformers' for the opening of the novel and
 /// for strings that exercise the pre-tokenizer (digits, runs of spaces,
