@@ -43,6 +43,11 @@ impl From<posenc_report::ReportError> for CliError {
 /// Runs `posenc report`.
 pub fn run(a: ReportArgs) -> CliResult {
     let out = a.out.clone();
+    // A model that cannot be opened is refused before the lab's experiments
+    // run (a FIFO or a missing file, say).
+    if let Some(m) = &a.model {
+        posenc_models::ModelFiles::open(m)?;
+    }
     let summary = posenc_report::run(&posenc_report::Options {
         out: a.out,
         preset: a.preset,

@@ -88,6 +88,9 @@ impl ModelFiles {
     /// [`ModelError::BadFile`] for a file that is neither GGUF nor a
     /// config.
     pub fn open(path: &Path) -> Result<ModelFiles> {
+        // Special files (FIFOs, devices) are refused by type, never opened
+        // for a blocking read.
+        input::check_model_path(path)?;
         let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?;
         let dir = if meta.is_dir() {
             Some(path.to_path_buf())
@@ -98,16 +101,7 @@ impl ModelFiles {
         };
         if let Some(dir) = dir {
             let cfg = dir.join("config.json");
-            let len = std::fs::metadata(&cfg)
-                .map_err(|e| ModelError::io(&cfg, e))?
-                .len();
-            if len > MAX_CONFIG_BYTES {
-                return Err(ModelError::bad_file(
-                    &cfg,
-                    format!("{len} bytes is too large"),
-                ));
-            }
-            let bytes = std::fs::read(&cfg).map_err(|e| ModelError::io(&cfg, e))?;
+            let bytes = input::read_bounded(&cfg, MAX_CONFIG_BYTES)?;
             let config = String::from_utf8(bytes)
                 .map_err(|_| ModelError::bad_file(&cfg, "not UTF-8 text"))?;
             return Ok(ModelFiles::HuggingFace { dir, config });
@@ -115,7 +109,7 @@ impl ModelFiles {
         let mut magic = [0u8; 4];
         {
             use std::io::Read;
-            let mut f = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+            let (mut f, _) = input::open_regular(path)?;
             let n = f.read(&mut magic).map_err(|e| ModelError::io(path, e))?;
             if n < 4 || &magic != b"GGUF" {
                 return Err(ModelError::bad_file(
@@ -204,6 +198,7 @@ impl PretrainedModel {
         let tk = files
             .tokenizer(tokenizer)?
             .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
+        tk.check_model_vocab(cfg.vocab_size)?;
         let (decoder, source) = files.load(cfg)?;
         Ok(PretrainedModel {
             decoder,
@@ -278,16 +273,8 @@ pub const MAX_TEXT_BYTES: u64 = 1 << 30;
 /// # Errors
 /// [`ModelError::Io`], [`ModelError::Invalid`].
 pub fn read_text(path: &Path) -> Result<String> {
-    let len = std::fs::metadata(path)
-        .map_err(|e| ModelError::io(path, e))?
-        .len();
-    if len > MAX_TEXT_BYTES {
-        return Err(ModelError::Invalid(format!(
-            "{}: {len} bytes is over the {MAX_TEXT_BYTES}-byte limit",
-            path.display()
-        )));
-    }
-    let bytes = std::fs::read(path).map_err(|e| ModelError::io(path, e))?;
+    // Refused by type (FIFOs, devices) and by size before any read.
+    let bytes = input::read_bounded(path, MAX_TEXT_BYTES)?;
     String::from_utf8(bytes).map_err(|e| {
         ModelError::Invalid(format!(
             "{}: not UTF-8 text (invalid byte at offset {})",

@@ -289,6 +289,7 @@ pub fn experiment(
         .tokenizer(None)
         .map_err(err)?
         .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
+    tk.check_model_vocab(cfg.vocab_size).map_err(err)?;
     let all = tk.encode(text).map_err(err)?;
     let window = perplexity::window(&all, t)
         .map_err(|e| {
