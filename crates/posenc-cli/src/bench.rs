@@ -241,7 +241,7 @@ pub fn run(cmd: BenchCommand) -> CliResult {
                 print!("{}", report.to_text());
                 println!(
                     "allocator: {} (out-of-place timings include faulting in fresh output pages; \
-                     see README, Speed)",
+                     see docs/kernels.md)",
                     crate::ALLOCATOR
                 );
             }

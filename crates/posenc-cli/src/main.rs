@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 
 /// With `--features mimalloc` the binary allocates with mimalloc, which keeps
 /// freed memory for reuse: out-of-place RoPE then skips the page faults of a
-/// fresh output (see README, Speed), but some lab models train slower.
+/// fresh output (see docs/kernels.md), but some lab models train slower.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -172,7 +172,7 @@ fn fail(msg: &str) -> ! {
 /// faults in and zeroes on every step, and each free returns them. Raising
 /// the thresholds keeps freed memory in the heap for the next step, and two
 /// arenas (one per core) keep threads from spreading memory over many
-/// arenas. Measured with `posenc bench train` (README, Speed).
+/// arenas. Measured with `posenc bench train` (docs/kernels.md).
 fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "mimalloc")))]
     {
@@ -198,7 +198,7 @@ fn tune_allocator() {
 /// callers; the lab trains the halves of a batch side by side, and posenc's
 /// own kernels do the threading, so the CLI gives candle's pool no workers
 /// unless the user set the variable. Measured with `posenc bench train`
-/// (README, Speed).
+/// (docs/kernels.md).
 fn configure_candle_threads() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         // Before any thread starts and before candle reads it.
@@ -231,7 +231,7 @@ fn main() {
             fail(&msg.join(" "));
         }
     };
-    // POSENC_SIMD lowers the kernels' instruction set (README, Speed): a
+    // POSENC_SIMD lowers the kernels' instruction set (docs/kernels.md): a
     // name that is not a level, or one this CPU lacks, is refused here
     // rather than silently ignored.
     if let Err(e) = posenc::kernels::SimdLevel::from_env() {
