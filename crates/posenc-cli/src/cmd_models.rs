@@ -278,17 +278,17 @@ fn first_layers(path: &Path, layers: usize) -> posenc_models::Result<Decoder> {
     Ok(files.load(cfg)?.0)
 }
 
-fn stderr_is_tty() -> bool {
+pub(crate) fn stderr_is_tty() -> bool {
     use std::io::IsTerminal;
     std::io::stderr().is_terminal()
 }
 
-enum FigureKind {
+pub(crate) enum FigureKind {
     Png,
     Svg,
 }
 
-fn figure_kind(out: &std::path::Path) -> CliResult<FigureKind> {
+pub(crate) fn figure_kind(out: &std::path::Path) -> CliResult<FigureKind> {
     match out
         .extension()
         .and_then(|e| e.to_str())

@@ -13,6 +13,7 @@ use posenc_models::{input, scaling, ModelFiles};
 use posenc_plot::{Colormap, Figure, Heatmap, Ticks, ValueRange};
 use serde_json::{json, Value};
 
+use crate::cmd_models::{figure_kind, stderr_is_tty, FigureKind};
 use crate::output::{check_writable, num, table, write_atomic};
 use crate::{CliError, CliResult};
 
@@ -116,19 +117,7 @@ pub fn figure_path(out: &Path, method: &str) -> PathBuf {
 }
 
 fn is_svg(out: &Path) -> CliResult<bool> {
-    match out
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        Some("svg") => Ok(true),
-        Some("png") => Ok(false),
-        _ => Err(CliError(format!(
-            "--out {}: the figure must be .png or .svg",
-            out.display()
-        ))),
-    }
+    Ok(matches!(figure_kind(out)?, FigureKind::Svg))
 }
 
 /// Runs `posenc passkey`.
@@ -386,9 +375,4 @@ fn heatmap(grid: &ProbeGrid, cells: &[passkey::Cell], name: &str, svg: bool) -> 
     } else {
         map.to_png_bytes(w, h).map_err(err)?
     })
-}
-
-fn stderr_is_tty() -> bool {
-    use std::io::IsTerminal;
-    std::io::stderr().is_terminal()
 }

@@ -102,17 +102,20 @@ pub fn continue_from(
     Ok(out)
 }
 
+/// The most likely token (ties: the lowest id): greedy decoding's pick.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 fn pick(logits: &[f32], sampling: Sampling, rng: &mut StdRng) -> u32 {
     match sampling {
-        Sampling::Greedy => {
-            let mut best = 0;
-            for (i, &v) in logits.iter().enumerate() {
-                if v > logits[best] {
-                    best = i;
-                }
-            }
-            best as u32
-        }
+        Sampling::Greedy => argmax(logits),
         Sampling::Sample {
             temperature, top_p, ..
         } => {

@@ -30,8 +30,6 @@
 //! length: dynamic NTK and dual chunk attention's `mscale`. There it
 //! prefills every prompt from scratch.
 
-use std::time::Instant;
-
 use posenc::extend::ContextMethod;
 use posenc::tensor::rope::Rope;
 use rand::rngs::StdRng;
@@ -413,8 +411,6 @@ pub struct Prober<'a> {
     reuse: bool,
     cache: KvCache,
     cached_ids: Vec<u32>,
-    /// Final hidden state of the cache's last token.
-    last_hidden: Vec<f32>,
     eos: Vec<u32>,
 }
 
@@ -435,7 +431,6 @@ impl<'a> Prober<'a> {
             reuse,
             cache: KvCache::new(model.config()),
             cached_ids: Vec::new(),
-            last_hidden: Vec::new(),
             eos: eos.to_vec(),
         })
     }
@@ -510,7 +505,7 @@ impl<'a> Prober<'a> {
         let mut out = Vec::with_capacity(MAX_NEW_TOKENS);
         let mut logits = first;
         for step in 0..MAX_NEW_TOKENS {
-            let next = argmax(&logits);
+            let next = crate::generate::argmax(&logits);
             out.push(next);
             if self.eos.contains(&next) || step + 1 == MAX_NEW_TOKENS {
                 break;
@@ -526,7 +521,6 @@ impl<'a> Prober<'a> {
         }
         self.cache.truncate(n);
         self.cached_ids = prompt.ids.clone();
-        self.last_hidden = prompt_last;
         let generated = tokenizer.decode(&out)?;
         let read = first_integer(&generated);
         Ok(TrialResult {
@@ -571,7 +565,7 @@ pub fn greedy(
     let mut logits = model.logits(&h[(prompt.len() - 1) * d..], 1)?;
     let mut out = Vec::new();
     for step in 0..max_new {
-        let next = argmax(&logits);
+        let next = crate::generate::argmax(&logits);
         out.push(next);
         if eos.contains(&next) || step + 1 == max_new {
             break;
@@ -590,17 +584,6 @@ pub fn greedy(
 
 fn log_prob(logits: &[f32], t: u32) -> f64 {
     logits[t as usize] as f64 - log_sum_exp(logits)
-}
-
-/// The most likely token (ties: the lowest id), as `generate`'s greedy.
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// The first run of ASCII digits in `text`, as YaRN's `re.search(r'\d+')`
@@ -652,11 +635,6 @@ pub fn cells(grid: &ProbeGrid, trials: &[TrialResult]) -> Vec<Cell> {
         }
     }
     out
-}
-
-/// Seconds since `t0` (for timings in outputs).
-pub fn seconds_since(t0: Instant) -> f64 {
-    t0.elapsed().as_secs_f64()
 }
 
 #[cfg(test)]
