@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use posenc_models::passkey::{self, Haystack, ProbeGrid, Prober, PromptBuilder, TrialResult};
+use posenc_models::passkey::{
+    self, Haystack, LogHeader, ProbeGrid, Prober, PromptBuilder, TrialLog, TrialResult,
+};
 use posenc_models::{input, scaling, ModelFiles};
 use posenc_plot::{Colormap, Figure, Heatmap, Ticks, ValueRange};
 use serde_json::{json, Value};
@@ -68,6 +70,12 @@ pub struct PasskeyArgs {
     /// .svg; the method's name is added before the extension).
     #[arg(long, value_name = "FIG")]
     pub out: Option<PathBuf>,
+    /// Append each finished trial to FILE (JSON lines) and skip the trials
+    /// FILE already holds, so that a long grid can be stopped and resumed,
+    /// or split over runs; the tables and figures cover every trial of the
+    /// grid found in FILE or run now.
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -144,6 +152,13 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
         }
     }
     input::check_model_path(&a.model)?;
+    if let Some(p) = &a.log {
+        if std::fs::symlink_metadata(p).is_ok() {
+            input::check_regular(p)?;
+        } else {
+            check_writable(p, "--log")?;
+        }
+    }
     if let Some(t) = &a.tokenizer {
         input::check_regular(t)?;
     }
@@ -184,13 +199,39 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
     let (mut model, source) = files.load(cfg)?;
     model.set_products(a.products.into())?;
     let eos: Vec<u32> = tk.eos().to_vec();
+    let mut log = match &a.log {
+        None => None,
+        Some(p) => Some(TrialLog::open(
+            p,
+            &LogHeader {
+                posenc_passkey_log: passkey::LOG_VERSION,
+                model: format!(
+                    "{} ({source})",
+                    a.model
+                        .file_name()
+                        .map_or(String::new(), |n| n.to_string_lossy().into_owned())
+                ),
+                tokenizer: tk.source().to_string(),
+                format: haystack.name().to_string(),
+                haystack: haystack.fingerprint(),
+                seed: grid.seed,
+                products: format!("{:?}", a.products).to_lowercase(),
+                max_new_tokens: passkey::MAX_NEW_TOKENS,
+            },
+        )?),
+    };
     let total = (scalings.len() * grid.lengths.len() * grid.depths.len() * grid.trials) as u64;
     if !a.json || stderr_is_tty() {
         eprintln!(
-            "{source}; tokenizer: {}; {}; trained length {}; {total} trials",
+            "{source}; tokenizer: {}; {}; trained length {}; {total} trials{}",
             tk.source(),
             haystack.name(),
-            model.config().trained_length()
+            model.config().trained_length(),
+            log.as_ref().map_or(String::new(), |l| format!(
+                " ({} logged in {})",
+                l.len(),
+                a.log.as_deref().unwrap_or(Path::new("")).display()
+            ))
         );
     }
     let pb = if a.quiet || (a.json && !stderr_is_tty()) {
@@ -209,6 +250,7 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
     let t_all = Instant::now();
     let mut methods = serde_json::Map::new();
     let mut all_prompt_tokens = 0usize;
+    let mut all_secs = 0.0f64;
     let mut summaries: Vec<(String, Vec<passkey::Cell>)> = Vec::new();
     for sc in &scalings {
         let t0 = Instant::now();
@@ -220,18 +262,41 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
                 for trial in 0..grid.trials {
                     pb.set_message(format!("{} @ {length}", sc.name));
                     let (key, word) = grid.key(&haystack, li, di, trial);
+                    if let Some(r) = log
+                        .as_ref()
+                        .and_then(|l| l.get(&sc.name, length, depth, trial))
+                    {
+                        if r.key != key {
+                            return Err(CliError(format!(
+                                "--log: the logged key of {} at {length} tokens, depth {depth}, \
+                                 trial {trial} is {}, not the seed's {key}: the log is from \
+                                 another version of the probe",
+                                sc.name, r.key
+                            )));
+                        }
+                        results.push(r.clone());
+                        pb.inc(1);
+                        continue;
+                    }
                     let prompt = builder.prompt_within(length, sizes[li], depth, key, &word)?;
                     let r = prober.trial(&tk, &prompt, length, depth)?;
+                    if let Some(l) = log.as_mut() {
+                        l.append(&sc.name, trial, &r)?;
+                    }
                     results.push(r);
                     pb.inc(1);
                 }
             }
         }
-        let secs = t0.elapsed().as_secs_f64();
+        let run_secs = t0.elapsed().as_secs_f64();
+        // The trials' own times, so that a grid resumed from a log counts
+        // every trial once.
+        let secs: f64 = results.iter().map(|r| r.seconds).sum();
         let cells = passkey::cells(&grid, &results);
         let prompt_tokens: usize = results.iter().map(|r| r.prompt_tokens).sum();
         let prefilled: usize = results.iter().map(|r| r.prefilled).sum();
         all_prompt_tokens += prompt_tokens;
+        all_secs += secs;
         let mut acc: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
         let mut lp: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
         for c in &cells {
@@ -263,6 +328,7 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
                 "trials": results.len(),
                 "trials_per_cell": grid.trials,
                 "seconds": secs,
+                "seconds_this_run": run_secs,
                 "prompt_tokens": prompt_tokens,
                 "tokens_prefilled": prefilled,
                 "reuses_cache": prober.reuses_cache(),
@@ -277,7 +343,8 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
         summaries.push((sc.name.clone(), cells));
     }
     pb.finish_and_clear();
-    let secs = t_all.elapsed().as_secs_f64();
+    let run_secs = t_all.elapsed().as_secs_f64();
+    let secs = all_secs;
     if a.json {
         let v: Value = json!({
             "model": source,
@@ -289,6 +356,7 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
             "seed": grid.seed,
             "max_new_tokens": passkey::MAX_NEW_TOKENS,
             "seconds": secs,
+            "seconds_this_run": run_secs,
             "tokens_per_second": all_prompt_tokens as f64 / secs.max(1e-9),
             "methods": methods,
         });
@@ -319,10 +387,11 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
         println!();
     }
     println!(
-        "{} trials in {:.0} s ({:.0} prompt tokens/s)",
+        "{} trials in {:.0} s of trials ({:.0} prompt tokens/s); this run {:.0} s",
         total,
         secs,
-        all_prompt_tokens as f64 / secs.max(1e-9)
+        all_prompt_tokens as f64 / secs.max(1e-9),
+        run_secs
     );
     Ok(())
 }

@@ -134,3 +134,17 @@ fn a_haystack_shorter_than_the_length_is_refused() {
         "too short",
     );
 }
+
+#[test]
+fn bad_logs_are_refused_before_the_model() {
+    let dir = scratch("log");
+    let model = not_a_model(&dir);
+    let m = model.to_str().unwrap();
+    let d = dir.to_str().unwrap();
+    fails_mentioning(&["passkey", "--model", m, "--log", d], "not a regular file");
+    let missing = dir.join("no-such-dir").join("grid.jsonl");
+    fails_mentioning(
+        &["passkey", "--model", m, "--log", missing.to_str().unwrap()],
+        "--log",
+    );
+}

@@ -305,7 +305,7 @@ pub fn experiment(
         fnv(text.as_bytes()),
         fnv(include_str!("pretrained.rs").as_bytes()),
         fnv(include_str!("claims/experiments.rs").as_bytes()),
-        fnv(include_str!("../../posenc-models/src/passkey.rs").as_bytes()),
+        fnv(include_str!("../../posenc-models/src/passkey/mod.rs").as_bytes()),
     )
     .as_bytes());
     let path = cache.join(format!("pretrained-{key:016x}.json"));

@@ -30,11 +30,15 @@
 //! length: dynamic NTK and dual chunk attention's `mscale`. There it
 //! prefills every prompt from scratch.
 
+mod log;
+
+pub use log::{LogHeader, LogRecord, TrialLog, LOG_VERSION, MAX_LOG_BYTES};
+
 use posenc::extend::ContextMethod;
 use posenc::tensor::rope::Rope;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
 use crate::llama::{Decoder, KvCache};
@@ -105,6 +109,24 @@ impl Haystack {
         match self {
             Haystack::Landmark => "passkey (landmark)",
             Haystack::Ruler { .. } => "needle (RULER niah_single)",
+        }
+    }
+
+    /// A 64-bit fingerprint of the haystack (FNV-1a over its words; 0 for
+    /// the landmark filler), so that a [`TrialLog`] is read back only for
+    /// the text it was written for.
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::Hasher;
+        match self {
+            Haystack::Landmark => 0,
+            Haystack::Ruler { words } => {
+                let mut h = fnv::FnvHasher::default();
+                for w in words {
+                    h.write(w.as_bytes());
+                    h.write_u8(b' ');
+                }
+                h.finish()
+            }
         }
     }
 
@@ -378,7 +400,7 @@ impl ProbeGrid {
 }
 
 /// One trial's result.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrialResult {
     /// Target length.
     pub length: usize,
@@ -400,6 +422,9 @@ pub struct TrialResult {
     pub generated: String,
     /// Tokens prefilled for this trial (the rest came from the cache).
     pub prefilled: usize,
+    /// Wall-clock seconds of the trial (prefill, answer, generation).
+    #[serde(default)]
+    pub seconds: f64,
 }
 
 /// Runs trials of one scaling (and method), reusing the KV cache of the
@@ -456,6 +481,7 @@ impl<'a> Prober<'a> {
         if prompt.ids.is_empty() || prompt.answer_ids.is_empty() {
             return Err(ModelError::Invalid("an empty prompt or answer".into()));
         }
+        let t0 = std::time::Instant::now();
         let d = self.model.config().hidden_size;
         let common = if self.reuse {
             prompt
@@ -534,6 +560,7 @@ impl<'a> Prober<'a> {
             answer_tokens: prompt.answer_ids.len(),
             generated,
             prefilled: rest.len(),
+            seconds: t0.elapsed().as_secs_f64(),
         })
     }
 
