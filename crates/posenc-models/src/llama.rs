@@ -52,6 +52,17 @@ struct Layer {
     b_down: Option<Vec<f32>>,
 }
 
+/// One parameter of a [`Decoder`] (see [`Decoder::named_weights`]).
+#[derive(Debug, Clone)]
+pub struct NamedWeight<'a> {
+    /// The Hugging Face name (`model.layers.0.self_attn.q_proj.weight`).
+    pub name: String,
+    /// Its shape (a linear layer's weight is `(out, in)`).
+    pub shape: Vec<usize>,
+    /// Its values, row-major.
+    pub data: &'a [f32],
+}
+
 /// A pretrained decoder, ready to run.
 pub struct Decoder {
     cfg: DecoderConfig,
@@ -174,6 +185,73 @@ impl Decoder {
     /// The configuration.
     pub fn config(&self) -> &DecoderConfig {
         &self.cfg
+    }
+
+    /// Every parameter as loaded (`f32`, dequantized from the file), by its
+    /// Hugging Face name and shape, in the order of [`Decoder::load`]: the
+    /// embedding, each layer's norms, projections and biases, the final
+    /// norm, and `lm_head.weight` only when the head is not tied to the
+    /// embedding. Views into the model's own buffers (the stacked q/k/v and
+    /// gate/up matrices are split back per projection), for code that
+    /// rebuilds the network elsewhere (posenc-tune's trainable copy).
+    pub fn named_weights(&self) -> Vec<NamedWeight<'_>> {
+        let cfg = &self.cfg;
+        let d = cfg.hidden_size;
+        let (q, kv) = (
+            cfg.num_heads * cfg.head_dim,
+            cfg.num_kv_heads * cfg.head_dim,
+        );
+        let i = cfg.intermediate_size;
+        fn w(name: String, shape: Vec<usize>, data: &[f32]) -> NamedWeight<'_> {
+            NamedWeight { name, shape, data }
+        }
+        let mut out = vec![w(
+            "model.embed_tokens.weight".into(),
+            vec![cfg.vocab_size, d],
+            &self.embed,
+        )];
+        for (l, layer) in self.layers.iter().enumerate() {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            out.push(w(p("input_layernorm.weight"), vec![d], &layer.attn_norm));
+            let (wq, rest) = layer.wqkv.split_at(q * d);
+            let (wk, wv) = rest.split_at(kv * d);
+            out.push(w(p("self_attn.q_proj.weight"), vec![q, d], wq));
+            out.push(w(p("self_attn.k_proj.weight"), vec![kv, d], wk));
+            out.push(w(p("self_attn.v_proj.weight"), vec![kv, d], wv));
+            if let Some(b) = &layer.bqkv {
+                let (bq, rest) = b.split_at(q);
+                let (bk, bv) = rest.split_at(kv);
+                out.push(w(p("self_attn.q_proj.bias"), vec![q], bq));
+                out.push(w(p("self_attn.k_proj.bias"), vec![kv], bk));
+                out.push(w(p("self_attn.v_proj.bias"), vec![kv], bv));
+            }
+            out.push(w(p("self_attn.o_proj.weight"), vec![d, q], &layer.wo));
+            if let Some(b) = &layer.bo {
+                out.push(w(p("self_attn.o_proj.bias"), vec![d], b));
+            }
+            out.push(w(
+                p("post_attention_layernorm.weight"),
+                vec![d],
+                &layer.mlp_norm,
+            ));
+            let (wg, wu) = layer.w_gate_up.split_at(i * d);
+            out.push(w(p("mlp.gate_proj.weight"), vec![i, d], wg));
+            out.push(w(p("mlp.up_proj.weight"), vec![i, d], wu));
+            if let Some(b) = &layer.b_gate_up {
+                let (bg, bu) = b.split_at(i);
+                out.push(w(p("mlp.gate_proj.bias"), vec![i], bg));
+                out.push(w(p("mlp.up_proj.bias"), vec![i], bu));
+            }
+            out.push(w(p("mlp.down_proj.weight"), vec![d, i], &layer.w_down));
+            if let Some(b) = &layer.b_down {
+                out.push(w(p("mlp.down_proj.bias"), vec![d], b));
+            }
+        }
+        out.push(w("model.norm.weight".into(), vec![d], &self.norm));
+        if let Some(h) = &self.lm_head {
+            out.push(w("lm_head.weight".into(), vec![cfg.vocab_size, d], h));
+        }
+        out
     }
 
     /// Runs the composed reference path (candle matmuls, the attention's
@@ -625,4 +703,39 @@ fn add_into(x: &mut [f32], y: &[f32]) {
                 *av += bv;
             }
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Safetensors;
+
+    /// `named_weights` gives back every tensor of the file, split out of
+    /// the stacked buffers, under its own name and shape (Qwen2.5: q/k/v
+    /// biases and a tied head; Llama 3.1: an untied head).
+    #[test]
+    fn named_weights_are_the_files_tensors() {
+        for name in ["tiny-qwen25", "tiny-llama31"] {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(name);
+            let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+            let cfg = DecoderConfig::from_hf_json_str(&text).unwrap();
+            let mut st = Safetensors::open_dir(&dir).unwrap();
+            let decoder = Decoder::load(cfg.clone(), &mut st).unwrap();
+            let named = decoder.named_weights();
+            let expected: Vec<(String, Vec<usize>)> = cfg
+                .expected_tensors()
+                .into_iter()
+                .filter(|(n, _)| st.contains(n))
+                .collect();
+            assert_eq!(named.len(), expected.len(), "{name}");
+            for (hf, shape) in expected {
+                let w = named.iter().find(|w| w.name == hf).unwrap();
+                assert_eq!(w.shape, shape, "{hf}");
+                let file = vec_of(st.load(&hf, &shape).unwrap()).unwrap();
+                assert_eq!(w.data, &file[..], "{hf}");
+            }
+        }
+    }
 }

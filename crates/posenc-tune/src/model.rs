@@ -1,0 +1,530 @@
+//! A pretrained decoder as a differentiable candle graph, with LoRA
+//! adapters (Hu et al. 2021) and, as LongLoRA (Chen et al. 2024), optionally
+//! trainable embeddings and RMSNorm weights.
+//!
+//! ```text
+//! x      = E[tokens]                                            (T, D)
+//! for each layer:
+//!   h    = RMSNorm(x) · w_attn_norm                             (T, D)
+//!   q    = h·W_qᵀ (+ b_q) + h·A_qᵀ·B_qᵀ·α/r                     (T, H_q·Dh) → (1, T, H_q, Dh)
+//!   k, v = likewise                                             (1, T, H_k, Dh) each
+//!   q, k = RoPE(q, k) at the given position ids                 any scaling (posenc::tensor::rope)
+//!   a    = softmax(q·kᵀ/√Dh, causal) · v                        (1, T, H_q, Dh) grouped-query, fused
+//!   x    = x + a·W_oᵀ + a·A_oᵀ·B_oᵀ·α/r                         (T, D)
+//!   h    = RMSNorm(x) · w_mlp_norm                              (T, D)
+//!   x    = x + (silu(h·W_gateᵀ) ⊙ h·W_upᵀ)·W_downᵀ              (T, D)   each with its adapter
+//! logits = RMSNorm(x) · w_norm · Hᵀ                             (T, V)   H: lm_head, or E when tied
+//! loss   = mean_t −log softmax(logits_t)[tokens_{t+1}]          over T − 1 next tokens
+//! ```
+//!
+//! (an adapter only on the projections [`LoraConfig::targets`] names).
+//! Everything is `f32` on the CPU. The frozen weights are plain tensors,
+//! the trained ones candle [`Var`]s, and [`TrainableDecoder::gradients`]
+//! runs candle's autograd. The rotation is posenc's fused
+//! [`Rope::apply`] (its backward is the inverse rotation), the attention
+//! posenc's fused [`Attention::forward`], whose backward recomputes the
+//! probabilities from the saved log-sum-exp and handles grouped-query heads;
+//! [`TrainableDecoder::set_reference`] swaps both for their composed candle
+//! reference paths. Position ids are explicit, one per token, so a window
+//! may skip positions (PoSE); the causal mask follows the order of the
+//! tokens, not their ids.
+
+use std::sync::Mutex;
+
+use candle_core::{Device, Tensor, Var, D};
+use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
+use posenc::tensor::rope::{HeadLayout, Rope};
+use posenc::tensor::Positions;
+use posenc_models::llama::NamedWeight;
+use posenc_models::{Decoder, DecoderConfig, Scaling};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TuneError};
+use crate::lora::{adapter_name, dropout, init_factors, Factor, LoraConfig, Target};
+
+/// Mixed into the seed for the dropout masks' generator, so that they are
+/// not the adapters' initial values' stream.
+const DROPOUT_STREAM: u64 = 0x0D80_F0A7;
+
+/// Which base parameters train besides the LoRA factors (LongLoRA's
+/// `embed,norm`: Chen et al. 2024 train the embeddings and normalisation
+/// layers with the adapters for long contexts; the output head stays
+/// frozen unless it is tied to the embedding).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trainable {
+    /// `model.embed_tokens.weight` (and, tied, the head, which is the same
+    /// matrix: its gradient sums both uses).
+    pub embed: bool,
+    /// Every RMSNorm weight (`input_layernorm`, `post_attention_layernorm`,
+    /// `model.norm`).
+    pub norm: bool,
+}
+
+/// A parameter that is frozen or trained.
+#[derive(Debug)]
+enum Param {
+    Frozen(Tensor),
+    Trained(Var),
+}
+
+impl Param {
+    fn new(t: Tensor, trained: bool) -> Result<Param> {
+        Ok(if trained {
+            Param::Trained(Var::from_tensor(&t)?)
+        } else {
+            Param::Frozen(t)
+        })
+    }
+
+    fn tensor(&self) -> &Tensor {
+        match self {
+            Param::Frozen(t) => t,
+            Param::Trained(v) => v.as_tensor(),
+        }
+    }
+}
+
+/// One projection: the frozen `W` `(out, in)`, its bias, its adapter.
+#[derive(Debug)]
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    /// `A` `(r, in)`, `B` `(out, r)`.
+    adapter: Option<(Var, Var)>,
+}
+
+/// One decoder layer.
+#[derive(Debug)]
+struct Layer {
+    attn_norm: Param,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    mlp_norm: Param,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Layer {
+    fn linear(&self, t: Target) -> &Linear {
+        match t {
+            Target::QProj => &self.q,
+            Target::KProj => &self.k,
+            Target::VProj => &self.v,
+            Target::OProj => &self.o,
+            Target::GateProj => &self.gate,
+            Target::UpProj => &self.up,
+            Target::DownProj => &self.down,
+        }
+    }
+}
+
+/// A pretrained decoder with LoRA adapters, differentiable end to end (see
+/// the [module docs](self)).
+pub struct TrainableDecoder {
+    cfg: DecoderConfig,
+    lora: LoraConfig,
+    trainable: Trainable,
+    embed: Param,
+    layers: Vec<Layer>,
+    norm: Param,
+    /// `(V, D)`; `None`: tied to the embedding.
+    lm_head: Option<Tensor>,
+    rope: Rope,
+    scaling: String,
+    reference: bool,
+    training: bool,
+    /// Dropout masks.
+    rng: Mutex<StdRng>,
+    /// Every trained parameter by name, in the order of the forward pass.
+    params: Vec<(String, Var)>,
+}
+
+impl std::fmt::Debug for TrainableDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrainableDecoder")
+            .field("config", &self.cfg)
+            .field("lora", &self.lora)
+            .field("trainable", &self.trainable)
+            .field("scaling", &self.scaling)
+            .field("parameters", &self.params.len())
+            .finish()
+    }
+}
+
+impl TrainableDecoder {
+    /// A trainable copy of `base`: its weights as frozen `f32` tensors (a
+    /// copy: `base` may be dropped afterwards), fresh adapters on `lora`'s
+    /// targets initialised as PEFT does from `seed`
+    /// ([`crate::lora::init_factors`], layers in order, targets in
+    /// [`Target::ALL`] order), the embedding and norms trained as
+    /// `trainable` says, and the model's own RoPE (see
+    /// [`with_scaling`](Self::with_scaling)). Dropout, if any, is on
+    /// ([`set_training`](Self::set_training)).
+    ///
+    /// # Errors
+    /// The checks of [`LoraConfig::validate_for`]; candle's.
+    pub fn new(
+        base: &Decoder,
+        lora: LoraConfig,
+        trainable: Trainable,
+        seed: u64,
+    ) -> Result<TrainableDecoder> {
+        let cfg = base.config().clone();
+        lora.validate_for(&cfg)?;
+        let weights = base.named_weights();
+        let dev = Device::Cpu;
+        let tensor = |name: &str| -> Result<Tensor> {
+            let w: &NamedWeight = weights.iter().find(|w| w.name == name).ok_or_else(|| {
+                TuneError::Input(format!("the base model has no parameter {name}"))
+            })?;
+            Ok(Tensor::from_slice(w.data, w.shape.as_slice(), &dev)?)
+        };
+        let optional = |name: &str| -> Result<Option<Tensor>> {
+            if weights.iter().any(|w| w.name == name) {
+                tensor(name).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut params = Vec::new();
+        let embed = Param::new(tensor("model.embed_tokens.weight")?, trainable.embed)?;
+        if let Param::Trained(v) = &embed {
+            params.push(("model.embed_tokens.weight".to_string(), v.clone()));
+        }
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            // Adapters are drawn in Target::ALL order whatever the order of
+            // lora.targets, so a seed gives the same factors for a set.
+            let mut adapters: Vec<(Target, (Var, Var))> = Vec::new();
+            for t in Target::ALL.into_iter().filter(|&t| lora.targets(t)) {
+                let (d_in, d_out) = t.dims(&cfg);
+                let (a, b) = init_factors(lora.rank, d_in, d_out, &mut rng);
+                let a = Var::from_vec(a, (lora.rank, d_in), &dev)?;
+                let b = Var::from_vec(b, (d_out, lora.rank), &dev)?;
+                adapters.push((t, (a, b)));
+            }
+            let mut linear = |t: Target| -> Result<Linear> {
+                let stem = p(&format!("{}.{}", t.block(), t.name()));
+                let adapter = adapters.iter().position(|(x, _)| *x == t);
+                Ok(Linear {
+                    weight: tensor(&format!("{stem}.weight"))?,
+                    bias: optional(&format!("{stem}.bias"))?,
+                    adapter: adapter.map(|i| adapters.swap_remove(i).1),
+                })
+            };
+            let layer = Layer {
+                attn_norm: Param::new(tensor(&p("input_layernorm.weight"))?, trainable.norm)?,
+                q: linear(Target::QProj)?,
+                k: linear(Target::KProj)?,
+                v: linear(Target::VProj)?,
+                o: linear(Target::OProj)?,
+                mlp_norm: Param::new(
+                    tensor(&p("post_attention_layernorm.weight"))?,
+                    trainable.norm,
+                )?,
+                gate: linear(Target::GateProj)?,
+                up: linear(Target::UpProj)?,
+                down: linear(Target::DownProj)?,
+            };
+            // Names in the order of the forward pass.
+            let norm_param = |param: &Param, name: &str, params: &mut Vec<(String, Var)>| {
+                if let Param::Trained(v) = param {
+                    params.push((p(name), v.clone()));
+                }
+            };
+            norm_param(&layer.attn_norm, "input_layernorm.weight", &mut params);
+            for t in Target::ALL {
+                if t == Target::GateProj {
+                    norm_param(
+                        &layer.mlp_norm,
+                        "post_attention_layernorm.weight",
+                        &mut params,
+                    );
+                }
+                if let Some((a, b)) = &layer.linear(t).adapter {
+                    params.push((adapter_name(l, t, Factor::A), a.clone()));
+                    params.push((adapter_name(l, t, Factor::B), b.clone()));
+                }
+            }
+            layers.push(layer);
+        }
+        let norm = Param::new(tensor("model.norm.weight")?, trainable.norm)?;
+        if let Param::Trained(v) = &norm {
+            params.push(("model.norm.weight".to_string(), v.clone()));
+        }
+        let lm_head = optional("lm_head.weight")?;
+        let rope = Rope::new(cfg.rope.clone())?.with_layout(HeadLayout::Bthd);
+        Ok(TrainableDecoder {
+            cfg,
+            lora,
+            trainable,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            scaling: "model".into(),
+            reference: false,
+            training: true,
+            rng: Mutex::new(StdRng::seed_from_u64(seed ^ DROPOUT_STREAM)),
+            params,
+        })
+    }
+
+    /// Runs with `scaling`'s RoPE (posenc-models' syntax: `model`, `none`,
+    /// `linear:4`, `yarn:4`, ...) instead of the config's own: what a
+    /// long-context fine-tune trains through.
+    ///
+    /// # Errors
+    /// [`TuneError::Scaling`] for a scaling with a training-free attention
+    /// method; the scaling's own checks.
+    pub fn with_scaling(mut self, scaling: &Scaling) -> Result<TrainableDecoder> {
+        if scaling.method.is_some() {
+            return Err(TuneError::Scaling(scaling.name.clone()));
+        }
+        let cfg = scaling.rope_config(&self.cfg)?;
+        self.rope = Rope::new(cfg)?.with_layout(HeadLayout::Bthd);
+        self.scaling = scaling.name.clone();
+        Ok(self)
+    }
+
+    /// The base model's configuration.
+    pub fn config(&self) -> &DecoderConfig {
+        &self.cfg
+    }
+
+    /// The adapters' configuration.
+    pub fn lora(&self) -> &LoraConfig {
+        &self.lora
+    }
+
+    /// Which base parameters train.
+    pub fn trainable(&self) -> Trainable {
+        self.trainable
+    }
+
+    /// The name of the scaling the RoPE runs with (`model` by default).
+    pub fn scaling(&self) -> &str {
+        &self.scaling
+    }
+
+    /// Every trained parameter, by name (LoRA factors by PEFT's names,
+    /// base parameters by Hugging Face's), in the order of the forward pass.
+    pub fn parameters(&self) -> &[(String, Var)] {
+        &self.params
+    }
+
+    /// The trained parameter `name`, if there is one.
+    pub fn parameter(&self, name: &str) -> Option<&Var> {
+        self.params.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// Number of trained values.
+    pub fn trained_values(&self) -> usize {
+        self.params.iter().map(|(_, v)| v.elem_count()).sum()
+    }
+
+    /// Sets the trained parameter `name` to `values` (row-major, its shape).
+    ///
+    /// # Errors
+    /// [`TuneError::UnknownParameter`], [`TuneError::ParameterSize`].
+    pub fn set_parameter(&self, name: &str, values: &[f32]) -> Result<()> {
+        let var = self
+            .parameter(name)
+            .ok_or_else(|| TuneError::UnknownParameter(name.to_string()))?;
+        if values.len() != var.elem_count() {
+            return Err(TuneError::ParameterSize {
+                name: name.to_string(),
+                shape: var.dims().to_vec(),
+                expected: var.elem_count(),
+                got: values.len(),
+            });
+        }
+        var.set(&Tensor::from_slice(values, var.shape(), &Device::Cpu)?)?;
+        Ok(())
+    }
+
+    /// Dropout on the adapters' inputs (`true`, the default) or not.
+    pub fn set_training(&mut self, on: bool) {
+        self.training = on;
+    }
+
+    /// Runs the composed reference paths of the rotation and the attention
+    /// ([`Rope::apply_reference`], [`Attention::forward_reference`]: the
+    /// whole `T × T` logits, differentiated by candle) instead of the fused
+    /// kernels.
+    pub fn set_reference(&mut self, on: bool) {
+        self.reference = on;
+    }
+
+    /// The final hidden states `(T, D)` (after the last RMSNorm) of
+    /// `tokens` at `positions` (one id per token).
+    ///
+    /// # Errors
+    /// [`TuneError::Input`] for no tokens, positions of another length, or
+    /// a token outside the vocabulary; posenc's and candle's.
+    pub fn hidden_states(&self, tokens: &[u32], positions: &[u32]) -> Result<Tensor> {
+        self.check_input(tokens, positions)?;
+        let t = tokens.len();
+        let dev = Device::Cpu;
+        let ids = Tensor::from_slice(tokens, t, &dev)?;
+        let pos = Tensor::from_slice(positions, (1, t), &dev)?;
+        let mut x = self.embed.tensor().index_select(&ids, 0)?; // (T, D)
+        for layer in &self.layers {
+            x = self.layer(layer, &x, &pos)?; // (T, D)
+        }
+        rms_norm(&x, self.norm.tensor(), self.cfg.rms_norm_eps)
+    }
+
+    /// The logits `(T, V)` of `tokens` at `positions`.
+    ///
+    /// # Errors
+    /// As [`hidden_states`](Self::hidden_states).
+    pub fn logits(&self, tokens: &[u32], positions: &[u32]) -> Result<Tensor> {
+        let h = self.hidden_states(tokens, positions)?; // (T, D)
+        let head = self.lm_head.as_ref().unwrap_or(self.embed.tensor()); // (V, D)
+        Ok(h.matmul(&head.t()?)?) // (T, V)
+    }
+
+    /// The mean cross-entropy of each next token, `tokens[t + 1]` given
+    /// `tokens[..=t]`, over the `T − 1` of them: transformers' loss with
+    /// `labels = input_ids`. A scalar tensor.
+    ///
+    /// # Errors
+    /// [`TuneError::Input`] for fewer than two tokens; as
+    /// [`hidden_states`](Self::hidden_states).
+    pub fn loss(&self, tokens: &[u32], positions: &[u32]) -> Result<Tensor> {
+        if tokens.len() < 2 {
+            return Err(TuneError::Input(format!(
+                "a loss needs at least 2 tokens, {} given",
+                tokens.len()
+            )));
+        }
+        let logits = self.logits(tokens, positions)?;
+        next_token_loss(&logits, tokens)
+    }
+
+    /// The gradient of `loss` (a scalar computed by this model) for every
+    /// trained parameter, by name, in [`parameters`](Self::parameters)'
+    /// order (zeros for one the loss does not depend on).
+    ///
+    /// # Errors
+    /// Candle's.
+    pub fn gradients(&self, loss: &Tensor) -> Result<Vec<(String, Tensor)>> {
+        let store = loss.backward()?;
+        self.params
+            .iter()
+            .map(|(name, var)| {
+                let g = match store.get(var.as_tensor()) {
+                    Some(g) => g.clone(),
+                    None => var.as_tensor().zeros_like()?,
+                };
+                Ok((name.clone(), g))
+            })
+            .collect()
+    }
+
+    fn check_input(&self, tokens: &[u32], positions: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(TuneError::Input("no tokens to run".into()));
+        }
+        if positions.len() != tokens.len() {
+            return Err(TuneError::Input(format!(
+                "{} position ids for {} tokens (one per token)",
+                positions.len(),
+                tokens.len()
+            )));
+        }
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&id| id as usize >= self.cfg.vocab_size)
+        {
+            return Err(TuneError::Input(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// One decoder layer on `x` `(T, D)`, queries and keys at `pos` `(1, T)`.
+    fn layer(&self, l: &Layer, x: &Tensor, pos: &Tensor) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let (t, _) = x.dims2()?;
+        let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        // Attention block.
+        let h = rms_norm(x, l.attn_norm.tensor(), cfg.rms_norm_eps)?; // (T, D)
+        let q = self.linear(&l.q, &h)?.reshape((1, t, hq, dh))?; // (1, T, H_q, Dh)
+        let k = self.linear(&l.k, &h)?.reshape((1, t, hk, dh))?; // (1, T, H_k, Dh)
+        let v = self.linear(&l.v, &h)?.reshape((1, t, hk, dh))?; // (1, T, H_k, Dh)
+        let at = Positions::Ids(pos);
+        let (q, k) = if self.reference {
+            self.rope.apply_reference(&q, &k, at)?
+        } else {
+            self.rope.apply(&q, &k, at)?
+        }; // rotated, shapes unchanged
+        let attn = Attention::new(true).with_layout(HeadLayout::Bthd);
+        let no_hooks = AttentionHooks::default();
+        let whole = AttnPositions::default(); // positions only matter to hooks
+        let a = if self.reference {
+            attn.forward_reference(&q, &k, &v, &no_hooks, whole)?
+        } else {
+            attn.forward(&q, &k, &v, &no_hooks, whole)?
+        }; // (1, T, H_q, Dh)
+        let a = a.reshape((t, hq * dh))?; // (T, H_q·Dh)
+        let x = (x + self.linear(&l.o, &a)?)?; // (T, D)
+                                               // Feed-forward block (SwiGLU).
+        let h = rms_norm(&x, l.mlp_norm.tensor(), cfg.rms_norm_eps)?; // (T, D)
+        let gate = self.linear(&l.gate, &h)?; // (T, I)
+        let up = self.linear(&l.up, &h)?; // (T, I)
+        let m = (gate.silu()? * up)?; // (T, I)
+        Ok((x + self.linear(&l.down, &m)?)?) // (T, D)
+    }
+
+    /// `x·Wᵀ (+ b) + dropout(x)·Aᵀ·Bᵀ·α/r`, `x` `(T, in)` → `(T, out)`.
+    fn linear(&self, p: &Linear, x: &Tensor) -> Result<Tensor> {
+        let mut y = x.matmul(&p.weight.t()?)?; // (T, out)
+        if let Some(b) = &p.bias {
+            y = y.broadcast_add(b)?;
+        }
+        if let Some((a, b)) = &p.adapter {
+            let x = if self.training && self.lora.dropout > 0.0 {
+                let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+                dropout(x, self.lora.dropout, &mut rng)?
+            } else {
+                x.clone()
+            };
+            let delta = x.matmul(&a.t()?)?.matmul(&b.t()?)?; // (T, r) → (T, out)
+            y = (y + delta.affine(self.lora.scaling(), 0.0)?)?;
+        }
+        Ok(y)
+    }
+}
+
+/// `x / √(mean(x²) + ε) · w` over the last axis, as transformers'
+/// `LlamaRMSNorm` in `f32`.
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let inv = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?; // (T, 1)
+    Ok(x.broadcast_mul(&inv)?.broadcast_mul(w)?)
+}
+
+/// Mean `−log softmax(logits[t])[tokens[t + 1]]` over `t < T − 1`.
+fn next_token_loss(logits: &Tensor, tokens: &[u32]) -> Result<Tensor> {
+    let t = tokens.len();
+    let logits = logits.narrow(0, 0, t - 1)?; // (T−1, V)
+    let targets = Tensor::from_slice(&tokens[1..], (t - 1, 1), logits.device())?;
+    // The shift by the row maximum is a constant: log-sum-exp does not
+    // depend on it, so no gradient flows through it.
+    let max = logits.max_keepdim(1)?.detach(); // (T−1, 1)
+    let shifted = logits.broadcast_sub(&max)?; // (T−1, V)
+    let lse = shifted.exp()?.sum_keepdim(1)?.log()?; // (T−1, 1)
+    let picked = shifted.gather(&targets, 1)?; // (T−1, 1)
+    Ok((lse - picked)?.mean_all()?)
+}
