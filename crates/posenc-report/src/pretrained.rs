@@ -125,23 +125,62 @@ pub fn passkey_methods(l: usize) -> Vec<String> {
 }
 
 /// Accuracy per method and length of the retrieval grid.
-struct Retrieval {
-    methods: Vec<String>,
-    lengths: Vec<usize>,
+pub(crate) struct Retrieval {
+    pub(crate) methods: Vec<String>,
+    pub(crate) lengths: Vec<usize>,
     /// `[method][length]`: accuracy over depths and trials.
-    accuracy: Vec<Vec<f64>>,
+    pub(crate) accuracy: Vec<Vec<f64>>,
     /// `[method][length]`: mean log-probability of the answer.
-    logprob: Vec<Vec<f64>>,
-    trials_per_length: usize,
+    pub(crate) logprob: Vec<Vec<f64>>,
+    /// `[method][length][depth]`: accuracy over trials.
+    pub(crate) by_depth: Vec<Vec<Vec<f64>>>,
+    pub(crate) trials_per_length: usize,
+    /// Seconds of the trials (logged ones included).
+    pub(crate) seconds: f64,
+}
+
+/// The trial log the report's retrieval grids share (experiments 8 and 9,
+/// and successive runs): in `cache`, one per model file and probe code,
+/// so that a trial is run once and a stopped report resumes.
+pub(crate) fn trial_log(
+    cache: &Path,
+    model: &Path,
+    source: &str,
+    tk: &posenc_models::TextTokenizer,
+) -> Result<posenc_models::passkey::TrialLog> {
+    use posenc_models::passkey::{self, Haystack, LogHeader, TrialLog};
+    let id = model_identity(model)?;
+    let code = fnv(include_str!("../../posenc-models/src/passkey/mod.rs").as_bytes());
+    std::fs::create_dir_all(cache)?;
+    let path = cache.join(format!("passkey-{id:016x}-{code:016x}.jsonl"));
+    TrialLog::open(
+        &path,
+        &LogHeader {
+            posenc_passkey_log: passkey::LOG_VERSION,
+            model: format!("{id:016x} ({source})"),
+            tokenizer: tk.source().to_string(),
+            format: Haystack::Landmark.name().to_string(),
+            haystack: 0,
+            seed: 0,
+            products: "f32".into(),
+            max_new_tokens: passkey::MAX_NEW_TOKENS,
+        },
+    )
+    .map_err(err)
 }
 
 /// Runs the landmark passkey grid on `decoder` (see [`passkey_lengths`],
-/// [`PASSKEY_DEPTHS`], [`passkey_methods`]).
-fn retrieval(
+/// [`PASSKEY_DEPTHS`]) for each of `methods`, `trials` keys per cell,
+/// reading and appending trials through `log`; `id` names the experiment
+/// in the progress line.
+pub(crate) fn retrieval(
     decoder: &posenc_models::Decoder,
     tk: &posenc_models::TextTokenizer,
     l: usize,
     trials: usize,
+    methods: &[String],
+    log: &mut posenc_models::passkey::TrialLog,
+    id: usize,
 ) -> Result<Retrieval> {
     use posenc_models::passkey::{Haystack, ProbeGrid, Prober, PromptBuilder};
     // A model trained on fewer than 256 tokens has L/4 below the shortest
@@ -164,44 +203,60 @@ fn retrieval(
         .map(|&n| builder.calibrate(n))
         .collect::<posenc_models::Result<_>>()
         .map_err(err)?;
-    let methods = passkey_methods(l);
-    let (mut accuracy, mut logprob) = (Vec::new(), Vec::new());
+    let (mut accuracy, mut logprob, mut by_depth) = (Vec::new(), Vec::new(), Vec::new());
     let total = methods.len() * grid.lengths.len() * grid.depths.len() * trials;
     let mut done = 0;
-    for name in &methods {
+    let mut seconds = 0.0;
+    for name in methods {
         let scaling: Scaling = name.parse().map_err(err)?;
         let mut prober = Prober::new(decoder, &scaling, tk.eos()).map_err(err)?;
-        let (mut acc, mut lp) = (Vec::new(), Vec::new());
+        let (mut acc, mut lp, mut bd) = (Vec::new(), Vec::new(), Vec::new());
         for (li, &length) in grid.lengths.iter().enumerate() {
             prober.reset();
             let (mut hits, mut sum, mut n) = (0usize, 0f64, 0usize);
-            for (di, &depth) in grid.depths.iter().enumerate() {
+            let mut depth_acc = Vec::new();
+            for &depth in &grid.depths {
+                let mut depth_hits = 0usize;
                 for trial in 0..trials {
                     done += 1;
-                    eprint!("\rposenc report: experiment {ID}: passkey {name} at {length} tokens ({done}/{total})   ");
-                    let (key, word) = grid.key(&haystack, li, di, trial);
-                    let prompt = builder
-                        .prompt_within(length, sizes[li], depth, key, &word)
-                        .map_err(err)?;
-                    let r = prober.trial(tk, &prompt, length, depth).map_err(err)?;
+                    let (key, word) = grid.key(&haystack, length, depth, trial);
+                    let r = match log.get(name, length, depth, trial) {
+                        Some(r) if r.key == key => r.clone(),
+                        _ => {
+                            eprint!("\rposenc report: experiment {id}: passkey {name} at {length} tokens ({done}/{total})   ");
+                            let prompt = builder
+                                .prompt_within(length, sizes[li], depth, key, &word)
+                                .map_err(err)?;
+                            let r = prober.trial(tk, &prompt, length, depth).map_err(err)?;
+                            log.append(name, trial, &r).map_err(err)?;
+                            r
+                        }
+                    };
                     hits += usize::from(r.correct);
+                    depth_hits += usize::from(r.correct);
                     sum += r.logprob;
+                    seconds += r.seconds;
                     n += 1;
                 }
+                depth_acc.push(depth_hits as f64 / trials as f64);
             }
             acc.push(hits as f64 / n as f64);
             lp.push(sum / n as f64);
+            bd.push(depth_acc);
         }
         accuracy.push(acc);
         logprob.push(lp);
+        by_depth.push(bd);
     }
     eprintln!();
     Ok(Retrieval {
-        methods,
+        methods: methods.to_vec(),
         lengths: grid.lengths,
         accuracy,
         logprob,
+        by_depth,
         trials_per_length: grid.depths.len() * trials,
+        seconds,
     })
 }
 
@@ -211,14 +266,14 @@ pub const ID: usize = 8;
 /// The experiment's title.
 pub const TITLE: &str = "the third quiz answer on a pretrained model";
 
-fn err(e: posenc_models::ModelError) -> ReportError {
+pub(crate) fn err(e: posenc_models::ModelError) -> ReportError {
     ReportError(e.to_string())
 }
 
 /// A cheap identity of a model file or directory: FNV-1a of its size and
 /// of its first and last MiB (a GGUF's header holds its metadata and
 /// tensor table).
-fn model_identity(path: &Path) -> Result<u64> {
+pub(crate) fn model_identity(path: &Path) -> Result<u64> {
     use std::io::{Read, Seek, SeekFrom};
     let file = if path.is_dir() {
         path.join("config.json")
@@ -358,7 +413,16 @@ pub fn experiment(
     }
     eprintln!();
     let found = if passkey_trials > 0 && 2 * l >= posenc_models::passkey::MIN_LENGTH {
-        Some(retrieval(&decoder, &tk, l, passkey_trials)?)
+        let mut log = trial_log(cache, model, &source, &tk)?;
+        Some(retrieval(
+            &decoder,
+            &tk,
+            l,
+            passkey_trials,
+            &passkey_methods(l),
+            &mut log,
+            ID,
+        )?)
     } else {
         None
     };

@@ -379,13 +379,25 @@ impl ProbeGrid {
         Ok(())
     }
 
-    /// The key of trial `trial` at (length index `li`, depth index `di`):
-    /// landmark keys uniform in 1..=50000, RULER values of 7 digits, and
-    /// RULER's `adj-noun` word.
-    pub fn key(&self, haystack: &Haystack, li: usize, di: usize, trial: usize) -> (u64, String) {
-        let mut rng = StdRng::seed_from_u64(
-            self.seed ^ ((li as u64) << 40) ^ ((di as u64) << 20) ^ trial as u64,
-        );
+    /// The key of trial `trial` at (`length`, `depth`): landmark keys
+    /// uniform in 1..=50000, RULER values of 7 digits, and RULER's
+    /// `adj-noun` word. The draw depends on the seed and on the cell's
+    /// values, not on its place in the grid, so that a cell has the same
+    /// keys in every grid that holds it (and logs of different grids can be
+    /// shared).
+    pub fn key(
+        &self,
+        haystack: &Haystack,
+        length: usize,
+        depth: f64,
+        trial: usize,
+    ) -> (u64, String) {
+        use std::hash::Hasher;
+        let mut h = fnv::FnvHasher::default();
+        for v in [self.seed, length as u64, depth.to_bits(), trial as u64] {
+            h.write_u64(v);
+        }
+        let mut rng = StdRng::seed_from_u64(h.finish());
         let key = match haystack {
             Haystack::Landmark => rng.random_range(1..=50_000u64),
             Haystack::Ruler { .. } => rng.random_range(1_000_000..=9_999_999u64),

@@ -778,6 +778,168 @@ pub fn pretrained_dynamic_yarn_best(
     ])
 }
 
+/// The claims of experiment 9, "training-free methods side by side", in
+/// report order (not in [`ALL`]: the experiment runs only when a model is
+/// given).
+pub const TRAINING_FREE: [&ClaimDef; 4] = [
+    &SELF_EXTEND_RETRIEVES,
+    &REROPE_AT_MOST_NTK,
+    &SINKS_FLAT_NO_RETRIEVAL,
+    &DCA_FLAT,
+];
+
+/// e9: Self-Extend retrieves past L without training.
+pub const SELF_EXTEND_RETRIEVES: ClaimDef = ClaimDef {
+    id: "e9.self-extend-retrieves",
+    experiment: 9,
+    claim: "Self-Extend lets a RoPE decoder retrieve a passkey past its trained length without any training.",
+    source: "Jin et al. 2024 (LLM Maybe LongLM: Self-Extend), §4.3 and Fig. 3: passkey retrieval near 100% at every depth up to 4 × the trained length (Llama-2-chat, Mistral), no fine-tuning",
+    rule: "landmark passkey prompts at 1.5L and 2L, every depth, greedy exact match, zero-shot; Self-Extend with group 4 and a neighbour window of L/8. Reproduced if its accuracy is ≥ 80% at both lengths; partly if its mean accuracy over the two is ≥ 50% and at least 30 points above no scaling's on the same prompts; not reproduced otherwise",
+};
+
+/// [`SELF_EXTEND_RETRIEVES`]'s rule: accuracies at 1.5L and 2L of
+/// Self-Extend and of no scaling.
+pub fn self_extend_retrieves(se: [f64; 2], none: [f64; 2]) -> Verdict {
+    Verdict::finite_or_nan(&[se[0], se[1], none[0], none[1]], || {
+        let (m, n) = ((se[0] + se[1]) / 2.0, (none[0] + none[1]) / 2.0);
+        if se[0] >= 0.8 && se[1] >= 0.8 {
+            Verdict::Reproduced
+        } else if m >= 0.5 && m - n >= 0.3 {
+            Verdict::Partly
+        } else {
+            Verdict::NotReproduced
+        }
+    })
+}
+
+/// e9: ReRoPE's loss past L is at most NTK-aware scaling's.
+pub const REROPE_AT_MOST_NTK: ClaimDef = ClaimDef {
+    id: "e9.rerope-at-most-ntk",
+    experiment: 9,
+    claim: "ReRoPE's loss past the trained length is at most that of NTK-aware scaling, without training.",
+    source: "Su 2023, Rectified Rotary Position Embeddings (github.com/bojone/rerope, README: Llama-2 13B trained at 4k, loss at 8k: RoPE 8.86, NTK-RoPE 1.54, ReRoPE w 1,024 1.43)",
+    rule: "one window of 2L tokens, zero-shot; ReRoPE with w = L/4 (Su's w 1,024 at L 4,096) against static NTK-aware scaling of factor 2; paired bands of 1,024 positions beyond L. Reproduced if ReRoPE's loss is lower beyond the spread (mean difference + 2 standard errors < 0); tie if within it; not reproduced if higher",
+};
+
+/// [`REROPE_AT_MOST_NTK`]'s rule: band losses beyond L.
+pub fn rerope_at_most_ntk(rerope: &[f64], ntk: &[f64]) -> Verdict {
+    lower_reproduces(paired_lower(rerope, ntk))
+}
+
+/// e9: sinks keep the loss flat but do not retrieve beyond their window.
+pub const SINKS_FLAT_NO_RETRIEVAL: ClaimDef = ClaimDef {
+    id: "e9.sinks-flat-no-retrieval",
+    experiment: 9,
+    claim: "Attention sinks keep a pretrained model's loss flat far past its trained length, but do not extend its context: nothing beyond the window is retrieved.",
+    source: "Xiao et al. 2024 (StreamingLLM), Fig. 3 (flat perplexity up to 4M tokens) and the authors' FAQ (github.com/mit-han-lab/streaming-llm: «Is the context window of LLMs expanded? No»)",
+    rule: "4 sink tokens and a cache of L/8 keys. (a) flat: its mean loss on positions L..2L of one window of 2L is ≤ 1.05 × its own mean loss on positions L/8..L (where its cache is already full); (b) no retrieval beyond the window: its greedy accuracy on the passkey prompts at 1.5L and 2L with the needle at depths 0 and 0.5 (farther from the question than the window) is ≤ 20%. Reproduced if both hold; partly if one does; not reproduced if neither",
+};
+
+/// [`SINKS_FLAT_NO_RETRIEVAL`]'s rule: sinks' mean loss past L, its mean
+/// loss on L/8..L, and its accuracy on needles beyond its window.
+pub fn sinks_flat_no_retrieval(beyond: f64, inside: f64, far_accuracy: f64) -> Verdict {
+    Verdict::finite_or_nan(&[beyond, inside, far_accuracy], || {
+        let flat = beyond <= 1.05 * inside;
+        let blind = far_accuracy <= 0.2;
+        match (flat, blind) {
+            (true, true) => Verdict::Reproduced,
+            (true, false) | (false, true) => Verdict::Partly,
+            (false, false) => Verdict::NotReproduced,
+        }
+    })
+}
+
+/// e9: dual chunk attention keeps the loss near its level within L.
+pub const DCA_FLAT: ClaimDef = ClaimDef {
+    id: "e9.dca-flat",
+    experiment: 9,
+    claim: "Dual chunk attention keeps a pretrained model's loss past its trained length near its loss within it, without training.",
+    source: "An et al. 2024 (Training-Free Long-Context Scaling of Large Language Models: ChunkLlama), Table 1 (PG19 perplexity of Llama 2 flat from 4k to 32k and beyond, no fine-tuning)",
+    rule: "one window of 2L tokens, zero-shot; DCA with ChunkLlama's defaults (chunk 3L/4, local window L/8). Reproduced if its mean loss on positions L..2L is ≤ 1.05 × no scaling's mean loss on 0..L (e3's threshold); partly if lower than no scaling's past L beyond the spread (paired bands); tie if within it; not reproduced otherwise",
+};
+
+/// [`DCA_FLAT`]'s rule: DCA's and no scaling's band losses beyond L, and
+/// no scaling's mean loss on 0..L.
+pub fn dca_flat(dca: &[f64], none: &[f64], at_l: f64) -> Verdict {
+    let m = mean_of(dca);
+    Verdict::finite_or_nan(&[m, at_l], || {
+        if m <= 1.05 * at_l {
+            Verdict::Reproduced
+        } else {
+            lower_is_partly(paired_lower(dca, none))
+        }
+    })
+}
+
+#[cfg(test)]
+mod training_free_rules {
+    use super::*;
+
+    #[test]
+    fn self_extend_rule() {
+        assert_eq!(
+            self_extend_retrieves([0.8, 1.0], [0.0, 0.0]),
+            Verdict::Reproduced
+        );
+        assert_eq!(
+            self_extend_retrieves([0.6, 0.5], [0.0, 0.0]),
+            Verdict::Partly
+        );
+        // Not enough above no scaling.
+        assert_eq!(
+            self_extend_retrieves([0.6, 0.5], [0.4, 0.4]),
+            Verdict::NotReproduced
+        );
+        assert_eq!(
+            self_extend_retrieves([0.3, 0.3], [0.0, 0.0]),
+            Verdict::NotReproduced
+        );
+        assert_eq!(
+            self_extend_retrieves([f64::NAN, 1.0], [0.0, 0.0]),
+            Verdict::Nan
+        );
+    }
+
+    #[test]
+    fn rerope_rule() {
+        assert_eq!(
+            rerope_at_most_ntk(&[3.0, 3.1, 3.2], &[3.2, 3.3, 3.4]),
+            Verdict::Reproduced
+        );
+        assert_eq!(
+            rerope_at_most_ntk(&[3.2, 3.3, 3.4], &[3.0, 3.1, 3.2]),
+            Verdict::NotReproduced
+        );
+        assert_eq!(
+            rerope_at_most_ntk(&[3.0, 3.3, 3.1], &[3.1, 3.2, 3.15]),
+            Verdict::Tie
+        );
+    }
+
+    #[test]
+    fn sinks_rule() {
+        assert_eq!(sinks_flat_no_retrieval(3.1, 3.0, 0.0), Verdict::Reproduced);
+        assert_eq!(sinks_flat_no_retrieval(3.5, 3.0, 0.0), Verdict::Partly);
+        assert_eq!(sinks_flat_no_retrieval(3.1, 3.0, 0.5), Verdict::Partly);
+        assert_eq!(
+            sinks_flat_no_retrieval(3.5, 3.0, 0.5),
+            Verdict::NotReproduced
+        );
+        assert_eq!(sinks_flat_no_retrieval(f64::NAN, 3.0, 0.0), Verdict::Nan);
+    }
+
+    #[test]
+    fn dca_rule() {
+        let none = [6.0, 6.5, 7.0];
+        assert_eq!(dca_flat(&[3.0, 3.1, 3.1], &none, 3.0), Verdict::Reproduced);
+        assert_eq!(dca_flat(&[4.0, 4.1, 4.2], &none, 3.0), Verdict::Partly);
+        assert_eq!(
+            dca_flat(&[7.0, 7.5, 8.0], &none, 3.0),
+            Verdict::NotReproduced
+        );
+    }
+}
+
 #[cfg(test)]
 mod pretrained_rules {
     use super::*;
