@@ -62,6 +62,66 @@ pub enum TuneError {
         "scaling {0:?}: training runs plain attention; attention methods are for inference only"
     )]
     Scaling(String),
+    /// A PoSE window that cannot cover its target length: below 2 tokens,
+    /// or not shorter than the target (PoSE trains positions beyond the
+    /// window; a window as long as the target is plain fine-tuning).
+    #[error("PoSE window {window} must be in 2..{target} (below the target length {target})")]
+    PoseWindow {
+        /// Tokens per window.
+        window: usize,
+        /// The length the position ids cover.
+        target: usize,
+    },
+    /// A text whose training part (its first 90%) is shorter than one
+    /// training window.
+    #[error("the text's training part (its first 90%) has {have} tokens, fewer than the {need} of one training window")]
+    TextTooShort {
+        /// Tokens one window reads.
+        need: usize,
+        /// Tokens of the training part.
+        have: usize,
+    },
+    /// A training option out of range (steps, learning rate, warm-up,
+    /// batch, clipping, weight decay, checkpoint interval).
+    #[error("{0}")]
+    Config(String),
+    /// An adapter (PEFT layout) whose configuration, tensor names or shapes
+    /// do not fit the model, or that cannot be read.
+    #[error("adapter {path}: {reason}")]
+    Adapter {
+        /// The adapter's directory or file.
+        path: std::path::PathBuf,
+        /// What does not fit.
+        reason: String,
+    },
+    /// A training checkpoint that is corrupt, torn, or of another run.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// The checkpoint directory.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The training loss became NaN or infinite.
+    #[error("training diverged at step {step} (loss {loss}); lower --lr")]
+    Diverged {
+        /// The step whose loss was not finite.
+        step: usize,
+        /// That loss.
+        loss: f64,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An error from posenc-lab (its optimiser).
+    #[error(transparent)]
+    Lab(#[from] posenc_lab::LabError),
     /// An error from posenc-models (loading, config, scaling).
     #[error(transparent)]
     Model(#[from] posenc_models::ModelError),
@@ -71,4 +131,14 @@ pub enum TuneError {
     /// An error from candle.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+}
+
+impl TuneError {
+    /// An I/O error on `path`.
+    pub fn io(path: &std::path::Path, source: std::io::Error) -> TuneError {
+        TuneError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
 }

@@ -66,9 +66,11 @@
 //!   seeded generator.
 #![warn(missing_docs)]
 
+pub mod data;
 pub mod error;
 pub mod lora;
 pub mod model;
+pub mod pose;
 
 pub use error::{Result, TuneError};
 pub use lora::{LoraConfig, Target};
