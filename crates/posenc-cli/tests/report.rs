@@ -405,3 +405,87 @@ fn concurrent_runs_equal_sequential_runs() {
     assert!(one.len() >= 2, "experiment 2 trains several runs");
     assert_eq!(one, two);
 }
+
+/// Experiments 8 and 9 end to end on a tiny random Llama 3.1 (trained
+/// length 32, the fixture of `posenc-models`) with a word-level tokenizer
+/// (`scripts/models/word_tokenizer.py`): every claim gets a computed
+/// verdict, the figures are written, and experiment 9 reads experiment 8's
+/// passkey trials (no scaling, Self-Extend) from the cache's trial log
+/// instead of running them again.
+#[test]
+fn experiments_8_and_9_run_on_a_tiny_pretrained_model_and_share_trials() {
+    let out = tmp("tiny-model");
+    let model = out.join("tiny-llama31");
+    std::fs::create_dir_all(&model).unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(
+            fixtures
+                .join("posenc-models/tests/fixtures/tiny-llama31")
+                .join(f),
+            model.join(f),
+        )
+        .unwrap();
+    }
+    std::fs::copy(
+        fixtures.join("posenc-cli/tests/fixtures/word-tokenizer/tokenizer.json"),
+        model.join("tokenizer.json"),
+    )
+    .unwrap();
+    let m = model.to_str().unwrap();
+    let log_lines = |out: &Path| -> usize {
+        let logs: Vec<PathBuf> = std::fs::read_dir(out.join("cache"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("passkey-")
+            })
+            .collect();
+        assert_eq!(logs.len(), 1, "{logs:?}");
+        std::fs::read_to_string(&logs[0]).unwrap().lines().count()
+    };
+    // Lengths L/4 … 2L = 8 … 64: only 2L holds the prompt's 62 tokens
+    // (the shorter are left out); depths 0, 0.5, 1; one key per cell.
+    let r8 = report(&out, &["--only", "8", "--model", m]);
+    let c8: Vec<&serde_json::Value> = r8["claims"].as_array().unwrap().iter().collect();
+    assert_eq!(c8.len(), 5);
+    // Header + 5 methods (none, linear:2, dynamic:2, yarn:2,
+    // self-extend:4:4) × 3.
+    assert_eq!(log_lines(&out), 1 + 5 * 3);
+    let r9 = report(&out, &["--only", "9", "--model", m]);
+    let c9: Vec<&serde_json::Value> = r9["claims"].as_array().unwrap().iter().collect();
+    let ids: Vec<&str> = c9.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        [
+            "e9.self-extend-retrieves",
+            "e9.rerope-at-most-ntk",
+            "e9.sinks-flat-no-retrieval",
+            "e9.dca-flat"
+        ]
+    );
+    for c in c8.iter().chain(&c9) {
+        let v = c["verdict"].as_str().unwrap();
+        assert!(VERDICTS.contains(&v), "{c}");
+        assert!(!c["rule"].as_str().unwrap().is_empty(), "{c}");
+    }
+    // Retrieval in experiment 9: none, self-extend:4:4 (both read from the
+    // log), rerope:8, leaky-rerope:8:16, dca:24:4, sinks:4:5 (run).
+    assert_eq!(log_lines(&out), 1 + 5 * 3 + 4 * 3);
+    let e9 = &r9["experiments"][0];
+    assert_eq!(e9["id"], 9);
+    for f in e9["figures"].as_array().unwrap() {
+        let bytes = std::fs::read(out.join(f.as_str().unwrap())).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG"), "{f}");
+    }
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("training-free methods side by side"));
+    assert!(md.contains("dca:24:4"));
+    // A second run reads the experiment from the cache.
+    let again = report(&out, &["--only", "9", "--model", m]);
+    assert_eq!(again["experiments"][0]["cached"], true);
+    let _ = std::fs::remove_dir_all(&out);
+}

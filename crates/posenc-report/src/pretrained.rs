@@ -183,20 +183,35 @@ pub(crate) fn retrieval(
     id: usize,
 ) -> Result<Retrieval> {
     use posenc_models::passkey::{Haystack, ProbeGrid, Prober, PromptBuilder};
-    // A model trained on fewer than 256 tokens has L/4 below the shortest
-    // prompt that holds the needle: those lengths are left out.
+    let haystack = Haystack::Landmark;
+    let builder = PromptBuilder::new(tk, &haystack);
+    // Lengths too short for the needle and the question (L/4 of a model
+    // trained on few tokens, or a tokenizer that spends many tokens on
+    // them) are left out.
+    let shortest = builder
+        .shortest()
+        .map_err(err)?
+        .max(posenc_models::passkey::MIN_LENGTH);
     let grid = ProbeGrid {
         lengths: passkey_lengths(l)
             .into_iter()
-            .filter(|&n| n >= posenc_models::passkey::MIN_LENGTH)
+            .filter(|&n| n >= shortest)
             .collect(),
         depths: PASSKEY_DEPTHS.to_vec(),
         trials,
         seed: 0,
     };
-    grid.validate().map_err(err)?;
-    let haystack = Haystack::Landmark;
-    let builder = PromptBuilder::new(tk, &haystack);
+    if grid.lengths.is_empty() {
+        return Ok(Retrieval {
+            methods: methods.to_vec(),
+            lengths: Vec::new(),
+            accuracy: vec![Vec::new(); methods.len()],
+            logprob: vec![Vec::new(); methods.len()],
+            by_depth: vec![Vec::new(); methods.len()],
+            trials_per_length: grid.depths.len() * trials,
+            seconds: 0.0,
+        });
+    }
     let sizes: Vec<usize> = grid
         .lengths
         .iter()

@@ -24,8 +24,12 @@ pub const ID: usize = 9;
 /// The experiment's title.
 pub const TITLE: &str = "training-free methods side by side";
 
-/// Positions per band of the loss tables.
-const BAND: usize = 1024;
+/// Positions per band of the loss tables for a model trained on `l`
+/// tokens: L/8, at most 1,024 (experiment 8's bands), so that the paired
+/// comparisons have eight bands past L.
+fn band(l: usize) -> usize {
+    (l / 8).clamp(1, 1024)
+}
 
 /// The settings of experiment 9 for a model trained on `l` tokens, in the
 /// tables' order: no scaling; static NTK-aware scaling ×2 (ReRoPE's
@@ -118,7 +122,8 @@ pub fn experiment(
     let layers = cfg.num_layers;
     let (decoder, source) = files.load(cfg).map_err(err)?;
     let n = names.len();
-    let study: Study = perplexity::study(&decoder, &source, &window, &scalings, BAND, |s, li| {
+    let band = band(l);
+    let study: Study = perplexity::study(&decoder, &source, &window, &scalings, band, |s, li| {
         eprint!(
             "\rposenc report: experiment {ID}: {} ({}/{n}), layer {}/{layers}   ",
             names[s],
@@ -178,7 +183,7 @@ pub fn experiment(
     o.figures.push(loss_figure(
         &study,
         "e9_training_free_loss.png",
-        &format!("Loss per band of {BAND} positions over one window of 2L = {t} tokens of {text_name}, for each training-free method, zero-shot; the vertical segment marks the trained length L = {l}."),
+        &format!("Loss per band of {band} positions over one window of 2L = {t} tokens of {text_name}, for each training-free method, zero-shot; the vertical segment marks the trained length L = {l}."),
     ));
     // Retrieval claims read the lengths past L.
     let lengths = passkey_lengths(l);
@@ -216,6 +221,24 @@ pub fn experiment(
         serde_json::json!("Llama-2 13B, loss at 8k (2L): ReRoPE w1024 1.43, NTK-RoPE 1.54"),
         ce::rerope_at_most_ntk(&beyond(rerope), &beyond(ntk)),
     ));
+    // The probe's control: no scaling retrieves inside L on this model.
+    let control = found.as_ref().map_or(f64::NAN, |r| {
+        let Some(mi) = r.methods.iter().position(|x| x == none) else {
+            return f64::NAN;
+        };
+        let of: Vec<f64> = r
+            .lengths
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n <= l)
+            .map(|(li, _)| r.accuracy[mi][li])
+            .collect();
+        if of.is_empty() {
+            f64::NAN
+        } else {
+            of.iter().sum::<f64>() / of.len() as f64
+        }
+    });
     let sinks_inside = run(sinks).map_or(f64::NAN, |r| {
         let a = (l / 8).min(r.loss.len());
         let b = l.min(r.loss.len());
@@ -252,11 +275,12 @@ pub fn experiment(
             format!("{sinks}, loss on L..2L"): mean_beyond(sinks),
             format!("{sinks}, loss on L/8..L"): sinks_inside,
             format!("{sinks}, accuracy at 1.5L and 2L, depths 0 and 0.5"): far,
+            "none, accuracy at lengths ≤ L (control)": control,
         }),
         serde_json::json!(
             "flat perplexity to 4M tokens (Fig. 3); context window not extended (FAQ)"
         ),
-        ce::sinks_flat_no_retrieval(mean_beyond(sinks), sinks_inside, far),
+        ce::sinks_flat_no_retrieval(mean_beyond(sinks), sinks_inside, far, control),
     ));
     o.claims.push(claim(
         &ce::DCA_FLAT,
@@ -296,7 +320,7 @@ pub fn experiment(
     speed.extend(study.runs.iter().map(|r| num(r.tokens_per_second, 0)));
     rows.extend([inside, past, ratio, speed]);
     o.tables.push(Table {
-        title: format!("Loss (nats) per band of {BAND} positions, one window of {t} tokens (band A–B: mean over positions i in [A, B) of the loss of token i + 1)"),
+        title: format!("Loss (nats) per band of {band} positions, one window of {t} tokens (band A–B: mean over positions i in [A, B) of the loss of token i + 1)"),
         header,
         rows,
     });

@@ -234,6 +234,16 @@ impl<'a> PromptBuilder<'a> {
         }
     }
 
+    /// Tokens of the prompt with no filler at all (the needle with a 5-digit
+    /// key and the question): no prompt of this format can be shorter.
+    ///
+    /// # Errors
+    /// The tokenizer's.
+    pub fn shortest(&self) -> Result<usize> {
+        let (t, _) = self.haystack.text(0, 0.5, 12345, "brave-falcon");
+        Ok(self.tokenizer.encode(&t)?.len())
+    }
+
     /// The filler size (characters, or words) whose prompt is the longest of
     /// at most `length` tokens (needle at depth 0.5, a 5-digit key).
     ///

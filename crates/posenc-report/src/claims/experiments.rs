@@ -832,15 +832,21 @@ pub const SINKS_FLAT_NO_RETRIEVAL: ClaimDef = ClaimDef {
     experiment: 9,
     claim: "Attention sinks keep a pretrained model's loss flat far past its trained length, but do not extend its context: nothing beyond the window is retrieved.",
     source: "Xiao et al. 2024 (StreamingLLM), Fig. 3 (flat perplexity up to 4M tokens) and the authors' FAQ (github.com/mit-han-lab/streaming-llm: «Is the context window of LLMs expanded? No»)",
-    rule: "4 sink tokens and a cache of L/8 keys. (a) flat: its mean loss on positions L..2L of one window of 2L is ≤ 1.05 × its own mean loss on positions L/8..L (where its cache is already full); (b) no retrieval beyond the window: its greedy accuracy on the passkey prompts at 1.5L and 2L with the needle at depths 0 and 0.5 (farther from the question than the window) is ≤ 20%. Reproduced if both hold; partly if one does; not reproduced if neither",
+    rule: "4 sink tokens and a cache of L/8 keys. (a) flat: its mean loss on positions L..2L of one window of 2L is ≤ 1.05 × its own mean loss on positions L/8..L (where its cache is already full); (b) no retrieval beyond the window: its greedy accuracy on the passkey prompts at 1.5L and 2L with the needle at depths 0 and 0.5 (farther from the question than the window) is ≤ 20%, while no scaling retrieves ≥ 50% of the prompts of at most L tokens (the control: the probe works on this model; without it (b) does not hold). Reproduced if both hold; partly if one does; not reproduced if neither",
 };
 
 /// [`SINKS_FLAT_NO_RETRIEVAL`]'s rule: sinks' mean loss past L, its mean
-/// loss on L/8..L, and its accuracy on needles beyond its window.
-pub fn sinks_flat_no_retrieval(beyond: f64, inside: f64, far_accuracy: f64) -> Verdict {
-    Verdict::finite_or_nan(&[beyond, inside, far_accuracy], || {
+/// loss on L/8..L, its accuracy on needles beyond its window, and no
+/// scaling's accuracy on prompts of at most L tokens (the control).
+pub fn sinks_flat_no_retrieval(
+    beyond: f64,
+    inside: f64,
+    far_accuracy: f64,
+    control: f64,
+) -> Verdict {
+    Verdict::finite_or_nan(&[beyond, inside, far_accuracy, control], || {
         let flat = beyond <= 1.05 * inside;
-        let blind = far_accuracy <= 0.2;
+        let blind = far_accuracy <= 0.2 && control >= 0.5;
         match (flat, blind) {
             (true, true) => Verdict::Reproduced,
             (true, false) | (false, true) => Verdict::Partly,
