@@ -304,25 +304,23 @@ pub fn run(a: &Options) -> Result<Summary> {
         } else {
             corpus::DEFAULT.to_string()
         };
-        if matches!(a.only, None | Some(pretrained::ID)) {
-            exps.push(pretrained::experiment(
-                model,
-                &body,
-                &name,
-                &preset.name,
-                preset.passkey_trials,
-                &ctx.cache,
-            )?);
-        }
-        if matches!(a.only, None | Some(training_free::ID)) {
-            exps.push(training_free::experiment(
-                model,
-                &body,
-                &name,
-                &preset.name,
-                preset.passkey_trials,
-                &ctx.cache,
-            )?);
+        type ModelExperiment =
+            fn(&std::path::Path, &str, &str, &str, usize, &std::path::Path) -> Result<ExpOutput>;
+        let model_experiments: [(usize, ModelExperiment); 2] = [
+            (pretrained::ID, pretrained::experiment),
+            (training_free::ID, training_free::experiment),
+        ];
+        for (id, experiment) in model_experiments {
+            if a.only.is_none_or(|n| n == id) {
+                exps.push(experiment(
+                    model,
+                    &body,
+                    &name,
+                    &preset.name,
+                    preset.passkey_trials,
+                    &ctx.cache,
+                )?);
+            }
         }
     }
     // Figures.

@@ -11,10 +11,9 @@ use posenc_models::perplexity::{self, Study};
 use posenc_models::{KvCache, ModelFiles, Scaling};
 use posenc_plot::{LinePlot, Series};
 
-use crate::claims::experiments::{self as ce, ClaimDef};
-use crate::claims::Verdict;
+use crate::claims::experiments as ce;
 use crate::corpus::fnv;
-use crate::experiments::{Claim, ExpOutput, Table};
+use crate::experiments::{ExpOutput, Table};
 use crate::figures::{Fig, FigSpec, LineSpec};
 use crate::{num, ReportError, Result};
 
@@ -330,6 +329,155 @@ fn one_line(s: &str) -> String {
     s.replace('\n', "⏎").replace('|', "\\|")
 }
 
+/// A model opened for a report experiment over one window of 2L tokens:
+/// its files (weights not read yet), config, tokenizer, the text's tokens
+/// and the window (their first 2L).
+pub(crate) struct Opened {
+    pub(crate) files: ModelFiles,
+    pub(crate) cfg: posenc_models::DecoderConfig,
+    pub(crate) tk: posenc_models::TextTokenizer,
+    pub(crate) all: Vec<u32>,
+    pub(crate) window: Vec<u32>,
+}
+
+/// Opens `model` for experiment `id` over the first 2L tokens of `text`,
+/// checking that the window and `extra_kv` more positions of KV cache fit
+/// in memory.
+pub(crate) fn open(
+    model: &Path,
+    text: &str,
+    text_name: &str,
+    id: usize,
+    extra_kv: usize,
+) -> Result<Opened> {
+    let mut files = ModelFiles::open(model).map_err(err)?;
+    let cfg = files.config().map_err(err)?;
+    let t = 2 * cfg.trained_length();
+    let budget = if extra_kv > 0 {
+        let kv = posenc_models::llama::kv_bytes_per_position(&cfg) * (t + extra_kv) as u64;
+        posenc_models::available_memory().map(|m| m.saturating_sub(kv))
+    } else {
+        None
+    };
+    posenc_models::check_memory(&cfg, t + extra_kv, budget).map_err(err)?;
+    let tk = files
+        .tokenizer(None)
+        .map_err(err)?
+        .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
+    tk.check_model_vocab(cfg.vocab_size).map_err(err)?;
+    let all = tk.encode(text).map_err(err)?;
+    let window = perplexity::window(&all, t)
+        .map_err(|e| {
+            ReportError(format!(
+                "experiment {id} needs 2L = {t} tokens of text ({text_name}): {e}"
+            ))
+        })?
+        .to_vec();
+    Ok(Opened {
+        files,
+        cfg,
+        tk,
+        all,
+        window,
+    })
+}
+
+/// Where an experiment's output is cached: `cache/PREFIX-KEY.json`, KEY the
+/// FNV-1a of the model's identity, the text's hash, `settings` and the
+/// hashes of `code` (the sources whose change must rerun it).
+pub(crate) fn cache_path(
+    cache: &Path,
+    prefix: &str,
+    model: &Path,
+    text: &str,
+    settings: &str,
+    code: &[&str],
+) -> Result<std::path::PathBuf> {
+    let mut k = format!(
+        "{:016x} {:016x} {settings}",
+        model_identity(model)?,
+        fnv(text.as_bytes())
+    );
+    for c in code {
+        k.push_str(&format!(" {:016x}", fnv(c.as_bytes())));
+    }
+    Ok(cache.join(format!("{prefix}-{:016x}.json", fnv(k.as_bytes()))))
+}
+
+/// The cached output at `path`, marked as read from the cache.
+pub(crate) fn cached(path: &Path) -> Option<ExpOutput> {
+    let mut o: ExpOutput = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    o.cached = true;
+    Some(o)
+}
+
+/// Writes `o` to the cache at `path`.
+pub(crate) fn store(path: &Path, o: &ExpOutput) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    crate::write_atomic(path, serde_json::to_string(o)?.as_bytes())
+}
+
+/// The table of a study's band losses, with the means inside and past L,
+/// their ratio to `at_l` and each run's speed.
+pub(crate) fn loss_table(study: &Study, at_l: f64, at_l_name: &str, title: String) -> Table {
+    let (l, t) = (study.trained_length, study.length);
+    let mut header = vec!["positions".to_string()];
+    header.extend(study.runs.iter().map(|r| r.name.clone()));
+    let mut rows: Vec<Vec<String>> = (0..study.runs[0].bands.len())
+        .map(|i| {
+            let b = &study.runs[0].bands[i];
+            let mut r = vec![format!("{}–{}", b.start, b.end.min(t - 1))];
+            r.extend(study.runs.iter().map(|run| num(run.bands[i].loss, 3)));
+            r
+        })
+        .collect();
+    let opt = |x: Option<f64>| x.map_or("–".into(), |v| num(v, 3));
+    let mut inside = vec![format!("mean, 0–{l}")];
+    inside.extend(study.runs.iter().map(|r| opt(r.mean_inside)));
+    let mut past = vec![format!("mean, {l}–{}", t - 1)];
+    past.extend(study.runs.iter().map(|r| opt(r.mean_beyond)));
+    let mut ratio = vec![format!("mean past L ÷ {at_l_name}")];
+    ratio.extend(
+        study
+            .runs
+            .iter()
+            .map(|r| opt(r.mean_beyond.map(|b| b / at_l))),
+    );
+    let mut speed = vec!["tokens/s".to_string()];
+    speed.extend(study.runs.iter().map(|r| num(r.tokens_per_second, 0)));
+    rows.extend([inside, past, ratio, speed]);
+    Table {
+        title,
+        header,
+        rows,
+    }
+}
+
+/// The table of a retrieval grid: accuracy per method and length, and the
+/// mean log-probability of the answer at the longest length.
+pub(crate) fn retrieval_table(r: &Retrieval, first: &str, title: String) -> Table {
+    let mut header = vec![first.to_string()];
+    header.extend(r.lengths.iter().map(|n| format!("{n} tokens")));
+    header.push("log p(answer) at 2L".into());
+    Table {
+        title,
+        header,
+        rows: r
+            .methods
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let mut row = vec![m.clone()];
+                row.extend(r.accuracy[i].iter().map(|a| num(*a, 2)));
+                row.push(num(r.logprob[i].last().copied().unwrap_or(f64::NAN), 2));
+                row
+            })
+            .collect(),
+    }
+}
+
 /// Experiment 8: a pretrained RoPE decoder (GGUF or safetensors) over one
 /// window of twice its trained length `L` of `text` (its first `2L`
 /// tokens), zero-shot, for each of [`SCALINGS`]: loss per position, the
@@ -348,42 +496,29 @@ pub fn experiment(
     passkey_trials: usize,
     cache: &Path,
 ) -> Result<ExpOutput> {
-    let mut files = ModelFiles::open(model).map_err(err)?;
-    let cfg = files.config().map_err(err)?;
+    let Opened {
+        files,
+        cfg,
+        tk,
+        all,
+        window,
+    } = open(model, text, text_name, ID, CONTINUATION)?;
     let l = cfg.trained_length();
     let t = 2 * l;
-    let need_cache = posenc_models::llama::kv_bytes_per_position(&cfg) * (t + CONTINUATION) as u64;
-    let budget = posenc_models::available_memory().map(|m| m.saturating_sub(need_cache));
-    posenc_models::check_memory(&cfg, t + CONTINUATION, budget).map_err(err)?;
-    let tk = files
-        .tokenizer(None)
-        .map_err(err)?
-        .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-    tk.check_model_vocab(cfg.vocab_size).map_err(err)?;
-    let all = tk.encode(text).map_err(err)?;
-    let window = perplexity::window(&all, t)
-        .map_err(|e| {
-            ReportError(format!(
-                "experiment {ID} needs 2L = {t} tokens of text ({text_name}): {e}"
-            ))
-        })?
-        .to_vec();
     let unigram = unigram_entropy(&all);
-    let key = fnv(format!(
-        "{:016x} {:016x} {t} {CONTINUATION} {passkey_trials} {:016x} {:016x} {:016x}",
-        model_identity(model)?,
-        fnv(text.as_bytes()),
-        fnv(include_str!("pretrained.rs").as_bytes()),
-        fnv(include_str!("claims/experiments.rs").as_bytes()),
-        fnv(include_str!("../../posenc-models/src/passkey/mod.rs").as_bytes()),
-    )
-    .as_bytes());
-    let path = cache.join(format!("pretrained-{key:016x}.json"));
-    if let Some(mut o) = std::fs::read_to_string(&path)
-        .ok()
-        .and_then(|s| serde_json::from_str::<ExpOutput>(&s).ok())
-    {
-        o.cached = true;
+    let path = cache_path(
+        cache,
+        "pretrained",
+        model,
+        text,
+        &format!("{t} {CONTINUATION} {passkey_trials}"),
+        &[
+            include_str!("pretrained.rs"),
+            include_str!("claims/experiments.rs"),
+            include_str!("../../posenc-models/src/passkey/mod.rs"),
+        ],
+    )?;
+    if let Some(o) = cached(&path) {
         return Ok(o);
     }
     let start = Instant::now();
@@ -473,52 +608,38 @@ pub fn experiment(
         "yarn:2, L..2L": m(3),
     });
     let chen = serde_json::json!("LLaMA 7B without scaling: perplexity > 10^3 past L (Fig. 1)");
-    let claim = |def: &ClaimDef,
-                 metric: &str,
-                 value: serde_json::Value,
-                 paper: serde_json::Value,
-                 verdict: Verdict| Claim {
-        id: def.id.into(),
-        experiment: ID,
-        claim: def.claim.into(),
-        source: def.source.into(),
-        metric: metric.into(),
-        value,
-        paper,
-        rule: def.rule.into(),
-        verdict,
-        seeds: Vec::new(),
-        diverged: Vec::new(),
-        preset: preset.into(),
-    };
-    o.claims.push(claim(
+    o.push_claim(
         &ce::PRETRAINED_QUIZ,
+        preset,
         "mean loss (nats)",
         values.clone(),
         chen.clone(),
         ce::pretrained_quiz(&none, &[&pi, &dynamic, &yarn], at_l),
-    ));
-    o.claims.push(claim(
+    );
+    o.push_claim(
         &ce::PRETRAINED_NO_SCALING_BLOWS_UP,
+        preset,
         "mean loss (nats)",
         serde_json::json!({"none, L..2L": m(0), "loss at L": at_l, "unigram entropy": unigram}),
         chen,
         ce::no_scaling_blows_up(m(0), at_l, unigram),
-    ));
-    o.claims.push(claim(
+    );
+    o.push_claim(
         &ce::PRETRAINED_PI_ZERO_SHOT,
+        preset,
         "mean loss on L..2L (nats)",
         serde_json::json!({"linear:2": m(1), "none": m(0)}),
         serde_json::json!("finite, below no scaling (Table 1)"),
         ce::pretrained_pi_zero_shot(&pi, &none),
-    ));
-    o.claims.push(claim(
+    );
+    o.push_claim(
         &ce::PRETRAINED_DYNAMIC_YARN_BEST,
+        preset,
         "mean loss on L..2L (nats)",
         serde_json::json!({"dynamic:2": m(2), "yarn:2": m(3), "linear:2": m(1), "none": m(0)}),
         serde_json::json!("YaRN and dynamic scaling lowest without fine-tuning (Table 1, Fig. 4)"),
         ce::pretrained_dynamic_yarn_best(&dynamic, &yarn, &pi, &none),
-    ));
+    );
     if let Some(r) = &found {
         let at_2l = |i: usize| r.accuracy[i].last().copied().unwrap_or(f64::NAN);
         let best = (1..r.methods.len())
@@ -530,8 +651,9 @@ pub fn experiment(
             .enumerate()
             .map(|(i, m)| (format!("{m}, 2L"), serde_json::json!(at_2l(i))))
             .collect();
-        o.claims.push(claim(
+        o.push_claim(
             &ce::PRETRAINED_RETRIEVAL,
+            preset,
             &format!(
                 "greedy passkey accuracy at 2L ({} prompts per length)",
                 r.trials_per_length
@@ -539,59 +661,22 @@ pub fn experiment(
             serde_json::Value::Object(value),
             serde_json::json!("LLaMA 7B + PI/YaRN fine-tuned: 0.5–1.0 up to 32k; no scaling: 0 past L (Chen et al. 2023 §3.4; YaRN data/passkey-32k.csv)"),
             ce::pretrained_retrieval(at_2l(0), at_2l(best)),
-        ));
-        let mut header = vec!["scaling or method".to_string()];
-        header.extend(r.lengths.iter().map(|n| format!("{n} tokens")));
-        header.push("log p(answer) at 2L".into());
-        o.tables.push(Table {
-            title: format!(
+        );
+        o.tables.push(retrieval_table(
+            r,
+            "scaling or method",
+            format!(
                 "Passkey retrieval (landmark prompts, greedy exact match over depths {:?}, {} prompts per length; the last column: mean teacher-forced log-probability of the key's tokens at 2L)",
                 PASSKEY_DEPTHS, r.trials_per_length
             ),
-            header,
-            rows: r
-                .methods
-                .iter()
-                .enumerate()
-                .map(|(i, m)| {
-                    let mut row = vec![m.clone()];
-                    row.extend(r.accuracy[i].iter().map(|a| num(*a, 2)));
-                    row.push(num(r.logprob[i].last().copied().unwrap_or(f64::NAN), 2));
-                    row
-                })
-                .collect(),
-        });
+        ));
     }
-    let mut header = vec!["positions".to_string()];
-    header.extend(SCALINGS.iter().map(|s| s.to_string()));
-    let mut rows: Vec<Vec<String>> = (0..study.runs[0].bands.len())
-        .map(|i| {
-            let b = &study.runs[0].bands[i];
-            let mut r = vec![format!("{}–{}", b.start, b.end.min(t - 1))];
-            r.extend(study.runs.iter().map(|run| num(run.bands[i].loss, 3)));
-            r
-        })
-        .collect();
-    let opt = |x: Option<f64>| x.map_or("–".into(), |v| num(v, 3));
-    let mut inside = vec![format!("mean, 0–{l}")];
-    inside.extend(study.runs.iter().map(|r| opt(r.mean_inside)));
-    let mut past = vec![format!("mean, {l}–{}", t - 1)];
-    past.extend(study.runs.iter().map(|r| opt(r.mean_beyond)));
-    let mut ratio = vec!["mean past L ÷ loss at L".to_string()];
-    ratio.extend(
-        study
-            .runs
-            .iter()
-            .map(|r| opt(r.mean_beyond.map(|b| b / at_l))),
-    );
-    let mut speed = vec!["tokens/s".to_string()];
-    speed.extend(study.runs.iter().map(|r| num(r.tokens_per_second, 0)));
-    rows.extend([inside, past, ratio, speed]);
-    o.tables.push(Table {
-        title: "Loss (nats) per band of 1,024 positions (band A–B: mean over positions i in [A, B) of the loss of token i + 1)".into(),
-        header,
-        rows,
-    });
+    o.tables.push(loss_table(
+        &study,
+        at_l,
+        "loss at L",
+        "Loss (nats) per band of 1,024 positions (band A–B: mean over positions i in [A, B) of the loss of token i + 1)".into(),
+    ));
     let tail: String = {
         let text = tk.decode(&window[t.saturating_sub(48)..]).map_err(err)?;
         one_line(&text)
@@ -627,9 +712,6 @@ pub fn experiment(
         passkey_methods(l).join(","),
     );
     o.seconds = start.elapsed().as_secs_f64();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    crate::write_atomic(&path, serde_json::to_string(&o)?.as_bytes())?;
+    store(&path, &o)?;
     Ok(o)
 }

@@ -9,14 +9,15 @@ use std::path::Path;
 use std::time::Instant;
 
 use posenc_models::perplexity::{self, Study};
-use posenc_models::{ModelFiles, Scaling};
+use posenc_models::Scaling;
 
-use crate::claims::experiments::{self as ce, ClaimDef};
-use crate::claims::Verdict;
-use crate::corpus::fnv;
-use crate::experiments::{Claim, ExpOutput, Table};
-use crate::pretrained::{err, loss_figure, model_identity, passkey_lengths, retrieval, trial_log};
-use crate::{num, ReportError, Result};
+use crate::claims::experiments as ce;
+use crate::experiments::ExpOutput;
+use crate::pretrained::{
+    cache_path, cached, err, loss_figure, loss_table, open, passkey_lengths, retrieval,
+    retrieval_table, store, trial_log, Opened,
+};
+use crate::Result;
 
 /// The experiment number.
 pub const ID: usize = 9;
@@ -76,46 +77,35 @@ pub fn experiment(
     passkey_trials: usize,
     cache: &Path,
 ) -> Result<ExpOutput> {
-    let mut files = ModelFiles::open(model).map_err(err)?;
-    let cfg = files.config().map_err(err)?;
+    let Opened {
+        files,
+        cfg,
+        tk,
+        window,
+        ..
+    } = open(model, text, text_name, ID, 0)?;
     let l = cfg.trained_length();
     let t = 2 * l;
-    posenc_models::check_memory(&cfg, t, None).map_err(err)?;
-    let tk = files
-        .tokenizer(None)
-        .map_err(err)?
-        .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-    tk.check_model_vocab(cfg.vocab_size).map_err(err)?;
-    let all = tk.encode(text).map_err(err)?;
-    let window = perplexity::window(&all, t)
-        .map_err(|e| {
-            ReportError(format!(
-                "experiment {ID} needs 2L = {t} tokens of text ({text_name}): {e}"
-            ))
-        })?
-        .to_vec();
     let names = methods(l);
     let scalings: Vec<Scaling> = names
         .iter()
         .map(|n| n.parse())
         .collect::<posenc_models::Result<_>>()
         .map_err(err)?;
-    let key = fnv(format!(
-        "{:016x} {:016x} {t} {passkey_trials} {:016x} {:016x} {:016x} {:016x}",
-        model_identity(model)?,
-        fnv(text.as_bytes()),
-        fnv(include_str!("training_free.rs").as_bytes()),
-        fnv(include_str!("pretrained.rs").as_bytes()),
-        fnv(include_str!("claims/experiments.rs").as_bytes()),
-        fnv(include_str!("../../posenc-models/src/passkey/mod.rs").as_bytes()),
-    )
-    .as_bytes());
-    let path = cache.join(format!("training-free-{key:016x}.json"));
-    if let Some(mut o) = std::fs::read_to_string(&path)
-        .ok()
-        .and_then(|s| serde_json::from_str::<ExpOutput>(&s).ok())
-    {
-        o.cached = true;
+    let path = cache_path(
+        cache,
+        "training-free",
+        model,
+        text,
+        &format!("{t} {passkey_trials}"),
+        &[
+            include_str!("training_free.rs"),
+            include_str!("pretrained.rs"),
+            include_str!("claims/experiments.rs"),
+            include_str!("../../posenc-models/src/passkey/mod.rs"),
+        ],
+    )?;
+    if let Some(o) = cached(&path) {
         return Ok(o);
     }
     let start = Instant::now();
@@ -161,24 +151,6 @@ pub fn experiment(
     let at_l = run("none").and_then(|r| r.mean_inside).unwrap_or(f64::NAN);
     let [none, ntk, se, rerope, _leaky, dca, sinks] =
         [0, 1, 2, 3, 4, 5, 6].map(|i| names[i].as_str());
-    let claim = |def: &ClaimDef,
-                 metric: &str,
-                 value: serde_json::Value,
-                 paper: serde_json::Value,
-                 verdict: Verdict| Claim {
-        id: def.id.into(),
-        experiment: ID,
-        claim: def.claim.into(),
-        source: def.source.into(),
-        metric: metric.into(),
-        value,
-        paper,
-        rule: def.rule.into(),
-        verdict,
-        seeds: Vec::new(),
-        diverged: Vec::new(),
-        preset: preset.into(),
-    };
     let mut o = ExpOutput::new(ID, TITLE);
     o.figures.push(loss_figure(
         &study,
@@ -198,8 +170,9 @@ pub fn experiment(
             };
             r.accuracy[mi][li]
         };
-        o.claims.push(claim(
+        o.push_claim(
             &ce::SELF_EXTEND_RETRIEVES,
+            preset,
             &format!(
                 "greedy passkey accuracy ({} prompts per length)",
                 r.trials_per_length
@@ -212,15 +185,16 @@ pub fn experiment(
             }),
             serde_json::json!("≈ 1.0 at every depth up to 4 × L (Llama-2-chat, Mistral; Fig. 3)"),
             ce::self_extend_retrieves([acc(se, l15), acc(se, l2)], [acc(none, l15), acc(none, l2)]),
-        ));
+        );
     }
-    o.claims.push(claim(
+    o.push_claim(
         &ce::REROPE_AT_MOST_NTK,
+        preset,
         "mean loss on L..2L (nats)",
         serde_json::json!({rerope: mean_beyond(rerope), ntk: mean_beyond(ntk)}),
         serde_json::json!("Llama-2 13B, loss at 8k (2L): ReRoPE w1024 1.43, NTK-RoPE 1.54"),
         ce::rerope_at_most_ntk(&beyond(rerope), &beyond(ntk)),
-    ));
+    );
     // The probe's control: no scaling retrieves inside L on this model.
     let control = found.as_ref().map_or(f64::NAN, |r| {
         let Some(mi) = r.methods.iter().position(|x| x == none) else {
@@ -268,8 +242,9 @@ pub fn experiment(
             v.iter().sum::<f64>() / v.len() as f64
         }
     });
-    o.claims.push(claim(
+    o.push_claim(
         &ce::SINKS_FLAT_NO_RETRIEVAL,
+        preset,
         "mean loss (nats); greedy passkey accuracy",
         serde_json::json!({
             format!("{sinks}, loss on L..2L"): mean_beyond(sinks),
@@ -281,9 +256,10 @@ pub fn experiment(
             "flat perplexity to 4M tokens (Fig. 3); context window not extended (FAQ)"
         ),
         ce::sinks_flat_no_retrieval(mean_beyond(sinks), sinks_inside, far, control),
-    ));
-    o.claims.push(claim(
+    );
+    o.push_claim(
         &ce::DCA_FLAT,
+        preset,
         "mean loss (nats)",
         serde_json::json!({
             format!("{dca}, L..2L"): mean_beyond(dca),
@@ -292,62 +268,24 @@ pub fn experiment(
         }),
         serde_json::json!("Llama 2 PG19 perplexity flat from 4k to 32k+ (Table 1)"),
         ce::dca_flat(&beyond(dca), &beyond(none), at_l),
-    ));
-    // Loss table.
-    let mut header = vec!["positions".to_string()];
-    header.extend(names.iter().cloned());
-    let mut rows: Vec<Vec<String>> = (0..study.runs[0].bands.len())
-        .map(|i| {
-            let b = &study.runs[0].bands[i];
-            let mut r = vec![format!("{}–{}", b.start, b.end.min(t - 1))];
-            r.extend(study.runs.iter().map(|run| num(run.bands[i].loss, 3)));
-            r
-        })
-        .collect();
-    let opt = |x: Option<f64>| x.map_or("–".into(), |v| num(v, 3));
-    let mut inside = vec![format!("mean, 0–{l}")];
-    inside.extend(study.runs.iter().map(|r| opt(r.mean_inside)));
-    let mut past = vec![format!("mean, {l}–{}", t - 1)];
-    past.extend(study.runs.iter().map(|r| opt(r.mean_beyond)));
-    let mut ratio = vec!["mean past L ÷ no scaling's loss at L".to_string()];
-    ratio.extend(
-        study
-            .runs
-            .iter()
-            .map(|r| opt(r.mean_beyond.map(|b| b / at_l))),
     );
-    let mut speed = vec!["tokens/s".to_string()];
-    speed.extend(study.runs.iter().map(|r| num(r.tokens_per_second, 0)));
-    rows.extend([inside, past, ratio, speed]);
-    o.tables.push(Table {
-        title: format!("Loss (nats) per band of {band} positions, one window of {t} tokens (band A–B: mean over positions i in [A, B) of the loss of token i + 1)"),
-        header,
-        rows,
-    });
+    o.tables.push(loss_table(
+        &study,
+        at_l,
+        "no scaling's loss at L",
+        format!("Loss (nats) per band of {band} positions, one window of {t} tokens (band A–B: mean over positions i in [A, B) of the loss of token i + 1)"),
+    ));
     if let Some(r) = &found {
-        let mut header = vec!["method".to_string()];
-        header.extend(r.lengths.iter().map(|n| format!("{n} tokens")));
-        header.push("log p(answer) at 2L".into());
-        o.tables.push(Table {
-            title: format!(
+        o.tables.push(retrieval_table(
+            r,
+            "method",
+            format!(
                 "Passkey retrieval (landmark prompts, greedy exact match over depths {:?}, {} prompts per length; the last column: mean teacher-forced log-probability of the key's tokens at 2L); {:.0} s of trials",
                 crate::pretrained::PASSKEY_DEPTHS,
                 r.trials_per_length,
                 r.seconds
             ),
-            header,
-            rows: r
-                .methods
-                .iter()
-                .enumerate()
-                .map(|(i, m)| {
-                    let mut row = vec![m.clone()];
-                    row.extend(r.accuracy[i].iter().map(|a| num(*a, 2)));
-                    row.push(num(r.logprob[i].last().copied().unwrap_or(f64::NAN), 2));
-                    row
-                })
-                .collect(),
-        });
+        ));
     }
     o.text = format!(
         "Past its trained length a RoPE decoder can be extended without training in two ways: by scaling RoPE's frequencies (experiment 8), or by changing which positions the attention sees. This experiment runs the second kind on **{source}** (trained length L = {l}), each as its authors' code computes it (`posenc::extend`; parity with ports of that code in `scripts/methods/`): **Self-Extend** (Jin et al. 2024) keeps exact positions for the nearest L/8 keys and groups the farther ones by 4; **ReRoPE** (Su 2023) clips the relative distance at w = L/4, and **leaky ReRoPE** continues it with slope 1/16; **dual chunk attention** (An et al. 2024) maps positions within a chunk of 3L/4, to the previous chunk and to every earlier chunk so that none exceeds L; **attention sinks** (Xiao et al. 2024) keep the first 4 keys and the most recent ones, L/8 in all, numbered by cache slot. Beside them: no scaling, and static NTK-aware scaling ×2, the comparison of ReRoPE's own table.\n\n\
@@ -364,10 +302,7 @@ pub fn experiment(
         retrieval_methods(l).join(","),
     );
     o.seconds = start.elapsed().as_secs_f64();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    crate::write_atomic(&path, serde_json::to_string(&o)?.as_bytes())?;
+    store(&path, &o)?;
     Ok(o)
 }
 

@@ -924,14 +924,15 @@ mod training_free_rules {
 
     #[test]
     fn sinks_rule() {
-        assert_eq!(sinks_flat_no_retrieval(3.1, 3.0, 0.0), Verdict::Reproduced);
-        assert_eq!(sinks_flat_no_retrieval(3.5, 3.0, 0.0), Verdict::Partly);
-        assert_eq!(sinks_flat_no_retrieval(3.1, 3.0, 0.5), Verdict::Partly);
-        assert_eq!(
-            sinks_flat_no_retrieval(3.5, 3.0, 0.5),
-            Verdict::NotReproduced
-        );
-        assert_eq!(sinks_flat_no_retrieval(f64::NAN, 3.0, 0.0), Verdict::Nan);
+        let v = sinks_flat_no_retrieval;
+        assert_eq!(v(3.1, 3.0, 0.0, 1.0), Verdict::Reproduced);
+        assert_eq!(v(3.5, 3.0, 0.0, 1.0), Verdict::Partly);
+        assert_eq!(v(3.1, 3.0, 0.5, 1.0), Verdict::Partly);
+        assert_eq!(v(3.5, 3.0, 0.5, 1.0), Verdict::NotReproduced);
+        // A model that retrieves nothing says nothing about the window.
+        assert_eq!(v(3.5, 3.0, 0.0, 0.0), Verdict::NotReproduced);
+        assert_eq!(v(3.1, 3.0, 0.0, 0.0), Verdict::Partly);
+        assert_eq!(v(f64::NAN, 3.0, 0.0, 1.0), Verdict::Nan);
     }
 
     #[test]

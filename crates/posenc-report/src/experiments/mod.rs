@@ -135,6 +135,31 @@ impl ExpOutput {
         diverged: Vec<String>,
     ) {
         debug_assert_eq!(def.experiment, self.id, "{}", def.id);
+        self.push_claim(
+            def,
+            &ctx.preset.name,
+            metric,
+            value,
+            paper,
+            verdict.unless_diverged(&diverged),
+        );
+        if let Some(c) = self.claims.last_mut() {
+            c.seeds = seeds;
+            c.diverged = diverged;
+        }
+    }
+
+    /// Adds a claim measured without seeds (one pretrained model, one
+    /// window): its id, words, source and rule from `def`.
+    pub fn push_claim(
+        &mut self,
+        def: &ClaimDef,
+        preset: &str,
+        metric: &str,
+        value: serde_json::Value,
+        paper: serde_json::Value,
+        verdict: Verdict,
+    ) {
         self.claims.push(Claim {
             id: def.id.into(),
             experiment: self.id,
@@ -144,10 +169,10 @@ impl ExpOutput {
             value,
             paper,
             rule: def.rule.into(),
-            verdict: verdict.unless_diverged(&diverged),
-            seeds,
-            diverged,
-            preset: ctx.preset.name.clone(),
+            verdict,
+            seeds: Vec::new(),
+            diverged: Vec::new(),
+            preset: preset.into(),
         });
     }
 }
