@@ -40,11 +40,15 @@ use tokenizers::{DecoderWrapper, ModelWrapper, PreTokenizerWrapper, Tokenizer};
 
 use crate::LabError;
 
+/// The most distinct characters a corpus may have (its vocabulary). A
+/// character vocabulary of Chinese text needs a few thousand; the logits of
+/// a step grow with it (batch × length × vocabulary floats).
+pub const MAX_VOCAB: usize = 8192;
 /// The smallest BPE vocabulary: the 256 bytes, no merge.
 pub const MIN_BPE_VOCAB: usize = 256;
 /// The largest BPE vocabulary (the logits of a step grow with it, as a
-/// character vocabulary's do: [`crate::tasks::MAX_VOCAB`]).
-pub const MAX_BPE_VOCAB: usize = crate::tasks::MAX_VOCAB;
+/// character vocabulary's do: [`MAX_VOCAB`]).
+pub const MAX_BPE_VOCAB: usize = MAX_VOCAB;
 /// A pair must occur this many times in the training text to be merged: a
 /// merge seen once only memorises it.
 pub const MIN_PAIR_FREQUENCY: u64 = 2;
@@ -360,7 +364,7 @@ impl Bpe {
                     if let Some(d) = f.parent() {
                         let _ = std::fs::create_dir_all(d);
                     }
-                    let _ = crate::train::write_atomic(f, b.to_json().as_bytes());
+                    let _ = crate::fsio::write_atomic(f, b.to_json().as_bytes());
                 }
                 b
             }

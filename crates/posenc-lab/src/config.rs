@@ -1,9 +1,9 @@
 //! Typed configuration of a lab model and of its training run, saved beside
-//! every checkpoint as JSON.
+//! every checkpoint as JSON. The run names its task by kind ([`TaskKind`];
+//! the generators are in `tasks`).
 
 use serde::{Deserialize, Serialize};
 
-use crate::tasks::TaskKind;
 use crate::LabError;
 
 /// Which positional encoding the model uses, and at which hook it enters.
@@ -281,6 +281,90 @@ impl ModelConfig {
     /// Head dimension.
     pub fn head_dim(&self) -> usize {
         self.d_model / self.n_heads
+    }
+}
+
+/// The built-in tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    /// Copy the content after the separator.
+    Copy,
+    /// Reverse it.
+    Reverse,
+    /// Sort it.
+    Sort,
+    /// Count occurrences of a queried token.
+    Count,
+    /// Multi-digit addition.
+    Addition,
+    /// Order-sensitive classification (encoder).
+    Order,
+    /// Character-level language modelling.
+    Lm,
+    /// Character-level masked language modelling (encoder, per-token head).
+    Mlm,
+}
+
+impl TaskKind {
+    /// Every task, in a fixed order.
+    pub const ALL: [TaskKind; 8] = [
+        TaskKind::Copy,
+        TaskKind::Reverse,
+        TaskKind::Sort,
+        TaskKind::Count,
+        TaskKind::Addition,
+        TaskKind::Order,
+        TaskKind::Lm,
+        TaskKind::Mlm,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskKind::Copy => "copy",
+            TaskKind::Reverse => "reverse",
+            TaskKind::Sort => "sort",
+            TaskKind::Count => "count",
+            TaskKind::Addition => "addition",
+            TaskKind::Order => "order",
+            TaskKind::Lm => "lm",
+            TaskKind::Mlm => "mlm",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(s: &str) -> Result<Self, LabError> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| {
+                LabError::Invalid(format!(
+                    "unknown task {s:?}; known tasks: {}",
+                    Self::ALL.map(|t| t.name()).join(", ")
+                ))
+            })
+    }
+
+    /// Whether the task is a sequence classification (encoder) task.
+    pub fn is_classification(self) -> bool {
+        matches!(self, TaskKind::Order)
+    }
+
+    /// Whether the task reads a character corpus (`lm`, `mlm`).
+    pub fn uses_corpus(self) -> bool {
+        matches!(self, TaskKind::Lm | TaskKind::Mlm)
+    }
+
+    /// The model mode the task trains: [`Mode::Encoder`] for
+    /// classification, [`Mode::TokenEncoder`] for masked language
+    /// modelling, [`Mode::Decoder`] for the rest.
+    pub fn mode(self) -> Mode {
+        match self {
+            TaskKind::Order => Mode::Encoder,
+            TaskKind::Mlm => Mode::TokenEncoder,
+            _ => Mode::Decoder,
+        }
     }
 }
 

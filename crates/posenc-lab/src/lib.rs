@@ -5,6 +5,26 @@
 //! built-in tasks that test the seeds' claims ([`tasks`]), trained with
 //! [`train::train`], fine-tuned at a new length with [`finetune()`], and
 //! measured position by position with [`eval::loss_per_position`].
+//!
+//! ## Layers
+//!
+//! Each module uses only the modules above it in this list (and
+//! [`LabError`]); a test reads the sources and fails on an import that
+//! goes up, so the modules never import each other in a circle:
+//!
+//! 1. `fsio` (private: files written through a rename, safetensors read
+//!    with their path in the error), [`ops`] (fused CPU ops beside their
+//!    references), [`optim`] (AdamW, gradient clipping), [`config`] (model,
+//!    run and task kind);
+//! 2. [`bpe`] (subword tokens; the vocabulary limits);
+//! 3. [`tasks`] (the generators and corpora);
+//! 4. [`model`] (the transformer);
+//! 5. [`checkpoint`] (what a checkpoint records; the batch seeds);
+//! 6. `lab` (private, re-exported from [`train`]: [`train::Lab`], a model
+//!    with its parameters, loaded and saved, and its batches);
+//! 7. [`eval`] (the measurements of a trained model);
+//! 8. [`train`] (the training loop);
+//! 9. [`finetune`] (fine-tuning at a new length).
 #![warn(missing_docs)]
 
 pub mod bpe;
@@ -12,6 +32,8 @@ pub mod checkpoint;
 pub mod config;
 pub mod eval;
 pub mod finetune;
+mod fsio;
+mod lab;
 pub mod model;
 pub mod ops;
 pub mod optim;
@@ -92,4 +114,157 @@ pub enum LabError {
         /// Rows of the table (the longest length the model can run at).
         rows: usize,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    /// The layers of the crate docs, lowest first: a module may use the
+    /// modules of earlier layers only.
+    const LAYERS: &[&[&str]] = &[
+        &["fsio", "ops", "optim", "config"],
+        &["bpe"],
+        &["tasks"],
+        &["model"],
+        &["checkpoint"],
+        &["lab"],
+        &["eval"],
+        &["train"],
+        &["finetune"],
+    ];
+
+    /// Every source file below `src/` but `lib.rs`, with its module.
+    const SOURCES: &[(&str, &str, &str)] = &[
+        ("bpe", "bpe.rs", include_str!("bpe.rs")),
+        ("checkpoint", "checkpoint.rs", include_str!("checkpoint.rs")),
+        ("config", "config.rs", include_str!("config.rs")),
+        ("eval", "eval.rs", include_str!("eval.rs")),
+        ("finetune", "finetune.rs", include_str!("finetune.rs")),
+        ("fsio", "fsio.rs", include_str!("fsio.rs")),
+        ("lab", "lab.rs", include_str!("lab.rs")),
+        ("model", "model.rs", include_str!("model.rs")),
+        ("ops", "ops.rs", include_str!("ops.rs")),
+        ("optim", "optim.rs", include_str!("optim.rs")),
+        ("tasks", "tasks.rs", include_str!("tasks.rs")),
+        ("train", "train.rs", include_str!("train.rs")),
+    ];
+
+    /// The modules `src` uses through `crate::module` paths, comments
+    /// (docs' links included) left out.
+    fn imports(src: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for line in src.lines() {
+            let code = line.split("//").next().unwrap_or("");
+            for (i, _) in code.match_indices("crate::") {
+                let rest = &code[i + "crate::".len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.push(name);
+                }
+            }
+        }
+        out
+    }
+
+    /// The module graph: each module and the modules it uses.
+    fn graph() -> BTreeMap<&'static str, Vec<String>> {
+        let mut g: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for &(module, file, src) in SOURCES {
+            assert!(
+                !src.contains("crate::{"),
+                "{file}: name each module with its own `crate::module` path (the test reads them)"
+            );
+            let deps = g.entry(module).or_default();
+            deps.extend(imports(src).into_iter().filter(|d| d != module));
+            deps.sort();
+            deps.dedup();
+        }
+        g
+    }
+
+    #[test]
+    fn every_source_file_is_read() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut on_disk = Vec::new();
+        let mut dirs = vec![src.clone()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    let rel = p
+                        .strip_prefix(&src)
+                        .unwrap()
+                        .to_string_lossy()
+                        .replace('\\', "/");
+                    if rel != "lib.rs" {
+                        on_disk.push(rel);
+                    }
+                }
+            }
+        }
+        on_disk.sort();
+        let mut listed: Vec<String> = SOURCES.iter().map(|s| s.1.to_string()).collect();
+        listed.sort();
+        assert_eq!(on_disk, listed, "SOURCES must list every file below src/");
+    }
+
+    #[test]
+    fn modules_form_no_cycle() {
+        let g = graph();
+        // Depth-first search; a module met again while on the path closes a cycle.
+        fn visit<'a>(
+            m: &'a str,
+            g: &'a BTreeMap<&'static str, Vec<String>>,
+            path: &mut Vec<&'a str>,
+            done: &mut Vec<&'a str>,
+        ) {
+            if done.contains(&m) {
+                return;
+            }
+            if let Some(i) = path.iter().position(|&p| p == m) {
+                panic!(
+                    "modules import each other in a circle: {} -> {m}",
+                    path[i..].join(" -> ")
+                );
+            }
+            path.push(m);
+            for d in g.get(m).into_iter().flatten() {
+                visit(d, g, path, done);
+            }
+            path.pop();
+            done.push(m);
+        }
+        let mut done = Vec::new();
+        for m in g.keys() {
+            visit(m, &g, &mut Vec::new(), &mut done);
+        }
+    }
+
+    #[test]
+    fn modules_use_only_lower_layers() {
+        let layer = |m: &str| {
+            LAYERS
+                .iter()
+                .position(|l| l.contains(&m))
+                .unwrap_or_else(|| {
+                    panic!("module {m} is in no layer of LAYERS (and the crate docs)")
+                })
+        };
+        for (m, deps) in graph() {
+            for d in deps {
+                assert!(
+                    layer(&d) < layer(m),
+                    "{m} (layer {}) uses {d} (layer {}): a module may use lower layers only",
+                    layer(m) + 1,
+                    layer(&d) + 1
+                );
+            }
+        }
+    }
 }

@@ -68,7 +68,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::bpe::{Bpe, Tokenization};
-use crate::config::Mode;
+pub use crate::config::TaskKind;
 use crate::LabError;
 
 /// Padding; never predicted.
@@ -92,10 +92,7 @@ pub const IGNORE: i64 = -100;
 /// Expected fraction of the positions of an `mlm` window that are masked
 /// (BERT's 15%).
 pub const MASK_RATE: f64 = 0.15;
-/// The most distinct characters a corpus may have (its vocabulary). A
-/// character vocabulary of Chinese text needs a few thousand; the logits of
-/// a step grow with it (batch × length × vocabulary floats).
-pub const MAX_VOCAB: usize = 8192;
+pub use crate::bpe::MAX_VOCAB;
 /// The fraction of a corpus, at its end, that is validation text.
 pub const VALIDATION_FRACTION: f64 = 0.1;
 
@@ -119,90 +116,6 @@ pub struct Example {
     pub target: Vec<i64>,
     /// Class label (classification tasks).
     pub label: Option<u32>,
-}
-
-/// The built-in tasks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskKind {
-    /// Copy the content after the separator.
-    Copy,
-    /// Reverse it.
-    Reverse,
-    /// Sort it.
-    Sort,
-    /// Count occurrences of a queried token.
-    Count,
-    /// Multi-digit addition.
-    Addition,
-    /// Order-sensitive classification (encoder).
-    Order,
-    /// Character-level language modelling.
-    Lm,
-    /// Character-level masked language modelling (encoder, per-token head).
-    Mlm,
-}
-
-impl TaskKind {
-    /// Every task, in a fixed order.
-    pub const ALL: [TaskKind; 8] = [
-        TaskKind::Copy,
-        TaskKind::Reverse,
-        TaskKind::Sort,
-        TaskKind::Count,
-        TaskKind::Addition,
-        TaskKind::Order,
-        TaskKind::Lm,
-        TaskKind::Mlm,
-    ];
-
-    /// The name used on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            TaskKind::Copy => "copy",
-            TaskKind::Reverse => "reverse",
-            TaskKind::Sort => "sort",
-            TaskKind::Count => "count",
-            TaskKind::Addition => "addition",
-            TaskKind::Order => "order",
-            TaskKind::Lm => "lm",
-            TaskKind::Mlm => "mlm",
-        }
-    }
-
-    /// Parses a name.
-    pub fn parse(s: &str) -> Result<Self, LabError> {
-        Self::ALL
-            .into_iter()
-            .find(|t| t.name() == s)
-            .ok_or_else(|| {
-                LabError::Invalid(format!(
-                    "unknown task {s:?}; known tasks: {}",
-                    Self::ALL.map(|t| t.name()).join(", ")
-                ))
-            })
-    }
-
-    /// Whether the task is a sequence classification (encoder) task.
-    pub fn is_classification(self) -> bool {
-        matches!(self, TaskKind::Order)
-    }
-
-    /// Whether the task reads a character corpus (`lm`, `mlm`).
-    pub fn uses_corpus(self) -> bool {
-        matches!(self, TaskKind::Lm | TaskKind::Mlm)
-    }
-
-    /// The model mode the task trains: [`Mode::Encoder`] for
-    /// classification, [`Mode::TokenEncoder`] for masked language
-    /// modelling, [`Mode::Decoder`] for the rest.
-    pub fn mode(self) -> Mode {
-        match self {
-            TaskKind::Order => Mode::Encoder,
-            TaskKind::Mlm => Mode::TokenEncoder,
-            _ => Mode::Decoder,
-        }
-    }
 }
 
 /// A task with its vocabulary and data.
