@@ -254,6 +254,80 @@ impl Decoder {
         out
     }
 
+    /// Replaces the parameter `name` (a name of
+    /// [`named_weights`](Self::named_weights), in the model's own row order:
+    /// for interleaved GGUF Llama files, q and k rows permuted) by `values`
+    /// (`f32`, row-major, the same number of values): how posenc-tune merges
+    /// a LoRA adapter's `W + s·B·A` or a retrained embedding or norm into a
+    /// loaded model. With a tied head, `model.embed_tokens.weight` is the
+    /// head too, and `lm_head.weight` does not exist.
+    ///
+    /// # Errors
+    /// [`ModelError::Invalid`] for a name the model does not have, or
+    /// values of another size or not finite (nothing is changed then).
+    pub fn set_weight(&mut self, name: &str, values: &[f32]) -> Result<()> {
+        let cfg = &self.cfg;
+        let (d, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let (q, kv) = (
+            cfg.num_heads * cfg.head_dim,
+            cfg.num_kv_heads * cfg.head_dim,
+        );
+        let unknown = || ModelError::Invalid(format!("the model has no parameter {name}"));
+        let slot: &mut [f32] = match name {
+            "model.embed_tokens.weight" => &mut self.embed,
+            "model.norm.weight" => &mut self.norm,
+            "lm_head.weight" => self.lm_head.as_deref_mut().ok_or_else(unknown)?,
+            _ => {
+                let rest = name.strip_prefix("model.layers.").ok_or_else(unknown)?;
+                let (l, field) = rest.split_once('.').ok_or_else(unknown)?;
+                let l: usize = l.parse().map_err(|_| unknown())?;
+                let layer = self.layers.get_mut(l).ok_or_else(unknown)?;
+                fn opt(b: &mut Option<Vec<f32>>) -> Option<&mut [f32]> {
+                    b.as_deref_mut()
+                }
+                match field {
+                    "input_layernorm.weight" => &mut layer.attn_norm,
+                    "post_attention_layernorm.weight" => &mut layer.mlp_norm,
+                    "self_attn.q_proj.weight" => &mut layer.wqkv[..q * d],
+                    "self_attn.k_proj.weight" => &mut layer.wqkv[q * d..(q + kv) * d],
+                    "self_attn.v_proj.weight" => &mut layer.wqkv[(q + kv) * d..],
+                    "self_attn.q_proj.bias" => &mut opt(&mut layer.bqkv).ok_or_else(unknown)?[..q],
+                    "self_attn.k_proj.bias" => {
+                        &mut opt(&mut layer.bqkv).ok_or_else(unknown)?[q..q + kv]
+                    }
+                    "self_attn.v_proj.bias" => {
+                        &mut opt(&mut layer.bqkv).ok_or_else(unknown)?[q + kv..]
+                    }
+                    "self_attn.o_proj.weight" => &mut layer.wo,
+                    "self_attn.o_proj.bias" => opt(&mut layer.bo).ok_or_else(unknown)?,
+                    "mlp.gate_proj.weight" => &mut layer.w_gate_up[..i * d],
+                    "mlp.up_proj.weight" => &mut layer.w_gate_up[i * d..],
+                    "mlp.gate_proj.bias" => {
+                        &mut opt(&mut layer.b_gate_up).ok_or_else(unknown)?[..i]
+                    }
+                    "mlp.up_proj.bias" => &mut opt(&mut layer.b_gate_up).ok_or_else(unknown)?[i..],
+                    "mlp.down_proj.weight" => &mut layer.w_down,
+                    "mlp.down_proj.bias" => opt(&mut layer.b_down).ok_or_else(unknown)?,
+                    _ => return Err(unknown()),
+                }
+            }
+        };
+        if slot.len() != values.len() {
+            return Err(ModelError::Invalid(format!(
+                "{name} holds {} values, {} given",
+                slot.len(),
+                values.len()
+            )));
+        }
+        if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::Invalid(format!(
+                "{name}: value {bad} is not finite"
+            )));
+        }
+        slot.copy_from_slice(values);
+        Ok(())
+    }
+
     /// Runs the composed reference path (candle matmuls, the attention's
     /// reference path: the whole `T × T` logits) instead of the fused one.
     pub fn set_reference(&mut self, on: bool) {
@@ -735,6 +809,57 @@ mod tests {
                 assert_eq!(w.shape, shape, "{hf}");
                 let file = vec_of(st.load(&hf, &shape).unwrap()).unwrap();
                 assert_eq!(w.data, &file[..], "{hf}");
+            }
+        }
+    }
+
+    /// `set_weight` replaces exactly the named parameter (inside the
+    /// stacked buffers too), and refuses unknown names, a tied head, wrong
+    /// sizes and non-finite values without changing anything.
+    #[test]
+    fn set_weight_replaces_one_parameter() {
+        for name in ["tiny-qwen25", "tiny-llama31"] {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(name);
+            let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+            let cfg = DecoderConfig::from_hf_json_str(&text).unwrap();
+            let mut decoder =
+                Decoder::load(cfg, &mut Safetensors::open_dir(&dir).unwrap()).unwrap();
+            let before: Vec<(String, Vec<f32>)> = decoder
+                .named_weights()
+                .iter()
+                .map(|w| (w.name.clone(), w.data.to_vec()))
+                .collect();
+            for (target, values) in &before {
+                let new: Vec<f32> = values.iter().map(|v| v + 1.0).collect();
+                decoder.set_weight(target, &new).unwrap();
+                for w in decoder.named_weights() {
+                    let old = &before.iter().find(|(n, _)| *n == w.name).unwrap().1;
+                    if w.name == *target {
+                        assert_eq!(w.data, &new[..], "{name}: {target}");
+                    } else {
+                        assert_eq!(w.data, &old[..], "{name}: {} moved with {target}", w.name);
+                    }
+                }
+                decoder.set_weight(target, values).unwrap();
+                let short = &values[..values.len() - 1];
+                assert!(decoder.set_weight(target, short).is_err());
+                let mut nan = values.clone();
+                nan[0] = f32::NAN;
+                assert!(decoder.set_weight(target, &nan).is_err());
+            }
+            let q = &before[2].1;
+            for bad in [
+                "model.layers.9.self_attn.q_proj.weight",
+                "model.layers.0.attn.weight",
+                "x",
+            ] {
+                assert!(decoder.set_weight(bad, q).is_err(), "{bad}");
+            }
+            if name == "tiny-qwen25" {
+                // Tied head: only the embedding exists.
+                assert!(decoder.set_weight("lm_head.weight", &before[0].1).is_err());
             }
         }
     }

@@ -13,7 +13,19 @@
 //!   explicit position ids, posenc's fused differentiable attention, and the
 //!   next-token loss; the embeddings and RMSNorm weights optionally trained
 //!   too, as LongLoRA does (Chen et al. 2024, *LongLoRA: Efficient
-//!   Fine-tuning of Long-Context Large Language Models*, §3.3).
+//!   Fine-tuning of Long-Context Large Language Models*, §3.3);
+//! - [`pose`]: PoSE's position ids (Zhu et al. 2024, *PoSE: Efficient
+//!   Context Window Extension of LLMs via Positional Skip-wise Training*),
+//!   drawn as the authors' training script draws them, with CPython's
+//!   generator so that a seed gives their very draws;
+//! - [`data`]: training windows from a text's first 90% (the last 10% held
+//!   out), plain or PoSE, seeded per step;
+//! - [`train`]: the loop — AdamW with warm-up and YaRN's linear (or cosine)
+//!   decay, clipping, checkpoints every K steps, at the end and on Ctrl-C,
+//!   exact resume;
+//! - [`peft`]: the adapter in PEFT's layout (`adapter_config.json`,
+//!   `adapter_model.safetensors`), read back, checked against a model and
+//!   merged into it.
 //!
 //! The loss and every gradient match PyTorch with PEFT on two tiny random
 //! models (Llama 3.1's llama3 scaling with an untied head; Qwen2.5's YaRN
@@ -70,7 +82,9 @@ pub mod data;
 pub mod error;
 pub mod lora;
 pub mod model;
+pub mod peft;
 pub mod pose;
+pub mod train;
 
 pub use error::{Result, TuneError};
 pub use lora::{LoraConfig, Target};

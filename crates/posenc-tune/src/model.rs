@@ -351,6 +351,14 @@ impl TrainableDecoder {
         Ok(())
     }
 
+    /// Restarts the dropout masks' generator from `seed` (a training loop
+    /// reseeds it every step, so that a resumed run draws the masks an
+    /// uninterrupted one would).
+    pub fn reseed_dropout(&self, seed: u64) {
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        *rng = StdRng::seed_from_u64(seed ^ DROPOUT_STREAM);
+    }
+
     /// Dropout on the adapters' inputs (`true`, the default) or not.
     pub fn set_training(&mut self, on: bool) {
         self.training = on;

@@ -20,7 +20,7 @@
 //! ```
 //!
 //! Two chunks (the paper's default), the first starting at position 0
-//! (`lt = 0`, the authors' "revision [that] makes the coverage possibility
+//! (`lt = 0`, the authors' "revision \[that\] makes the coverage possibility
 //! more uniform for large relative positions"), the skip uniform over
 //! `0..=N − L` (the paper's §3.2, uniform skipping bias). The largest id is
 //! `L − 1 + skip ≤ N − 1`. Both the tokens and the positions jump between

@@ -1,0 +1,229 @@
+//! Adapters in PEFT's layout: written by a fine-tune, read back, merged
+//! into a loaded model (`W + s·B·A`, saved embeddings and norms replaced),
+//! which then scores tokens as the trainable model with the adapter does;
+//! one trained on the GGUF of a Llama model (q and k rows permuted for
+//! interleaved pairs) merges into its Hugging Face checkpoint; adapters
+//! that do not fit are refused.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::GgmlDType;
+use posenc_models::gguf::write_gguf;
+use posenc_models::perplexity::{loss_per_position, rope_of};
+use posenc_models::weights::Safetensors;
+use posenc_models::{Decoder, ModelFiles, Scaling};
+use posenc_tune::data::{TrainText, WindowPlan};
+use posenc_tune::peft::{Adapter, CONFIG_FILE, WEIGHTS_FILE};
+use posenc_tune::train::{Finetune, FinetuneConfig, RunOptions};
+use posenc_tune::{Target, Trainable, TuneError};
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../posenc-models/tests/fixtures")
+        .join(name)
+}
+
+fn load(path: &Path) -> Decoder {
+    let mut files = ModelFiles::open(path).unwrap();
+    let cfg = files.config().unwrap();
+    files.load(cfg).unwrap().0
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("posenc-tune-peft-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn text(n: usize) -> TrainText {
+    TrainText::new((0..n).map(|i| ((i * 89 + 13) % 97 + 100) as u32).collect()).unwrap()
+}
+
+/// 48 tokens, past the tiny models' trained length of 32.
+fn tokens() -> Vec<u32> {
+    (0..48u32).map(|i| (i * 37 + 5) % 256).collect()
+}
+
+/// A few steps of a fine-tune with every target, the embedding and norms,
+/// through `scaling`; returns the run (dropout off for scoring).
+fn trained(base: &Decoder, scaling: &str, targets: &[Target], trainable: Trainable) -> Finetune {
+    let mut c = FinetuneConfig::new(WindowPlan::Contiguous { len: 48 }, 4, 2e-2);
+    c.scaling = scaling.into();
+    c.lora.rank = 4;
+    c.lora.alpha = 8.0;
+    c.lora.targets = targets.to_vec();
+    c.trainable = trainable;
+    c.warmup = 0;
+    let mut ft = Finetune::new(base, text(2000), c, "tiny".into(), None).unwrap();
+    ft.run(&RunOptions::default()).unwrap();
+    ft
+}
+
+fn trainable_loss(ft: &Finetune, tokens: &[u32]) -> f64 {
+    let positions: Vec<u32> = (0..tokens.len() as u32).collect();
+    let model = ft.model();
+    model
+        .loss(tokens, &positions)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap() as f64
+}
+
+fn merged_loss(decoder: &Decoder, scaling: &str, tokens: &[u32]) -> f64 {
+    let sc: Scaling = scaling.parse().unwrap();
+    let rope = rope_of(sc.rope_config(decoder.config()).unwrap()).unwrap();
+    let l = loss_per_position(decoder, tokens, &rope).unwrap();
+    l.iter().sum::<f64>() / l.len() as f64
+}
+
+#[test]
+fn a_merged_adapter_scores_as_the_trained_model() {
+    let path = fixture("tiny-llama31");
+    let base = load(&path);
+    let all = Trainable {
+        embed: true,
+        norm: true,
+    };
+    let ft = trained(&base, "linear:2", &Target::ALL, all);
+    let want = trainable_loss(&ft, &tokens());
+    let dir = scratch("merge");
+    let adapter = ft.adapter().unwrap();
+    adapter.write(&dir).unwrap();
+    let read = Adapter::read(&dir, base.config()).unwrap();
+    assert_eq!(read, adapter);
+    let mut merged = load(&path);
+    let before = merged_loss(&merged, "linear:2", &tokens());
+    read.merge_into(&mut merged, &dir).unwrap();
+    let got = merged_loss(&merged, "linear:2", &tokens());
+    println!("loss: base {before:.6}, trained {want:.6}, merged {got:.6}");
+    assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+    assert!((before - want).abs() > 1e-3, "training changed nothing");
+    // PEFT's config keys and tensor names.
+    let c: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap()).unwrap();
+    assert_eq!(c["peft_type"], "LORA");
+    assert_eq!(c["r"], 4);
+    assert_eq!(c["lora_alpha"], 8.0);
+    assert_eq!(c["task_type"], "CAUSAL_LM");
+    assert_eq!(
+        c["modules_to_save"],
+        serde_json::json!([
+            "embed_tokens",
+            "norm",
+            "input_layernorm",
+            "post_attention_layernorm"
+        ])
+    );
+    let bytes = std::fs::read(dir.join(WEIGHTS_FILE)).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<&str> = st.names();
+    names.sort_unstable();
+    assert!(names.contains(&"base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+    assert!(names.contains(&"base_model.model.model.embed_tokens.weight"));
+    assert!(names.contains(&"base_model.model.model.layers.0.input_layernorm.weight"));
+    // 2 layers × 7 targets × 2 factors, the embedding, 2 × 2 + 1 norms.
+    assert_eq!(names.len(), 28 + 1 + 5);
+}
+
+/// The GGUF of the tiny Llama (q and k rows permuted for interleaved
+/// pairs, as llama.cpp writes it): an adapter trained on it is written in
+/// Hugging Face row order, so it merges into the safetensors checkpoint
+/// and gives the GGUF-trained model's loss; read back onto the GGUF it
+/// gives it too.
+#[test]
+fn an_adapter_trained_on_a_gguf_fits_the_checkpoint() {
+    let hf = fixture("tiny-llama31");
+    let mut files = ModelFiles::open(&hf).unwrap();
+    let mut cfg = files.config().unwrap();
+    // GGUF has no key for Llama 3's scaling: plain RoPE in the file.
+    cfg.rope = "none"
+        .parse::<Scaling>()
+        .unwrap()
+        .rope_config(&cfg)
+        .unwrap();
+    let gguf = scratch("gguf").join("tiny.gguf");
+    write_gguf(
+        &cfg,
+        &mut Safetensors::open_dir(&hf).unwrap(),
+        &gguf,
+        GgmlDType::F32,
+    )
+    .unwrap();
+    let base = load(&gguf);
+    assert_eq!(
+        base.config().pair_layout(),
+        posenc::rope::PairLayout::Interleaved
+    );
+    let targets = [Target::QProj, Target::KProj, Target::VProj, Target::OProj];
+    let ft = trained(&base, "linear:2", &targets, Trainable::default());
+    let want = trainable_loss(&ft, &tokens());
+    let dir = scratch("gguf-adapter");
+    ft.adapter().unwrap().write(&dir).unwrap();
+    // Onto the Hugging Face checkpoint (half-split pairs).
+    let mut merged = load(&hf);
+    let before = merged_loss(&merged, "linear:2", &tokens());
+    assert!((before - want).abs() > 1e-3, "training changed nothing");
+    let adapter = Adapter::read(&dir, merged.config()).unwrap();
+    adapter.merge_into(&mut merged, &dir).unwrap();
+    let got = merged_loss(&merged, "linear:2", &tokens());
+    println!("GGUF-trained {want:.6}, merged into the checkpoint {got:.6}");
+    assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+    // Back onto the GGUF.
+    let mut again = load(&gguf);
+    Adapter::read(&dir, again.config())
+        .unwrap()
+        .merge_into(&mut again, &dir)
+        .unwrap();
+    let got = merged_loss(&again, "linear:2", &tokens());
+    assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+}
+
+#[test]
+fn adapters_that_do_not_fit_are_refused() {
+    let base = load(&fixture("tiny-llama31"));
+    let ft = trained(
+        &base,
+        "none",
+        &[Target::QProj, Target::VProj],
+        Trainable::default(),
+    );
+    let dir = scratch("misfit");
+    ft.adapter().unwrap().write(&dir).unwrap();
+    let reason = |dir: &Path, cfg: &posenc_models::DecoderConfig| {
+        let e = Adapter::read(dir, cfg).unwrap_err();
+        assert!(matches!(e, TuneError::Adapter { .. }), "{e}");
+        e.to_string()
+    };
+    // Another model: one layer fewer, or a wider residual stream.
+    let mut one_layer = base.config().clone();
+    one_layer.num_layers = 1;
+    assert!(reason(&dir, &one_layer).contains("layer 1"));
+    let mut wider = base.config().clone();
+    wider.hidden_size = 128;
+    assert!(reason(&dir, &wider).contains("shape"));
+    // A factor missing: drop lora_B of layer 0's v_proj from the file.
+    let bytes = std::fs::read(dir.join(WEIGHTS_FILE)).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let keep: Vec<(String, safetensors::tensor::TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n != "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight")
+        .collect();
+    let broken = scratch("missing");
+    std::fs::copy(dir.join(CONFIG_FILE), broken.join(CONFIG_FILE)).unwrap();
+    safetensors::serialize_to_file(keep, None, &broken.join(WEIGHTS_FILE)).unwrap();
+    assert!(reason(&broken, base.config()).contains("only one of"));
+    // A rank in the config that the tensors do not have.
+    let cfg_text = std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap();
+    std::fs::write(
+        broken.join(CONFIG_FILE),
+        cfg_text.replace("\"r\": 4", "\"r\": 8"),
+    )
+    .unwrap();
+    std::fs::copy(dir.join(WEIGHTS_FILE), broken.join(WEIGHTS_FILE)).unwrap();
+    assert!(reason(&broken, base.config()).contains("r = 8"));
+    // Not an adapter directory.
+    assert!(reason(&scratch("empty"), base.config()).contains("adapter_config.json"));
+}

@@ -1,0 +1,226 @@
+//! The fine-tuning loop on the tiny Llama 3.1 of posenc-models' fixtures:
+//! determinism, exact resume (a run paused and resumed equals an
+//! uninterrupted one bit for bit: adapter, optimiser state, losses), torn or
+//! foreign checkpoints refused, and the loss going down on a text it can
+//! learn.
+
+use std::path::{Path, PathBuf};
+
+use posenc_models::{Decoder, ModelFiles};
+use posenc_tune::data::{TrainText, WindowPlan};
+use posenc_tune::peft::{Adapter, CONFIG_FILE, WEIGHTS_FILE};
+use posenc_tune::train::{
+    Finetune, FinetuneConfig, RunOptions, Schedule, METRICS_FILE, OPTIMIZER_FILE, RECORD_FILE,
+};
+use posenc_tune::{LoraConfig, Target, Trainable, TuneError};
+
+fn tiny() -> Decoder {
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures/tiny-llama31");
+    let mut files = ModelFiles::open(&dir).unwrap();
+    let cfg = files.config().unwrap();
+    files.load(cfg).unwrap().0
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("posenc-tune-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// A text of `n` tokens over the tiny model's 256 ids: a pseudo-random
+/// sequence of period 97 (learnable from context).
+fn text(n: usize) -> TrainText {
+    let period: Vec<u32> = (0..97u32).map(|i| (i * 89 + 13) % 256).collect();
+    TrainText::new((0..n).map(|i| period[i % 97]).collect()).unwrap()
+}
+
+/// PoSE windows of 16 tokens over 64 positions, through YaRN ×2, two
+/// windows a step, dropout on, embeddings and norms trained too, a
+/// checkpoint every 2 steps.
+fn config(steps: usize) -> FinetuneConfig {
+    let mut c = FinetuneConfig::new(
+        WindowPlan::Pose {
+            window: 16,
+            target: 64,
+        },
+        steps,
+        5e-3,
+    );
+    c.scaling = "yarn:2".into();
+    c.batch = 2;
+    c.warmup = 2;
+    c.schedule = Schedule::Cosine;
+    c.seed = 11;
+    c.lora = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.1,
+        targets: vec![Target::QProj, Target::VProj, Target::DownProj],
+    };
+    c.trainable = Trainable {
+        embed: true,
+        norm: true,
+    };
+    c.checkpoint_every = 2;
+    c
+}
+
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    [CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE]
+        .iter()
+        .map(|f| (f.to_string(), std::fs::read(dir.join(f)).unwrap()))
+        .collect()
+}
+
+fn losses(ft: &Finetune) -> Vec<(usize, u64, u64, u64)> {
+    ft.metrics()
+        .iter()
+        .map(|m| {
+            (
+                m.step,
+                m.loss.to_bits(),
+                m.lr.to_bits(),
+                m.grad_norm.to_bits(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_resumed_run_equals_an_uninterrupted_one_bit_for_bit() {
+    let base = tiny();
+    let (a, b) = (scratch("whole"), scratch("paused"));
+    let mut whole = Finetune::new(&base, text(2000), config(7), "tiny".into(), None).unwrap();
+    let s = whole
+        .run(&RunOptions {
+            out: Some(&a),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!((s.steps, s.interrupted), (7, false));
+
+    let mut first = Finetune::new(&base, text(2000), config(7), "tiny".into(), None).unwrap();
+    let s = first
+        .run(&RunOptions {
+            out: Some(&b),
+            pause_at: Some(3),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!((s.steps, s.interrupted), (3, true));
+    drop(first);
+    let mut resumed = Finetune::resume(&b, &base, text(2000)).unwrap();
+    assert_eq!(resumed.step(), 3);
+    resumed
+        .run(&RunOptions {
+            out: Some(&b),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(resumed.step(), 7);
+    // The adapter, its config and AdamW's moments: the same bytes.
+    for ((name, x), (_, y)) in files(&a).into_iter().zip(files(&b)) {
+        assert!(x == y, "{name} differs between the runs");
+    }
+    assert_eq!(losses(&whole), losses(&resumed));
+    assert_eq!(losses(&whole).len(), 7);
+    // The PEFT adapter reads back as the model's parameters.
+    let adapter = Adapter::read(&a, base.config()).unwrap();
+    assert_eq!(adapter.step, Some(7));
+    assert_eq!(adapter, whole.adapter().unwrap());
+    let lines = std::fs::read_to_string(a.join(METRICS_FILE)).unwrap();
+    assert_eq!(lines.lines().count(), 7);
+}
+
+#[test]
+fn runs_are_seeded() {
+    let base = tiny();
+    let run = |seed: u64| {
+        let mut c = config(3);
+        c.seed = seed;
+        let mut ft = Finetune::new(&base, text(2000), c, "tiny".into(), None).unwrap();
+        ft.run(&RunOptions::default()).unwrap();
+        (ft.adapter().unwrap(), losses(&ft))
+    };
+    let (a, la) = run(1);
+    let (b, lb) = run(1);
+    let (c, lc) = run(2);
+    assert_eq!(a, b);
+    assert_eq!(la, lb);
+    assert_ne!(a, c);
+    assert_ne!(la, lc);
+}
+
+#[test]
+fn the_loss_falls_on_a_learnable_text() {
+    let base = tiny();
+    let mut c = FinetuneConfig::new(WindowPlan::Contiguous { len: 48 }, 40, 1e-2);
+    c.scaling = "linear:2".into();
+    c.lora.targets = Target::ALL.to_vec();
+    c.warmup = 0;
+    c.schedule = Schedule::Constant;
+    let mut ft = Finetune::new(&base, text(3000), c, "tiny".into(), None).unwrap();
+    ft.run(&RunOptions::default()).unwrap();
+    let l: Vec<f64> = ft.metrics().iter().map(|m| m.loss).collect();
+    let first = l[..5].iter().sum::<f64>() / 5.0;
+    let last = l[l.len() - 5..].iter().sum::<f64>() / 5.0;
+    println!("loss: first 5 steps {first:.4}, last 5 {last:.4}");
+    // ln 256 = 5.55 at the start; a period-97 sequence is learnable.
+    assert!(last < first - 0.5, "{first} -> {last}");
+}
+
+#[test]
+fn torn_or_foreign_checkpoints_are_refused() {
+    let base = tiny();
+    let dir = scratch("torn");
+    let mut ft = Finetune::new(&base, text(2000), config(4), "tiny".into(), None).unwrap();
+    ft.run(&RunOptions {
+        out: Some(&dir),
+        pause_at: Some(2),
+        ..Default::default()
+    })
+    .unwrap();
+    // Another text (the same length, one token changed).
+    let mut other: Vec<u32> = text(2000).tokens().to_vec();
+    other[5] = (other[5] + 1) % 256;
+    other.extend(std::iter::repeat_n(0, 200));
+    let other = TrainText::new(other).unwrap();
+    let e = Finetune::resume(&dir, &base, other).unwrap_err();
+    assert!(matches!(e, TuneError::Checkpoint { .. }), "{e}");
+    assert!(e.to_string().contains("text"), "{e}");
+    // finetune.json from another step than the tensors.
+    let record = std::fs::read_to_string(dir.join(RECORD_FILE)).unwrap();
+    let torn = record.replace("\"step\": 2", "\"step\": 1");
+    assert_ne!(torn, record);
+    std::fs::write(dir.join(RECORD_FILE), &torn).unwrap();
+    let e = Finetune::resume(&dir, &base, text(2000)).unwrap_err();
+    assert!(e.to_string().contains("torn"), "{e}");
+    std::fs::write(dir.join(RECORD_FILE), &record).unwrap();
+    Finetune::resume(&dir, &base, text(2000)).unwrap();
+    // No record at all.
+    let e = Finetune::resume(&scratch("none"), &base, text(2000)).unwrap_err();
+    assert!(e.to_string().contains("not a posenc fine-tune"), "{e}");
+}
+
+#[test]
+fn a_window_longer_than_the_training_part_is_refused() {
+    let base = tiny();
+    let c = FinetuneConfig::new(WindowPlan::Contiguous { len: 100 }, 2, 1e-3);
+    // 110 tokens: 99 for training.
+    let e = Finetune::new(&base, text(110), c, "tiny".into(), None).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TuneError::TextTooShort {
+                need: 100,
+                have: 99
+            }
+        ),
+        "{e}"
+    );
+    let mut c = FinetuneConfig::new(WindowPlan::Contiguous { len: 48 }, 2, 1e-3);
+    c.lora.rank = 65;
+    let e = Finetune::new(&base, text(2000), c, "tiny".into(), None).unwrap_err();
+    assert!(matches!(e, TuneError::Rank { rank: 65, .. }), "{e}");
+}
