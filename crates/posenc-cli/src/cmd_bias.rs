@@ -3,7 +3,7 @@
 use clap::{Args, Subcommand};
 use posenc::relative::alibi::alibi_slopes;
 use posenc::relative::t5::T5Buckets;
-use posenc_explore::json::{alibi_json, t5_json};
+use posenc_viz::json::{alibi_json, t5_json};
 
 use crate::args::parse_relative_range;
 use crate::output::table;

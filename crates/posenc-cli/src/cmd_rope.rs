@@ -6,8 +6,8 @@ use clap::{Args, Subcommand};
 use posenc::rope::layers::{LayerRope, ModelRope};
 use posenc::rope::limits::MAX_TABLE_VALUES;
 use posenc::rope::{HfRopeConfig, MropeLayout, RopeFrequencies};
-use posenc_explore::json::{inspect_json, vision_json};
-use posenc_explore::model::layer_ranges as ranges;
+use posenc_viz::json::{inspect_json, vision_json};
+use posenc_viz::model::layer_ranges as ranges;
 use serde_json::{json, Map, Value};
 
 use crate::args::parse_positions;

@@ -3,7 +3,7 @@
 use clap::{Args, Subcommand, ValueEnum};
 use posenc::absolute::sinusoidal::SinusoidalLayout;
 
-use posenc_explore::json::{sinusoidal_rows, sinusoidal_table_json, SinusoidalParams};
+use posenc_viz::json::{sinusoidal_rows, sinusoidal_table_json, SinusoidalParams};
 
 use crate::output::table;
 use crate::CliResult;

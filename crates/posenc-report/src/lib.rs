@@ -15,7 +15,6 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-pub mod claims;
 pub mod corpus;
 pub mod experiments;
 pub mod families;
@@ -29,6 +28,7 @@ pub mod walkthrough;
 pub use claims::Verdict;
 use experiments::{Claim, ExpOutput};
 use families::Family;
+pub use posenc_viz::claims;
 
 /// An error to show the user, in one line.
 #[derive(Debug, Clone, PartialEq, Eq)]

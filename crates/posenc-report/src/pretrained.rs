@@ -514,7 +514,7 @@ pub fn experiment(
         &format!("{t} {CONTINUATION} {passkey_trials}"),
         &[
             include_str!("pretrained.rs"),
-            include_str!("claims/experiments.rs"),
+            include_str!("../../posenc-viz/src/claims/experiments.rs"),
             include_str!("../../posenc-models/src/passkey/mod.rs"),
         ],
     )?;

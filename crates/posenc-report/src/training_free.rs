@@ -101,7 +101,7 @@ pub fn experiment(
         &[
             include_str!("training_free.rs"),
             include_str!("pretrained.rs"),
-            include_str!("claims/experiments.rs"),
+            include_str!("../../posenc-viz/src/claims/experiments.rs"),
             include_str!("../../posenc-models/src/passkey/mod.rs"),
         ],
     )?;

@@ -51,8 +51,8 @@ pub type Plots = Vec<(String, LinePlot)>;
 /// Default dimension of `analyze` (the papers' d = 128).
 pub const DEFAULT_DIM: usize = 128;
 
-pub use posenc_report::claims::Judgement as Claim;
-use posenc_report::claims::{properties as rules, Judged};
+pub use crate::claims::Judgement as Claim;
+use crate::claims::{properties as rules, Judged};
 
 /// One measurement.
 #[derive(Debug, Clone, Serialize)]

@@ -15,12 +15,18 @@
 //! - [`compare`](mod@compare): two encodings side by side, with a text summary.
 //! - [`output`]: file formats, sizes, and a grid of figures.
 //!
+//! - [`claims`]: every claim's rule and verdict type, shared by `analyze`,
+//!   the report and the explorer.
+//! - [`json`], [`model`], [`views`]: the JSON documents that the CLI's
+//!   `--json` outputs print and the explorer serves (sinusoidal tables, a
+//!   model's RoPE per layer and its scaling, relative biases, the teaching
+//!   views), so both show the same numbers.
+//!
 //! Every function takes plain option structs (their defaults are the CLI's)
 //! and returns [`VizError`] on bad input. The binary only maps its arguments
-//! onto these structs and prints or writes what they return. The explorer
-//! (`posenc-explore`) computes its own JSON views today; its sinusoidal and
-//! bias views could be served from [`encodings::build`] and
-//! [`Encoding::picture`], and its compare view from [`compare::compare`].
+//! onto these structs and prints or writes what they return; the report
+//! (`posenc-report`) and the explorer (`posenc-explore`) sit above this
+//! crate.
 //!
 //! ```
 //! use posenc_viz::{analyze, AnalyzeOptions};
@@ -34,12 +40,16 @@
 #![warn(missing_docs)]
 
 pub mod analyze;
+pub mod claims;
 pub mod compare;
 pub mod encodings;
 mod error;
+pub mod json;
+pub mod model;
 pub mod output;
 pub mod rope2d;
 pub mod show;
+pub mod views;
 
 pub use analyze::{analyze, Analysis, AnalyzeOptions, Measurement};
 pub use compare::{compare, Comparison};

@@ -37,8 +37,8 @@ const TRAINING_SOURCE: &str = env!("POSENC_TRAINING_SOURCE_HASH");
 /// and the claims' rules: a change to either re-runs the experiments.
 const SHARED_SOURCE: &str = concat!(
     include_str!("mod.rs"),
-    include_str!("../claims/mod.rs"),
-    include_str!("../claims/experiments.rs")
+    include_str!("../../../posenc-viz/src/claims/mod.rs"),
+    include_str!("../../../posenc-viz/src/claims/experiments.rs")
 );
 
 /// One claim checked by an experiment: an entry of `results.json`.
