@@ -62,6 +62,12 @@ pub struct PasskeyArgs {
     /// A tokenizer.json to use instead of the model's own tokenizer.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
+    /// A LoRA adapter directory in PEFT's layout (adapter_config.json,
+    /// adapter_model.safetensors; e.g. `posenc finetune --model --out`),
+    /// merged into the model's weights (W + alpha/r·B·A) before the run;
+    /// one whose names or shapes do not fit the model is refused.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
     /// Print JSON: {"methods": {NAME: {"accuracy": {"LEN": {"DEPTH": acc}},
     /// "logprob": {...}, "trials": N, ...}}, "tokens_per_second", ...}.
     #[arg(long)]
@@ -179,6 +185,7 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
     };
     let mut files = ModelFiles::open(&a.model)?;
     let cfg = files.config()?;
+    let adapter = crate::cmd_tune::read_adapter(a.adapter.as_deref(), &cfg)?;
     let max_len = grid.lengths.iter().copied().max().unwrap_or(0);
     posenc_models::check_memory(&cfg, max_len + passkey::MAX_NEW_TOKENS + 16, None)?;
     let tk = files
@@ -197,27 +204,22 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
             None => CliError(e.to_string()),
         })?;
     let (mut model, source) = files.load(cfg)?;
+    crate::cmd_tune::merge_adapter(adapter.as_ref(), a.adapter.as_deref(), &mut model)?;
+    let source = crate::cmd_models::with_adapter(source, a.adapter.as_deref());
     model.set_products(a.products.into())?;
     let eos: Vec<u32> = tk.eos().to_vec();
     let mut log = match &a.log {
         None => None,
         Some(p) => Some(TrialLog::open(
             p,
-            &LogHeader {
-                posenc_passkey_log: passkey::LOG_VERSION,
-                model: format!(
-                    "{} ({source})",
-                    a.model
-                        .file_name()
-                        .map_or(String::new(), |n| n.to_string_lossy().into_owned())
-                ),
-                tokenizer: tk.source().to_string(),
-                format: haystack.name().to_string(),
-                haystack: haystack.fingerprint(),
-                seed: grid.seed,
-                products: format!("{:?}", a.products).to_lowercase(),
-                max_new_tokens: passkey::MAX_NEW_TOKENS,
-            },
+            &LogHeader::for_run(
+                &a.model,
+                &source,
+                &tk,
+                &haystack,
+                grid.seed,
+                &format!("{:?}", a.products).to_lowercase(),
+            ),
         )?),
     };
     let total = (scalings.len() * grid.lengths.len() * grid.depths.len() * grid.trials) as u64;

@@ -34,6 +34,12 @@ pub struct ReportArgs {
     /// generation and passkey retrieval past it.
     #[arg(long, value_name = "FILE")]
     pub model: Option<PathBuf>,
+    /// With --model: read and append experiments 8 and 9's passkey trials
+    /// through FILE, a `posenc passkey --log` file of the same model (its
+    /// trials of the report's cells, seed 0, are read instead of run;
+    /// default: a log in the output's cache).
+    #[arg(long, value_name = "FILE", requires = "model")]
+    pub passkey_log: Option<PathBuf>,
 }
 
 impl From<posenc_report::ReportError> for CliError {
@@ -62,6 +68,7 @@ pub fn run(a: ReportArgs) -> CliResult {
             j => j,
         },
         model: a.model.clone(),
+        passkey_log: a.passkey_log.clone(),
     })?;
     println!("{}", summary.line(&out));
     if a.model.is_none() {

@@ -487,5 +487,32 @@ fn experiments_8_and_9_run_on_a_tiny_pretrained_model_and_share_trials() {
     // A second run reads the experiment from the cache.
     let again = report(&out, &["--only", "9", "--model", m]);
     assert_eq!(again["experiments"][0]["cached"], true);
+    // `posenc passkey --log` and the report share one log: the report's
+    // cells that `passkey` ran (no scaling, trial 0 at 64 tokens) are read,
+    // not run again.
+    let log = out.join("grid.jsonl");
+    let lg = log.to_str().unwrap();
+    let o = posenc(&[
+        "passkey",
+        "--model",
+        m,
+        "--lengths",
+        "64",
+        "--depths",
+        "0,0.5,1",
+        "--trials",
+        "1",
+        "--scaling",
+        "none",
+        "--log",
+        lg,
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines = |p: &Path| std::fs::read_to_string(p).unwrap().lines().count();
+    assert_eq!(lines(&log), 1 + 3);
+    let fresh = out.join("fresh");
+    report(&fresh, &["--only", "8", "--model", m, "--passkey-log", lg]);
+    assert_eq!(lines(&log), 1 + 5 * 3);
     let _ = std::fs::remove_dir_all(&out);
 }

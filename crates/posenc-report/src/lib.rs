@@ -10,7 +10,7 @@
 #![warn(missing_docs)]
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -80,8 +80,12 @@ pub struct Options {
     /// The results do not depend on it.
     pub jobs: Option<usize>,
     /// A pretrained RoPE decoder (GGUF file or Hugging Face checkpoint
-    /// directory) for experiment 8 (`--model FILE`).
+    /// directory) for experiments 8 and 9 (`--model FILE`).
     pub model: Option<PathBuf>,
+    /// A `posenc passkey --log` file of the same model through which
+    /// experiments 8 and 9 read and append their passkey trials
+    /// (`--passkey-log FILE`; default: a log in the cache).
+    pub passkey_log: Option<PathBuf>,
 }
 
 /// The line the report prints in place of experiment 8 when no model is
@@ -305,7 +309,7 @@ pub fn run(a: &Options) -> Result<Summary> {
             corpus::DEFAULT.to_string()
         };
         type ModelExperiment =
-            fn(&std::path::Path, &str, &str, &str, usize, &std::path::Path) -> Result<ExpOutput>;
+            fn(&Path, &str, &str, &str, usize, &Path, Option<&Path>) -> Result<ExpOutput>;
         let model_experiments: [(usize, ModelExperiment); 2] = [
             (pretrained::ID, pretrained::experiment),
             (training_free::ID, training_free::experiment),
@@ -319,6 +323,7 @@ pub fn run(a: &Options) -> Result<Summary> {
                     &preset.name,
                     preset.passkey_trials,
                     &ctx.cache,
+                    a.passkey_log.as_deref(),
                 )?);
             }
         }

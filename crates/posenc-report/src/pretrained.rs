@@ -139,31 +139,30 @@ pub(crate) struct Retrieval {
 }
 
 /// The trial log the report's retrieval grids share (experiments 8 and 9,
-/// and successive runs): in `cache`, one per model file and probe code,
-/// so that a trial is run once and a stopped report resumes.
+/// and successive runs): `log` if given (a `posenc passkey --log` file of
+/// the same model, whose trials of the report's cells are read instead of
+/// run), else one in `cache` per model file and probe code, so that a trial
+/// is run once and a stopped report resumes.
 pub(crate) fn trial_log(
     cache: &Path,
+    log: Option<&Path>,
     model: &Path,
     source: &str,
     tk: &posenc_models::TextTokenizer,
 ) -> Result<posenc_models::passkey::TrialLog> {
-    use posenc_models::passkey::{self, Haystack, LogHeader, TrialLog};
-    let id = model_identity(model)?;
-    let code = fnv(include_str!("../../posenc-models/src/passkey/mod.rs").as_bytes());
-    std::fs::create_dir_all(cache)?;
-    let path = cache.join(format!("passkey-{id:016x}-{code:016x}.jsonl"));
+    use posenc_models::passkey::{Haystack, LogHeader, TrialLog};
+    let path = match log {
+        Some(p) => p.to_path_buf(),
+        None => {
+            let id = model_identity(model)?;
+            let code = fnv(include_str!("../../posenc-models/src/passkey/mod.rs").as_bytes());
+            std::fs::create_dir_all(cache)?;
+            cache.join(format!("passkey-{id:016x}-{code:016x}.jsonl"))
+        }
+    };
     TrialLog::open(
         &path,
-        &LogHeader {
-            posenc_passkey_log: passkey::LOG_VERSION,
-            model: format!("{id:016x} ({source})"),
-            tokenizer: tk.source().to_string(),
-            format: Haystack::Landmark.name().to_string(),
-            haystack: 0,
-            seed: 0,
-            products: "f32".into(),
-            max_new_tokens: passkey::MAX_NEW_TOKENS,
-        },
+        &LogHeader::for_run(model, source, tk, &Haystack::Landmark, 0, "f32"),
     )
     .map_err(err)
 }
@@ -495,6 +494,7 @@ pub fn experiment(
     preset: &str,
     passkey_trials: usize,
     cache: &Path,
+    passkey_log: Option<&Path>,
 ) -> Result<ExpOutput> {
     let Opened {
         files,
@@ -563,7 +563,7 @@ pub fn experiment(
     }
     eprintln!();
     let found = if passkey_trials > 0 && 2 * l >= posenc_models::passkey::MIN_LENGTH {
-        let mut log = trial_log(cache, model, &source, &tk)?;
+        let mut log = trial_log(cache, passkey_log, model, &source, &tk)?;
         Some(retrieval(
             &decoder,
             &tk,

@@ -76,6 +76,7 @@ pub fn experiment(
     preset: &str,
     passkey_trials: usize,
     cache: &Path,
+    passkey_log: Option<&Path>,
 ) -> Result<ExpOutput> {
     let Opened {
         files,
@@ -124,7 +125,7 @@ pub fn experiment(
     .map_err(err)?;
     eprintln!();
     let found = if passkey_trials > 0 && 2 * l >= posenc_models::passkey::MIN_LENGTH {
-        let mut log = trial_log(cache, model, &source, &tk)?;
+        let mut log = trial_log(cache, passkey_log, model, &source, &tk)?;
         Some(retrieval(
             &decoder,
             &tk,

@@ -48,6 +48,36 @@ pub struct LogHeader {
     pub max_new_tokens: usize,
 }
 
+impl LogHeader {
+    /// The header of a probe of the model at `model` (named by its file
+    /// name and `source`, the loader's one line), with `tokenizer`,
+    /// `haystack`, `seed` and the attention's `products` (`f32` or `bf16`):
+    /// what `posenc passkey --log` and the report write, so that either can
+    /// read the other's log.
+    pub fn for_run(
+        model: &Path,
+        source: &str,
+        tokenizer: &crate::tokenizer::TextTokenizer,
+        haystack: &super::Haystack,
+        seed: u64,
+        products: &str,
+    ) -> LogHeader {
+        let file = model
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        LogHeader {
+            posenc_passkey_log: LOG_VERSION,
+            model: format!("{file} ({source})"),
+            tokenizer: tokenizer.source().to_string(),
+            format: haystack.name().to_string(),
+            haystack: haystack.fingerprint(),
+            seed,
+            products: products.to_string(),
+            max_new_tokens: super::MAX_NEW_TOKENS,
+        }
+    }
+}
+
 /// One finished trial.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LogRecord {
