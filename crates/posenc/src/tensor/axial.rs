@@ -47,10 +47,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
+use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
-use super::rope::{rotate_with_tables, Role, RopeOp, Rows};
+use super::rope::{check_pair, rotate_with_tables, Role, RopeOp, Rows, TensorChecks};
 use super::Positions;
 use crate::error::{check_size, Error, Result};
 use crate::kernels::table::Tables;
@@ -157,75 +157,12 @@ impl AxialRope {
         self.layout
     }
 
-    fn geometry(&self, x: &Tensor, what: &'static str) -> Result<RopeGeometry> {
-        let dims: [usize; 4] = x.dims().try_into().map_err(|_| Error::Shape {
-            what,
-            expected: match self.layout {
-                HeadLayout::Bhtd => "4 dims (batch, heads, seq_len, head_dim)".into(),
-                HeadLayout::Bthd => "4 dims (batch, seq_len, heads, head_dim)".into(),
-            },
-            got: format!("{:?}", x.dims()),
-        })?;
-        let g = RopeGeometry::from_dims(
-            dims,
-            self.layout,
-            self.freqs.rotary_dim(),
-            self.freqs.layout(),
-        );
-        g.check()?;
-        Ok(g)
-    }
-
-    fn check_fused(&self, x: &Tensor, what: &'static str) -> Result<RopeGeometry> {
-        if !matches!(x.device(), Device::Cpu) {
-            return Err(Error::invalid(
-                "device",
-                format!(
-                    "the fused rope runs on the CPU; {what} are on {:?} (use apply_reference)",
-                    x.device().location()
-                ),
-            ));
+    fn checks(&self) -> TensorChecks {
+        TensorChecks {
+            layout: self.layout,
+            rotary_dim: self.freqs.rotary_dim(),
+            pairs: self.freqs.layout(),
         }
-        match x.dtype() {
-            DType::F32 | DType::F16 | DType::BF16 => {}
-            other => {
-                return Err(Error::DType {
-                    what: "fused rope (f32, f16 or bf16)",
-                    dtype: format!("{other:?}"),
-                })
-            }
-        }
-        self.geometry(x, what)
-    }
-
-    fn check_reference(&self, x: &Tensor, what: &'static str) -> Result<RopeGeometry> {
-        match x.dtype() {
-            DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {}
-            other => {
-                return Err(Error::DType {
-                    what: "rope (f32, f16, bf16 or f64)",
-                    dtype: format!("{other:?}"),
-                })
-            }
-        }
-        self.geometry(x, what)
-    }
-
-    fn check_pair(q: &Tensor, gq: &RopeGeometry, k: &Tensor, gk: &RopeGeometry) -> Result<()> {
-        if q.dtype() != k.dtype() {
-            return Err(Error::DType {
-                what: "keys (must have the queries' dtype)",
-                dtype: format!("{:?} vs queries {:?}", k.dtype(), q.dtype()),
-            });
-        }
-        if (gq.batch, gq.seq_len, gq.head_dim) != (gk.batch, gk.seq_len, gk.head_dim) {
-            return Err(Error::Shape {
-                what: "keys (batch, seq_len and head_dim must match the queries')",
-                expected: format!("{:?}", q.dims()),
-                got: format!("{:?}", k.dims()),
-            });
-        }
-        Ok(())
     }
 
     /// Every token's positions, row-major `(B·T, A)`.
@@ -371,9 +308,9 @@ impl AxialRope {
         k: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<(Tensor, Tensor)> {
-        let gq = self.check_fused(q, "queries")?;
-        let gk = self.check_fused(k, "keys")?;
-        Self::check_pair(q, &gq, k, &gk)?;
+        let gq = self.checks().fused(q, "queries")?;
+        let gk = self.checks().fused(k, "keys")?;
+        check_pair(q, &gq, k, &gk)?;
         let h = self.host(positions.into(), gq.batch, gq.seq_len)?;
         let (tables, rows) = self.tables(&h)?;
         let rows = Arc::new(Rows::Ids(rows));
@@ -394,36 +331,11 @@ impl AxialRope {
         x: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<Tensor> {
-        let g = self.check_fused(x, "input")?;
+        let g = self.checks().fused(x, "input")?;
         let h = self.host(positions.into(), g.batch, g.seq_len)?;
         let (tables, rows) = self.tables(&h)?;
         let op = self.op(tables, Arc::new(Rows::Ids(rows)), &g);
         Ok(x.contiguous()?.apply_op1(op)?)
-    }
-
-    fn check_inplace(&self, x: &Tensor, what: &'static str) -> Result<(RopeGeometry, usize)> {
-        let g = self.check_fused(x, what)?;
-        let contract = |reason: String| Error::invalid(format!("in-place rope on {what}"), reason);
-        if x.track_op() {
-            return Err(contract(
-                "the tensor is tracked by autograd; writing it in place would corrupt the \
-                 gradients: use apply"
-                    .into(),
-            ));
-        }
-        let (storage, layout) = x.storage_and_layout();
-        let (len, addr) = match &*storage {
-            Storage::Cpu(CpuStorage::F32(v)) => (v.len(), v.as_ptr() as usize),
-            Storage::Cpu(CpuStorage::F16(v)) => (v.len(), v.as_ptr() as usize),
-            Storage::Cpu(CpuStorage::BF16(v)) => (v.len(), v.as_ptr() as usize),
-            _ => return Err(contract("not a CPU f32/f16/bf16 tensor".into())),
-        };
-        if !layout.is_contiguous() || layout.start_offset() != 0 || len != x.elem_count() {
-            return Err(contract(
-                "the tensor must be contiguous and own its whole buffer (not a view)".into(),
-            ));
-        }
-        Ok((g, addr))
     }
 
     /// Rotates queries and keys in place (the contract of
@@ -438,9 +350,9 @@ impl AxialRope {
         k: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<()> {
-        let (gq, aq) = self.check_inplace(q, "queries")?;
-        let (gk, ak) = self.check_inplace(k, "keys")?;
-        Self::check_pair(q, &gq, k, &gk)?;
+        let (gq, aq) = self.checks().inplace(q, "queries")?;
+        let (gk, ak) = self.checks().inplace(k, "keys")?;
+        check_pair(q, &gq, k, &gk)?;
         if aq == ak {
             return Err(Error::invalid(
                 "in-place rope",
@@ -465,9 +377,9 @@ impl AxialRope {
         k: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<(Tensor, Tensor)> {
-        let gq = self.check_reference(q, "queries")?;
-        let gk = self.check_reference(k, "keys")?;
-        Self::check_pair(q, &gq, k, &gk)?;
+        let gq = self.checks().reference(q, "queries")?;
+        let gk = self.checks().reference(k, "keys")?;
+        check_pair(q, &gq, k, &gk)?;
         let p = positions.into();
         Ok((self.rotate_reference(q, p)?, self.rotate_reference(k, p)?))
     }
@@ -481,7 +393,7 @@ impl AxialRope {
         x: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<Tensor> {
-        let g = self.check_reference(x, "input")?;
+        let g = self.checks().reference(x, "input")?;
         let h = self.host(positions.into(), g.batch, g.seq_len)?;
         let (na, nf) = (self.freqs.num_axes(), self.freqs.num_freqs());
         let (b, t) = (g.batch, g.seq_len);
