@@ -419,4 +419,16 @@ impl TextTokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+
+    /// The tokenizer as a Hugging Face `tokenizer.json` (the `tokenizers`
+    /// crate's serialisation, pretty-printed): how posenc-tune writes a
+    /// GGUF model's own tokenizer beside a merged safetensors checkpoint.
+    /// Whether a BOS token is prepended is the model's config's business
+    /// (`bos_token_id`), not this file's.
+    ///
+    /// # Errors
+    /// [`ModelError::Tokenizer`] from the serialiser.
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(true).map_err(tok_err)
+    }
 }

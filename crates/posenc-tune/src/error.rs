@@ -12,7 +12,7 @@ pub type Result<T, E = TuneError> = std::result::Result<T, E>;
 pub enum TuneError {
     /// A LoRA rank of 0, or larger than a targeted layer's smaller
     /// dimension (the update `B·A` could not have that rank).
-    #[error("LoRA rank {rank} is outside 1..={max} (the smaller dimension of {target})")]
+    #[error("{}", rank_message(*rank, *max, target))]
     Rank {
         /// The rank asked for.
         rank: usize,
@@ -140,5 +140,13 @@ impl TuneError {
             path: path.to_path_buf(),
             source,
         }
+    }
+}
+
+fn rank_message(rank: usize, max: usize, target: &str) -> String {
+    if rank == 0 {
+        "LoRA rank 0: the rank must be at least 1".into()
+    } else {
+        format!("LoRA rank {rank} is outside 1..={max} (the smaller dimension of {target})")
     }
 }

@@ -25,7 +25,9 @@
 //!   exact resume;
 //! - [`peft`]: the adapter in PEFT's layout (`adapter_config.json`,
 //!   `adapter_model.safetensors`), read back, checked against a model and
-//!   merged into it.
+//!   merged into it;
+//! - [`merged`]: the merged model as a Hugging Face checkpoint whose
+//!   `config.json` carries the RoPE it was trained through.
 //!
 //! The loss and every gradient match PyTorch with PEFT on two tiny random
 //! models (Llama 3.1's llama3 scaling with an untied head; Qwen2.5's YaRN
@@ -81,6 +83,7 @@
 pub mod data;
 pub mod error;
 pub mod lora;
+pub mod merged;
 pub mod model;
 pub mod peft;
 pub mod pose;

@@ -86,7 +86,12 @@ pub struct Adapter {
 /// Rows of each head's half-split pairs moved to interleaved pairs (`to =
 /// true`, llama.cpp's permutation) or back, for a `(rows, cols)` row-major
 /// matrix of `heads` heads.
-fn permute_rows(m: &[f32], rows: usize, heads: usize, to_interleaved: bool) -> Result<Vec<f32>> {
+pub(crate) fn permute_rows(
+    m: &[f32],
+    rows: usize,
+    heads: usize,
+    to_interleaved: bool,
+) -> Result<Vec<f32>> {
     let cols = m.len() / rows.max(1);
     let t = Tensor::from_slice(m, (rows, cols), &Device::Cpu)?;
     let half = rows / heads / 2;

@@ -256,10 +256,15 @@ pub struct RunRecord {
     pub step: usize,
     /// The base model as given on the command line.
     pub model: String,
+    /// The tokenizer file given on the command line, if any (else the
+    /// model's own).
+    #[serde(default)]
+    pub tokenizer: Option<String>,
     /// A hash of the base model's weights (a resume on another model is
     /// refused).
     pub model_hash: String,
-    /// The text as given, if from a file.
+    /// The text as given, if from a file (`None`: the built-in text of the
+    /// command line, *Pride and Prejudice*).
     pub text: Option<String>,
     /// Tokens of its training part (its first 90%).
     pub train_tokens: usize,
@@ -323,6 +328,75 @@ pub struct RunOptions<'a> {
     pub pause_at: Option<usize>,
 }
 
+/// A rough upper estimate of a training step's peak bytes on `cfg`'s model
+/// with windows of `window` tokens: the loaded model and the trainable
+/// copy of its weights (`f32`, twice [`posenc_models::llama::weight_bytes`]),
+/// every activation the backward pass keeps and about as much again for
+/// their gradients (per token and layer: the residual stream and norms,
+/// q, k, v before and after the rotation, the attention output, the
+/// SwiGLU's four `I`-wide products), the logits with their softmax and
+/// gradient (four `V`-wide rows per token), and one weight-sized gradient
+/// of the largest frozen matrix (candle forms it; see the crate docs).
+/// Trained parameters and AdamW's moments are counted four times over
+/// (values, gradient, two moments) when `trainable` includes the
+/// embedding.
+pub fn estimate_train_bytes(
+    cfg: &posenc_models::DecoderConfig,
+    window: usize,
+    trainable: Trainable,
+) -> u64 {
+    let t = window as u64;
+    let d = cfg.hidden_size as u64;
+    let q = (cfg.num_heads * cfg.head_dim) as u64;
+    let kv = (cfg.num_kv_heads * cfg.head_dim) as u64;
+    let i = cfg.intermediate_size as u64;
+    let v = cfg.vocab_size as u64;
+    let per_token_layer = 8 * d + 3 * q + 3 * kv + 4 * i;
+    let activations = 2 * t * cfg.num_layers as u64 * per_token_layer;
+    let logits = 4 * t * v;
+    let largest = (v * d).max(i * d).max(q * d);
+    let embed = if trainable.embed { 4 * v * d } else { 0 };
+    2 * posenc_models::llama::weight_bytes(cfg) + 4 * (activations + logits + largest + embed)
+}
+
+/// Refuses a training window whose estimated peak
+/// ([`estimate_train_bytes`]) is over `budget` bytes (default: the
+/// available memory), before anything is loaded.
+///
+/// # Errors
+/// [`posenc_models::ModelError::TooLong`] (as [`TuneError::Model`]).
+pub fn check_train_memory(
+    cfg: &posenc_models::DecoderConfig,
+    window: usize,
+    trainable: Trainable,
+    budget: Option<u64>,
+) -> Result<()> {
+    let need = estimate_train_bytes(cfg, window, trainable);
+    let (budget, why) = match budget {
+        Some(b) => (b, "the budget given".to_string()),
+        None => match posenc_models::available_memory() {
+            Some(b) => (
+                b,
+                "MemAvailable in /proc/meminfo; training keeps every activation".into(),
+            ),
+            None => (
+                16 << 30,
+                "a default of 16 GB: available memory unknown".into(),
+            ),
+        },
+    };
+    if need > budget {
+        return Err(posenc_models::ModelError::TooLong {
+            len: window,
+            need_mb: need >> 20,
+            budget_mb: budget >> 20,
+            why,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// A 64-bit hash of a stream of words (SplitMix64's finaliser over a
 /// running state), as 16 hex digits.
 fn hash_words(words: impl Iterator<Item = u32>) -> String {
@@ -349,6 +423,18 @@ pub fn text_hash(text: &TrainText) -> String {
     hash_words(text.tokens().iter().copied())
 }
 
+/// What a run is trained on, as named on the command line (recorded in
+/// `finetune.json`, so that `--resume` finds them again).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sources {
+    /// The base model (a GGUF file or a checkpoint directory).
+    pub model: String,
+    /// A tokenizer file, if not the model's own.
+    pub tokenizer: Option<String>,
+    /// The text file (`None`: a built-in text).
+    pub text: Option<String>,
+}
+
 /// A fine-tuning run in progress (see the [module docs](self)).
 pub struct Finetune {
     record: RunRecord,
@@ -367,9 +453,9 @@ impl std::fmt::Debug for Finetune {
 }
 
 impl Finetune {
-    /// A new run of `config` on `base` (named `model` in the record) and
-    /// `text` (named `text_name`): fresh adapters from the seed, the
-    /// scaling's RoPE, a fresh AdamW.
+    /// A new run of `config` on `base` and `text` (named as `sources`
+    /// says in the record): fresh adapters from the seed, the scaling's
+    /// RoPE, a fresh AdamW.
     ///
     /// # Errors
     /// [`FinetuneConfig::validate`]'s; the adapters' rank against the
@@ -379,16 +465,16 @@ impl Finetune {
         base: &Decoder,
         text: TrainText,
         config: FinetuneConfig,
-        model: String,
-        text_name: Option<String>,
+        sources: Sources,
     ) -> Result<Finetune> {
         config.validate()?;
         config.lora.validate_for(base.config())?;
         let record = RunRecord {
             step: 0,
-            model,
+            model: sources.model,
+            tokenizer: sources.tokenizer,
             model_hash: model_hash(base),
-            text: text_name,
+            text: sources.text,
             train_tokens: text.len(),
             held_out_tokens: text.held_out(),
             text_hash: text_hash(&text),

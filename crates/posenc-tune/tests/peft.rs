@@ -14,7 +14,7 @@ use posenc_models::weights::Safetensors;
 use posenc_models::{Decoder, ModelFiles, Scaling};
 use posenc_tune::data::{TrainText, WindowPlan};
 use posenc_tune::peft::{Adapter, CONFIG_FILE, WEIGHTS_FILE};
-use posenc_tune::train::{Finetune, FinetuneConfig, RunOptions};
+use posenc_tune::train::{Finetune, FinetuneConfig, RunOptions, Sources};
 use posenc_tune::{Target, Trainable, TuneError};
 use serde_json::Value;
 
@@ -56,7 +56,7 @@ fn trained(base: &Decoder, scaling: &str, targets: &[Target], trainable: Trainab
     c.lora.targets = targets.to_vec();
     c.trainable = trainable;
     c.warmup = 0;
-    let mut ft = Finetune::new(base, text(2000), c, "tiny".into(), None).unwrap();
+    let mut ft = Finetune::new(base, text(2000), c, tiny_sources()).unwrap();
     ft.run(&RunOptions::default()).unwrap();
     ft
 }
@@ -226,4 +226,80 @@ fn adapters_that_do_not_fit_are_refused() {
     assert!(reason(&broken, base.config()).contains("r = 8"));
     // Not an adapter directory.
     assert!(reason(&scratch("empty"), base.config()).contains("adapter_config.json"));
+}
+
+fn tiny_sources() -> Sources {
+    Sources {
+        model: "tiny".into(),
+        ..Default::default()
+    }
+}
+
+/// The adapter `scripts/finetune/peft_check.py` had `posenc finetune`
+/// write (tiny Llama 3.1, YaRN ×2, PoSE windows of 16 over 64, LoRA r 4 on
+/// all seven projections, embedding and norms trained), and the losses
+/// PyTorch gave on the text's held-out tokens with it loaded by
+/// `PeftModel.from_pretrained` and with the merged checkpoint loaded by
+/// transformers alone: posenc's loss with the adapter, on the trainable
+/// model (both position sets) and merged into the loaded decoder
+/// (contiguous positions), within 1e-5 relative.
+#[test]
+fn pefts_losses_with_the_adapter_posenc_wrote() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/peft-llama31");
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("peft-check.json")).unwrap())
+            .unwrap();
+    println!(
+        "reference from torch {}, transformers {}, peft {}",
+        r["torch"], r["transformers"], r["peft"]
+    );
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let tokens = ids(&r["tokens"]);
+    let path = fixture("tiny-llama31");
+    let base = load(&path);
+    let adapter = Adapter::read(&dir, base.config()).unwrap();
+    assert_eq!(adapter.lora.targets, Target::ALL.to_vec());
+    assert_eq!(
+        adapter.trainable(),
+        Trainable {
+            embed: true,
+            norm: true
+        }
+    );
+    let model =
+        posenc_tune::TrainableDecoder::new(&base, adapter.lora.clone(), adapter.trainable(), 0)
+            .unwrap()
+            .with_scaling(&"yarn:2".parse().unwrap())
+            .unwrap();
+    adapter.load_into(&model, &dir).unwrap();
+    let mut merged = load(&path);
+    adapter.merge_into(&mut merged, &dir).unwrap();
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let positions = ids(&c["positions"]);
+        let want = c["peft_loss"].as_f64().unwrap();
+        let got = model
+            .loss(&tokens, &positions)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap() as f64;
+        let rel = (got - want).abs() / want;
+        println!("{case}: posenc with the adapter {got:.7}, PEFT {want:.7} ({rel:.1e})");
+        assert!(rel <= 1e-5, "{case}: {got} vs PEFT's {want}");
+        if case == "contiguous" {
+            let want = c["merged_loss"].as_f64().unwrap();
+            let got = merged_loss(&merged, "yarn:2", &tokens);
+            let rel = (got - want).abs() / want;
+            println!("{case}: posenc merged {got:.7}, transformers merged {want:.7} ({rel:.1e})");
+            assert!(
+                rel <= 1e-5,
+                "{case}: {got} vs the merged checkpoint's {want}"
+            );
+        }
+    }
 }

@@ -10,7 +10,8 @@ use posenc_models::{Decoder, ModelFiles};
 use posenc_tune::data::{TrainText, WindowPlan};
 use posenc_tune::peft::{Adapter, CONFIG_FILE, WEIGHTS_FILE};
 use posenc_tune::train::{
-    Finetune, FinetuneConfig, RunOptions, Schedule, METRICS_FILE, OPTIMIZER_FILE, RECORD_FILE,
+    Finetune, FinetuneConfig, RunOptions, Schedule, Sources, METRICS_FILE, OPTIMIZER_FILE,
+    RECORD_FILE,
 };
 use posenc_tune::{LoraConfig, Target, Trainable, TuneError};
 
@@ -91,7 +92,7 @@ fn losses(ft: &Finetune) -> Vec<(usize, u64, u64, u64)> {
 fn a_resumed_run_equals_an_uninterrupted_one_bit_for_bit() {
     let base = tiny();
     let (a, b) = (scratch("whole"), scratch("paused"));
-    let mut whole = Finetune::new(&base, text(2000), config(7), "tiny".into(), None).unwrap();
+    let mut whole = Finetune::new(&base, text(2000), config(7), tiny_sources()).unwrap();
     let s = whole
         .run(&RunOptions {
             out: Some(&a),
@@ -100,7 +101,7 @@ fn a_resumed_run_equals_an_uninterrupted_one_bit_for_bit() {
         .unwrap();
     assert_eq!((s.steps, s.interrupted), (7, false));
 
-    let mut first = Finetune::new(&base, text(2000), config(7), "tiny".into(), None).unwrap();
+    let mut first = Finetune::new(&base, text(2000), config(7), tiny_sources()).unwrap();
     let s = first
         .run(&RunOptions {
             out: Some(&b),
@@ -139,7 +140,7 @@ fn runs_are_seeded() {
     let run = |seed: u64| {
         let mut c = config(3);
         c.seed = seed;
-        let mut ft = Finetune::new(&base, text(2000), c, "tiny".into(), None).unwrap();
+        let mut ft = Finetune::new(&base, text(2000), c, tiny_sources()).unwrap();
         ft.run(&RunOptions::default()).unwrap();
         (ft.adapter().unwrap(), losses(&ft))
     };
@@ -160,7 +161,7 @@ fn the_loss_falls_on_a_learnable_text() {
     c.lora.targets = Target::ALL.to_vec();
     c.warmup = 0;
     c.schedule = Schedule::Constant;
-    let mut ft = Finetune::new(&base, text(3000), c, "tiny".into(), None).unwrap();
+    let mut ft = Finetune::new(&base, text(3000), c, tiny_sources()).unwrap();
     ft.run(&RunOptions::default()).unwrap();
     let l: Vec<f64> = ft.metrics().iter().map(|m| m.loss).collect();
     let first = l[..5].iter().sum::<f64>() / 5.0;
@@ -174,7 +175,7 @@ fn the_loss_falls_on_a_learnable_text() {
 fn torn_or_foreign_checkpoints_are_refused() {
     let base = tiny();
     let dir = scratch("torn");
-    let mut ft = Finetune::new(&base, text(2000), config(4), "tiny".into(), None).unwrap();
+    let mut ft = Finetune::new(&base, text(2000), config(4), tiny_sources()).unwrap();
     ft.run(&RunOptions {
         out: Some(&dir),
         pause_at: Some(2),
@@ -208,7 +209,7 @@ fn a_window_longer_than_the_training_part_is_refused() {
     let base = tiny();
     let c = FinetuneConfig::new(WindowPlan::Contiguous { len: 100 }, 2, 1e-3);
     // 110 tokens: 99 for training.
-    let e = Finetune::new(&base, text(110), c, "tiny".into(), None).unwrap_err();
+    let e = Finetune::new(&base, text(110), c, tiny_sources()).unwrap_err();
     assert!(
         matches!(
             e,
@@ -221,6 +222,13 @@ fn a_window_longer_than_the_training_part_is_refused() {
     );
     let mut c = FinetuneConfig::new(WindowPlan::Contiguous { len: 48 }, 2, 1e-3);
     c.lora.rank = 65;
-    let e = Finetune::new(&base, text(2000), c, "tiny".into(), None).unwrap_err();
+    let e = Finetune::new(&base, text(2000), c, tiny_sources()).unwrap_err();
     assert!(matches!(e, TuneError::Rank { rank: 65, .. }), "{e}");
+}
+
+fn tiny_sources() -> Sources {
+    Sources {
+        model: "tiny".into(),
+        ..Default::default()
+    }
 }
