@@ -80,6 +80,12 @@ pub struct PerplexityArgs {
     /// A tokenizer.json to use instead of the model's own tokenizer.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
+    /// A LoRA adapter directory in PEFT's layout (adapter_config.json,
+    /// adapter_model.safetensors; e.g. `posenc finetune --model --out`),
+    /// merged into the model's weights (W + alpha/r·B·A) before the run;
+    /// one whose names or shapes do not fit the model is refused.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
     /// Print JSON instead of a table: {"scalings": {NAME: {"bands": {"A-B":
     /// loss, ...}, "mean_inside", "mean_beyond", ...}}, "tokens_per_second", ...}.
     #[arg(long)]
@@ -133,6 +139,12 @@ pub struct GenerateArgs {
     /// A tokenizer.json to use instead of the model's own tokenizer.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
+    /// A LoRA adapter directory in PEFT's layout (adapter_config.json,
+    /// adapter_model.safetensors; e.g. `posenc finetune --model --out`),
+    /// merged into the model's weights (W + alpha/r·B·A) before the run;
+    /// one whose names or shapes do not fit the model is refused.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
     /// Print JSON (prompt and new token ids, text, speed) instead of
     /// streaming the text.
     #[arg(long)]
@@ -172,6 +184,7 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
     // Headers and config only: nothing large is read before the checks.
     let mut files = ModelFiles::open(&a.model)?;
     let cfg = files.config()?;
+    let adapter = crate::cmd_tune::read_adapter(a.adapter.as_deref(), &cfg)?;
     let length = a.length.unwrap_or(2 * cfg.trained_length());
     if !(2..=MAX_LENGTH).contains(&length) {
         return Err(CliError(format!("--length must be in 2..={MAX_LENGTH}")));
@@ -190,6 +203,8 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
     drop(all);
     let layers = cfg.num_layers;
     let (mut model, source) = files.load(cfg)?;
+    crate::cmd_tune::merge_adapter(adapter.as_ref(), a.adapter.as_deref(), &mut model)?;
+    let source = with_adapter(source, a.adapter.as_deref());
     model.set_products(a.products.into())?;
     if let Some(first) = scalings.first() {
         let rope = rope_of(first.rope_config(model.config())?)?;
@@ -256,6 +271,14 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
         println!("wrote {}", out.display());
     }
     Ok(())
+}
+
+/// The model's description with the adapter merged into it, if any.
+pub(crate) fn with_adapter(source: String, adapter: Option<&Path>) -> String {
+    match adapter {
+        Some(d) => format!("{source}; LoRA adapter {} merged", d.display()),
+        None => source,
+    }
 }
 
 /// Refuses, before anything is opened, a model path, tokenizer or text
@@ -334,6 +357,7 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
     check_inputs(&a.model, a.tokenizer.as_deref(), a.prompt_file.as_deref())?;
     let mut files = ModelFiles::open(&a.model)?;
     let cfg = files.config()?;
+    let adapter = crate::cmd_tune::read_adapter(a.adapter.as_deref(), &cfg)?;
     let tk = files
         .tokenizer(a.tokenizer.as_deref())?
         .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
@@ -352,6 +376,8 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
     posenc_models::check_memory(&cfg, total, None)?;
     let rope = rope_of(sc.rope_config(&cfg)?)?;
     let (mut model, source) = files.load(cfg)?;
+    crate::cmd_tune::merge_adapter(adapter.as_ref(), a.adapter.as_deref(), &mut model)?;
+    let source = with_adapter(source, a.adapter.as_deref());
     model.set_products(a.products.into())?;
     model.set_method(sc.method)?;
     input::check_first_forward(&model, &ids, &rope, &mut |k| first_layers(&a.model, k))?;

@@ -13,6 +13,7 @@ mod cmd_models;
 mod cmd_passkey;
 mod cmd_rope;
 mod cmd_table;
+mod cmd_tune;
 mod output;
 mod report;
 mod viz;
@@ -63,8 +64,10 @@ enum Command {
     Compare(viz::CompareArgs),
     /// Train a lab transformer (encoder or decoder) with any encoding.
     Train(cmd_lab::TrainArgs),
-    /// Fine-tune a checkpoint at a new length, optionally keeping a RoPE
-    /// scaling (Position Interpolation: --scaling linear).
+    /// Fine-tune at a new length: a lab checkpoint (--checkpoint, optionally
+    /// keeping a RoPE scaling: --scaling linear is Position Interpolation),
+    /// or a pretrained model with LoRA (--model, --length, --pose,
+    /// --scaling yarn:2, ...), written as a PEFT adapter.
     Finetune(cmd_lab::FinetuneArgs),
     /// Evaluate a checkpoint at several lengths, optionally with a RoPE
     /// scaling chosen now.
