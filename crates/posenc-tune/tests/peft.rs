@@ -13,6 +13,7 @@ use posenc_models::perplexity::{loss_per_position, rope_of};
 use posenc_models::weights::Safetensors;
 use posenc_models::{Decoder, ModelFiles, Scaling};
 use posenc_tune::data::{TrainText, WindowPlan};
+use posenc_tune::merged::{merged_config, write_merged, TokenizerFiles};
 use posenc_tune::peft::{Adapter, CONFIG_FILE, WEIGHTS_FILE};
 use posenc_tune::train::{Finetune, FinetuneConfig, RunOptions, Sources};
 use posenc_tune::{Target, Trainable, TuneError};
@@ -177,6 +178,22 @@ fn an_adapter_trained_on_a_gguf_fits_the_checkpoint() {
         .merge_into(&mut again, &dir)
         .unwrap();
     let got = merged_loss(&again, "linear:2", &tokens());
+    assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+    // The merged GGUF written as a Hugging Face checkpoint (config from the
+    // GGUF's metadata, q and k rows put back in Hugging Face order), read
+    // back as one: the same loss through its own config's RoPE.
+    let sc: Scaling = "linear:2".parse().unwrap();
+    let config = merged_config(again.config(), None, &sc).unwrap();
+    assert_eq!(config["rope_scaling"]["rope_type"], "linear");
+    let out = scratch("gguf-merged");
+    write_merged(&out, &again, &config, &TokenizerFiles::Copy(Vec::new())).unwrap();
+    let reread = load(&out);
+    assert_eq!(
+        reread.config().pair_layout(),
+        posenc::rope::PairLayout::HalfSplit
+    );
+    let got = merged_loss(&reread, "model", &tokens());
+    println!("GGUF merged and written as safetensors: {got:.6}");
     assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
 }
 
