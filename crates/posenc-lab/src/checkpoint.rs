@@ -2,7 +2,7 @@
 //! fine-tuning made it from another one ([`FinetuneRecord`]) with the RoPE
 //! scaling kept in its forward pass ([`ScalingSpec`]), and the seed of each
 //! step's batch ([`batch_seed`]). Plain data, read by both
-//! [`train`](crate::train) and [`finetune`](crate::finetune) (neither depends
+//! [`train`](crate::train) and [`finetune`](mod@crate::finetune) (neither depends
 //! on the other for it).
 
 use posenc::analysis::SplitMix64;

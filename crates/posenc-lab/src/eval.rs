@@ -199,7 +199,7 @@ pub struct EvalResult {
     pub accuracy: Vec<f64>,
     /// Bits per character at each length (`lm`, `mlm`): the total nats
     /// of the scored targets over the characters they hold
-    /// ([`Corpus::chars_of`]), / ln 2 — comparable across tokenizations.
+    /// ([`Corpus::chars_of`](crate::tasks::Corpus::chars_of)), / ln 2 — comparable across tokenizations.
     /// NaN (`null`) for tasks without a corpus.
     #[serde(default, deserialize_with = "nan_as_null")]
     pub bits_per_char: Vec<f64>,

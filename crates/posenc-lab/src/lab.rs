@@ -218,7 +218,7 @@ impl Lab {
     }
 
     /// Loads a checkpoint directory with its optimiser state, to continue
-    /// an interrupted run (training or fine-tuning) with [`train`].
+    /// an interrupted run (training or fine-tuning) with [`train`](crate::train::train).
     pub fn load_resumable(dir: &Path) -> Result<(Self, AdamW), LabError> {
         let lab = Lab::load(dir)?;
         let mut opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;

@@ -67,6 +67,7 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
+pub use crate::bpe::MAX_VOCAB;
 use crate::bpe::{Bpe, Tokenization};
 pub use crate::config::TaskKind;
 use crate::LabError;
@@ -92,7 +93,6 @@ pub const IGNORE: i64 = -100;
 /// Expected fraction of the positions of an `mlm` window that are masked
 /// (BERT's 15%).
 pub const MASK_RATE: f64 = 0.15;
-pub use crate::bpe::MAX_VOCAB;
 /// The fraction of a corpus, at its end, that is validation text.
 pub const VALIDATION_FRACTION: f64 = 0.1;
 
