@@ -248,7 +248,12 @@ impl Adapter {
             "layers_pattern": null,
             "layers_to_transform": null,
             "loftq_config": {},
-            "lora_alpha": self.lora.alpha,
+            // An integer alpha as PEFT writes one given as an int.
+            "lora_alpha": if self.lora.alpha.fract() == 0.0 && self.lora.alpha.abs() < 1e15 {
+                json!(self.lora.alpha as i64)
+            } else {
+                json!(self.lora.alpha)
+            },
             "lora_bias": false,
             "lora_dropout": self.lora.dropout,
             "lora_ga_config": null,

@@ -106,7 +106,7 @@ fn a_merged_adapter_scores_as_the_trained_model() {
         serde_json::from_str(&std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap()).unwrap();
     assert_eq!(c["peft_type"], "LORA");
     assert_eq!(c["r"], 4);
-    assert_eq!(c["lora_alpha"], 8.0);
+    assert_eq!(c["lora_alpha"], 8);
     assert_eq!(c["task_type"], "CAUSAL_LM");
     assert_eq!(
         c["modules_to_save"],
