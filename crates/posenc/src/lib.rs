@@ -57,6 +57,8 @@ pub mod docs_doctests {
     pub struct Kernels;
     #[doc = include_str!("../../../docs/lab.md")]
     pub struct Lab;
+    #[doc = include_str!("../../../docs/finetune.md")]
+    pub struct Finetune;
     #[doc = include_str!("../../../docs/layout.md")]
     pub struct Layout;
     #[doc = include_str!("../../../docs/long-context.md")]
