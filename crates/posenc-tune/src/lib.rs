@@ -82,6 +82,7 @@
 
 pub mod data;
 pub mod error;
+pub mod frozen;
 pub mod lora;
 pub mod merged;
 pub mod model;

@@ -397,8 +397,13 @@ impl TrainableDecoder {
     /// As [`hidden_states`](Self::hidden_states).
     pub fn logits(&self, tokens: &[u32], positions: &[u32]) -> Result<Tensor> {
         let h = self.hidden_states(tokens, positions)?; // (T, D)
-        let head = self.lm_head.as_ref().unwrap_or(self.embed.tensor()); // (V, D)
-        Ok(h.matmul(&head.t()?)?) // (T, V)
+        match (&self.lm_head, &self.embed) {
+            // A frozen head (its own, or the tied embedding when frozen).
+            (Some(head), _) | (None, Param::Frozen(head)) => {
+                crate::frozen::frozen_linear(&h, head) // (T, V)
+            }
+            (None, Param::Trained(e)) => Ok(h.matmul(&e.as_tensor().t()?)?), // (T, V)
+        }
     }
 
     /// The mean cross-entropy of each next token, `tokens[t + 1]` given
@@ -498,7 +503,7 @@ impl TrainableDecoder {
 
     /// `x·Wᵀ (+ b) + dropout(x)·Aᵀ·Bᵀ·α/r`, `x` `(T, in)` → `(T, out)`.
     fn linear(&self, p: &Linear, x: &Tensor) -> Result<Tensor> {
-        let mut y = x.matmul(&p.weight.t()?)?; // (T, out)
+        let mut y = crate::frozen::frozen_linear(x, &p.weight)?; // (T, out)
         if let Some(b) = &p.bias {
             y = y.broadcast_add(b)?;
         }
