@@ -181,6 +181,11 @@ pub enum Error {
         max: u64,
     },
 
+    /// A RoPE scaling name that does not parse
+    /// ([`NamedScaling`](crate::rope::NamedScaling)).
+    #[error(transparent)]
+    ScalingName(#[from] crate::rope::ScalingNameError),
+
     /// An error from candle.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

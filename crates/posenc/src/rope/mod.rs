@@ -12,7 +12,8 @@
 //!   computes for it.
 //! - [`RopeScaling`]: every transformers scaling (linear, dynamic NTK, YaRN,
 //!   LongRoPE, Llama 3, proportional) plus fixed NTK, one module each in
-//!   [`scaling`].
+//!   [`scaling`]; [`NamedScaling`] chooses one by name (`yarn:2`, with an
+//!   attention method: `dca:6144:1024+yarn:2`) for a trained length.
 //! - [`Rope`] and [`xpos::XPos`]: the encodings, on `f64` head vectors.
 //! - [`axial`]: multi-axis RoPE (one position per axis), the core of
 //!   [`mrope`] (Qwen2-VL's M-RoPE and Qwen3-VL's interleaved M-RoPE, with
@@ -43,5 +44,6 @@ pub use frequencies::{default_inv_freq, PairLayout, RopeFrequencies};
 pub use layers::{irope_layers, AttnTemperature, LayerRope, ModelRope};
 pub use mrope::{Mrope, MropeLayout};
 pub use rotary::Rope;
+pub use scaling::named::{FactorScaling, NamedScaling, ScalingKind, ScalingNameError};
 pub use scaling::{RopeScaling, FACTOR_SCALINGS, KNOWN_ROPE_TYPES};
 pub use xpos::XPos;

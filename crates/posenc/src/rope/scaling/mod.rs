@@ -23,6 +23,9 @@
 //! | `ntk` with `mixed_b` | [`RopeScaling::MixedNtk`] | Su 2023 (mixed NTK, vLLM) |
 //! | `dynamic` with `alpha` | [`RopeScaling::NtkAlpha`] | Hunyuan (fixed NTK-aware base, transformers' `ntk_alpha`) |
 //!
+//! [`named`] chooses a scaling by name (`yarn:2`, `pi:4`, with an attention
+//! method: `dca:6144:1024+yarn:2`) for a model's trained length.
+//!
 //! Every computed table is checked: a frequency or attention factor that is
 //! not finite (a factor so small that `θ / s` overflows, an `mscale` that
 //! makes YaRN's denominator zero) is an error, never a NaN table.
@@ -32,6 +35,7 @@ pub mod linear;
 pub mod llama3;
 pub mod longrope;
 pub mod mixed_ntk;
+pub mod named;
 pub mod ntk;
 pub mod ntk_alpha;
 pub mod proportional;
@@ -188,24 +192,11 @@ impl RopeScaling {
     /// [`Error::UnknownRopeType`] (listing [`FACTOR_SCALINGS`]) for any other
     /// name.
     pub fn from_factor(name: &str, factor: f64, original: usize) -> Result<RopeScaling> {
+        if let Some(family) = named::FactorScaling::from_name(name) {
+            return Ok(family.rope_scaling(factor, original));
+        }
         Ok(match name {
             "none" | "default" => RopeScaling::Default,
-            "linear" | "pi" => RopeScaling::Linear { factor },
-            "dynamic" => RopeScaling::Dynamic {
-                factor,
-                max_position_embeddings: original,
-            },
-            "ntk" => RopeScaling::Ntk { alpha: factor },
-            "yarn" => RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings: original,
-                attention_factor: None,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-                mscale: None,
-                mscale_all_dim: None,
-                truncate: true,
-            },
             "llama3" => RopeScaling::Llama3 {
                 factor,
                 low_freq_factor: 1.0,
