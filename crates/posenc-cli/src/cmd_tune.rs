@@ -85,6 +85,7 @@ fn config_of(a: &FinetuneArgs) -> CliResult<FinetuneConfig> {
     c.weight_decay = a.weight_decay;
     c.grad_clip = a.clip;
     c.checkpoint_every = a.checkpoint_every;
+    c.checkpoint_layers = a.checkpoint_layers;
     c.lora = lora::LoraConfig {
         rank: a.lora,
         alpha: a.alpha,
@@ -182,6 +183,7 @@ pub fn finetune(a: &FinetuneArgs, stop: &AtomicBool) -> CliResult {
             &opened.cfg,
             record.config.plan.window(),
             record.config.trainable,
+            record.config.checkpoint_layers,
             None,
         )?;
         if !a.quiet {
@@ -223,7 +225,13 @@ pub fn finetune(a: &FinetuneArgs, stop: &AtomicBool) -> CliResult {
             }
             .into());
         }
-        check_train_memory(&opened.cfg, window, config.trainable, None)?;
+        check_train_memory(
+            &opened.cfg,
+            window,
+            config.trainable,
+            config.checkpoint_layers,
+            None,
+        )?;
         let Opened {
             files,
             cfg,

@@ -530,3 +530,52 @@ fn an_interrupted_finetune_checkpoints_and_resumes_exactly() {
         );
     }
 }
+
+/// `--checkpoint-layers` trains the same adapter: on the untied tiny
+/// Llama 3.1 the checkpointed gradients are the plain pass's to the bit,
+/// so the adapter files are equal byte for byte; the record says it ran
+/// checkpointed; without `--model` the flag is refused.
+#[test]
+fn checkpointed_layers_train_the_same_adapter() {
+    let d = scratch("ckpt-layers");
+    let (tk, text) = inputs(&d, 3000);
+    let m = tiny();
+    let run = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "finetune",
+            "--model",
+            &m,
+            "--tokenizer",
+            &tk,
+            "--text",
+            &text,
+            "--length",
+            "48",
+            "--steps",
+            "3",
+            "--lora",
+            "4",
+            "--dropout",
+            "0.1",
+            "--train",
+            "norm",
+            "--lr",
+            "1e-2",
+            "--out",
+            s(out),
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        common::ok(&posenc(&args));
+    };
+    let (plain, ck) = (d.join("plain"), d.join("ck"));
+    run(&plain, &[]);
+    run(&ck, &["--checkpoint-layers"]);
+    let bytes = |dir: &Path| std::fs::read(dir.join("adapter_model.safetensors")).unwrap();
+    assert_eq!(bytes(&plain), bytes(&ck), "the adapters differ");
+    let record: Value =
+        serde_json::from_str(&std::fs::read_to_string(ck.join("finetune.json")).unwrap()).unwrap();
+    assert_eq!(record["config"]["checkpoint_layers"], true, "{record}");
+    let err = common::refused(&["finetune", "--checkpoint-layers", "--out", s(&d.join("x"))]);
+    assert!(err.contains("--model"), "{err}");
+}

@@ -148,6 +148,12 @@ pub struct FinetuneConfig {
     pub trainable: Trainable,
     /// Checkpoint every this many steps (0: only at the end and on stop).
     pub checkpoint_every: usize,
+    /// Activation checkpointing per layer
+    /// ([`TrainableDecoder::loss_and_gradients`]): one layer's activations
+    /// live at a time, for a second forward pass of each layer. The same
+    /// gradients up to the order of floating-point sums.
+    #[serde(default)]
+    pub checkpoint_layers: bool,
 }
 
 impl FinetuneConfig {
@@ -172,6 +178,7 @@ impl FinetuneConfig {
             lora: LoraConfig::default(),
             trainable: Trainable::default(),
             checkpoint_every: 0,
+            checkpoint_layers: false,
         }
     }
 
@@ -339,11 +346,15 @@ pub struct RunOptions<'a> {
 /// of the largest frozen matrix (candle forms it; see the crate docs).
 /// Trained parameters and AdamW's moments are counted four times over
 /// (values, gradient, two moments) when `trainable` includes the
-/// embedding.
+/// embedding. With `checkpoint_layers`, the activations are one layer's
+/// plus every layer's input `(T, D)`, and the logits [`HEAD_CHUNK`] rows'.
+///
+/// [`HEAD_CHUNK`]: crate::model::HEAD_CHUNK
 pub fn estimate_train_bytes(
     cfg: &posenc_models::DecoderConfig,
     window: usize,
     trainable: Trainable,
+    checkpoint_layers: bool,
 ) -> u64 {
     let t = window as u64;
     let d = cfg.hidden_size as u64;
@@ -351,9 +362,15 @@ pub fn estimate_train_bytes(
     let kv = (cfg.num_kv_heads * cfg.head_dim) as u64;
     let i = cfg.intermediate_size as u64;
     let v = cfg.vocab_size as u64;
+    let layers = cfg.num_layers as u64;
     let per_token_layer = 8 * d + 3 * q + 3 * kv + 4 * i;
-    let activations = 2 * t * cfg.num_layers as u64 * per_token_layer;
-    let logits = 4 * t * v;
+    let (activations, logit_rows) = if checkpoint_layers {
+        let rows = (crate::model::HEAD_CHUNK as u64).min(t);
+        (2 * t * per_token_layer + t * layers * d + 2 * t * d, rows)
+    } else {
+        (2 * t * layers * per_token_layer, t)
+    };
+    let logits = 4 * logit_rows * v;
     let largest = (v * d).max(i * d).max(q * d);
     let embed = if trainable.embed { 4 * v * d } else { 0 };
     2 * posenc_models::llama::weight_bytes(cfg) + 4 * (activations + logits + largest + embed)
@@ -369,15 +386,22 @@ pub fn check_train_memory(
     cfg: &posenc_models::DecoderConfig,
     window: usize,
     trainable: Trainable,
+    checkpoint_layers: bool,
     budget: Option<u64>,
 ) -> Result<()> {
-    let need = estimate_train_bytes(cfg, window, trainable);
+    let need = estimate_train_bytes(cfg, window, trainable, checkpoint_layers);
     let (budget, why) = match budget {
         Some(b) => (b, "the budget given".to_string()),
         None => match posenc_models::available_memory() {
             Some(b) => (
                 b,
-                "MemAvailable in /proc/meminfo; training keeps every activation".into(),
+                if checkpoint_layers {
+                    "MemAvailable in /proc/meminfo".into()
+                } else {
+                    "MemAvailable in /proc/meminfo; training keeps every activation \
+                     (--checkpoint-layers keeps one layer's)"
+                        .into()
+                },
             ),
             None => (
                 16 << 30,
@@ -657,18 +681,18 @@ impl Finetune {
         let mut acc: Vec<Option<Tensor>> = vec![None; n];
         let mut loss_sum = 0f64;
         for w in &windows {
-            let loss = self.model.loss(&w.tokens, &w.positions)?;
-            let l = loss.to_scalar::<f32>()? as f64;
+            let (l, grads) =
+                self.model
+                    .loss_and_gradients(&w.tokens, &w.positions, c.checkpoint_layers)?;
             if !l.is_finite() {
                 return Err(TuneError::Diverged { step, loss: l });
             }
             loss_sum += l;
-            let grads = loss.backward()?;
-            for (slot, (_, var)) in acc.iter_mut().zip(self.model.parameters()) {
-                if let Some(g) = grads.get(var.as_tensor()) {
+            for (slot, g) in acc.iter_mut().zip(grads) {
+                if let Some(g) = g {
                     *slot = Some(match slot.take() {
                         Some(a) => (a + g)?,
-                        None => g.clone(),
+                        None => g,
                     });
                 }
             }
