@@ -63,6 +63,11 @@ pub struct PerplexityArgs {
     /// window.
     #[arg(long, value_name = "FILE")]
     pub text: Option<PathBuf>,
+    /// Score the text's held-out part instead of its start: the window
+    /// begins where its last 10% of tokens begins, the part `posenc
+    /// finetune` never trains on.
+    #[arg(long = "held-out")]
+    pub held_out: bool,
     /// Window length in tokens (default: twice the model's trained length).
     #[arg(long)]
     pub length: Option<usize>,
@@ -195,9 +200,23 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
         .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
     tk.check_model_vocab(cfg.vocab_size)?;
     // A text file is read and tokenized only as far as the window needs.
+    // (With --held-out the whole text: its tail is the window.)
     let all = match &a.text {
+        Some(p) if a.held_out => tk.encode(&posenc_models::read_text(p)?)?,
         Some(p) => input::text_tokens(p, &tk, length)?,
         None => tk.encode(posenc_report::corpus::PRIDE_AND_PREJUDICE)?,
+    };
+    let all = if a.held_out {
+        let tail = posenc_tune::data::held_out_tokens(&all);
+        if tail.len() < length {
+            return Err(CliError(format!(
+                "--held-out: the text's last 10% is {} tokens, fewer than --length {length}",
+                tail.len()
+            )));
+        }
+        tail.to_vec()
+    } else {
+        all
     };
     let tokens = perplexity::window(&all, length)?.to_vec();
     drop(all);

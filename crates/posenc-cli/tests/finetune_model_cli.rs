@@ -579,3 +579,68 @@ fn checkpointed_layers_train_the_same_adapter() {
     let err = common::refused(&["finetune", "--checkpoint-layers", "--out", s(&d.join("x"))]);
     assert!(err.contains("--model"), "{err}");
 }
+
+/// `perplexity --held-out` scores the window that starts at the text's
+/// last 10% of tokens (what `finetune` never reads): with a word-level
+/// tokenizer, the same losses as that tail written alone; a tail shorter
+/// than the window is refused in one line.
+#[test]
+fn perplexity_scores_the_held_out_tail() {
+    let d = scratch("held-out");
+    let (tk, text) = inputs(&d, 3000);
+    let words: Vec<String> = std::fs::read_to_string(&text)
+        .unwrap()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let tail = d.join("tail.txt");
+    std::fs::write(&tail, words[2700..].join(" ")).unwrap();
+    let m = tiny();
+    let bands = |file: &str, held_out: bool| -> Value {
+        let mut args = vec![
+            "perplexity",
+            "--model",
+            &m,
+            "--tokenizer",
+            &tk,
+            "--text",
+            file,
+            "--length",
+            "64",
+            "--band",
+            "16",
+            "--scaling",
+            "none",
+            "--json",
+            "--quiet",
+        ];
+        if held_out {
+            args.push("--held-out");
+        }
+        let v: Value = serde_json::from_str(&common::ok(&posenc(&args))).unwrap();
+        v["scalings"]["none"]["bands"].clone()
+    };
+    let (held, alone, start) = (
+        bands(&text, true),
+        bands(s(&tail), false),
+        bands(&text, false),
+    );
+    assert_eq!(held, alone);
+    assert_ne!(held, start);
+    let err = common::fails_mentioning(
+        &[
+            "perplexity",
+            "--model",
+            &m,
+            "--tokenizer",
+            &tk,
+            "--text",
+            &text,
+            "--length",
+            "400",
+            "--held-out",
+        ],
+        "--held-out",
+    );
+    assert!(err.contains("300 tokens"), "{err}");
+}

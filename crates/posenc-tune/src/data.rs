@@ -91,6 +91,13 @@ impl TrainText {
     }
 }
 
+/// The held-out part of a text's tokens: the last 10% that
+/// [`TrainText::new`] drops, never trained on (what `posenc perplexity
+/// --held-out` scores).
+pub fn held_out_tokens(tokens: &[u32]) -> &[u32] {
+    &tokens[posenc_lab::tasks::split_point(tokens.len())..]
+}
+
 /// What a training window is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
