@@ -102,8 +102,9 @@ pub struct EvalArgs {
     #[arg(long, default_value = "32,64,128")]
     pub lengths: String,
     /// RoPE scaling at evaluation time: none, linear, ntk, dynamic, yarn
-    /// (factor = length / training length, at least 1). Default: the
-    /// scaling the checkpoint was fine-tuned with, if any, else none.
+    /// (factor = length / training length, at least 1), or one with a
+    /// fixed factor (linear:F, ntk:F, dynamic:F, yarn:F; F >= 1). Default:
+    /// the scaling the checkpoint was fine-tuned with, if any, else none.
     #[arg(long)]
     pub scaling: Option<String>,
     /// Batches of 32 sequences per length.
@@ -145,8 +146,9 @@ pub struct FinetuneArgs {
     pub steps: Option<usize>,
     /// RoPE scaling kept in the forward pass during fine-tuning. Lab
     /// checkpoints: none, linear (Position Interpolation), ntk, dynamic,
-    /// yarn (factor = --len / the base's training length, at least 1;
-    /// default: the base's own fine-tune scaling, if any, else none).
+    /// yarn (factor = --len / the base's training length, at least 1), or
+    /// one with a fixed factor (yarn:2; F >= 1); default: the base's own
+    /// fine-tune scaling, if any, else none.
     /// --model: none, model (the config's own), linear:F, dynamic:F, yarn:F
     /// (factors relative to the model's trained length; default none),
     /// written into the merged checkpoint's config.json.
@@ -439,7 +441,7 @@ pub fn finetune(a: FinetuneArgs) -> CliResult {
             )));
         }
         if let Some(s) = &a.scaling {
-            posenc_lab::ScalingKind::parse(s)?;
+            finetune::parse_scaling(s)?;
         }
         refuse_existing_checkpoint(&a.out)?;
         let mut lab = Lab::load(base)?;

@@ -354,6 +354,17 @@ fn finetune_at_a_new_length_and_evaluate_the_result() {
     assert_eq!(by_default, eval_json(pis, &["--scaling", "linear"]));
     let bare = eval_json(pis, &["--scaling", "none"]);
     assert_ne!(by_default["loss"], bare["loss"]);
+    // A fixed factor (posenc's named form) is not stretched.
+    let fixed = eval_json(pis, &["--scaling", "pi:2"]);
+    assert_eq!(
+        fixed["scaling"],
+        serde_json::json!([
+            "linear ×2 (from 12)",
+            "linear ×2 (from 12)",
+            "linear ×2 (from 12)"
+        ])
+    );
+    assert_eq!(fixed["loss"][0], by_default["loss"][0]);
     // The text form says the scaling is the fine-tune's.
     let text = ok(&[
         "eval",
@@ -437,6 +448,10 @@ fn bad_finetune_arguments_are_one_line_errors() {
     // Unknown scaling, and a scaling on a model without RoPE.
     let e = ft(&["--checkpoint", bs, "--len", "24", "--scaling", "magic"]);
     assert!(e.contains("magic") && e.contains("yarn"), "{e}");
+    let e = ft(&["--checkpoint", bs, "--len", "24", "--scaling", "yarn:0"]);
+    assert!(e.contains("factor must be in"), "{e}");
+    let e = ft(&["--checkpoint", bs, "--len", "24", "--scaling", "yarn:0.5"]);
+    assert!(e.contains(">= 1"), "{e}");
     // Lengths: 0, below the task's minimum, not a number.
     let e = ft(&["--checkpoint", bs, "--len", "0"]);
     assert!(e.contains("too short"), "{e}");

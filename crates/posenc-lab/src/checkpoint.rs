@@ -13,6 +13,8 @@ use crate::config::{ModelConfig, TrainConfig};
 use crate::model::EvalScaling;
 use crate::LabError;
 
+pub use posenc::rope::FactorScaling;
+
 /// The seed of step `step`'s batch.
 pub fn batch_seed(seed: u64, step: u64, stream: u64) -> u64 {
     let mut r = SplitMix64::new(seed ^ stream.wrapping_mul(0xA076_1D64_78BD_642F));
@@ -51,64 +53,15 @@ pub const FINETUNE_STREAM: u64 = 5;
 /// Mixed into the seed of the fine-tuning batches.
 pub(crate) const FINETUNE_SALT: u64 = 0xF1AE;
 
-/// A RoPE scaling kind, as spelled on the command line (`none` is the
-/// absence of one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ScalingKind {
-    /// Position Interpolation: positions × 1/factor.
-    Linear,
-    /// NTK-aware: base × factor^(d/(d−2)).
-    Ntk,
-    /// Dynamic NTK: the NTK base recomputed from the current length once it
-    /// passes the original one.
-    Dynamic,
-    /// YaRN: per-frequency interpolation ramp and attention temperature.
-    Yarn,
-}
-
-impl ScalingKind {
-    /// The names accepted by [`ScalingKind::parse`].
-    pub const NAMES: [&'static str; 5] = ["none", "linear", "ntk", "dynamic", "yarn"];
-
-    /// Parses a command-line name; `none` gives `Ok(None)`.
-    ///
-    /// # Errors
-    /// [`LabError::Invalid`] for an unknown name, listing the known ones.
-    pub fn parse(name: &str) -> Result<Option<Self>, LabError> {
-        Ok(Some(match name {
-            "none" => return Ok(None),
-            "linear" => ScalingKind::Linear,
-            "ntk" => ScalingKind::Ntk,
-            "dynamic" => ScalingKind::Dynamic,
-            "yarn" => ScalingKind::Yarn,
-            other => {
-                return Err(LabError::Invalid(format!(
-                    "unknown scaling {other:?}; known: {}",
-                    Self::NAMES.join(", ")
-                )))
-            }
-        }))
-    }
-
-    /// The command-line name.
-    pub fn name(self) -> &'static str {
-        match self {
-            ScalingKind::Linear => "linear",
-            ScalingKind::Ntk => "ntk",
-            ScalingKind::Dynamic => "dynamic",
-            ScalingKind::Yarn => "yarn",
-        }
-    }
-}
-
 /// A RoPE scaling that can be saved in a checkpoint and rebuilt:
 /// `kind` with `factor` for a model whose positions were trained up to
-/// `original_len` (built by [`EvalScaling::new`]).
+/// `original_len` (built by [`EvalScaling::new`]). The kind is saved by
+/// name (`"linear"`, `"ntk"`, `"dynamic"`, `"yarn"`), the factor apart: it
+/// is stretched with the evaluation length ([`ScalingSpec::stretched`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScalingSpec {
-    /// The scaling.
-    pub kind: ScalingKind,
+    /// The scaling's family (posenc's [`FactorScaling`]).
+    pub kind: FactorScaling,
     /// Its factor (≥ 1).
     pub factor: f64,
     /// The length the unscaled model was trained at.
@@ -122,7 +75,7 @@ impl ScalingSpec {
     /// # Errors
     /// [`LabError::Invalid`] if `factor` is not finite and ≥ 1 or
     /// `original_len` is 0.
-    pub fn new(kind: ScalingKind, factor: f64, original_len: usize) -> Result<Self, LabError> {
+    pub fn new(kind: FactorScaling, factor: f64, original_len: usize) -> Result<Self, LabError> {
         if !(factor.is_finite() && factor >= 1.0) {
             return Err(LabError::Invalid(format!(
                 "scaling factor must be finite and >= 1, got {factor}"
@@ -144,7 +97,7 @@ impl ScalingSpec {
     /// `len`: factor `max(1, len / original_len)`, the rule of
     /// `posenc eval --scaling`.
     pub fn for_length(
-        kind: ScalingKind,
+        kind: FactorScaling,
         len: usize,
         original_len: usize,
     ) -> Result<Self, LabError> {
@@ -174,7 +127,7 @@ impl ScalingSpec {
     /// # Errors
     /// [`LabError::Invalid`] if the model does not use RoPE.
     pub fn build(&self, model: &ModelConfig) -> Result<EvalScaling, LabError> {
-        EvalScaling::new(model, self.kind.name(), self.factor, self.original_len)
+        EvalScaling::new(model, self.kind.with_factor(self.factor), self.original_len)
     }
 
     /// `linear ×2 (from 32)`.

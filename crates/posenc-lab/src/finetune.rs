@@ -9,7 +9,9 @@
 //! learning rate after an optional linear warm-up, the base run's gradient
 //! clipping and weight decay, batches of the task at the new length — with
 //! any of the scalings `posenc eval --scaling` knows (`linear`, `ntk`,
-//! `dynamic`, `yarn`) or none (plain fine-tuning at the new length).
+//! `dynamic`, `yarn`, each with a factor from the length or a fixed one as
+//! in `yarn:2`, [`parse_scaling`]) or none (plain fine-tuning at the new
+//! length).
 //!
 //! The fine-tuned checkpoint records what was done in
 //! [`CheckpointMeta::finetune`](crate::train::CheckpointMeta::finetune): the
@@ -26,11 +28,12 @@
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-pub use crate::checkpoint::{FinetuneRecord, ScalingKind, ScalingSpec, FINETUNE_STREAM};
+pub use crate::checkpoint::{FactorScaling, FinetuneRecord, ScalingSpec, FINETUNE_STREAM};
 use crate::config::PeConfig;
 use crate::optim::AdamW;
 use crate::train::{run_loop, Lab, LoopOptions, Summary};
 use crate::LabError;
+use posenc::rope::ScalingKind;
 
 /// Options of [`finetune`].
 pub struct FinetuneOptions<'a> {
@@ -92,18 +95,57 @@ impl<'a> FinetuneOptions<'a> {
     }
 }
 
+/// The names `--scaling` takes in the lab.
+pub const SCALING_NAMES: &str = "none, linear, ntk, dynamic, yarn";
+
+/// Parses a lab `--scaling`: `none` (`Ok(None)`); a family (`linear` or
+/// `pi`, `ntk`, `dynamic`, `yarn`: posenc's [`FactorScaling`]), whose factor
+/// [`scaling_at`] derives from the length; or posenc's named form with a
+/// fixed factor (`yarn:2`, [`ScalingKind`]'s syntax).
+///
+/// # Errors
+/// [`LabError::Invalid`] for an unknown name (listing the known ones), a
+/// bad factor (posenc's message), `model` or an attention method (the
+/// lab's models have no scaling of their own and run plain attention).
+pub fn parse_scaling(name: &str) -> Result<Option<(FactorScaling, Option<f64>)>, LabError> {
+    let name = name.trim();
+    if name == "none" {
+        return Ok(None);
+    }
+    if let Some(family) = FactorScaling::from_name(name) {
+        return Ok(Some((family, None)));
+    }
+    let with_factor = name
+        .split_once(':')
+        .is_some_and(|(k, _)| FactorScaling::from_name(k.trim()).is_some());
+    if with_factor {
+        let kind: ScalingKind = name
+            .parse()
+            .map_err(|e: posenc::Error| LabError::Invalid(e.to_string()))?;
+        if let Some((family, factor)) = kind.factor_scaling() {
+            return Ok(Some((family, Some(factor))));
+        }
+    }
+    Err(LabError::Invalid(format!(
+        "unknown scaling {name:?}; known: {SCALING_NAMES} (each but none also with a fixed factor, as in yarn:2)"
+    )))
+}
+
 /// The scaling to run `lab` with at length `len`, given a command-line
-/// `--scaling` (`None`: the flag was not given).
+/// `--scaling` (`None`: the flag was not given; the syntax of
+/// [`parse_scaling`]).
 ///
 /// - not given: the scaling the checkpoint was fine-tuned with, stretched
 ///   to `len` ([`ScalingSpec::stretched`]), or none;
 /// - `none`: no scaling, even on a model fine-tuned with one;
 /// - a kind: that kind with factor `max(1, len / L)` over the training
 ///   length `L` — or, on a model fine-tuned with a scaling, over that
-///   scaling's original length and at least its factor.
+///   scaling's original length and at least its factor;
+/// - a kind with a factor (`yarn:2`): that factor, not stretched, over the
+///   same original length.
 ///
 /// # Errors
-/// [`LabError::Invalid`] for an unknown name.
+/// [`LabError::Invalid`] for an unknown name or a factor below 1.
 pub fn scaling_at(
     lab: &Lab,
     requested: Option<&str>,
@@ -113,12 +155,14 @@ pub fn scaling_at(
     let Some(name) = requested else {
         return Ok(recorded.map(|s| s.stretched(len)));
     };
-    let Some(kind) = ScalingKind::parse(name)? else {
+    let Some((kind, factor)) = parse_scaling(name)? else {
         return Ok(None);
     };
-    Ok(Some(match recorded {
-        Some(s) => ScalingSpec::new(kind, s.factor, s.original_len)?.stretched(len),
-        None => ScalingSpec::for_length(kind, len, lab.meta.train.train_len)?,
+    Ok(Some(match (recorded, factor) {
+        (Some(s), None) => ScalingSpec::new(kind, s.factor, s.original_len)?.stretched(len),
+        (Some(s), Some(f)) => ScalingSpec::new(kind, f, s.original_len)?,
+        (None, None) => ScalingSpec::for_length(kind, len, lab.meta.train.train_len)?,
+        (None, Some(f)) => ScalingSpec::new(kind, f, lab.meta.train.train_len)?,
     }))
 }
 
@@ -147,7 +191,7 @@ pub fn scaling_at(
 /// use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
 /// use posenc_lab::tasks::{Task, TaskKind};
 /// use posenc_lab::train::Lab;
-/// use posenc_lab::{finetune, FinetuneOptions, ScalingKind, ScalingSpec};
+/// use posenc_lab::{finetune, FactorScaling, FinetuneOptions, ScalingSpec};
 ///
 /// let task = Task::new(TaskKind::Copy, 8)?;
 /// let model = ModelConfig {
@@ -179,7 +223,7 @@ pub fn scaling_at(
 /// let mut lab = Lab::new(model, run, task)?;
 /// // Position Interpolation: fine-tune at 16 with positions halved.
 /// let mut o = FinetuneOptions::new(16, 2, 1e-3);
-/// o.scaling = Some(ScalingSpec::for_length(ScalingKind::Linear, 16, 8)?);
+/// o.scaling = Some(ScalingSpec::for_length(FactorScaling::Linear, 16, 8)?);
 /// let summary = finetune(&mut lab, &o)?;
 /// assert_eq!(summary.steps, 2);
 /// assert_eq!(lab.meta.train.train_len, 16);
@@ -290,19 +334,48 @@ mod tests {
 
     #[test]
     fn scaling_names_parse_and_specs_validate() {
-        for n in ScalingKind::NAMES {
-            let k = ScalingKind::parse(n).unwrap();
-            assert_eq!(k.map_or("none", |k| k.name()), n);
+        for n in SCALING_NAMES.split(", ") {
+            let k = parse_scaling(n).unwrap();
+            assert_eq!(
+                k.map_or("none", |(k, f)| {
+                    assert_eq!(f, None);
+                    k.name()
+                }),
+                n
+            );
         }
-        let e = ScalingKind::parse("magic").unwrap_err().to_string();
+        assert_eq!(
+            parse_scaling("pi").unwrap(),
+            Some((FactorScaling::Linear, None))
+        );
+        assert_eq!(
+            parse_scaling(" yarn:2.5 ").unwrap(),
+            Some((FactorScaling::Yarn, Some(2.5)))
+        );
+        for bad in [
+            "magic",
+            "model",
+            "rerope:8",
+            "dca:64:16+yarn:2",
+            "magic:2",
+            "yarn:0",
+        ] {
+            let e = parse_scaling(bad).unwrap_err().to_string();
+            assert!(e.contains(bad.split('+').next().unwrap()), "{e}");
+        }
+        let e = parse_scaling("magic").unwrap_err().to_string();
         assert!(e.contains("magic") && e.contains("yarn"), "{e}");
-        assert!(ScalingSpec::new(ScalingKind::Linear, 0.5, 8).is_err());
-        assert!(ScalingSpec::new(ScalingKind::Linear, f64::NAN, 8).is_err());
-        assert!(ScalingSpec::new(ScalingKind::Linear, 2.0, 0).is_err());
-        let s = ScalingSpec::for_length(ScalingKind::Linear, 64, 32).unwrap();
+        assert!(parse_scaling("yarn:0")
+            .unwrap_err()
+            .to_string()
+            .contains("factor"));
+        assert!(ScalingSpec::new(FactorScaling::Linear, 0.5, 8).is_err());
+        assert!(ScalingSpec::new(FactorScaling::Linear, f64::NAN, 8).is_err());
+        assert!(ScalingSpec::new(FactorScaling::Linear, 2.0, 0).is_err());
+        let s = ScalingSpec::for_length(FactorScaling::Linear, 64, 32).unwrap();
         assert_eq!(s.factor, 2.0);
         assert_eq!(
-            ScalingSpec::for_length(ScalingKind::Ntk, 16, 32)
+            ScalingSpec::for_length(FactorScaling::Ntk, 16, 32)
                 .unwrap()
                 .factor,
             1.0

@@ -41,7 +41,7 @@ pub mod tasks;
 pub mod train;
 
 pub use eval::{loss_per_position, PositionLoss};
-pub use finetune::{finetune, FinetuneOptions, FinetuneRecord, ScalingKind, ScalingSpec};
+pub use finetune::{finetune, FactorScaling, FinetuneOptions, FinetuneRecord, ScalingSpec};
 
 /// Errors of the lab: bad arguments, corrupt checkpoints, candle failures.
 #[derive(Debug, thiserror::Error)]

@@ -27,7 +27,7 @@ use candle_nn::{embedding, linear, Embedding, VarBuilder};
 use posenc::absolute::floater::FloaterConfig;
 use posenc::absolute::sinusoidal::{Sinusoidal, SinusoidalLayout};
 use posenc::relative::alibi::{Alibi, AlibiMode};
-use posenc::rope::{RopeConfig, RopeScaling};
+use posenc::rope::{RopeConfig, RopeScaling, ScalingKind};
 use posenc::tensor::absolute::{
     FloaterEmbedding, LearnedEmbedding, Positions, SinusoidalEmbedding,
 };
@@ -101,21 +101,19 @@ pub struct EvalScaling {
 }
 
 impl EvalScaling {
-    /// Builds the scaling `kind` (`none`, `linear`, `ntk`, `dynamic`,
-    /// `yarn`) with `factor` for a RoPE (or iRoPE) model trained at
-    /// `train_len`, with the same defaults a Hugging Face config would get:
+    /// Builds the scaling `kind` (posenc's [`ScalingKind`]: `none`,
+    /// `linear:F` — Chen et al. 2023 —, `ntk:F` — bloc97 2023 —,
+    /// `dynamic:F`, `yarn:F` — Peng et al. 2023 —; `model` is the model's
+    /// own plain RoPE, as `none`) for a RoPE (or iRoPE) model trained at
+    /// `train_len`, with the same defaults a Hugging Face config would get
+    /// ([`FactorScaling::rope_scaling`](posenc::rope::FactorScaling::rope_scaling)):
     /// YaRN's β_fast 32 and β_slow 1 with the attention factor derived from
-    /// `factor`; dynamic NTK rescales only past `train_len`.
+    /// the factor; dynamic NTK rescales only past `train_len`.
     ///
     /// # Errors
-    /// [`LabError::Invalid`] for a model without RoPE or an unknown kind;
-    /// the scaling's own checks (a factor that is not finite and positive).
-    pub fn new(
-        cfg: &ModelConfig,
-        kind: &str,
-        factor: f64,
-        train_len: usize,
-    ) -> Result<Self, LabError> {
+    /// [`LabError::Invalid`] for a model without RoPE; the scaling's own
+    /// checks (a factor that is not finite and positive).
+    pub fn new(cfg: &ModelConfig, kind: ScalingKind, train_len: usize) -> Result<Self, LabError> {
         let (theta, partial, interleaved) = match cfg.pe {
             PeConfig::Rope {
                 theta,
@@ -133,19 +131,13 @@ impl EvalScaling {
         let hd = cfg.head_dim();
         // transformers: int(head_dim · partial_rotary_factor).
         let rd = (hd as f64 * partial) as usize;
-        let scaling = RopeScaling::from_factor(kind, factor, train_len).map_err(|_| {
-            LabError::Invalid(format!(
-                "unknown scaling {kind:?}; known: {}",
-                posenc::rope::FACTOR_SCALINGS.join(", ")
-            ))
-        })?;
+        let scaling = kind.rope_scaling(train_len).unwrap_or(RopeScaling::Default);
         // Dynamic NTK reads the training length from max_position_embeddings
         // (as transformers does) and rescales only beyond it; the others
         // record the extended context.
-        let max_positions = if kind == "dynamic" {
-            train_len
-        } else {
-            (train_len as f64 * factor.max(1.0)).ceil() as usize
+        let max_positions = match kind {
+            ScalingKind::Dynamic(_) => train_len,
+            k => (train_len as f64 * k.factor().unwrap_or(1.0).max(1.0)).ceil() as usize,
         };
         let mut rc = RopeConfig::new(theta, rd)?
             .with_head_dim(hd)
@@ -155,10 +147,9 @@ impl EvalScaling {
             rc = rc.with_layout(posenc::rope::PairLayout::Interleaved);
         }
         Ok(EvalScaling {
-            name: if kind == "none" {
-                "none".into()
-            } else {
-                format!("{kind} ×{factor}")
+            name: match kind.factor_scaling() {
+                Some((family, factor)) => format!("{family} ×{factor}"),
+                None => kind.to_string(),
             },
             rope: Rope::new(rc)?,
         })
@@ -760,7 +751,8 @@ mod tests {
             };
             for kind in ["linear", "ntk", "dynamic", "yarn"] {
                 let (factor, len) = (4.0, 32usize);
-                let typed = EvalScaling::new(&cfg, kind, factor, len).unwrap();
+                let family = posenc::rope::FactorScaling::from_name(kind).unwrap();
+                let typed = EvalScaling::new(&cfg, family.with_factor(factor), len).unwrap();
                 let orig = if kind == "dynamic" || kind == "yarn" {
                     format!(r#", "original_max_position_embeddings": {len}"#)
                 } else {

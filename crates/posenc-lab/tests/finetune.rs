@@ -13,7 +13,7 @@ use posenc_lab::finetune::scaling_at;
 use posenc_lab::optim::{clip_grad_norm, AdamW};
 use posenc_lab::tasks::{Task, TaskKind, IGNORE};
 use posenc_lab::train::{self, batch_seed, make_batch, Lab, TrainOptions};
-use posenc_lab::{finetune, FinetuneOptions, LabError, ScalingKind, ScalingSpec};
+use posenc_lab::{finetune, FactorScaling, FinetuneOptions, LabError, ScalingSpec};
 
 const BASE_LEN: usize = 8;
 
@@ -73,7 +73,7 @@ fn finetuning_at_a_new_length_lowers_the_loss_there() {
     let dir = tmp("lowers");
     let b = base(&dir, rope(), 120);
     let len = 2 * BASE_LEN;
-    let pi = ScalingSpec::for_length(ScalingKind::Linear, len, BASE_LEN).unwrap();
+    let pi = ScalingSpec::for_length(FactorScaling::Linear, len, BASE_LEN).unwrap();
     let before_plain = loss_at(&b, len, None);
     let before_pi = loss_at(&b, len, Some(&pi));
     let mut afters = Vec::new();
@@ -124,7 +124,7 @@ fn the_checkpoint_records_the_finetune_and_the_base_is_untouched() {
     assert!(!text.contains("finetune"), "{text}");
     let mut l = Lab::load(&dir).unwrap();
     assert!(l.meta.finetune.is_none());
-    let spec = ScalingSpec::for_length(ScalingKind::Yarn, 24, BASE_LEN).unwrap();
+    let spec = ScalingSpec::for_length(FactorScaling::Yarn, 24, BASE_LEN).unwrap();
     let mut o = FinetuneOptions::new(24, 4, 1e-3);
     o.scaling = Some(spec.clone());
     o.warmup = 2;
@@ -194,9 +194,9 @@ fn a_scaling_kept_in_finetuning_is_the_default_afterwards() {
     assert_eq!(scaling_at(&l, None, 32).unwrap(), None);
     assert_eq!(
         scaling_at(&l, Some("ntk"), 32).unwrap(),
-        Some(ScalingSpec::new(ScalingKind::Ntk, 4.0, BASE_LEN).unwrap())
+        Some(ScalingSpec::new(FactorScaling::Ntk, 4.0, BASE_LEN).unwrap())
     );
-    let spec = ScalingSpec::for_length(ScalingKind::Linear, 16, BASE_LEN).unwrap();
+    let spec = ScalingSpec::for_length(FactorScaling::Linear, 16, BASE_LEN).unwrap();
     let mut o = FinetuneOptions::new(16, 2, 1e-3);
     o.scaling = Some(spec.clone());
     o.out = Some(&out);
@@ -208,13 +208,13 @@ fn a_scaling_kept_in_finetuning_is_the_default_afterwards() {
     // Past it: stretched further, from the same original length.
     assert_eq!(
         scaling_at(&ft, None, 64).unwrap(),
-        Some(ScalingSpec::new(ScalingKind::Linear, 8.0, BASE_LEN).unwrap())
+        Some(ScalingSpec::new(FactorScaling::Linear, 8.0, BASE_LEN).unwrap())
     );
     // An explicit kind keeps the original length and at least the factor;
     // `none` drops it.
     assert_eq!(
         scaling_at(&ft, Some("ntk"), 16).unwrap(),
-        Some(ScalingSpec::new(ScalingKind::Ntk, 2.0, BASE_LEN).unwrap())
+        Some(ScalingSpec::new(FactorScaling::Ntk, 2.0, BASE_LEN).unwrap())
     );
     assert_eq!(scaling_at(&ft, Some("none"), 16).unwrap(), None);
     assert!(scaling_at(&ft, Some("magic"), 16).is_err());
@@ -230,7 +230,7 @@ fn a_scaling_kept_in_finetuning_is_the_default_afterwards() {
 fn an_interrupted_finetune_resumes_exactly() {
     let dir = tmp("resume-base");
     base(&dir, rope(), 3);
-    let spec = ScalingSpec::for_length(ScalingKind::Linear, 16, BASE_LEN).unwrap();
+    let spec = ScalingSpec::for_length(FactorScaling::Linear, 16, BASE_LEN).unwrap();
     let run = |out: &Path, pause_at: Option<usize>| {
         let mut l = Lab::load(&dir).unwrap();
         let mut o = FinetuneOptions::new(16, 6, 2e-3);
@@ -265,7 +265,7 @@ fn in_memory_finetune_matches_a_plain_adamw_loop() {
             "plain-base"
         });
         base(&dir, rope(), 3);
-        let spec = ScalingSpec::for_length(ScalingKind::Linear, 16, BASE_LEN).unwrap();
+        let spec = ScalingSpec::for_length(FactorScaling::Linear, 16, BASE_LEN).unwrap();
         let (len, steps, lr) = (16, 3, 1e-3);
         let mut a = Lab::load(&dir).unwrap();
         a.model.set_fused(fused);
@@ -380,7 +380,7 @@ fn what_cannot_be_finetuned_is_a_typed_error() {
     // A scaling needs RoPE.
     let mut a = lab(PeConfig::Alibi, 1);
     let mut o = FinetuneOptions::new(16, 1, 1e-3);
-    o.scaling = Some(ScalingSpec::for_length(ScalingKind::Linear, 16, BASE_LEN).unwrap());
+    o.scaling = Some(ScalingSpec::for_length(FactorScaling::Linear, 16, BASE_LEN).unwrap());
     let e = finetune(&mut a, &o).unwrap_err().to_string();
     assert!(e.contains("RoPE"), "{e}");
 }

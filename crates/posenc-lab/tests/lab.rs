@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use posenc::analysis::SplitMix64;
+use posenc::rope::ScalingKind;
 use posenc_lab::config::{Mode, PeConfig};
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::{Task, TaskKind};
@@ -364,7 +365,7 @@ fn learned_table_refuses_lengths_past_it_and_scaling_needs_rope() {
         .unwrap()
         .to_string();
     assert!(e.contains("learned position table"), "{e}");
-    let e = posenc_lab::model::EvalScaling::new(&lab.meta.model, "yarn", 2.0, 8)
+    let e = posenc_lab::model::EvalScaling::new(&lab.meta.model, ScalingKind::Yarn(2.0), 8)
         .err()
         .unwrap()
         .to_string();
@@ -384,16 +385,22 @@ fn rope_scalings_evaluate_at_longer_lengths() {
         task,
     )
     .unwrap();
-    for kind in ["none", "linear", "ntk", "dynamic", "yarn"] {
-        let s = posenc_lab::model::EvalScaling::new(&lab.meta.model, kind, 4.0, 8).unwrap();
+    for kind in ["none", "linear:4", "ntk:4", "dynamic:4", "yarn:4"] {
+        let k: ScalingKind = kind.parse().unwrap();
+        let s = posenc_lab::model::EvalScaling::new(&lab.meta.model, k, 8).unwrap();
         let r = train::evaluate(&lab, &[32], 1, 2, Some(&s)).unwrap();
         assert!(r.loss[0].is_finite(), "{kind}");
     }
-    assert!(posenc_lab::model::EvalScaling::new(&lab.meta.model, "bogus", 2.0, 8).is_err());
+    // A factor posenc's validation refuses.
+    assert!(
+        posenc_lab::model::EvalScaling::new(&lab.meta.model, ScalingKind::Linear(f64::NAN), 8)
+            .is_err()
+    );
     // Dynamic NTK changes nothing within the training length and rescales
     // beyond it.
-    let none = posenc_lab::model::EvalScaling::new(&lab.meta.model, "none", 4.0, 8).unwrap();
-    let dynamic = posenc_lab::model::EvalScaling::new(&lab.meta.model, "dynamic", 4.0, 8).unwrap();
+    let none = posenc_lab::model::EvalScaling::new(&lab.meta.model, ScalingKind::None, 8).unwrap();
+    let dynamic =
+        posenc_lab::model::EvalScaling::new(&lab.meta.model, ScalingKind::Dynamic(4.0), 8).unwrap();
     let at = |len, s| train::evaluate(&lab, &[len], 1, 2, Some(s)).unwrap().loss[0];
     assert_eq!(at(8, &none), at(8, &dynamic));
     assert_ne!(at(32, &none), at(32, &dynamic));

@@ -1,10 +1,11 @@
 //! Experiment 3: RoPE past its training length, with every scaling.
 
 use posenc::rope::RopeConfig;
+use posenc::rope::ScalingKind;
 use posenc::tensor::rope::Rope;
 use posenc_lab::model::EvalScaling;
 use posenc_lab::train::Lab;
-use posenc_lab::{ScalingKind, ScalingSpec};
+use posenc_lab::{FactorScaling, ScalingSpec};
 use serde_json::json;
 
 use super::{diverged, f4, jnum, load_for_eval, pm, Ctx, ExpOutput, Experiment, RunSpec, Table};
@@ -22,13 +23,14 @@ pub const EXPERIMENT: Experiment = Experiment {
     run,
 };
 
-/// The zero-shot scalings, in table order: name and `rope_type`.
-const ZERO_SHOT: [(&str, &str); 5] = [
-    ("no scaling", "none"),
-    ("PI zero-shot", "linear"),
-    ("NTK", "ntk"),
-    ("dynamic NTK", "dynamic"),
-    ("YaRN", "yarn"),
+/// The zero-shot scalings, in table order: name and family (`None`: no
+/// scaling).
+const ZERO_SHOT: [(&str, Option<FactorScaling>); 5] = [
+    ("no scaling", None),
+    ("PI zero-shot", Some(FactorScaling::Linear)),
+    ("NTK", Some(FactorScaling::Ntk)),
+    ("dynamic NTK", Some(FactorScaling::Dynamic)),
+    ("YaRN", Some(FactorScaling::Yarn)),
 ];
 
 /// One model's measurements under one scaling: the loss per position at
@@ -70,23 +72,22 @@ fn dynamic(lab: &Lab, factor: f64, l: usize) -> Result<EvalScaling> {
     )
 }
 
-/// The scaling `kind` for evaluation at `f × l`, `None` at f = 1 or for no
-/// scaling.
+/// The scaling `kind` for evaluation at `f × l` (factor `f`), `None` at
+/// f = 1 or for no scaling; YaRN with the preset's β_fast and β_slow.
 fn scaling_for(
     lab: &Lab,
-    kind: &str,
+    kind: Option<FactorScaling>,
     f: usize,
     l: usize,
     beta: (f64, f64),
 ) -> Result<Option<EvalScaling>> {
-    Ok(if f == 1 || kind == "none" {
-        None
-    } else if kind == "yarn" {
-        Some(yarn(lab, f as f64, l, beta.0, beta.1)?)
-    } else if kind == "dynamic" {
-        Some(dynamic(lab, f as f64, l)?)
-    } else {
-        Some(EvalScaling::new(&lab.meta.model, kind, f as f64, l)?)
+    let factor = f as f64;
+    Ok(match kind {
+        _ if f == 1 => None,
+        None => None,
+        Some(FactorScaling::Yarn) => Some(yarn(lab, factor, l, beta.0, beta.1)?),
+        Some(FactorScaling::Dynamic) => Some(dynamic(lab, factor, l)?),
+        Some(k) => Some(EvalScaling::new(&lab.meta.model, k.with_factor(factor), l)?),
     })
 }
 
@@ -190,12 +191,12 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         // Fine-tuning at 2L on the training text: PI (linear ×2 kept in
         // training) and plain; then evaluated on the validation text.
         let mut pi = Lab::load(dir)?;
-        let s2 = ScalingSpec::for_length(ScalingKind::Linear, ft_len, l)?;
+        let s2 = ScalingSpec::for_length(FactorScaling::Linear, ft_len, l)?;
         super::finetune(&mut pi, Some(s2), ft_len, p.finetune_steps, p.finetune_lr)?;
         pi.task = pi.task.validation();
         let mut v = Vec::new();
         for &f in &p.factors {
-            let s = EvalScaling::new(&pi.meta.model, "linear", f.max(2) as f64, l)?;
+            let s = EvalScaling::new(&pi.meta.model, ScalingKind::Linear(f.max(2) as f64), l)?;
             v.push(curve(&pi, f * l, Some(&s))?);
         }
         all.push(v);
