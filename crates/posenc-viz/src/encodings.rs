@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use posenc::absolute::{Floater, FloaterConfig, LearnedTable, Sinusoidal, SinusoidalLayout};
 use posenc::relative::{Alibi, AlibiMode, Shaw, T5Bias, T5Buckets};
-use posenc::rope::{PairLayout, Rope, RopeConfig, RopeFrequencies, RopeScaling, XPos};
+use posenc::rope::{PairLayout, Rope, RopeConfig, RopeFrequencies, RopeScaling, ScalingKind, XPos};
 use posenc::{AbsoluteEncoding, AttentionBias};
 use posenc_plot::{Colormap, Orientation, ValueRange};
 
@@ -52,7 +52,8 @@ pub struct EncodingOptions {
     pub offset: Option<u64>,
     /// RoPE / xPos base θ (default 10000).
     pub theta: Option<f64>,
-    /// RoPE scaling: default, linear, ntk, dynamic, yarn, llama3, longrope.
+    /// RoPE scaling: default, linear, ntk, dynamic, yarn, llama3, longrope,
+    /// or one with its factor (`yarn:4`, posenc's [`ScalingKind`] syntax).
     pub scaling: Option<String>,
     /// Scaling factor (default 4).
     pub factor: Option<f64>,
@@ -318,13 +319,28 @@ fn pair_layout(s: Option<&str>) -> Result<Option<PairLayout>> {
     }
 }
 
-/// The RoPE scaling a `--scaling NAME --factor F --original-max L` asks for.
+/// The RoPE scaling a `--scaling NAME --factor F --original-max L` asks for,
+/// or a `--scaling NAME:F` in posenc's named form
+/// ([`ScalingKind`]: `linear:F`, `pi:F`, `ntk:F`, `dynamic:F`, `yarn:F`)
+/// with the factor in the name (`--factor` then refused).
 fn scaling_from_flags(
     name: &str,
-    factor: f64,
+    factor: Option<f64>,
     original: usize,
     rotary_dim: usize,
 ) -> Result<RopeScaling> {
+    if name.contains(':') {
+        if factor.is_some() {
+            return Err(invalid(format!(
+                "--scaling {name} gives its factor: drop --factor"
+            )));
+        }
+        let kind: ScalingKind = name
+            .parse()
+            .map_err(|e: posenc::Error| invalid(e.to_string()))?;
+        return Ok(kind.rope_scaling(original).unwrap_or(RopeScaling::Default));
+    }
+    let factor = factor.unwrap_or(4.0);
     Ok(match name {
         "longrope" => {
             // A synthetic profile (a real model's lists come with --config):
@@ -364,7 +380,7 @@ pub fn rope_config(o: &EncodingOptions, default_dim: usize) -> Result<RopeConfig
         let cfg = RopeConfig::new(o.theta.unwrap_or(10000.0), dim)?;
         let scaling = scaling_from_flags(
             o.scaling.as_deref().unwrap_or("default"),
-            o.factor.unwrap_or(4.0),
+            o.factor,
             check_count("original-max", o.original_max.unwrap_or(4096), usize::MAX)?,
             dim,
         )?;
@@ -826,5 +842,43 @@ impl Encoding {
                 Colormap::Viridis,
             )),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rope(scaling: &str, factor: Option<f64>) -> Result<RopeConfig> {
+        let o = EncodingOptions {
+            scaling: Some(scaling.into()),
+            factor,
+            original_max: Some(64),
+            ..EncodingOptions::default()
+        };
+        rope_config(&o, 16)
+    }
+
+    #[test]
+    fn scaling_takes_its_factor_in_the_name_or_from_factor() {
+        for (named, family) in [
+            ("linear:2", "linear"),
+            ("pi:2", "linear"),
+            ("ntk:2", "ntk"),
+            ("dynamic:2", "dynamic"),
+            ("yarn:2", "yarn"),
+        ] {
+            assert_eq!(
+                rope(named, None).unwrap(),
+                rope(family, Some(2.0)).unwrap(),
+                "{named}"
+            );
+        }
+        let e = rope("yarn:2", Some(2.0)).unwrap_err().to_string();
+        assert!(e.contains("drop --factor"), "{e}");
+        let e = rope("yarn:0", None).unwrap_err().to_string();
+        assert!(e.contains("factor must be in"), "{e}");
+        let e = rope("bogus", None).unwrap_err().to_string();
+        assert!(e.contains("unknown scaling"), "{e}");
     }
 }

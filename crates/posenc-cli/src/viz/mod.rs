@@ -39,7 +39,8 @@ pub struct EncodingOpts {
     /// RoPE / xPos base θ (default 10000).
     #[arg(long)]
     pub theta: Option<f64>,
-    /// RoPE scaling: default, linear, ntk, dynamic, yarn, llama3, longrope.
+    /// RoPE scaling: default, linear, ntk, dynamic, yarn, llama3, longrope,
+    /// or one with its factor: linear:F, ntk:F, dynamic:F, yarn:F.
     #[arg(long)]
     pub scaling: Option<String>,
     /// Scaling factor (default 4).
