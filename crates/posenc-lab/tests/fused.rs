@@ -134,6 +134,38 @@ fn layer_norm_matches_the_composed_ops() {
     }
 }
 
+/// RMSNorm (the pretrained decoders' norm, fused for posenc-tune) against
+/// the composed ops, at the edge sizes and one size large enough for the
+/// row-parallel path.
+#[test]
+fn rms_norm_matches_the_composed_ops() {
+    for (n, d) in SIZES
+        .iter()
+        .flat_map(|&n| [1, 2, 3, 8, 32, 129].map(|d| (n, d)))
+        .chain([(300, 576)])
+    {
+        let x = var(&[n, d], 14, 2.0);
+        let w = var(&[d], 15, 1.0);
+        compare(&[&x, &w], 2e-5, &format!("rms norm {n}×{d}"), |fused| {
+            ops::rms_norm(&x, &w, 1e-5, fused).unwrap()
+        });
+    }
+}
+
+/// SwiGLU's gate `silu(g) ⊙ u` against candle's `silu` and a product.
+#[test]
+fn swiglu_matches_candle() {
+    for (n, d) in SIZES.iter().map(|&n| (n, 37)).chain([(300, 1536)]) {
+        let g = var(&[n, d], 16, 4.0);
+        let u = var(&[n, d], 17, 2.0);
+        compare(&[&g, &u], 2e-6, &format!("swiglu {n}×{d}"), |fused| {
+            ops::swiglu(&g, &u, fused).unwrap()
+        });
+    }
+    let (a, b) = (var(&[2, 3], 1, 1.0), var(&[3, 2], 2, 1.0));
+    assert!(ops::swiglu(&a, &b, true).is_err());
+}
+
 #[test]
 fn gelu_matches_candle() {
     for &n in &SIZES {

@@ -24,14 +24,15 @@
 //! [`Rope::apply`] (its backward is the inverse rotation), the attention
 //! posenc's fused [`Attention::forward`], whose backward recomputes the
 //! probabilities from the saved log-sum-exp and handles grouped-query heads;
-//! [`TrainableDecoder::set_reference`] swaps both for their composed candle
-//! reference paths. Position ids are explicit, one per token, so a window
-//! may skip positions (PoSE); the causal mask follows the order of the
-//! tokens, not their ids.
+//! RMSNorm, SwiGLU's gate and the cross-entropy are the lab's fused ops
+//! ([`posenc_lab::ops`]); [`TrainableDecoder::set_reference`] swaps all of
+//! them for their composed candle reference paths. Position ids are
+//! explicit, one per token, so a window may skip positions (PoSE); the
+//! causal mask follows the order of the tokens, not their ids.
 
 use std::sync::Mutex;
 
-use candle_core::{Device, Tensor, Var, D};
+use candle_core::{Device, Tensor, Var};
 use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
 use posenc::tensor::rope::{HeadLayout, Rope};
 use posenc::tensor::Positions;
@@ -393,7 +394,7 @@ impl TrainableDecoder {
         for layer in &self.layers {
             x = self.layer(layer, &x, &pos)?; // (T, D)
         }
-        rms_norm(&x, self.norm.tensor(), self.cfg.rms_norm_eps)
+        self.rms_norm(&x, self.norm.tensor())
     }
 
     /// The logits `(T, V)` of `tokens` at `positions`.
@@ -420,7 +421,7 @@ impl TrainableDecoder {
             )));
         }
         let logits = self.logits(tokens, positions)?;
-        next_token_loss(&logits, tokens)
+        next_token_loss(&logits, tokens, !self.reference)
     }
 
     /// The gradient of `loss` (a scalar computed by this model) for every
@@ -518,11 +519,7 @@ impl TrainableDecoder {
         let after = lock().clone();
         // Head: the final norm once, the logits and the loss by row chunks.
         let x_last = Var::from_tensor(&x)?; // (T, D)
-        let h = rms_norm(
-            x_last.as_tensor(),
-            self.norm.tensor(),
-            self.cfg.rms_norm_eps,
-        )?; // (T, D)
+        let h = self.rms_norm(x_last.as_tensor(), self.norm.tensor())?; // (T, D)
         let h_var = Var::from_tensor(&h.detach())?;
         let n = t - 1;
         let mut loss_sum = 0f64;
@@ -533,7 +530,7 @@ impl TrainableDecoder {
             let hc = h_var.as_tensor().narrow(0, start, rows)?; // (C, D)
             let logits = self.head(&hc)?; // (C, V)
             let targets = &tokens[start + 1..start + 1 + rows];
-            let sum = token_loss_sum(&logits, targets)?; // scalar
+            let sum = token_loss_sum(&logits, targets, !self.reference)?; // scalar
             loss_sum += sum.to_scalar::<f32>()? as f64;
             let store = sum.affine(1.0 / n as f64, 0.0)?.backward()?;
             add(&store)?;
@@ -618,7 +615,7 @@ impl TrainableDecoder {
         let (t, _) = x.dims2()?;
         let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         // Attention block.
-        let h = rms_norm(x, l.attn_norm.tensor(), cfg.rms_norm_eps)?; // (T, D)
+        let h = self.rms_norm(x, l.attn_norm.tensor())?; // (T, D)
         let q = self.linear(&l.q, &h)?.reshape((1, t, hq, dh))?; // (1, T, H_q, Dh)
         let k = self.linear(&l.k, &h)?.reshape((1, t, hk, dh))?; // (1, T, H_k, Dh)
         let v = self.linear(&l.v, &h)?.reshape((1, t, hk, dh))?; // (1, T, H_k, Dh)
@@ -639,11 +636,23 @@ impl TrainableDecoder {
         let a = a.reshape((t, hq * dh))?; // (T, H_q·Dh)
         let x = (x + self.linear(&l.o, &a)?)?; // (T, D)
                                                // Feed-forward block (SwiGLU).
-        let h = rms_norm(&x, l.mlp_norm.tensor(), cfg.rms_norm_eps)?; // (T, D)
+        let h = self.rms_norm(&x, l.mlp_norm.tensor())?; // (T, D)
         let gate = self.linear(&l.gate, &h)?; // (T, I)
         let up = self.linear(&l.up, &h)?; // (T, I)
-        let m = (gate.silu()? * up)?; // (T, I)
+        let m = posenc_lab::ops::swiglu(&gate, &up, !self.reference)?; // (T, I)
         Ok((x + self.linear(&l.down, &m)?)?) // (T, D)
+    }
+
+    /// `x / √(mean(x²) + ε) · w` over the last axis, as transformers'
+    /// `LlamaRMSNorm` in `f32`: the lab's fused op, or (reference) its
+    /// composed candle ops.
+    fn rms_norm(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        Ok(posenc_lab::ops::rms_norm(
+            x,
+            w,
+            self.cfg.rms_norm_eps,
+            !self.reference,
+        )?)
     }
 
     /// `x·Wᵀ (+ b) + dropout(x)·Aᵀ·Bᵀ·α/r`, `x` `(T, in)` → `(T, out)`.
@@ -666,31 +675,23 @@ impl TrainableDecoder {
     }
 }
 
-/// `x / √(mean(x²) + ε) · w` over the last axis, as transformers'
-/// `LlamaRMSNorm` in `f32`.
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let inv = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?; // (T, 1)
-    Ok(x.broadcast_mul(&inv)?.broadcast_mul(w)?)
-}
-
-/// Mean `−log softmax(logits[t])[tokens[t + 1]]` over `t < T − 1`.
-fn next_token_loss(logits: &Tensor, tokens: &[u32]) -> Result<Tensor> {
+/// Mean `−log softmax(logits[t])[tokens[t + 1]]` over `t < T − 1`: the
+/// lab's fused cross-entropy ([`posenc_lab::ops::cross_entropy`]), or its
+/// composed reference.
+fn next_token_loss(logits: &Tensor, tokens: &[u32], fused: bool) -> Result<Tensor> {
     let t = tokens.len();
     let logits = logits.narrow(0, 0, t - 1)?; // (T−1, V)
-    let sum = token_loss_sum(&logits, &tokens[1..])?;
-    Ok(sum.affine(1.0 / (t - 1) as f64, 0.0)?)
+    let targets = Tensor::from_slice(&tokens[1..], t - 1, logits.device())?;
+    Ok(posenc_lab::ops::cross_entropy(
+        &logits, &targets, -1, fused,
+    )?)
 }
 
 /// `Σ_c −log softmax(logits[c])[targets[c]]` over the rows of `logits`
 /// `(C, V)`, one target each.
-fn token_loss_sum(logits: &Tensor, targets: &[u32]) -> Result<Tensor> {
+fn token_loss_sum(logits: &Tensor, targets: &[u32], fused: bool) -> Result<Tensor> {
     let c = targets.len();
-    let targets = Tensor::from_slice(targets, (c, 1), logits.device())?;
-    // The shift by the row maximum is a constant: log-sum-exp does not
-    // depend on it, so no gradient flows through it.
-    let max = logits.max_keepdim(1)?.detach(); // (C, 1)
-    let shifted = logits.broadcast_sub(&max)?; // (C, V)
-    let lse = shifted.exp()?.sum_keepdim(1)?.log()?; // (C, 1)
-    let picked = shifted.gather(&targets, 1)?; // (C, 1)
-    Ok((lse - picked)?.sum_all()?)
+    let targets = Tensor::from_slice(targets, c, logits.device())?;
+    let mean = posenc_lab::ops::cross_entropy(logits, &targets, -1, fused)?;
+    Ok(mean.affine(c as f64, 0.0)?)
 }

@@ -10,6 +10,8 @@
 //! | `y = LN(x)·Wᵀ + b` | [`ln_linear`] (a branch's LayerNorm and first layer; `[γ, β, W, b]` packed into one input) | [`layer_norm`](fn@layer_norm) then [`linear`](fn@linear) |
 //! | `y = r + (x·Wᵀ + b)` | [`linear_residual`] (a residual branch's last layer and the addition; `[W, b]` packed into one input) | [`linear`](fn@linear) then an addition |
 //! | `y = x + W₂·GELU(W₁·LN(x) + b₁) + b₂` | [`mlp_residual`] (a block's MLP half with its residual, its six parameters packed into one input) | [`layer_norm`](fn@layer_norm), [`linear_gelu`], [`linear`](fn@linear), an addition |
+//! | RMSNorm | [`rms_norm`](fn@rms_norm) (one pass per row, the saved `1/√(mean(x²) + ε)`) | square, mean, reciprocal root, scale |
+//! | `silu(g) ⊙ u` (SwiGLU's gate) | [`swiglu`](fn@swiglu) (one pass forward, both gradients in one backward pass) | candle's `silu` and a product |
 //! | cross-entropy from logits | [`cross_entropy`](fn@cross_entropy) (log-sum-exp per row; the gradient is `softmax − onehot`) | `log_softmax`, `gather`, mask, mean |
 //!
 //! Every op takes `fused: bool`; `false` runs the reference. The fused ops
@@ -26,7 +28,8 @@
 //! `matmul.rs` (the products: posenc's AVX-512 tiles or the `gemm` crate),
 //! `rows.rs` (the fixed-order row-parallel helpers), `linear.rs` (also
 //! [`linear_gelu`] and [`linear_residual`]), `layer_norm.rs` (also
-//! [`ln_linear`]), `gelu.rs`, `mlp.rs`, `cross_entropy.rs`.
+//! [`ln_linear`]), `gelu.rs`, `mlp.rs`, `cross_entropy.rs`, and the pretrained decoders'
+//! `rms_norm.rs` and `swiglu.rs` (used by posenc-tune).
 
 mod cross_entropy;
 mod fused;
@@ -35,10 +38,14 @@ mod layer_norm;
 mod linear;
 mod matmul;
 mod mlp;
+mod rms_norm;
 mod rows;
+mod swiglu;
 
 pub use cross_entropy::cross_entropy;
 pub use gelu::gelu;
 pub use layer_norm::{layer_norm, ln_linear};
 pub use linear::{linear, linear_at, linear_gelu, linear_residual};
 pub use mlp::mlp_residual;
+pub use rms_norm::rms_norm;
+pub use swiglu::swiglu;
