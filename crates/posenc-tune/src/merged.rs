@@ -26,7 +26,7 @@
 
 use std::path::{Path, PathBuf};
 
-use posenc::rope::{RopeConfig, RopeScaling};
+use posenc::rope::{HfRopeParameters, RopeConfig, RopeScaling};
 use posenc_models::{Arch, Decoder, DecoderConfig, Scaling};
 use serde_json::{json, Value};
 
@@ -80,17 +80,27 @@ impl TokenizerFiles {
 fn rope_keys(cfg: &DecoderConfig, rope: &RopeConfig, base_max: usize) -> Result<(Value, usize)> {
     let l = cfg.trained_length();
     let stretched = |f: f64| ((f * l as f64).ceil() as usize).max(base_max);
-    Ok(match rope.scaling() {
-        RopeScaling::Default => (Value::Null, base_max),
+    let params = |rope_type: &str| HfRopeParameters {
+        rope_type: Some(rope_type.to_string()),
+        ..HfRopeParameters::default()
+    };
+    let (params, max) = match rope.scaling() {
+        RopeScaling::Default => return Ok((Value::Null, base_max)),
         RopeScaling::Linear { factor } => (
-            json!({"rope_type": "linear", "factor": factor}),
+            HfRopeParameters {
+                factor: Some(*factor),
+                ..params("linear")
+            },
             stretched(*factor),
         ),
         RopeScaling::Dynamic {
             factor,
             max_position_embeddings,
         } => (
-            json!({"rope_type": "dynamic", "factor": factor}),
+            HfRopeParameters {
+                factor: Some(*factor),
+                ..params("dynamic")
+            },
             *max_position_embeddings,
         ),
         RopeScaling::Yarn {
@@ -103,31 +113,26 @@ fn rope_keys(cfg: &DecoderConfig, rope: &RopeConfig, base_max: usize) -> Result<
             mscale_all_dim,
             truncate,
         } => {
-            let mut v = json!({
-                "rope_type": "yarn",
-                "factor": factor,
-                "original_max_position_embeddings": original_max_position_embeddings,
-                "beta_fast": beta_fast,
-                "beta_slow": beta_slow,
-            });
-            if let Some(a) = attention_factor {
-                v["attention_factor"] = json!(a);
-            }
-            if let Some(m) = mscale {
-                v["mscale"] = json!(m);
-            }
-            if let Some(m) = mscale_all_dim {
-                v["mscale_all_dim"] = json!(m);
-            }
-            if !truncate {
-                v["truncate"] = json!(false);
-            }
             let max = if *original_max_position_embeddings == l {
                 stretched(*factor)
             } else {
                 base_max
             };
-            (v, max)
+            (
+                HfRopeParameters {
+                    factor: Some(*factor),
+                    original_max_position_embeddings: Some(*original_max_position_embeddings),
+                    beta_fast: Some(*beta_fast),
+                    beta_slow: Some(*beta_slow),
+                    attention_factor: *attention_factor,
+                    mscale: *mscale,
+                    mscale_all_dim: *mscale_all_dim,
+                    // Written only when it is not transformers' default.
+                    truncate: (!truncate).then_some(false),
+                    ..params("yarn")
+                },
+                max,
+            )
         }
         RopeScaling::Llama3 {
             factor,
@@ -135,13 +140,13 @@ fn rope_keys(cfg: &DecoderConfig, rope: &RopeConfig, base_max: usize) -> Result<
             high_freq_factor,
             original_max_position_embeddings,
         } => (
-            json!({
-                "rope_type": "llama3",
-                "factor": factor,
-                "low_freq_factor": low_freq_factor,
-                "high_freq_factor": high_freq_factor,
-                "original_max_position_embeddings": original_max_position_embeddings,
-            }),
+            HfRopeParameters {
+                factor: Some(*factor),
+                low_freq_factor: Some(*low_freq_factor),
+                high_freq_factor: Some(*high_freq_factor),
+                original_max_position_embeddings: Some(*original_max_position_embeddings),
+                ..params("llama3")
+            },
             base_max,
         ),
         other => {
@@ -150,7 +155,10 @@ fn rope_keys(cfg: &DecoderConfig, rope: &RopeConfig, base_max: usize) -> Result<
                 other.rope_type()
             )))
         }
-    })
+    };
+    let value =
+        serde_json::to_value(params).map_err(|e| TuneError::Input(format!("rope_scaling: {e}")))?;
+    Ok((value, max))
 }
 
 /// A transformers `config.json` for `cfg` (what a GGUF's metadata holds):

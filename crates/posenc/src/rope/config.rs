@@ -320,50 +320,71 @@ pub enum HfRopeParametersField {
 }
 
 /// The keys of `rope_scaling` / `rope_parameters` (transformers'
-/// `RopeParameters`).
+/// `RopeParameters`). Serialised, the keys that are `None` are left out, so
+/// that a written `rope_scaling` holds only the keys given.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct HfRopeParameters {
     /// `rope_type`: one of [`KNOWN_ROPE_TYPES`]; default `default`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rope_type: Option<String>,
     /// Legacy name of `rope_type`.
     #[serde(rename = "type")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub legacy_type: Option<String>,
     /// Base, transformers 5 location.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rope_theta: Option<f64>,
     /// Partial rotary fraction, transformers 5 location.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub partial_rotary_factor: Option<f64>,
     /// Scaling factor (all scalings but `default`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub factor: Option<f64>,
     /// Pre-training context length (llama3, yarn, longrope).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub original_max_position_embeddings: Option<usize>,
     /// Explicit attention factor (yarn, longrope).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub attention_factor: Option<f64>,
     /// YaRN `beta_fast` (default 32).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub beta_fast: Option<f64>,
     /// YaRN `beta_slow` (default 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub beta_slow: Option<f64>,
     /// YaRN/DeepSeek `mscale`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mscale: Option<f64>,
     /// YaRN/DeepSeek `mscale_all_dim`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mscale_all_dim: Option<f64>,
     /// YaRN: round the correction range (default true).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub truncate: Option<bool>,
     /// LongRoPE short factors (`rotary_dim / 2` of them).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub short_factor: Option<Vec<f64>>,
     /// LongRoPE long factors (`rotary_dim / 2` of them).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub long_factor: Option<Vec<f64>>,
     /// Llama 3 `low_freq_factor`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub low_freq_factor: Option<f64>,
     /// Llama 3 `high_freq_factor`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub high_freq_factor: Option<f64>,
     /// Multimodal RoPE: frequencies per axis (t, h, w).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mrope_section: Option<Vec<usize>>,
     /// Multimodal RoPE: axes interleaved (Qwen3-VL) rather than chunked.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mrope_interleaved: Option<bool>,
     /// vLLM mixed NTK: the exponent `b` (with `rope_type: "ntk"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mixed_b: Option<f64>,
     /// Hunyuan NTK-alpha: the scale `α` (with `type: "dynamic"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub alpha: Option<f64>,
 }
 
