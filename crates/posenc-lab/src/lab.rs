@@ -434,9 +434,7 @@ impl candle_nn::var_builder::SimpleBackend for SeededVarMap {
             return Ok(v.as_tensor().clone());
         }
         let n = s.elem_count();
-        let name_hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-        });
+        let name_hash = crate::bpe::fnv(name.as_bytes());
         let mut rng = SplitMix64::new(self.seed ^ name_hash);
         let vals: Vec<f64> = match h {
             candle_nn::Init::Const(c) => vec![c; n],

@@ -26,12 +26,9 @@ pub const GRAMMAR: &str = "grammar";
 /// The largest corpus file read (bytes), checked before reading.
 pub const MAX_FILE_BYTES: u64 = 256 << 20;
 
-/// FNV-1a, 64 bits: the cache keys.
-pub fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
-}
+/// FNV-1a, 64 bits: the cache keys (the lab's, so one hash names a text
+/// in both caches).
+pub use posenc_lab::bpe::fnv;
 
 /// The text experiments' corpus, resolved: what it is, its hash (part of
 /// every text run's cache key) and its sizes.
