@@ -40,6 +40,12 @@ pub struct ReportArgs {
     /// default: a log in the output's cache).
     #[arg(long, value_name = "FILE", requires = "model")]
     pub passkey_log: Option<PathBuf>,
+    /// With --model: experiment 8 also fine-tunes PI ×2 and YaRN ×2 for N
+    /// steps each (LoRA on PoSE windows of L/4 tokens covering 2L
+    /// positions, on the text's first 90%) and measures them on its last
+    /// 10%: held-out band losses and passkey retrieval before and after.
+    #[arg(long = "finetune-steps", value_name = "N", requires = "model")]
+    pub finetune_steps: Option<usize>,
 }
 
 impl From<posenc_report::ReportError> for CliError {
@@ -56,6 +62,12 @@ pub fn run(a: ReportArgs) -> CliResult {
     if let Some(m) = &a.model {
         posenc_models::ModelFiles::open(m)?;
     }
+    if a.finetune_steps == Some(0) {
+        return Err(CliError(format!(
+            "--finetune-steps must be in 1..={}",
+            posenc_report::finetuned::MAX_STEPS
+        )));
+    }
     let summary = posenc_report::run(&posenc_report::Options {
         out: a.out,
         preset: a.preset,
@@ -69,6 +81,7 @@ pub fn run(a: ReportArgs) -> CliResult {
         },
         model: a.model.clone(),
         passkey_log: a.passkey_log.clone(),
+        finetune_steps: a.finetune_steps.unwrap_or(0),
     })?;
     println!("{}", summary.line(&out));
     if a.model.is_none() {

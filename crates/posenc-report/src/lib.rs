@@ -10,7 +10,7 @@
 #![warn(missing_docs)]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -19,6 +19,7 @@ pub mod corpus;
 pub mod experiments;
 pub mod families;
 pub mod figures;
+pub mod finetuned;
 pub mod html;
 pub mod preset;
 pub mod pretrained;
@@ -86,6 +87,9 @@ pub struct Options {
     /// experiments 8 and 9 read and append their passkey trials
     /// (`--passkey-log FILE`; default: a log in the cache).
     pub passkey_log: Option<PathBuf>,
+    /// Experiment 8 also fine-tunes PI ×2 and YaRN ×2 for this many steps
+    /// and measures them on held-out text (`--finetune-steps N`; 0: not).
+    pub finetune_steps: usize,
 }
 
 /// The line the report prints in place of experiment 8 when no model is
@@ -292,39 +296,51 @@ pub fn run(a: &Options) -> Result<Summary> {
             n = a.only.unwrap_or_default()
         )));
     }
+    // The model experiments' text, read (and with --finetune-steps, checked
+    // against the model) before any experiment runs.
+    let model_text = match &a.model {
+        Some(model) => {
+            let body = match &text.file {
+                Some(f) => std::fs::read_to_string(f)
+                    .map_err(|e| ReportError(format!("{}: {e}", f.display())))?,
+                None => corpus::PRIDE_AND_PREJUDICE.to_string(),
+            };
+            let name = if text.file.is_some() {
+                text.name.clone()
+            } else {
+                corpus::DEFAULT.to_string()
+            };
+            if a.finetune_steps > 0 {
+                pretrained::check_finetune(model, &body, &name, a.finetune_steps)?;
+            }
+            Some((body, name))
+        }
+        None => None,
+    };
     let mut exps = if model_only {
         Vec::new()
     } else {
         experiments::run_all(&mut ctx, a.only)?
     };
-    if let Some(model) = &a.model {
-        let body = match &text.file {
-            Some(f) => std::fs::read_to_string(f)
-                .map_err(|e| ReportError(format!("{}: {e}", f.display())))?,
-            None => corpus::PRIDE_AND_PREJUDICE.to_string(),
+    if let (Some(model), Some((body, name))) = (&a.model, &model_text) {
+        let run = pretrained::ModelRun {
+            model,
+            text: body,
+            text_name: name,
+            preset: &preset.name,
+            passkey_trials: preset.passkey_trials,
+            cache: &ctx.cache,
+            passkey_log: a.passkey_log.as_deref(),
+            finetune_steps: a.finetune_steps,
         };
-        let name = if text.file.is_some() {
-            text.name.clone()
-        } else {
-            corpus::DEFAULT.to_string()
-        };
-        type ModelExperiment =
-            fn(&Path, &str, &str, &str, usize, &Path, Option<&Path>) -> Result<ExpOutput>;
+        type ModelExperiment = fn(&pretrained::ModelRun) -> Result<ExpOutput>;
         let model_experiments: [(usize, ModelExperiment); 2] = [
             (pretrained::ID, pretrained::experiment),
             (training_free::ID, training_free::experiment),
         ];
         for (id, experiment) in model_experiments {
             if a.only.is_none_or(|n| n == id) {
-                exps.push(experiment(
-                    model,
-                    &body,
-                    &name,
-                    &preset.name,
-                    preset.passkey_trials,
-                    &ctx.cache,
-                    a.passkey_log.as_deref(),
-                )?);
+                exps.push(experiment(&run)?);
             }
         }
     }

@@ -15,6 +15,7 @@ use crate::claims::experiments as ce;
 use crate::corpus::fnv;
 use crate::experiments::{ExpOutput, Table};
 use crate::figures::{Fig, FigSpec, LineSpec};
+use crate::finetuned::{self, Finetuned};
 use crate::{num, ReportError, Result};
 
 /// The curves of a [`Study`]: one per scaling, each band's mean loss at the
@@ -477,6 +478,39 @@ pub(crate) fn retrieval_table(r: &Retrieval, first: &str, title: String) -> Tabl
     }
 }
 
+/// Checks `--finetune-steps` against the model and the text before any
+/// experiment runs ([`finetuned::check`]).
+///
+/// # Errors
+/// Those of [`finetuned::check`]; a model or text that experiment 8 cannot
+/// open.
+pub fn check_finetune(model: &Path, text: &str, text_name: &str, steps: usize) -> Result<()> {
+    let o = open(model, text, text_name, ID, CONTINUATION)?;
+    finetuned::check(steps, &o.all, &o.cfg)
+}
+
+/// What experiments 8 and 9 run on (`posenc report --model`).
+#[derive(Debug, Clone, Copy)]
+pub struct ModelRun<'a> {
+    /// The model: a GGUF file or a Hugging Face checkpoint directory.
+    pub model: &'a Path,
+    /// The text of the windows.
+    pub text: &'a str,
+    /// Its name in captions.
+    pub text_name: &'a str,
+    /// The preset's name (recorded with each claim).
+    pub preset: &'a str,
+    /// Passkey prompts per length and depth (0: no retrieval).
+    pub passkey_trials: usize,
+    /// The report's cache directory.
+    pub cache: &'a Path,
+    /// A `posenc passkey --log` file shared with the retrieval grids.
+    pub passkey_log: Option<&'a Path>,
+    /// Experiment 8 also fine-tunes PI and YaRN for this many steps
+    /// (0: not; [`crate::finetuned`]).
+    pub finetune_steps: usize,
+}
+
 /// Experiment 8: a pretrained RoPE decoder (GGUF or safetensors) over one
 /// window of twice its trained length `L` of `text` (its first `2L`
 /// tokens), zero-shot, for each of [`SCALINGS`]: loss per position, the
@@ -487,15 +521,17 @@ pub(crate) fn retrieval_table(r: &Retrieval, first: &str, title: String) -> Tabl
 /// # Errors
 /// A model that cannot be read or run, a text shorter than `2L` tokens, a
 /// window that does not fit in memory.
-pub fn experiment(
-    model: &Path,
-    text: &str,
-    text_name: &str,
-    preset: &str,
-    passkey_trials: usize,
-    cache: &Path,
-    passkey_log: Option<&Path>,
-) -> Result<ExpOutput> {
+pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
+    let &ModelRun {
+        model,
+        text,
+        text_name,
+        preset,
+        passkey_trials,
+        cache,
+        passkey_log,
+        finetune_steps,
+    } = run;
     let Opened {
         files,
         cfg,
@@ -505,17 +541,23 @@ pub fn experiment(
     } = open(model, text, text_name, ID, CONTINUATION)?;
     let l = cfg.trained_length();
     let t = 2 * l;
+    if finetune_steps > 0 {
+        finetuned::check(finetune_steps, &all, &cfg)?;
+    }
     let unigram = unigram_entropy(&all);
     let path = cache_path(
         cache,
         "pretrained",
         model,
         text,
-        &format!("{t} {CONTINUATION} {passkey_trials}"),
+        &format!("{t} {CONTINUATION} {passkey_trials} {finetune_steps}"),
         &[
             include_str!("pretrained.rs"),
+            include_str!("finetuned.rs"),
             include_str!("../../posenc-viz/src/claims/experiments.rs"),
             include_str!("../../posenc-models/src/passkey/mod.rs"),
+            include_str!("../../posenc-tune/src/train.rs"),
+            include_str!("../../posenc-tune/src/model.rs"),
         ],
     )?;
     if let Some(o) = cached(&path) {
@@ -572,6 +614,20 @@ pub fn experiment(
             &passkey_methods(l),
             &mut log,
             ID,
+        )?)
+    } else {
+        None
+    };
+    let tuned = if finetune_steps > 0 {
+        Some(finetuned::run(
+            model,
+            &decoder,
+            &source,
+            &tk,
+            &all,
+            finetune_steps,
+            passkey_trials,
+            cache,
         )?)
     } else {
         None
@@ -677,6 +733,9 @@ pub fn experiment(
         "loss at L",
         "Loss (nats) per band of 1,024 positions (band A–B: mean over positions i in [A, B) of the loss of token i + 1)".into(),
     ));
+    if let Some(f) = &tuned {
+        finetuned_claims(&mut o, f, found.as_ref(), preset, &study, text_name)?;
+    }
     let tail: String = {
         let text = tk.decode(&window[t.saturating_sub(48)..]).map_err(err)?;
         one_line(&text)
@@ -714,4 +773,115 @@ pub fn experiment(
     o.seconds = start.elapsed().as_secs_f64();
     store(&path, &o)?;
     Ok(o)
+}
+
+/// Experiment 8's fine-tuned arm in the output: the held-out band table,
+/// the retrieval table of the fine-tuned models beside the same scalings
+/// zero-shot, and the two claims of [`ce::PRETRAINED_FINETUNE`].
+fn finetuned_claims(
+    o: &mut ExpOutput,
+    f: &Finetuned,
+    zero_shot: Option<&Retrieval>,
+    preset: &str,
+    study: &Study,
+    text_name: &str,
+) -> Result<()> {
+    let (l, t) = (study.trained_length, study.length);
+    let held = Study {
+        model: study.model.clone(),
+        trained_length: l,
+        length: t,
+        band: study.band,
+        runs: f.runs.clone(),
+    };
+    let run = |name: &str| -> Result<&perplexity::ScalingRun> {
+        held.runs
+            .iter()
+            .find(|r| r.name == name)
+            .ok_or_else(|| ReportError(format!("experiment 8: no held-out run {name}")))
+    };
+    let beyond = |r: &perplexity::ScalingRun| -> Vec<f64> {
+        r.bands
+            .iter()
+            .filter(|b| b.start >= l)
+            .map(|b| b.loss)
+            .collect()
+    };
+    let at_l = run("none")?.mean_inside.unwrap_or(f64::NAN);
+    let (pi, pi_ft) = (run("linear:2")?, run(&finetuned::tuned_name("linear:2"))?);
+    let mb = |r: &perplexity::ScalingRun| r.mean_beyond.unwrap_or(f64::NAN);
+    let mut values = serde_json::Map::new();
+    values.insert(
+        "loss at L (held out, no scaling, positions 0..L)".into(),
+        at_l.into(),
+    );
+    for r in &held.runs {
+        values.insert(format!("{}, L..2L", r.name), mb(r).into());
+    }
+    o.push_claim(
+        &ce::PI_FINETUNE_CLOSES_GAP,
+        preset,
+        "mean loss on held-out text (nats)",
+        serde_json::Value::Object(values),
+        serde_json::json!("LLaMA 7B, PI + 1,000 steps: perplexity at 8,192 at or below the original at 2,048 (Table 1)"),
+        ce::pi_finetune_closes_gap(&beyond(pi_ft), &beyond(pi), at_l),
+    );
+    if let (Some(r), Some(z)) = (&f.retrieval, zero_shot) {
+        let at_2l = |acc: &[f64]| acc.last().copied().unwrap_or(f64::NAN);
+        // The better fine-tune at 2L, against its scaling zero-shot.
+        let best = (0..r.methods.len())
+            .max_by(|&a, &b| at_2l(&r.accuracy[a]).total_cmp(&at_2l(&r.accuracy[b])))
+            .unwrap_or(0);
+        let scaling = finetuned::SCALINGS[best.min(finetuned::SCALINGS.len() - 1)];
+        let zero = z
+            .methods
+            .iter()
+            .position(|m| m == scaling)
+            .map_or(f64::NAN, |i| at_2l(&z.accuracy[i]));
+        let mut value = serde_json::Map::new();
+        for (i, m) in r.methods.iter().enumerate() {
+            value.insert(format!("{m}, 2L"), at_2l(&r.accuracy[i]).into());
+        }
+        for s in finetuned::SCALINGS {
+            if let Some(i) = z.methods.iter().position(|m| m == s) {
+                value.insert(format!("{s} zero-shot, 2L"), at_2l(&z.accuracy[i]).into());
+            }
+        }
+        o.push_claim(
+            &ce::FINETUNE_RETRIEVES,
+            preset,
+            &format!(
+                "greedy passkey accuracy at 2L ({} prompts per length)",
+                r.trials_per_length
+            ),
+            serde_json::Value::Object(value),
+            serde_json::json!("LLaMA 7B fine-tuned 2k → 32k: YaRN 0.98–1.0, PI 0.44–0.54 at 2k–16k (YaRN data/passkey-32k.csv)"),
+            ce::finetune_retrieves(at_2l(&r.accuracy[best]), zero),
+        );
+        o.tables.push(retrieval_table(
+            r,
+            "fine-tuned",
+            format!(
+                "Passkey retrieval after {} fine-tuning steps (as the zero-shot table above; {} prompts per length)",
+                f.steps, r.trials_per_length
+            ),
+        ));
+    }
+    o.tables.push(loss_table(
+        &held,
+        at_l,
+        "loss at L (held out)",
+        format!(
+            "Held-out loss (nats) per band of 1,024 positions: one window of 2L = {t} tokens from the last 10% of {text_name} (never trained on), the base model without scaling and with PI ×2 and YaRN ×2 zero-shot, and each after {} steps of LoRA fine-tuning on PoSE windows of {} tokens covering 2L positions ({})",
+            f.steps,
+            f.window,
+            f.training
+                .iter()
+                .zip(finetuned::SCALINGS)
+                .map(|((secs, loss), s)| format!("{s}: {secs:.0} s, last step's loss {loss:.3}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    ));
+    Ok(())
 }

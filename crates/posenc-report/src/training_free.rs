@@ -5,7 +5,6 @@
 //! the same window of twice the trained length and the same passkey
 //! prompts; each paper's claim as a rule.
 
-use std::path::Path;
 use std::time::Instant;
 
 use posenc_models::perplexity::{self, Study};
@@ -15,7 +14,7 @@ use crate::claims::experiments as ce;
 use crate::experiments::ExpOutput;
 use crate::pretrained::{
     cache_path, cached, err, loss_figure, loss_table, open, passkey_lengths, retrieval,
-    retrieval_table, store, trial_log, Opened,
+    retrieval_table, store, trial_log, ModelRun, Opened,
 };
 use crate::Result;
 
@@ -69,15 +68,17 @@ fn retrieval_methods(l: usize) -> Vec<String> {
 /// # Errors
 /// A model that cannot be read or run, a text shorter than `2L` tokens, a
 /// window that does not fit in memory.
-pub fn experiment(
-    model: &Path,
-    text: &str,
-    text_name: &str,
-    preset: &str,
-    passkey_trials: usize,
-    cache: &Path,
-    passkey_log: Option<&Path>,
-) -> Result<ExpOutput> {
+pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
+    let &ModelRun {
+        model,
+        text,
+        text_name,
+        preset,
+        passkey_trials,
+        cache,
+        passkey_log,
+        ..
+    } = run;
     let Opened {
         files,
         cfg,

@@ -652,6 +652,58 @@ pub const PRETRAINED: [&ClaimDef; 5] = [
     &PRETRAINED_RETRIEVAL,
 ];
 
+/// The claims experiment 8 adds when it also fine-tunes
+/// (`posenc report --model M --finetune-steps N`), in report order.
+pub const PRETRAINED_FINETUNE: [&ClaimDef; 2] = [&PI_FINETUNE_CLOSES_GAP, &FINETUNE_RETRIEVES];
+
+/// e8 with fine-tuning: PI + a short fine-tune recovers the loss at L.
+pub const PI_FINETUNE_CLOSES_GAP: ClaimDef = ClaimDef {
+    id: "e8.pi-finetune-closes-gap",
+    experiment: 8,
+    claim: "A short fine-tune under Position Interpolation recovers what zero-shot PI costs: past L, the fine-tuned model scores about as well as the original model does within L.",
+    source: "Chen et al. 2023 (PI), §3.2 and Table 1 (LLaMA 7B–65B, 1,000 fine-tuning steps: perplexity at the extended window at or below the original's at 2,048); Zhu et al. 2024 (PoSE), Table 2 (the same with windows of the original length)",
+    rule: "held-out text (the text's last 10% of tokens, never trained on), one window of 2L; at L: the base model's mean loss on positions 0..L without scaling. Reproduced if PI + fine-tune's mean loss on L..2L is ≤ 1.05 × at L and lower than zero-shot PI's beyond the spread (paired bands beyond L: mean difference + 2 standard errors < 0); partly if only lower than zero-shot PI's beyond the spread; tie if within it; otherwise not reproduced",
+};
+
+/// [`PI_FINETUNE_CLOSES_GAP`]'s rule: bands beyond L of PI + fine-tune
+/// and of zero-shot PI, and the base model's loss at L.
+pub fn pi_finetune_closes_gap(tuned: &[f64], zero_shot: &[f64], at_l: f64) -> Verdict {
+    let m = mean_of(tuned);
+    Verdict::finite_or_nan(&[m, mean_of(zero_shot), at_l], || {
+        match paired_lower(tuned, zero_shot) {
+            Compare::Lower if m <= 1.05 * at_l => Verdict::Reproduced,
+            c => lower_is_partly(c),
+        }
+    })
+}
+
+/// e8 with fine-tuning: retrieval at 2L after a short fine-tune.
+pub const FINETUNE_RETRIEVES: ClaimDef = ClaimDef {
+    id: "e8.finetune-retrieves",
+    experiment: 8,
+    claim: "After a short fine-tune with interpolation, a RoPE decoder retrieves a passkey at twice its trained length.",
+    source: "Chen et al. 2023 (PI), §3.4 (passkey retrieval up to the extended window after fine-tuning); Peng et al. 2023 (YaRN), repository data/passkey-32k.csv (LLaMA 7B fine-tuned 2k → 32k: YaRN 1.0/1.0/.98/1.0 and PI .54/.52/.44/.50 at 2k–16k)",
+    rule: "landmark passkey prompts as in e8.retrieval-needs-interpolation; accuracy at 2L over every depth and trial; the better of PI + fine-tune and YaRN + fine-tune against the same scaling zero-shot. Reproduced if it retrieves ≥ 80% at 2L and more than zero-shot; partly if more than zero-shot but < 80%; tie if as much as zero-shot; not reproduced if less",
+};
+
+/// [`FINETUNE_RETRIEVES`]'s rule: accuracy at 2L of the better fine-tune
+/// and of the same scaling zero-shot.
+pub fn finetune_retrieves(tuned_at_2l: f64, zero_shot_at_2l: f64) -> Verdict {
+    Verdict::finite_or_nan(&[tuned_at_2l, zero_shot_at_2l], || {
+        if tuned_at_2l > zero_shot_at_2l {
+            if tuned_at_2l >= 0.8 {
+                Verdict::Reproduced
+            } else {
+                Verdict::Partly
+            }
+        } else if tuned_at_2l == zero_shot_at_2l {
+            Verdict::Tie
+        } else {
+            Verdict::NotReproduced
+        }
+    })
+}
+
 /// e8: "generates well" judged by retrieval.
 pub const PRETRAINED_RETRIEVAL: ClaimDef = ClaimDef {
     id: "e8.retrieval-needs-interpolation",
@@ -960,6 +1012,39 @@ mod pretrained_rules {
         // No scaling still retrieves: the claim's premise fails.
         assert_eq!(pretrained_retrieval(0.6, 1.0), Verdict::NotReproduced);
         assert_eq!(pretrained_retrieval(f64::NAN, 1.0), Verdict::Nan);
+    }
+
+    #[test]
+    fn finetune_rules_read_the_held_out_bands_and_retrieval() {
+        let zero = [4.0, 4.2, 4.4, 4.1];
+        let tuned = [3.05, 3.1, 3.0, 3.12];
+        // Below zero-shot PI on every band and within 5% of the loss at L.
+        assert_eq!(
+            pi_finetune_closes_gap(&tuned, &zero, 3.0),
+            Verdict::Reproduced
+        );
+        // Below zero-shot PI, but far above the loss at L.
+        assert_eq!(pi_finetune_closes_gap(&tuned, &zero, 2.5), Verdict::Partly);
+        // No better than zero-shot: never reproduced, however low L's loss.
+        assert_eq!(
+            pi_finetune_closes_gap(&zero, &tuned, 9.0),
+            Verdict::NotReproduced
+        );
+        assert_eq!(
+            pi_finetune_closes_gap(&[3.0, 3.2], &[3.1, 3.1], 3.0),
+            Verdict::Tie
+        );
+        assert_eq!(
+            pi_finetune_closes_gap(&tuned, &zero, f64::NAN),
+            Verdict::Nan
+        );
+        assert_eq!(finetune_retrieves(0.8, 0.2), Verdict::Reproduced);
+        assert_eq!(finetune_retrieves(0.6, 0.2), Verdict::Partly);
+        assert_eq!(finetune_retrieves(0.2, 0.2), Verdict::Tie);
+        assert_eq!(finetune_retrieves(0.0, 0.2), Verdict::NotReproduced);
+        // 80% that zero-shot already had is no gain from the fine-tune.
+        assert_eq!(finetune_retrieves(0.8, 0.8), Verdict::Tie);
+        assert_eq!(finetune_retrieves(f64::NAN, 0.2), Verdict::Nan);
     }
 
     #[test]
