@@ -9,22 +9,10 @@ use posenc::kernels::table::{TableSpec, Tables};
 use posenc::kernels::{Element, HeadLayout, RopeGeometry, RowMap, SimdLevel};
 use posenc::rope::{PairLayout, RopeFrequencies};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use proptest::test_runner::Config;
 
-/// Deterministic xorshift generator for test data.
-struct Rng(u64);
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        self.next_f32();
-        (self.0 % n as u64) as usize
-    }
-}
+mod common;
+use common::Rng;
 
 /// Largest allowed |fast − reference| for an output `r` whose products
 /// `x·cos`, `x·sin` are at most `mag` in size.
@@ -74,7 +62,7 @@ fn check_case<T: Element>(
     let t = tables(rd, rows_avail, rng.below(2) == 0);
     let src: Vec<T> = (0..g.len()).map(|_| T::from_f32(rng.next_f32())).collect();
     let id_vec: Vec<usize> = (0..g.batch * g.seq_len)
-        .map(|_| rng.below(rows_avail))
+        .map(|_| rng.below(rows_avail as u64) as usize)
         .collect();
     let rows = if ids {
         RowMap::Ids(&id_vec)
@@ -196,13 +184,10 @@ fn every_level_matches_reference_at_edge_sizes() {
 
 #[test]
 fn random_geometries_property() {
-    let mut runner = TestRunner::new_with_rng(
-        Config {
-            cases: 48,
-            ..Config::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[7u8; 32]),
-    );
+    let mut runner = common::seeded(Config {
+        cases: 48,
+        ..Config::default()
+    });
     let strat = (
         1usize..4,
         prop::sample::select(EDGES.to_vec()),
@@ -229,7 +214,7 @@ fn random_geometries_property() {
                 PairLayout::HalfSplit
             };
             let mut rng = Rng(seed | 1);
-            let rd = 2 * (1 + rng.below(half_d));
+            let rd = 2 * (1 + rng.below(half_d as u64) as usize);
             all_types(
                 &mut rng,
                 [b, h, t, d],
@@ -311,27 +296,35 @@ fn bf16_and_f16_rounding_match_half_crate_on_specials() {
             })
             .collect();
         for level in SimdLevel::available() {
-            let src: Vec<bf16> = src32.iter().map(|&v| bf16::from_f32(v)).collect();
-            let mut out = vec![bf16::ZERO; n];
-            rope_out(level, &src, &mut out, &g, &tabs, RowMap::Offset(0), false).unwrap();
-            for (o, s) in out.iter().zip(&src).take(n / 2) {
-                let want = bf16::from_f32(s.to_f32() * factor);
-                assert!(
-                    o.to_bits() == want.to_bits() || (o.is_nan() && want.is_nan()),
-                    "bf16 {level}: {s} × {factor} gave {o}, half gives {want}"
-                );
-            }
-            let src: Vec<f16> = src32.iter().map(|&v| f16::from_f32(v)).collect();
-            let mut out = vec![f16::ZERO; n];
-            rope_out(level, &src, &mut out, &g, &tabs, RowMap::Offset(0), false).unwrap();
-            for (o, s) in out.iter().zip(&src).take(n / 2) {
-                let want = f16::from_f32(s.to_f32() * factor);
-                assert!(
-                    o.to_bits() == want.to_bits() || (o.is_nan() && want.is_nan()),
-                    "f16 {level}: {s} × {factor} gave {o}, half gives {want}"
-                );
-            }
+            let gt = (&g, &tabs);
+            rounds_like_half(level, gt, &src32, factor, bf16::from_f32, bf16::to_bits);
+            rounds_like_half(level, gt, &src32, factor, f16::from_f32, f16::to_bits);
         }
+    }
+}
+
+/// `src32` converted by `from` (half's rounding) through `rope_out` at
+/// `level` with cos = `factor`, sin = 0: each output of the first half is,
+/// bit for bit (or both NaN), `from(s · factor)`.
+fn rounds_like_half<T: Element + std::fmt::Display>(
+    level: SimdLevel,
+    (g, tabs): (&RopeGeometry, &posenc::kernels::RopeTables),
+    src32: &[f32],
+    factor: f32,
+    from: fn(f32) -> T,
+    bits: fn(T) -> u16,
+) {
+    let n = src32.len();
+    let src: Vec<T> = src32.iter().map(|&v| from(v)).collect();
+    let mut out = vec![from(0.0); n];
+    rope_out(level, &src, &mut out, g, tabs, RowMap::Offset(0), false).unwrap();
+    for (&o, &s) in out.iter().zip(&src).take(n / 2) {
+        let want = from(s.to_f32() * factor);
+        assert!(
+            bits(o) == bits(want) || (o.to_f32().is_nan() && want.to_f32().is_nan()),
+            "{} {level}: {s} × {factor} gave {o}, half gives {want}",
+            T::NAME
+        );
     }
 }
 
@@ -341,30 +334,25 @@ fn kernel_errors_are_typed() {
     let g = RopeGeometry::from_dims([1, 1, 4, 8], HeadLayout::Bhtd, 8, PairLayout::HalfSplit);
     let src = vec![0.0f32; g.len()];
     let mut dst = vec![0.0f32; g.len()];
+    let mut run = |src: &[f32], rows: RowMap| {
+        rope_out(
+            SimdLevel::Scalar,
+            src,
+            &mut dst,
+            &g,
+            &t.query(),
+            rows,
+            false,
+        )
+    };
     // row past the table
-    let e = rope_out(
-        SimdLevel::Scalar,
-        &src,
-        &mut dst,
-        &g,
-        &t.query(),
-        RowMap::Offset(1),
-        false,
-    );
+    let e = run(&src, RowMap::Offset(1));
     assert!(
         matches!(e, Err(posenc::Error::PositionOutOfRange { .. })),
         "{e:?}"
     );
     let ids = [0usize, 1, 2, 4];
-    let e = rope_out(
-        SimdLevel::Scalar,
-        &src,
-        &mut dst,
-        &g,
-        &t.query(),
-        RowMap::Ids(&ids),
-        false,
-    );
+    let e = run(&src, RowMap::Ids(&ids));
     assert!(
         matches!(
             e,
@@ -372,26 +360,10 @@ fn kernel_errors_are_typed() {
         ),
         "{e:?}"
     );
-    let e = rope_out(
-        SimdLevel::Scalar,
-        &src,
-        &mut dst,
-        &g,
-        &t.query(),
-        RowMap::Ids(&ids[..3]),
-        false,
-    );
+    let e = run(&src, RowMap::Ids(&ids[..3]));
     assert!(matches!(e, Err(posenc::Error::Shape { .. })), "{e:?}");
     // wrong buffer length
-    let e = rope_out(
-        SimdLevel::Scalar,
-        &src[1..],
-        &mut dst,
-        &g,
-        &t.query(),
-        RowMap::Offset(0),
-        false,
-    );
+    let e = run(&src[1..], RowMap::Offset(0));
     assert!(matches!(e, Err(posenc::Error::Shape { .. })), "{e:?}");
     // odd head dim, rotary_dim > head_dim, zero T
     for (dims, rd) in [([1, 1, 4, 7], 6), ([1, 1, 4, 6], 8), ([1, 1, 0, 8], 8)] {

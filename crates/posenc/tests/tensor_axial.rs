@@ -7,124 +7,56 @@ use candle_core::{DType, Device, Tensor, Var};
 use posenc::kernels::SimdLevel;
 use posenc::rope::axial::{AxialFrequencies, AxisSplit};
 use posenc::rope::mrope::{rope_index, IndexRules, Mrope, MropeLayout, Segment};
+use posenc::rope::scaling::named::FactorScaling;
 use posenc::rope::vision::{llama4_vision, pixtral};
 use posenc::rope::{PairLayout, RopeConfig, RopeFrequencies};
 use posenc::tensor::axial::{AxialRope, AxisPositions};
 use posenc::tensor::rope::{HeadLayout, Positions, Rope};
 use posenc::Error;
 
+mod common;
+use common::{dims, head_offset, vals, Rng};
+
 const CPU: Device = Device::Cpu;
-
-/// Deterministic xorshift data in [-2, 2).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next();
-        self.0 % n
-    }
-    fn tensor(&mut self, dims: &[usize], dtype: DType) -> Tensor {
-        let n: usize = dims.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| self.next()).collect();
-        Tensor::from_vec(v, dims, &CPU)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-    }
-}
-
-fn vals(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
-fn tol(dtype: DType, r: f32) -> f32 {
-    let f32_err = 8.0 * 2f32.powi(-24) * 8.0;
-    match dtype {
-        DType::F32 => f32_err,
-        DType::F16 => r.abs().max(6.1e-5) * 2f32.powi(-10) + f32_err,
-        DType::BF16 => r.abs().max(1e-30) * 2f32.powi(-7) + f32_err,
-        _ => unreachable!(),
-    }
-}
-
-fn assert_close(got: &Tensor, want: &Tensor, dtype: DType, ctx: &str) {
-    assert_eq!(got.dims(), want.dims(), "{ctx}");
-    for (j, (a, w)) in vals(got).iter().zip(vals(want)).enumerate() {
-        assert!(
-            (a - w).abs() <= tol(dtype, w),
-            "{ctx} [{j}]: fused {a} vs reference {w}"
-        );
-    }
-}
-
-fn dims(layout: HeadLayout, b: usize, h: usize, t: usize, d: usize) -> [usize; 4] {
-    match layout {
-        HeadLayout::Bhtd => [b, h, t, d],
-        HeadLayout::Bthd => [b, t, h, d],
-    }
-}
 
 /// The frequencies under test: M-RoPE chunked and interleaved, GLM-4V-like
 /// interleaved pairs with partial rotary, Pixtral, Llama 4 vision, a 3-axis
 /// axial RoPE; with the head dimension each is applied to.
 fn cases() -> Vec<(&'static str, AxialFrequencies, usize)> {
-    let chunked = Mrope::new(
+    let mrope = |config: RopeConfig, sections: Vec<usize>, layout: MropeLayout| {
+        Mrope::new(config, sections, layout)
+            .unwrap()
+            .frequencies(None)
+            .unwrap()
+    };
+    let chunked = mrope(
         RopeConfig::new(1e6, 32).unwrap(),
         vec![4, 6, 6],
         MropeLayout::Chunked,
-    )
-    .unwrap()
-    .frequencies(None)
-    .unwrap();
-    let inter = Mrope::new(
+    );
+    let inter = mrope(
         RopeConfig::new(5e6, 32).unwrap(),
         vec![6, 5, 5],
         MropeLayout::Interleaved,
-    )
-    .unwrap()
-    .frequencies(None)
-    .unwrap();
-    let glm = Mrope::new(
+    );
+    let glm = mrope(
         RopeConfig::new(1e4, 16)
             .unwrap()
             .with_head_dim(32)
             .with_layout(PairLayout::Interleaved),
         vec![2, 3, 3],
         MropeLayout::Chunked,
-    )
-    .unwrap()
-    .frequencies(None)
-    .unwrap();
-    let yarn = Mrope::new(
+    );
+    // YaRN at factor 4 from 64 tokens, every other parameter transformers'
+    // default (β_fast 32, β_slow 1, truncated correction range).
+    let yarn = mrope(
         RopeConfig::new(1e6, 32)
             .unwrap()
-            .with_scaling(posenc::rope::RopeScaling::Yarn {
-                factor: 4.0,
-                original_max_position_embeddings: 64,
-                attention_factor: None,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-                mscale: None,
-                mscale_all_dim: None,
-                truncate: true,
-            })
+            .with_scaling(FactorScaling::Yarn.rope_scaling(4.0, 64))
             .unwrap(),
         vec![4, 6, 6],
         MropeLayout::Chunked,
-    )
-    .unwrap()
-    .frequencies(None)
-    .unwrap();
+    );
     vec![
         ("mrope chunked", chunked, 32),
         ("mrope interleaved", inter, 32),
@@ -191,10 +123,7 @@ fn fused_matches_reference_and_f64_rotation() {
                     for bb in 0..b {
                         for h in 0..hq {
                             for tt in 0..t {
-                                let off = match layout {
-                                    HeadLayout::Bhtd => ((bb * hq + h) * t + tt) * d,
-                                    HeadLayout::Bthd => ((bb * t + tt) * hq + h) * d,
-                                };
+                                let off = head_offset(layout, [bb, h, tt], [hq, t, d]);
                                 let mut x: Vec<f64> =
                                     qv[off..off + d].iter().map(|&v| v as f64).collect();
                                 let p = &host[(bb * t + tt) * na..(bb * t + tt + 1) * na];
@@ -409,4 +338,8 @@ fn typed_errors() {
     // 1-D frequencies spread over axes: a bad axis is refused
     let f1 = RopeFrequencies::plain(1e4, 8, PairLayout::HalfSplit).unwrap();
     assert!(AxialFrequencies::from_frequencies(&f1, vec![0, 1, 2, 3], 3).is_err());
+}
+
+fn assert_close(got: &Tensor, want: &Tensor, dtype: DType, ctx: &str) {
+    common::assert_close(got, want, dtype, 8.0, ctx);
 }

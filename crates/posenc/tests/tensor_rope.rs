@@ -7,69 +7,10 @@ use posenc::rope::{PairLayout, RopeFrequencies};
 use posenc::tensor::rope::{FrequencySchedule, HeadLayout, Positions, Role, Rope};
 use posenc::Error;
 
+mod common;
+use common::{dims, head_offset, vals, Rng};
+
 const CPU: Device = Device::Cpu;
-
-/// Deterministic xorshift data in [-2, 2).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next();
-        self.0 % n
-    }
-    fn tensor(&mut self, dims: &[usize], dtype: DType) -> Tensor {
-        let n: usize = dims.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| self.next()).collect();
-        Tensor::from_vec(v, dims, &CPU)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-    }
-}
-
-fn vals(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
-/// |fast − reference| allowed for an output `r`: f32 arithmetic error on
-/// products up to `mag`, plus one ulp of the output for f16/bf16.
-fn tol(dtype: DType, r: f32, mag: f32) -> f32 {
-    let f32_err = 8.0 * 2f32.powi(-24) * mag;
-    match dtype {
-        DType::F32 => f32_err,
-        DType::F16 => r.abs().max(6.1e-5) * 2f32.powi(-10) + f32_err,
-        DType::BF16 => r.abs().max(1e-30) * 2f32.powi(-7) + f32_err,
-        _ => unreachable!(),
-    }
-}
-
-fn assert_close(got: &Tensor, want: &Tensor, dtype: DType, mag: f32, ctx: &str) {
-    assert_eq!(got.dims(), want.dims(), "{ctx}");
-    assert_eq!(got.dtype(), want.dtype(), "{ctx}");
-    for (j, (a, w)) in vals(got).iter().zip(vals(want)).enumerate() {
-        assert!(
-            (a - w).abs() <= tol(dtype, w, mag),
-            "{ctx} [{j}]: fused {a} vs reference {w}"
-        );
-    }
-}
-
-fn dims(layout: HeadLayout, b: usize, h: usize, t: usize, d: usize) -> [usize; 4] {
-    match layout {
-        HeadLayout::Bhtd => [b, h, t, d],
-        HeadLayout::Bthd => [b, t, h, d],
-    }
-}
 
 fn ids_tensor(rng: &mut Rng, b: usize, t: usize, max: u64, dtype: DType) -> Tensor {
     let v: Vec<u32> = (0..b * t).map(|_| rng.below(max) as u32).collect();
@@ -225,10 +166,7 @@ fn fused_matches_f64_rotate_of_rope_frequencies() {
             for bi in 0..b {
                 for hi in 0..h {
                     for ti in 0..t {
-                        let off = match layout {
-                            HeadLayout::Bhtd => ((bi * h + hi) * t + ti) * d,
-                            HeadLayout::Bthd => ((bi * t + ti) * h + hi) * d,
-                        };
+                        let off = head_offset(layout, [bi, hi, ti], [h, t, d]);
                         let mut head: Vec<f64> =
                             xv[off..off + d].iter().map(|&v| v as f64).collect();
                         f.rotate(&mut head, idv[bi * t + ti] as u64).unwrap();
@@ -731,4 +669,9 @@ fn every_simd_level_through_the_tensor_api() {
         let y = rope.rotate(&x, 3, Role::Query).unwrap();
         assert_close(&y, &r, DType::BF16, 4.0, level.as_str());
     }
+}
+
+fn assert_close(got: &Tensor, want: &Tensor, dtype: DType, mag: f32, ctx: &str) {
+    assert_eq!(got.dtype(), want.dtype(), "{ctx}");
+    common::assert_close(got, want, dtype, mag, ctx);
 }
