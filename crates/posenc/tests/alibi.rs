@@ -6,14 +6,11 @@
 use posenc::relative::{alibi_slopes, Alibi, AlibiMode};
 use posenc::{AttentionBias, Error, Hooks, PositionalEncoding};
 
-fn fixture() -> serde_json::Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/alibi.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
+mod common;
 
 #[test]
 fn slopes_match_reference_fixture() {
-    let fx = fixture();
+    let fx = common::fixture("alibi.json");
     let cases = fx["cases"].as_array().unwrap();
     assert!(cases.len() >= 5);
     for case in cases {

@@ -300,6 +300,17 @@ fn check(kind: Kind, c: &Case, seed: u64) {
     }
 }
 
+/// [`base`] with one batch of `hq` query and `hk` key heads of dim `d`.
+fn one_batch(t: usize, hq: usize, hk: usize, d: usize) -> Case {
+    Case {
+        b: 1,
+        hq,
+        hk,
+        d,
+        ..base(t)
+    }
+}
+
 fn base(t: usize) -> Case {
     Case {
         b: 2,
@@ -338,13 +349,7 @@ fn edge_lengths_cross_the_tiles() {
         Kind::Cumulative,
     ] {
         for t in [127, 128, 129] {
-            let c = Case {
-                b: 1,
-                hq: 1,
-                hk: 1,
-                d: 4,
-                ..base(t)
-            };
+            let c = one_batch(t, 1, 1, 4);
             check(kind, &c, 3 + t as u64);
             check(kind, &Case { causal: false, ..c }, 5 + t as u64);
         }
@@ -365,13 +370,7 @@ fn long_sequence_tiles_match_the_reference() {
         Kind::Cumulative,
     ] {
         for t in [1024, 1025, 1300] {
-            let c = Case {
-                b: 1,
-                hq: 2,
-                hk: 1,
-                d: 8,
-                ..base(t)
-            };
+            let c = one_batch(t, 2, 1, 8);
             check(kind, &c, 70 + t as u64);
             if t == 1300 {
                 check(kind, &Case { causal: false, ..c }, 71 + t as u64);
@@ -495,13 +494,7 @@ fn lab_head_dims_cross_the_panels() {
     for kind in [Kind::Nope, Kind::Rope, Kind::Alibi, Kind::T5, Kind::Shaw] {
         for d in [8, 32, 64] {
             for t in [32, 129] {
-                let c = Case {
-                    b: 1,
-                    hq: 2,
-                    hk: 2,
-                    d,
-                    ..base(t)
-                };
+                let c = one_batch(t, 2, 2, d);
                 check(kind, &c, 90 + (d + t) as u64);
             }
         }

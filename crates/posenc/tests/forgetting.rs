@@ -165,15 +165,18 @@ fn constant_gate_is_alibi() {
     }
 }
 
+/// A gate over `hidden` features and `heads` heads whose bias starts at
+/// decay times spread from `min` to `max`.
+fn decay_times(hidden: usize, heads: usize, min: f64, max: f64) -> ForgetGateConfig {
+    ForgetGateConfig::new(hidden, heads)
+        .unwrap()
+        .with_bias_init(ForgetBiasInit::DecayTimes { min, max })
+        .unwrap()
+}
+
 #[test]
 fn decay_time_initialisation() {
-    let cfg = ForgetGateConfig::new(8, 4)
-        .unwrap()
-        .with_bias_init(ForgetBiasInit::DecayTimes {
-            min: 2.0,
-            max: 128.0,
-        })
-        .unwrap();
+    let cfg = decay_times(8, 4, 2.0, 128.0);
     let b0 = cfg.initial_bias();
     let taus: Vec<f64> = b0.iter().map(|&b| -1.0 / log_sigmoid(b)).collect();
     for (h, want) in [2.0, 8.0, 32.0, 128.0].iter().enumerate() {
@@ -215,13 +218,7 @@ fn reference_initialisation_and_names() {
 fn gradients_match_finite_differences() {
     let vm = VarMap::new();
     let vb = VarBuilder::from_varmap(&vm, DType::F64, &Device::Cpu);
-    let cfg = ForgetGateConfig::new(4, 3)
-        .unwrap()
-        .with_bias_init(ForgetBiasInit::DecayTimes {
-            min: 1.5,
-            max: 20.0,
-        })
-        .unwrap();
+    let cfg = decay_times(4, 3, 1.5, 20.0);
     let module = ForgettingBias::new(cfg, vb.pp("f")).unwrap();
     let (weight, bias) = {
         let data = vm.data().lock().unwrap();
@@ -314,26 +311,12 @@ fn scans_equal_matmul_reference() {
             for (a, b) in fv.iter().zip(&sv) {
                 assert!((a - b).abs() < 1e-12);
             }
-            let gf = flat(
-                (fast * &w)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap()
-                    .get(x.as_tensor())
-                    .unwrap(),
-            );
-            let gs = flat(
-                (slow * &w)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap()
-                    .get(x.as_tensor())
-                    .unwrap(),
-            );
+            // d(Σ w·y)/dx of each scan.
+            let grad = |y: Tensor| {
+                let grads = (y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+                flat(grads.get(x.as_tensor()).unwrap())
+            };
+            let (gf, gs) = (grad(fast), grad(slow));
             for (a, b) in gf.iter().zip(&gs) {
                 assert!((a - b).abs() < 1e-12);
             }

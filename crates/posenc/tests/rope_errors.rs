@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use posenc::rope::scaling::named::FactorScaling;
 use posenc::rope::{PairLayout, RopeConfig, RopeScaling, KNOWN_ROPE_TYPES};
 use posenc::Error;
 
@@ -119,16 +120,8 @@ fn bad_factors() {
                 high_freq_factor: 4.0,
                 original_max_position_embeddings: 8192,
             },
-            RopeScaling::Yarn {
-                factor: bad,
-                original_max_position_embeddings: 4096,
-                attention_factor: None,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-                mscale: None,
-                mscale_all_dim: None,
-                truncate: true,
-            },
+            // YaRN with transformers' defaults (β_fast 32, β_slow 1, truncated).
+            FactorScaling::Yarn.rope_scaling(bad, 4096),
         ] {
             let name = s.rope_type();
             match c.clone().with_scaling(s) {

@@ -14,16 +14,15 @@
 use posenc::rope::{xpos::XPos, PairLayout, Rope, RopeConfig, RopeScaling};
 use posenc::RotaryEncoding;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use proptest::test_runner::{Config, TestRunner};
+
+mod common;
 
 fn runner() -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases: 64,
-            ..Config::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[7u8; 32]),
-    )
+    common::seeded(Config {
+        cases: 64,
+        ..Config::default()
+    })
 }
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {

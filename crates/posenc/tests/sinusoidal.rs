@@ -7,27 +7,10 @@
 use posenc::absolute::{FrequencySpacing, Sinusoidal, SinusoidalLayout};
 use posenc::{AbsoluteEncoding, Error, Hooks, PositionalEncoding};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+mod common;
+use common::runner;
 use std::f64::consts::PI;
-
-fn runner(cases: u32) -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[7u8; 32]),
-    )
-}
-
-fn fixture() -> serde_json::Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/sinusoidal.json"
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
 
 fn apply(m: &[Vec<f64>], v: &[f64]) -> Vec<f64> {
     m.iter()
@@ -45,7 +28,7 @@ fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
 
 #[test]
 fn matches_seed_fixture() {
-    let fx = fixture();
+    let fx = common::fixture("sinusoidal.json");
     let cases = fx["cases"].as_array().unwrap();
     assert!(!cases.is_empty());
     for case in cases {

@@ -6,27 +6,13 @@
 use posenc::relative::{relative_position_bucket, T5Bias, T5Buckets};
 use posenc::{AttentionBias, Error, Hooks, PositionalEncoding};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
-fn runner(cases: u32) -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[7u8; 32]),
-    )
-}
-
-fn fixture() -> serde_json::Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/t5.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
+mod common;
+use common::runner;
 
 #[test]
 fn matches_transformers_fixture_exactly() {
-    let fx = fixture();
+    let fx = common::fixture("t5.json");
     assert_eq!(fx["relative_position"], "key_position - query_position");
     let cases = fx["cases"].as_array().unwrap();
     assert!(!cases.is_empty());

@@ -3,9 +3,12 @@
 //! context and reset below it) and LongRoPE (short/long factors switch with
 //! the length), each against the f64 reference of the same frequencies.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use posenc::rope::RopeConfig;
 use posenc::tensor::rope::Rope;
+
+mod learned_common;
+use learned_common::flat;
 
 /// A seeded `(1, heads, t, d)` tensor.
 fn input(heads: usize, t: usize, d: usize, seed: u64) -> Tensor {
@@ -18,14 +21,7 @@ fn input(heads: usize, t: usize, d: usize, seed: u64) -> Tensor {
 fn reference(x: &Tensor, cfg: &RopeConfig, seq_len: Option<usize>, offset: u64) -> Vec<f64> {
     let f = cfg.frequencies(seq_len).unwrap();
     let (_, h, t, d) = x.dims4().unwrap();
-    let v: Vec<f64> = x
-        .to_dtype(DType::F64)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let mut out = v.clone();
+    let mut out = flat(x);
     for hh in 0..h {
         for tt in 0..t {
             let s = (hh * t + tt) * d;
@@ -36,14 +32,8 @@ fn reference(x: &Tensor, cfg: &RopeConfig, seq_len: Option<usize>, offset: u64) 
 }
 
 fn max_err(a: &Tensor, b: &[f64]) -> f64 {
-    let a: Vec<f64> = a
-        .to_dtype(DType::F64)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    a.iter()
+    flat(a)
+        .iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f64::max)
