@@ -73,26 +73,20 @@ fn a_causal_prefix_is_scored_the_same_in_a_longer_window() {
 
 #[test]
 fn masked_lm_scores_only_masked_positions_and_classifiers_are_refused() {
-    let task = Task::new(TaskKind::Mlm, 8).unwrap();
-    let model = common::model(
-        Mode::TokenEncoder,
-        &task,
-        PeConfig::parse("rope", 16, 4).unwrap(),
-    );
-    let lab = Lab::new(model, common::run(TaskKind::Mlm, 10, 16, 1), task).unwrap();
+    // Ten steps of `kind` at length 16 on `mode` with `pe` (16 positions).
+    let lab_of = |kind: TaskKind, mode: Mode, pe: &str| {
+        let task = Task::new(kind, 8).unwrap();
+        let pe = PeConfig::parse(pe, 16, 4).unwrap();
+        common::new_lab(mode, task, pe, common::run(kind, 10, 16, 1))
+    };
+    let lab = lab_of(TaskKind::Mlm, Mode::TokenEncoder, "rope");
     let p = loss_per_position(&lab, 16, 4, 8, None).unwrap();
     let total: usize = p.count.iter().sum();
     // About 15% of 16 × 32 windows' positions, at least one per window.
     assert!((32..=160).contains(&total), "{total}");
     assert!(p.mean().is_finite());
 
-    let task = Task::new(TaskKind::Order, 8).unwrap();
-    let model = common::model(
-        Mode::Encoder,
-        &task,
-        PeConfig::parse("sinusoidal", 16, 4).unwrap(),
-    );
-    let lab = Lab::new(model, common::run(TaskKind::Order, 10, 16, 1), task).unwrap();
+    let lab = lab_of(TaskKind::Order, Mode::Encoder, "sinusoidal");
     let e = loss_per_position(&lab, 16, 1, 4, None).unwrap_err();
     assert!(e.to_string().contains("decoder"), "{e}");
     let lab = lm_lab(PeConfig::parse("rope", 16, 4).unwrap(), 16);

@@ -13,7 +13,7 @@ use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::{Task, TaskKind};
 use posenc_lab::train::{self, make_batch, Lab, TrainOptions};
 
-use common::{model, run};
+use common::{model, new_lab, pe, run};
 
 fn tmp(name: &str) -> PathBuf {
     common::tmp_dir("posenc-lab", name)
@@ -21,15 +21,25 @@ fn tmp(name: &str) -> PathBuf {
 
 const ALL_PES: [&str; 15] = PeConfig::NAMES;
 
+/// The largest difference between the pooled outputs of `x`'s two rows.
+fn pooled_gap(lab: &Lab, x: &Tensor) -> f32 {
+    let pooled = lab.model.pooled(x).unwrap().to_vec2::<f32>().unwrap();
+    pooled[0]
+        .iter()
+        .zip(&pooled[1])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max)
+}
+
 #[test]
 fn nope_encoder_pooled_output_is_permutation_invariant() {
     let task = Task::new(TaskKind::Order, 8).unwrap();
-    let lab = Lab::new(
-        model(Mode::Encoder, &task, PeConfig::Nope),
-        run(TaskKind::Order, 1, 12, 3),
+    let lab = new_lab(
+        Mode::Encoder,
         task,
-    )
-    .unwrap();
+        PeConfig::Nope,
+        run(TaskKind::Order, 1, 12, 3),
+    );
     let mut rng = SplitMix64::new(5);
     for _ in 0..5 {
         let ex = lab.task.sample(&mut rng, 12).unwrap();
@@ -39,33 +49,19 @@ fn nope_encoder_pooled_output_is_permutation_invariant() {
         }
         let shuffled: Vec<u32> = perm.iter().map(|&i| ex.input[i]).collect();
         let x = Tensor::new(vec![ex.input.clone(), shuffled], &Device::Cpu).unwrap();
-        let pooled = lab.model.pooled(&x).unwrap().to_vec2::<f32>().unwrap();
-        let gap = pooled[0]
-            .iter()
-            .zip(&pooled[1])
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let gap = pooled_gap(&lab, &x);
         assert!(gap <= 1e-5, "NoPE encoder sees order: gap {gap}");
     }
     // With a positional encoding the pooled output depends on order.
     let task = Task::new(TaskKind::Order, 8).unwrap();
-    let lab = Lab::new(
-        model(
-            Mode::Encoder,
-            &task,
-            PeConfig::parse("sinusoidal", 64, 4).unwrap(),
-        ),
-        run(TaskKind::Order, 1, 12, 3),
+    let lab = new_lab(
+        Mode::Encoder,
         task,
-    )
-    .unwrap();
+        pe("sinusoidal"),
+        run(TaskKind::Order, 1, 12, 3),
+    );
     let x = Tensor::new(&[[16u32, 17, 18, 19], [19, 18, 17, 16]], &Device::Cpu).unwrap();
-    let pooled = lab.model.pooled(&x).unwrap().to_vec2::<f32>().unwrap();
-    let gap = pooled[0]
-        .iter()
-        .zip(&pooled[1])
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let gap = pooled_gap(&lab, &x);
     assert!(gap > 1e-4, "sinusoidal encoder is blind to order: {gap}");
 }
 
@@ -181,16 +177,7 @@ fn decoder_learns_copy_on_short_sequences() {
     let mut cfg = run(TaskKind::Copy, 300, 9, 11);
     cfg.batch = 32;
     cfg.lr = 1e-2;
-    let mut lab = Lab::new(
-        model(
-            Mode::Decoder,
-            &task,
-            PeConfig::parse("rope", 64, 4).unwrap(),
-        ),
-        cfg,
-        task,
-    )
-    .unwrap();
+    let mut lab = new_lab(Mode::Decoder, task, pe("rope"), cfg);
     let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
     let out = tmp("copy");
     let summary = train::train(&mut lab, &mut opt, &TrainOptions::quiet(&out)).unwrap();
@@ -208,25 +195,15 @@ fn decoder_learns_copy_on_short_sequences() {
 fn resume_continues_exactly() {
     let task = || Task::new(TaskKind::Reverse, 8).unwrap();
     let cfg = run(TaskKind::Reverse, 20, 12, 21);
-    let pe = PeConfig::parse("learned", 64, 4).unwrap();
+    let lab = || new_lab(Mode::Decoder, task(), pe("learned"), cfg.clone());
     // Straight through.
     let a_dir = tmp("straight");
-    let mut a = Lab::new(
-        model(Mode::Decoder, &task(), pe.clone()),
-        cfg.clone(),
-        task(),
-    )
-    .unwrap();
+    let mut a = lab();
     let mut opt = AdamW::new(a.params(), 0.01).unwrap();
     train::train(&mut a, &mut opt, &TrainOptions::quiet(&a_dir)).unwrap();
     // Ten steps, save, load, ten more.
     let b_dir = tmp("resumed");
-    let mut b = Lab::new(
-        model(Mode::Decoder, &task(), pe.clone()),
-        cfg.clone(),
-        task(),
-    )
-    .unwrap();
+    let mut b = lab();
     let mut opt_b = AdamW::new(b.params(), 0.01).unwrap();
     let paused = train::train(
         &mut b,
@@ -246,19 +223,9 @@ fn resume_continues_exactly() {
     opt_b.load_state(&st).unwrap();
     train::train(&mut b, &mut opt_b, &TrainOptions::quiet(&b_dir)).unwrap();
     let (pa, pb) = (a.params(), b.params());
+    let values = |v: &candle_core::Var| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>();
     for (name, va) in &pa {
-        let x = va
-            .as_tensor()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        let y = pb[name]
-            .as_tensor()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let (x, y) = (values(va).unwrap(), values(&pb[name]).unwrap());
         assert_eq!(x, y, "parameter {name} differs after resume");
     }
     let ma = std::fs::read_to_string(a_dir.join("metrics.jsonl")).unwrap();
@@ -279,16 +246,12 @@ fn resume_continues_exactly() {
 fn same_seed_same_losses() {
     let go = || {
         let task = Task::new(TaskKind::Sort, 8).unwrap();
-        let mut lab = Lab::new(
-            model(
-                Mode::Decoder,
-                &task,
-                PeConfig::parse("alibi", 64, 4).unwrap(),
-            ),
-            run(TaskKind::Sort, 6, 10, 5),
+        let mut lab = new_lab(
+            Mode::Decoder,
             task,
-        )
-        .unwrap();
+            pe("alibi"),
+            run(TaskKind::Sort, 6, 10, 5),
+        );
         let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
         let d = tmp(&format!("det-{}", SplitMix64::new(0).next_u64() % 7));
         train::train(&mut lab, &mut opt, &TrainOptions::quiet(&d)).unwrap();
@@ -311,12 +274,12 @@ fn same_seed_same_losses() {
 #[test]
 fn corrupt_or_mismatched_checkpoints_are_clear_errors() {
     let task = Task::new(TaskKind::Copy, 8).unwrap();
-    let mut lab = Lab::new(
-        model(Mode::Decoder, &task, PeConfig::Nope),
-        run(TaskKind::Copy, 2, 8, 1),
+    let mut lab = new_lab(
+        Mode::Decoder,
         task,
-    )
-    .unwrap();
+        PeConfig::Nope,
+        run(TaskKind::Copy, 2, 8, 1),
+    );
     let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
     let d = tmp("corrupt");
     train::train(&mut lab, &mut opt, &TrainOptions::quiet(&d)).unwrap();
@@ -347,19 +310,15 @@ fn corrupt_or_mismatched_checkpoints_are_clear_errors() {
     assert!(e.contains("not a posenc checkpoint"), "{e}");
 }
 
+/// A decoder with `pe` after one step of the copy task at length 8.
+fn one_step_copy(pe: PeConfig) -> Lab {
+    let task = Task::new(TaskKind::Copy, 8).unwrap();
+    new_lab(Mode::Decoder, task, pe, run(TaskKind::Copy, 1, 8, 1))
+}
+
 #[test]
 fn learned_table_refuses_lengths_past_it_and_scaling_needs_rope() {
-    let task = Task::new(TaskKind::Copy, 8).unwrap();
-    let lab = Lab::new(
-        model(
-            Mode::Decoder,
-            &task,
-            PeConfig::Learned { max_positions: 16 },
-        ),
-        run(TaskKind::Copy, 1, 8, 1),
-        task,
-    )
-    .unwrap();
+    let lab = one_step_copy(PeConfig::Learned { max_positions: 16 });
     let e = train::evaluate(&lab, &[32], 1, 2, None)
         .err()
         .unwrap()
@@ -374,17 +333,7 @@ fn learned_table_refuses_lengths_past_it_and_scaling_needs_rope() {
 
 #[test]
 fn rope_scalings_evaluate_at_longer_lengths() {
-    let task = Task::new(TaskKind::Copy, 8).unwrap();
-    let lab = Lab::new(
-        model(
-            Mode::Decoder,
-            &task,
-            PeConfig::parse("rope", 64, 4).unwrap(),
-        ),
-        run(TaskKind::Copy, 1, 8, 1),
-        task,
-    )
-    .unwrap();
+    let lab = one_step_copy(pe("rope"));
     for kind in ["none", "linear:4", "ntk:4", "dynamic:4", "yarn:4"] {
         let k: ScalingKind = kind.parse().unwrap();
         let s = posenc_lab::model::EvalScaling::new(&lab.meta.model, k, 8).unwrap();

@@ -47,3 +47,13 @@ pub fn run(task: TaskKind, steps: usize, len: usize, seed: u64) -> TrainConfig {
         corpus: None,
     }
 }
+
+/// A lab of [`model`] in `mode` with `pe` on `task`, running `run`.
+pub fn new_lab(mode: Mode, task: Task, pe: PeConfig, run: TrainConfig) -> posenc_lab::train::Lab {
+    posenc_lab::train::Lab::new(model(mode, &task, pe), run, task).unwrap()
+}
+
+/// The encoding `name` at up to 64 positions with 4 heads.
+pub fn pe(name: &str) -> PeConfig {
+    PeConfig::parse(name, 64, 4).unwrap()
+}
