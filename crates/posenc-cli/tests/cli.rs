@@ -4,28 +4,17 @@
 //! stderr, exit status 2, never a panic).
 
 use std::path::PathBuf;
-use std::process::Output;
 
 use serde_json::Value;
 
 mod common;
 
-fn posenc(args: &[&str]) -> Output {
-    common::run(args, &[])
-}
+use common::{argv, f64s as as_f64s, ok_json, posenc, read_json, words};
 
 fn fixture(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../posenc/tests/fixtures")
         .join(rel)
-}
-
-fn read_json(path: &PathBuf) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn ok_json(args: &[&str]) -> Value {
-    serde_json::from_str(&common::stdout_ok(posenc(args), args)).expect("stdout is JSON")
 }
 
 /// Runs a command that must fail on user input: exit 2, one line starting
@@ -34,29 +23,16 @@ fn fails(args: &[&str]) -> String {
     common::refused(args)
 }
 
-fn as_f64s(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
 #[test]
 fn sinusoidal_table_equals_the_seeds_code() {
     let fx = read_json(&fixture("sinusoidal.json"));
     for case in fx["cases"].as_array().unwrap() {
         let t = case["positions"].as_u64().unwrap().to_string();
         let d = case["dim"].as_u64().unwrap().to_string();
-        let got = ok_json(&[
-            "table",
-            "sinusoidal",
-            "--positions",
-            &t,
-            "--dim",
-            &d,
-            "--json",
-        ]);
+        let got = ok_json(&argv(
+            "table sinusoidal --positions {} --dim {} --json",
+            &[&t, &d],
+        ));
         let want = case["table"].as_array().unwrap();
         let got_rows = got["table"].as_array().unwrap();
         assert_eq!(got_rows.len(), want.len());
@@ -70,39 +46,15 @@ fn sinusoidal_table_equals_the_seeds_code() {
 
 #[test]
 fn sinusoidal_offset_shifts_rows() {
-    let a = ok_json(&[
-        "table",
-        "sinusoidal",
-        "--positions",
-        "8",
-        "--dim",
-        "6",
-        "--json",
-    ]);
-    let b = ok_json(&[
-        "table",
-        "sinusoidal",
-        "--positions",
-        "5",
-        "--dim",
-        "6",
-        "--offset",
-        "3",
-        "--json",
-    ]);
+    let a = ok_json(&words("table sinusoidal --positions 8 --dim 6 --json"));
+    let b = ok_json(&words(
+        "table sinusoidal --positions 5 --dim 6 --offset 3 --json",
+    ));
     assert_eq!(a["table"][3], b["table"][0]);
     assert_eq!(a["table"][7], b["table"][4]);
-    let c = ok_json(&[
-        "table",
-        "sinusoidal",
-        "--positions",
-        "3",
-        "--dim",
-        "4",
-        "--layout",
-        "concatenated",
-        "--json",
-    ]);
+    let c = ok_json(&words(
+        "table sinusoidal --positions 3 --dim 4 --layout concatenated --json",
+    ));
     assert_eq!(c["table"].as_array().unwrap().len(), 3);
 }
 
@@ -378,38 +330,17 @@ fn nan_theta_is_rejected() {
 fn bad_table_and_bias_arguments_are_one_line_errors() {
     let e = fails(&["bias", "alibi", "--heads", "0"]);
     assert!(e.contains("heads"), "{e}");
-    let e = fails(&[
-        "bias",
-        "t5",
-        "--buckets",
-        "1",
-        "--causal",
-        "--relative",
-        "-2:2",
-    ]);
+    let e = fails(&words("bias t5 --buckets 1 --causal --relative -2:2"));
     assert!(e.contains("buckets"), "{e}");
     let e = fails(&["table", "sinusoidal", "--positions", "4", "--dim", "0"]);
     assert!(e.contains("dim"), "{e}");
-    let e = fails(&[
-        "table",
-        "sinusoidal",
-        "--positions",
-        "4",
-        "--dim",
-        "8",
-        "--offset",
-        "-3",
-    ]);
+    let e = fails(&words("table sinusoidal --positions 4 --dim 8 --offset -3"));
     assert!(e.contains("negative"), "{e}");
     let cfg = fixture("hf-rope/default-64.config.json");
-    let e = fails(&[
-        "rope",
-        "table",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--positions",
-        "0,-1",
-    ]);
+    let e = fails(&argv(
+        "rope table --config {} --positions 0,-1",
+        &[cfg.to_str().unwrap()],
+    ));
     assert!(e.contains("negative"), "{e}");
     let e = fails(&["bias", "t5", "--causal", "--relative", "5:-5"]);
     assert!(e.contains("range"), "{e}");
@@ -429,11 +360,7 @@ fn report_writes_markdown_and_json_with_computed_verdicts() {
         "--out",
         dir.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::ok(&out);
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     let results = read_json(&dir.join("results.json"));
     let fams = results["families"].as_array().unwrap();

@@ -3,15 +3,12 @@
 //! against the transformers 5.23 fixtures of `posenc/tests/fixtures/models`.
 
 use std::path::PathBuf;
-use std::process::Output;
 
 mod common;
 
-use serde_json::Value;
+use common::{argv, f64s, ok_json, posenc, read_json};
 
-fn posenc(args: &[&str]) -> Output {
-    common::run(args, &[])
-}
+use serde_json::Value;
 
 fn fixture(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -19,30 +16,8 @@ fn fixture(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-fn read_json(path: &PathBuf) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn ok_json(args: &[&str]) -> Value {
-    let out = posenc(args);
-    assert!(
-        out.status.success(),
-        "posenc {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
-}
-
 fn fails(args: &[&str]) -> String {
     common::one_line_error(posenc(args), args)
-}
-
-fn f64s(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
 }
 
 fn close_freqs(ctx: &str, got: &Value, want: &Value) {
@@ -249,29 +224,16 @@ fn table_needs_a_layer_type_when_they_differ() {
         e.contains("--layer-type") && e.contains("sliding_attention"),
         "{e}"
     );
-    let got = ok_json(&[
-        "rope",
-        "table",
-        "--config",
-        cfg,
-        "--positions",
-        "1",
-        "--layer-type",
-        "sliding_attention",
-        "--json",
-    ]);
+    let got = ok_json(&argv(
+        "rope table --config {} --positions 1 --layer-type sliding_attention --json",
+        &[cfg],
+    ));
     assert_eq!(got["layer_type"], "sliding_attention");
     assert!((got["cos"][0][0].as_f64().unwrap() - 1f64.cos()).abs() < 1e-7);
-    let e = fails(&[
-        "rope",
-        "table",
-        "--config",
-        cfg,
-        "--positions",
-        "1",
-        "--layer-type",
-        "bogus",
-    ]);
+    let e = fails(&argv(
+        "rope table --config {} --positions 1 --layer-type bogus",
+        &[cfg],
+    ));
     assert!(e.contains("bogus"), "{e}");
     let e = fails(&["rope", "table", "--config", cfg, "--positions-thw", "1,2,3"]);
     assert!(e.contains("M-RoPE"), "{e}");
@@ -330,21 +292,11 @@ fn show_rope2d_draws_and_rejects_bad_grids() {
     let dir = std::env::temp_dir().join(format!("posenc-cli-rope2d-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let png = dir.join("sim.png");
-    let out = posenc(&[
-        "show",
-        "rope2d:variant=pixtral",
-        "--grid",
-        "12x20",
-        "--dim",
-        "32",
-        "-o",
-        png.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = posenc(&argv(
+        "show rope2d:variant=pixtral --grid 12x20 --dim 32 -o {}",
+        &[png.to_str().unwrap()],
+    ));
+    common::ok(&out);
     assert!(std::fs::metadata(&png).unwrap().len() > 1000);
     let out = posenc(&[
         "show", "rope2d", "--grid", "5x7", "--patch", "0,0", "--color", "plain",

@@ -9,12 +9,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::fails_mentioning;
+use common::{fails_mentioning, posenc, words};
 use serde_json::Value;
-
-fn posenc(args: &[&str]) -> Output {
-    common::run(args, &[])
-}
 
 fn tiny() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -34,19 +30,8 @@ fn scratch(name: &str) -> PathBuf {
 /// A word-level tokenizer (`w0`..`w254`, `[UNK]`) and a text of `words`
 /// words of period 97, in `dir`.
 fn inputs(dir: &Path, words: usize) -> (String, String) {
-    let mut vocab = serde_json::Map::new();
-    for i in 0..255 {
-        vocab.insert(format!("w{i}"), Value::from(i));
-    }
-    vocab.insert("[UNK]".into(), Value::from(255));
-    let tk = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
-    });
     let tk_path = dir.join("tokenizer.json");
-    std::fs::write(&tk_path, tk.to_string()).unwrap();
+    std::fs::write(&tk_path, common::word_tokenizer_json()).unwrap();
     let words: Vec<String> = (0..words)
         .map(|i| format!("w{}", ((i % 97) * 89 + 13) % 255))
         .collect();
@@ -60,6 +45,11 @@ fn inputs(dir: &Path, words: usize) -> (String, String) {
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// `posenc <cmd> --model <model> --tokenizer <tk>`, then `rest`.
+fn on<'a>(cmd: &'a str, model: &'a str, tk: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    [&[cmd, "--model", model, "--tokenizer", tk], rest].concat()
 }
 
 /// The tiny model's config beside weights that are not safetensors: a run
@@ -91,38 +81,13 @@ fn finetune_writes_a_peft_adapter_and_a_merged_checkpoint() {
     let (tk, text) = inputs(&d, 3000);
     let out = d.join("out");
     let m = tiny();
-    let args = [
-        "finetune",
-        "--model",
-        &m,
-        "--tokenizer",
-        &tk,
-        "--text",
-        &text,
-        "--length",
-        "64",
-        "--pose",
-        "16",
-        "--scaling",
-        "yarn:2",
-        "--steps",
-        "12",
-        "--lora",
-        "4",
-        "--targets",
-        "q_proj,k_proj,v_proj,o_proj",
-        "--train",
-        "norm",
-        "--lr",
-        "1e-2",
-        "--checkpoint-every",
-        "5",
-        "--merge",
-        "--out",
-        s(&out),
-        "--quiet",
-        "--json",
-    ];
+    let mut args = on("finetune", &m, &tk, &["--text", &text]);
+    args.extend(words(
+        "--length 64 --pose 16 --scaling yarn:2 --steps 12 --lora 4 \
+         --targets q_proj,k_proj,v_proj,o_proj --train norm --lr 1e-2 \
+         --checkpoint-every 5 --merge",
+    ));
+    args.extend(["--out", s(&out), "--quiet", "--json"]);
     let v: Value = serde_json::from_str(&common::ok(&posenc(&args))).unwrap();
     assert_eq!(v["steps"], 12);
     assert_eq!(v["interrupted"], false);
@@ -174,21 +139,9 @@ fn finetune_writes_a_peft_adapter_and_a_merged_checkpoint() {
 
     // --adapter on perplexity: the merged checkpoint's losses, not the base's.
     let ppl = |model: &str, extra: &[&str], scaling: &str| {
-        let mut a = vec![
-            "perplexity",
-            "--model",
-            model,
-            "--text",
-            &text,
-            "--length",
-            "64",
-            "--band",
-            "16",
-            "--scaling",
-            scaling,
-            "--json",
-            "--quiet",
-        ];
+        let mut a = vec!["perplexity", "--model", model, "--text", &text];
+        a.extend(words("--length 64 --band 16 --scaling"));
+        a.extend([scaling, "--json", "--quiet"]);
         a.extend_from_slice(extra);
         mean_loss(posenc(&a), scaling)
     };
@@ -204,20 +157,20 @@ fn finetune_writes_a_peft_adapter_and_a_merged_checkpoint() {
     assert!(plain - adapted > 1e-3, "{plain} -> {adapted}");
 
     // generate --adapter runs.
-    let g = common::ok(&posenc(&[
+    let g = common::ok(&posenc(&on(
         "generate",
-        "--model",
         &m,
-        "--tokenizer",
         &tk,
-        "--prompt",
-        "w1 w2 w3",
-        "--max-tokens",
-        "4",
-        "--adapter",
-        s(&out),
-        "--json",
-    ]));
+        &[
+            "--prompt",
+            "w1 w2 w3",
+            "--max-tokens",
+            "4",
+            "--adapter",
+            s(&out),
+            "--json",
+        ],
+    )));
     let g: Value = serde_json::from_str(&g).unwrap();
     assert_eq!(g["new_ids"].as_array().unwrap().len(), 4);
     assert!(g["model"].as_str().unwrap().contains("LoRA adapter"));
@@ -249,17 +202,9 @@ fn bad_arguments_are_refused_before_the_model_is_read() {
         (&["--dropout", "1"], "dropout"),
     ];
     for (extra, needle) in cases {
-        let mut args = vec![
-            "finetune",
-            "--model",
-            m,
-            "--length",
-            "64",
-            "--steps",
-            "8",
-            "--out",
-            s(&out),
-        ];
+        let mut args = vec!["finetune", "--model", m];
+        args.extend(words("--length 64 --steps 8"));
+        args.extend(["--out", s(&out)]);
         // A later flag overrides an earlier one of the same name.
         for pair in extra.chunks(2) {
             if let Some(i) = args.iter().position(|a| *a == pair[0]) {
@@ -277,18 +222,11 @@ fn bad_arguments_are_refused_before_the_model_is_read() {
     // Flags of the other mode.
     fails_mentioning(
         &[
-            "finetune",
-            "--checkpoint",
-            s(&d),
-            "--len",
-            "8",
-            "--steps",
-            "1",
-            "--model",
-            m,
-            "--out",
-            s(&out),
-        ],
+            ["finetune", "--checkpoint", s(&d)].as_slice(),
+            &words("--len 8 --steps 1"),
+            &["--model", m, "--out", s(&out)],
+        ]
+        .concat(),
         "--model",
     );
     fails_mentioning(
@@ -305,19 +243,12 @@ fn misfits_are_refused_before_the_weights_are_read() {
     let model = config_only_model(&d, None);
     let m = s(&model);
     let out = d.join("out");
-    let base = [
+    let base = on(
         "finetune",
-        "--model",
         m,
-        "--tokenizer",
         &tk,
-        "--text",
-        &text,
-        "--steps",
-        "2",
-        "--out",
-        s(&out),
-    ];
+        &["--text", &text, "--steps", "2", "--out", s(&out)],
+    );
     let run = |extra: &[&str], needle: &str| {
         let mut a = base.to_vec();
         a.extend_from_slice(extra);
@@ -341,71 +272,23 @@ fn misfits_are_refused_before_the_weights_are_read() {
     // passkey: refused with one line before the weights.
     let good = d.join("adapter");
     let t = tiny();
-    common::ok(&posenc(&[
-        "finetune",
-        "--model",
-        &t,
-        "--tokenizer",
-        &tk,
-        "--text",
-        &text,
-        "--length",
-        "32",
-        "--steps",
-        "2",
-        "--lora",
-        "4",
-        "--out",
-        s(&good),
-        "--quiet",
-    ]));
+    let mut args = on("finetune", &t, &tk, &["--text", &text]);
+    args.extend(words("--length 32 --steps 2 --lora 4"));
+    args.extend(["--out", s(&good), "--quiet"]);
+    common::ok(&posenc(&args));
     let one_layer = config_only_model(&scratch("one-layer"), Some(1));
     let ol = s(&one_layer);
     let needle = "layer 1, the model has 1";
-    fails_mentioning(
-        &[
-            "perplexity",
-            "--model",
-            ol,
-            "--tokenizer",
-            &tk,
-            "--text",
-            &text,
-            "--length",
-            "16",
-            "--adapter",
-            s(&good),
-        ],
-        needle,
-    );
-    fails_mentioning(
-        &[
-            "generate",
-            "--model",
-            ol,
-            "--tokenizer",
-            &tk,
-            "--prompt",
-            "w1",
-            "--adapter",
-            s(&good),
-        ],
-        needle,
-    );
-    fails_mentioning(
-        &[
-            "passkey",
-            "--model",
-            ol,
-            "--tokenizer",
-            &tk,
-            "--lengths",
-            "2048",
-            "--adapter",
-            s(&good),
-        ],
-        needle,
-    );
+    // `cmd` on `model` with `adapter`, refused with a line holding `needle`.
+    let adapter_refused = |model: &str, cmd: &[&str], adapter: &Path, needle: &str| {
+        let mut a = on(cmd[0], model, &tk, &cmd[1..]);
+        a.extend(["--adapter", s(adapter)]);
+        fails_mentioning(&a, needle);
+    };
+    let ppl = ["perplexity", "--text", &text, "--length", "16"];
+    adapter_refused(ol, &ppl, &good, needle);
+    adapter_refused(ol, &["generate", "--prompt", "w1"], &good, needle);
+    adapter_refused(ol, &["passkey", "--lengths", "2048"], &good, needle);
     // A rank in the config that the tensors do not have.
     let bad = d.join("bad-adapter");
     std::fs::create_dir_all(&bad).unwrap();
@@ -420,38 +303,8 @@ fn misfits_are_refused_before_the_weights_are_read() {
         bad.join("adapter_model.safetensors"),
     )
     .unwrap();
-    fails_mentioning(
-        &[
-            "perplexity",
-            "--model",
-            m,
-            "--tokenizer",
-            &tk,
-            "--text",
-            &text,
-            "--length",
-            "16",
-            "--adapter",
-            s(&bad),
-        ],
-        "the model needs [8, 64] (r = 8)",
-    );
-    fails_mentioning(
-        &[
-            "perplexity",
-            "--model",
-            m,
-            "--tokenizer",
-            &tk,
-            "--text",
-            &text,
-            "--length",
-            "16",
-            "--adapter",
-            s(&d),
-        ],
-        "no adapter_config.json",
-    );
+    adapter_refused(m, &ppl, &bad, "the model needs [8, 64] (r = 8)");
+    adapter_refused(m, &ppl, &d, "no adapter_config.json");
 }
 
 /// Ctrl-C during a fine-tune: a checkpoint, exit status 130, and `--resume`
@@ -459,58 +312,28 @@ fn misfits_are_refused_before_the_weights_are_read() {
 #[cfg(unix)]
 #[test]
 fn an_interrupted_finetune_checkpoints_and_resumes_exactly() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
     let d = scratch("ctrl-c");
     let (tk, text) = inputs(&d, 3000);
     let m = tiny();
     let (cut, whole) = (d.join("cut"), d.join("whole"));
     let args = |out: &Path| -> Vec<String> {
-        [
-            "finetune",
-            "--model",
-            &m,
-            "--tokenizer",
-            &tk,
-            "--text",
-            &text,
-            "--length",
-            "32",
-            "--steps",
-            "600",
-            "--lora",
-            "4",
-            "--lr",
-            "1e-3",
-            "--out",
-            s(out),
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect()
+        let mut a = on("finetune", &m, &tk, &["--text", &text]);
+        a.extend(words("--length 32 --steps 600 --lora 4 --lr 1e-3"));
+        a.extend(["--out", s(out)]);
+        a.iter().map(|a| a.to_string()).collect()
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args(args(&cut))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let cut_args = args(&cut);
+    let cut_args: Vec<&str> = cut_args.iter().map(String::as_str).collect();
     // The first progress line: training has started, the handler is set.
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("step") {
-        line.clear();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "no progress line");
-    }
-    let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = child.wait().unwrap();
+    let status = common::interrupted(&cut_args, |stderr| {
+        let mut line = String::new();
+        while !line.contains("step") {
+            line.clear();
+            assert!(stderr.read_line(&mut line).unwrap() > 0, "no progress line");
+        }
+    });
     assert_eq!(status.code(), Some(130));
-    let record: Value =
-        serde_json::from_str(&std::fs::read_to_string(cut.join("finetune.json")).unwrap()).unwrap();
+    let record = common::read_json(&cut.join("finetune.json"));
     let step = record["step"].as_u64().unwrap();
     assert!((1..600).contains(&step), "{step}");
     let out = posenc(&["finetune", "--resume", "--out", s(&cut)]);
@@ -541,30 +364,11 @@ fn checkpointed_layers_train_the_same_adapter() {
     let (tk, text) = inputs(&d, 3000);
     let m = tiny();
     let run = |out: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "finetune",
-            "--model",
-            &m,
-            "--tokenizer",
-            &tk,
-            "--text",
-            &text,
-            "--length",
-            "48",
-            "--steps",
-            "3",
-            "--lora",
-            "4",
-            "--dropout",
-            "0.1",
-            "--train",
-            "norm",
-            "--lr",
-            "1e-2",
-            "--out",
-            s(out),
-            "--quiet",
-        ];
+        let mut args = on("finetune", &m, &tk, &["--text", &text]);
+        args.extend(words(
+            "--length 48 --steps 3 --lora 4 --dropout 0.1 --train norm --lr 1e-2",
+        ));
+        args.extend(["--out", s(out), "--quiet"]);
         args.extend_from_slice(extra);
         common::ok(&posenc(&args));
     };
@@ -588,32 +392,17 @@ fn checkpointed_layers_train_the_same_adapter() {
 fn perplexity_scores_the_held_out_tail() {
     let d = scratch("held-out");
     let (tk, text) = inputs(&d, 3000);
-    let words: Vec<String> = std::fs::read_to_string(&text)
+    let all: Vec<String> = std::fs::read_to_string(&text)
         .unwrap()
         .split_whitespace()
         .map(str::to_string)
         .collect();
     let tail = d.join("tail.txt");
-    std::fs::write(&tail, words[2700..].join(" ")).unwrap();
+    std::fs::write(&tail, all[2700..].join(" ")).unwrap();
     let m = tiny();
     let bands = |file: &str, held_out: bool| -> Value {
-        let mut args = vec![
-            "perplexity",
-            "--model",
-            &m,
-            "--tokenizer",
-            &tk,
-            "--text",
-            file,
-            "--length",
-            "64",
-            "--band",
-            "16",
-            "--scaling",
-            "none",
-            "--json",
-            "--quiet",
-        ];
+        let mut args = on("perplexity", &m, &tk, &["--text", file]);
+        args.extend(words("--length 64 --band 16 --scaling none --json --quiet"));
         if held_out {
             args.push("--held-out");
         }
@@ -627,20 +416,7 @@ fn perplexity_scores_the_held_out_tail() {
     );
     assert_eq!(held, alone);
     assert_ne!(held, start);
-    let err = common::fails_mentioning(
-        &[
-            "perplexity",
-            "--model",
-            &m,
-            "--tokenizer",
-            &tk,
-            "--text",
-            &text,
-            "--length",
-            "400",
-            "--held-out",
-        ],
-        "--held-out",
-    );
+    let args = on("perplexity", &m, &tk, &["--text", &text, "--length", "400"]);
+    let err = common::fails_mentioning(&[&args[..], &["--held-out"]].concat(), "--held-out");
     assert!(err.contains("300 tokens"), "{err}");
 }

@@ -7,6 +7,8 @@
 //! 6 MB text with `--length 16` runs within the same limits.
 
 mod common;
+
+use common::argv;
 #[path = "../../posenc-models/tests/common/hostile.rs"]
 mod hostile;
 
@@ -58,19 +60,8 @@ fn refused(args: &[&str]) -> String {
 
 /// A word-level tokenizer.json over `w0`..`w254` and `[UNK]`.
 fn word_tokenizer() -> PathBuf {
-    let mut vocab = serde_json::Map::new();
-    for i in 0..255 {
-        vocab.insert(format!("w{i}"), serde_json::Value::from(i));
-    }
-    vocab.insert("[UNK]".into(), 255.into());
-    let tk = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
-    });
     let p = scratch("words.json");
-    std::fs::write(&p, tk.to_string()).unwrap();
+    std::fs::write(&p, common::word_tokenizer_json()).unwrap();
     p
 }
 
@@ -93,21 +84,10 @@ fn every_hostile_model_is_refused_with_one_line_in_1_gib() {
     let text = words_text("text.txt", 4096);
     let tk = word_tokenizer();
     let args_for = |model: &Path| -> Vec<String> {
-        let mut a: Vec<String> = [
-            "perplexity",
-            "--model",
-            model.to_str().unwrap(),
-            "--text",
-            text.to_str().unwrap(),
-            "--length",
-            "16",
-            "--band",
-            "8",
-            "--scaling",
-            "none",
-            "--quiet",
-            "--json",
-        ]
+        let mut a: Vec<String> = argv(
+            "perplexity --model {} --text {} --length 16 --band 8 --scaling none --quiet --json",
+            &[model.to_str().unwrap(), text.to_str().unwrap()],
+        )
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -184,24 +164,14 @@ fn special_files_huge_prompts_and_unwritable_outputs_are_refused_first() {
     ] {
         let cases: [Vec<&str>; 4] = [
             vec!["perplexity", "--model", special, "--text", text],
-            vec![
-                "perplexity",
-                "--model",
-                &model,
-                "--text",
-                special,
-                "--length",
-                "16",
-            ],
-            vec![
-                "perplexity",
-                "--model",
-                &model,
-                "--text",
-                text,
-                "--tokenizer",
-                special,
-            ],
+            argv(
+                "perplexity --model {} --text {} --length 16",
+                &[&model, special],
+            ),
+            argv(
+                "perplexity --model {} --text {} --tokenizer {}",
+                &[&model, text, special],
+            ),
             vec!["generate", "--model", &model, "--prompt-file", special],
         ];
         for args in cases {
@@ -217,15 +187,10 @@ fn special_files_huge_prompts_and_unwritable_outputs_are_refused_first() {
     }
     // A 1 MiB prompt: refused before any prefill, naming the cap.
     let prompt = words_text("prompt.txt", 1 << 20);
-    let (out, took) = limited(&[
-        "generate",
-        "--model",
-        &model,
-        "--tokenizer",
-        tk,
-        "--prompt-file",
-        prompt.to_str().unwrap(),
-    ]);
+    let (out, took) = limited(&argv(
+        "generate --model {} --tokenizer {} --prompt-file {}",
+        &[&model, tk, prompt.to_str().unwrap()],
+    ));
     let err = common::one_line_error(out, &[]);
     assert!(
         err.contains("131072") && err.contains("--prompt-tokens"),
@@ -233,34 +198,20 @@ fn special_files_huge_prompts_and_unwritable_outputs_are_refused_first() {
     );
     assert!(took < Duration::from_secs(10), "{took:?}");
     // Its last tokens can be kept.
-    let (out, _) = limited(&[
-        "generate",
-        "--model",
-        &model,
-        "--tokenizer",
-        tk,
-        "--prompt-file",
-        prompt.to_str().unwrap(),
-        "--prompt-tokens",
-        "8",
-        "--max-tokens",
-        "2",
-        "--json",
-    ]);
+    let (out, _) = limited(&argv(
+        "generate --model {} --tokenizer {} --prompt-file {} \
+         --prompt-tokens 8 --max-tokens 2 --json",
+        &[&model, tk, prompt.to_str().unwrap()],
+    ));
     let v: serde_json::Value = serde_json::from_str(&common::ok(&out)).unwrap();
     assert_eq!(v["prompt_ids"].as_array().unwrap().len(), 8);
     // --out into a missing directory or /proc: refused before the model is
     // read, naming the path.
     for out in ["/nonexistent-posenc-dir/loss.svg", "/proc/loss.svg"] {
-        let err = refused(&[
-            "perplexity",
-            "--model",
-            &model,
-            "--text",
-            text,
-            "--out",
-            out,
-        ]);
+        let err = refused(&argv(
+            "perplexity --model {} --text {} --out {}",
+            &[&model, text, out],
+        ));
         assert!(err.contains(out), "{err}");
         tried += 1;
     }

@@ -2,15 +2,12 @@
 //! `bench train` end to end, on tiny models.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 mod common;
 
-use serde_json::Value;
+use common::{argv, posenc, words};
 
-fn posenc(args: &[&str]) -> Output {
-    common::run(args, &[])
-}
+use serde_json::Value;
 
 fn ok(args: &[&str]) -> String {
     common::stdout_ok(posenc(args), args)
@@ -26,33 +23,15 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
-const TINY: [&str; 8] = [
-    "--layers",
-    "1",
-    "--d-model",
-    "16",
-    "--heads",
-    "2",
-    "--batch",
-    "8",
-];
+/// The tiny model of every run here.
+const TINY: &str = "--layers 1 --d-model 16 --heads 2 --batch 8";
 
 fn train(dir: &str, task: &str, pe: &str, steps: &str) -> String {
-    let mut args = vec![
-        "train",
-        "--task",
-        task,
-        "--pe",
-        pe,
-        "--train-len",
-        "12",
-        "--steps",
-        steps,
-        "--out",
-        dir,
-        "--quiet",
-    ];
-    args.extend(TINY);
+    let mut args = argv(
+        "train --task {} --pe {} --train-len 12 --steps {} --out {} --quiet",
+        &[task, pe, steps, dir],
+    );
+    args.extend(words(TINY));
     ok(&args)
 }
 
@@ -77,16 +56,10 @@ fn train_eval_probe_shuffle_and_show_a_checkpoint() {
             assert!(m.get(k).is_some(), "{k} missing in {line}");
         }
     }
-    let e: Value = serde_json::from_str(&ok(&[
-        "eval",
-        "--checkpoint",
-        ds,
-        "--lengths",
-        "8,12",
-        "--batches",
-        "1",
-        "--json",
-    ]))
+    let e: Value = serde_json::from_str(&ok(&argv(
+        "eval --checkpoint {} --lengths 8,12 --batches 1 --json",
+        &[ds],
+    )))
     .unwrap();
     assert_eq!(e["lengths"], serde_json::json!([8, 12]));
     assert_eq!(e["loss"].as_array().unwrap().len(), 2);
@@ -101,26 +74,16 @@ fn train_eval_probe_shuffle_and_show_a_checkpoint() {
     assert!(s["in_order"].as_f64().unwrap().is_finite());
     assert!(s["unigram"].as_f64().unwrap() > 0.0);
     // The trained table as a picture and in the terminal.
-    let text = ok(&[
-        "show",
-        "learned",
-        "--checkpoint",
-        ds,
-        "--positions",
-        "8",
-        "--color",
-        "plain",
-    ]);
+    let text = ok(&argv(
+        "show learned --checkpoint {} --positions 8 --color plain",
+        &[ds],
+    ));
     assert!(text.contains("trained 6 steps"), "{text}");
     let png = d.join("learned.png");
-    ok(&[
-        "show",
-        "learned",
-        "--checkpoint",
-        ds,
-        "-o",
-        png.to_str().unwrap(),
-    ]);
+    ok(&argv(
+        "show learned --checkpoint {} -o {}",
+        &[ds, png.to_str().unwrap()],
+    ));
     assert!(std::fs::metadata(&png).unwrap().len() > 1000);
     let err = fails(&["show", "floater", "--checkpoint", ds]);
     assert!(err.contains("trained with learned"), "{err}");
@@ -135,7 +98,7 @@ fn resume_and_refusals() {
     let mut args = vec![
         "train", "--task", "copy", "--pe", "rope", "--steps", "4", "--out", ds, "--quiet",
     ];
-    args.extend(TINY);
+    args.extend(words(TINY));
     let err = fails(&args);
     assert!(err.contains("--resume"), "{err}");
     // --resume on a finished run is a no-op that keeps the step count.
@@ -166,33 +129,17 @@ fn bad_lab_arguments_are_one_line_errors() {
         "train", "--task", "copy", "--pe", "rope", "--lr", "-1", "--out", ds,
     ]);
     assert!(e.contains("learning rate"), "{e}");
-    let e = fails(&[
-        "train",
-        "--task",
-        "copy",
-        "--pe",
-        "rope",
-        "--train-len",
-        "2",
-        "--steps",
-        "1",
-        "--out",
-        ds,
-    ]);
+    let e = fails(&argv(
+        "train --task copy --pe rope --train-len 2 --steps 1 --out {}",
+        &[ds],
+    ));
     assert!(e.contains("too short"), "{e}");
     let e = fails(&["eval", "--checkpoint", "/nonexistent/run"]);
     assert!(e.contains("config.json"), "{e}");
-    let e = fails(&[
-        "train",
-        "--task",
-        "lm",
-        "--pe",
-        "rope",
-        "--corpus",
-        "/nonexistent.txt",
-        "--out",
-        ds,
-    ]);
+    let e = fails(&argv(
+        "train --task lm --pe rope --corpus /nonexistent.txt --out {}",
+        &[ds],
+    ));
     assert!(e.contains("nonexistent"), "{e}");
     let e = fails(&["bench", "train", "--steps", "0"]);
     assert!(e.contains("steps"), "{e}");
@@ -203,32 +150,19 @@ fn eval_time_scaling_needs_a_rope_model() {
     let d = tmp("scaling");
     let ds = d.to_str().unwrap();
     train(ds, "copy", "alibi", "2");
-    let e = fails(&[
-        "eval",
-        "--checkpoint",
-        ds,
-        "--lengths",
-        "24",
-        "--scaling",
-        "yarn",
-    ]);
+    let e = fails(&argv(
+        "eval --checkpoint {} --lengths 24 --scaling yarn",
+        &[ds],
+    ));
     assert!(e.contains("RoPE"), "{e}");
     let r = tmp("scaling-rope");
     let rs = r.to_str().unwrap();
     train(rs, "copy", "rope", "2");
     for s in ["none", "linear", "ntk", "dynamic", "yarn"] {
-        let v: Value = serde_json::from_str(&ok(&[
-            "eval",
-            "--checkpoint",
-            rs,
-            "--lengths",
-            "12,24",
-            "--scaling",
-            s,
-            "--batches",
-            "1",
-            "--json",
-        ]))
+        let v: Value = serde_json::from_str(&ok(&argv(
+            "eval --checkpoint {} --lengths 12,24 --scaling {} --batches 1 --json",
+            &[rs, s],
+        )))
         .unwrap();
         assert!(v["loss"][1].as_f64().unwrap().is_finite(), "{s}");
     }
@@ -239,48 +173,28 @@ fn eval_time_scaling_needs_a_rope_model() {
     for len in ["100000000", "18446744073709551615"] {
         let e = fails(&["eval", "--checkpoint", rs, "--lengths", len]);
         assert!(e.contains("budget"), "{e}");
-        let e = fails(&[
-            "eval",
-            "--checkpoint",
-            rs,
-            "--lengths",
-            len,
-            "--scaling",
-            "yarn",
-        ]);
+        let e = fails(&argv(
+            "eval --checkpoint {} --lengths {} --scaling yarn",
+            &[rs, len],
+        ));
         assert!(e.contains("budget"), "{e}");
     }
 }
 
 fn finetune(base: &str, out: &str, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "finetune",
-        "--checkpoint",
-        base,
-        "--len",
-        "24",
-        "--steps",
-        "3",
-        "--out",
-        out,
-        "--quiet",
-        "--json",
-    ];
+    let mut args = argv(
+        "finetune --checkpoint {} --len 24 --steps 3 --out {} --quiet --json",
+        &[base, out],
+    );
     args.extend(extra);
     serde_json::from_str(&ok(&args)).unwrap()
 }
 
 fn eval_json(dir: &str, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "eval",
-        "--checkpoint",
-        dir,
-        "--lengths",
-        "12,24,48",
-        "--batches",
-        "1",
-        "--json",
-    ];
+    let mut args = argv(
+        "eval --checkpoint {} --lengths 12,24,48 --batches 1 --json",
+        &[dir],
+    );
     args.extend(extra);
     serde_json::from_str(&ok(&args)).unwrap()
 }
@@ -312,16 +226,7 @@ fn finetune_at_a_new_length_and_evaluate_the_result() {
     let s = finetune(
         bs,
         pis,
-        &[
-            "--scaling",
-            "linear",
-            "--lr",
-            "2e-3",
-            "--batch",
-            "4",
-            "--seed",
-            "7",
-        ],
+        &words("--scaling linear --lr 2e-3 --batch 4 --seed 7"),
     );
     let r = &s["finetune"];
     assert_eq!(r["scaling"]["kind"], "linear");
@@ -366,15 +271,10 @@ fn finetune_at_a_new_length_and_evaluate_the_result() {
     );
     assert_eq!(fixed["loss"][0], by_default["loss"][0]);
     // The text form says the scaling is the fine-tune's.
-    let text = ok(&[
-        "eval",
-        "--checkpoint",
-        pis,
-        "--lengths",
-        "24",
-        "--batches",
-        "1",
-    ]);
+    let text = ok(&argv(
+        "eval --checkpoint {} --lengths 24 --batches 1",
+        &[pis],
+    ));
     assert!(
         text.contains("fine-tuned at 24") && text.contains("as fine-tuned"),
         "{text}"
@@ -392,23 +292,16 @@ fn finetune_at_a_new_length_and_evaluate_the_result() {
         out.contains("step 3/3") && out.contains("linear ×2"),
         "{out}"
     );
-    let e = fails(&[
-        "finetune",
-        "--checkpoint",
-        bs,
-        "--len",
-        "24",
-        "--steps",
-        "1",
-        "--out",
-        pis,
-    ]);
+    let e = fails(&argv(
+        "finetune --checkpoint {} --len 24 --steps 1 --out {}",
+        &[bs, pis],
+    ));
     assert!(e.contains("--resume"), "{e}");
     // A fine-tune is resumed by finetune, not train.
     let mut args = vec![
         "train", "--task", "copy", "--pe", "rope", "--out", pis, "--resume",
     ];
-    args.extend(TINY);
+    args.extend(words(TINY));
     let e = fails(&args);
     assert!(e.contains("posenc finetune --resume"), "{e}");
 }
@@ -432,17 +325,10 @@ fn bad_finetune_arguments_are_one_line_errors() {
     assert!(e.contains("config.json"), "{e}");
     // --out is the checkpoint (in any spelling).
     for same in [bs.to_string(), format!("{bs}/"), format!("{bs}/.")] {
-        let e = fails(&[
-            "finetune",
-            "--checkpoint",
-            bs,
-            "--len",
-            "24",
-            "--steps",
-            "1",
-            "--out",
-            &same,
-        ]);
+        let e = fails(&argv(
+            "finetune --checkpoint {} --len 24 --steps 1 --out {}",
+            &[bs, &same],
+        ));
         assert!(e.contains("base checkpoint"), "{e}");
     }
     // Unknown scaling, and a scaling on a model without RoPE.
@@ -485,45 +371,23 @@ fn bad_finetune_arguments_are_one_line_errors() {
 #[cfg(unix)]
 #[test]
 fn an_interrupted_finetune_checkpoints_and_resumes() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     let base = tmp("ft-int-base");
     let bs = base.to_str().unwrap();
     train(bs, "copy", "rope", "2");
     let out = tmp("ft-int-out");
     let os = out.to_str().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args([
-            "finetune",
-            "--checkpoint",
-            bs,
-            "--len",
-            "24",
-            "--steps",
-            "1000",
-            "--batch",
-            "2",
-            "--out",
-            os,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let args = argv(
+        "finetune --checkpoint {} --len 24 --steps 1000 --batch 2 --out {}",
+        &[bs, os],
+    );
     // The first progress line: training has started, the handler is set.
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(line.contains("step"), "{line}");
-    let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = child.wait().unwrap();
+    let status = common::interrupted(&args, |stderr| {
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        assert!(line.contains("step"), "{line}");
+    });
     assert_eq!(status.code(), Some(130));
-    let config: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    let config = common::read_json(&out.join("config.json"));
     let step = config["step"].as_u64().unwrap();
     assert!((1..1000).contains(&step), "{step}");
     assert_eq!(config["finetune"]["len"], 24);

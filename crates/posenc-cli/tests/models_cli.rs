@@ -11,6 +11,8 @@ use serde_json::Value;
 
 mod common;
 
+use common::argv;
+
 fn posenc(args: &[&str]) -> Output {
     common::run(args, &[])
 }
@@ -32,23 +34,12 @@ fn scratch(name: &str) -> PathBuf {
 /// A word-level `tokenizer.json` over the 256 ids of the tiny models: words
 /// `w0`..`w254`, `[UNK]` last.
 fn tokenizer() -> String {
-    let mut vocab = serde_json::Map::new();
-    for i in 0..255 {
-        vocab.insert(format!("w{i}"), Value::from(i));
-    }
-    vocab.insert("[UNK]".into(), Value::from(255));
-    let tk = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
-    });
     // one file per call: the tests of this binary run in parallel, and one
     // must never read the file while another rewrites it
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let p = scratch(&format!("tokenizer-{n}.json"));
-    std::fs::write(&p, tk.to_string()).unwrap();
+    std::fs::write(&p, common::word_tokenizer_json()).unwrap();
     p.to_string_lossy().into_owned()
 }
 
@@ -88,11 +79,7 @@ fn perplexity_json_bands_means_and_figure() {
         "--out",
         svg.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::ok(&out);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["trained_length"], 32);
     assert_eq!(v["length"], 64);
@@ -138,11 +125,7 @@ fn generate_is_greedy_by_default_and_seeded_when_sampling() {
         ];
         args.extend_from_slice(extra);
         let out = posenc(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::ok(&out);
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let g = run(&[]);
@@ -175,45 +158,28 @@ fn bad_input_gets_one_line_and_exit_2() {
     assert!(err.contains("bfloat16"), "{err}");
     // A missing tokenizer (the checkpoint has no tokenizer.json).
     fails(
-        &[
-            "perplexity",
-            "--model",
-            &model,
-            "--text",
-            &text(100),
-            "--length",
-            "16",
-        ],
+        &argv(
+            "perplexity --model {} --text {} --length 16",
+            &[&model, &text(100)],
+        ),
         "tokenizer",
     );
     // A window longer than the text.
     fails(
-        &[
-            "perplexity",
-            "--model",
-            &model,
-            "--tokenizer",
-            &tk,
-            "--text",
-            &text(10),
-            "--length",
-            "64",
-        ],
+        &argv(
+            "perplexity --model {} --tokenizer {} --text {} --length 64",
+            &[&model, &tk, &text(10)],
+        ),
         "fewer than the window",
     );
     // A non-UTF-8 text.
     let bad = scratch("latin1.txt");
     std::fs::write(&bad, b"w1 w2 caf\xe9 w3").unwrap();
     fails(
-        &[
-            "perplexity",
-            "--model",
-            &model,
-            "--tokenizer",
-            &tk,
-            "--text",
-            bad.to_str().unwrap(),
-        ],
+        &argv(
+            "perplexity --model {} --tokenizer {} --text {}",
+            &[&model, &tk, bad.to_str().unwrap()],
+        ),
         "not UTF-8",
     );
     // A length beyond what fits in memory: a config of a model far larger
@@ -281,17 +247,10 @@ fn bad_input_gets_one_line_and_exit_2() {
         ".png or .svg",
     );
     fails(
-        &[
-            "generate",
-            "--model",
-            &model,
-            "--tokenizer",
-            &tk,
-            "--prompt",
-            "w1",
-            "--temperature",
-            "-1",
-        ],
+        &argv(
+            "generate --model {} --tokenizer {} --prompt w1 --temperature -1",
+            &[&model, &tk],
+        ),
         "temperature",
     );
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::fails_mentioning;
+use common::{argv, fails_mentioning};
 
 /// A fresh scratch directory for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -122,15 +122,10 @@ fn a_haystack_shorter_than_the_length_is_refused() {
     let hay = dir.join("hay.txt");
     std::fs::write(&hay, "The cat sat on the mat. ".repeat(40)).unwrap();
     fails_mentioning(
-        &[
-            "passkey",
-            "--model",
-            model.to_str().unwrap(),
-            "--haystack",
-            hay.to_str().unwrap(),
-            "--lengths",
-            "4096",
-        ],
+        &argv(
+            "passkey --model {} --haystack {} --lengths 4096",
+            &[model.to_str().unwrap(), hay.to_str().unwrap()],
+        ),
         "too short",
     );
 }

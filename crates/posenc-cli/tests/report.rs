@@ -9,6 +9,8 @@ use std::process::Output;
 
 mod common;
 
+use common::argv;
+
 fn posenc(args: &[&str]) -> Output {
     common::run(args, &[])
 }
@@ -236,17 +238,10 @@ fn another_text_reruns_the_text_experiments() {
     )
     .unwrap();
     for (bad, why) in [(&latin1, "not UTF-8"), (&short, "validation part")] {
-        let o = posenc(&[
-            "report",
-            "--preset",
-            "smoke",
-            "--only",
-            "4",
-            "--corpus",
-            bad.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let o = posenc(&argv(
+            "report --preset smoke --only 4 --corpus {} --out {}",
+            &[bad.to_str().unwrap(), out.to_str().unwrap()],
+        ));
         assert_eq!(o.status.code(), Some(2));
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(err.lines().count(), 1, "{err}");
@@ -270,15 +265,10 @@ fn a_diverged_run_is_named_and_its_claims_say_so() {
     p["lm"]["run"]["lr"] = 1e30.into();
     let preset = out.join("diverging.json");
     std::fs::write(&preset, p.to_string()).unwrap();
-    let o = posenc(&[
-        "report",
-        "--preset",
-        preset.to_str().unwrap(),
-        "--only",
-        "4",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = posenc(&argv(
+        "report --preset {} --only 4 --out {}",
+        &[preset.to_str().unwrap(), out.to_str().unwrap()],
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
@@ -337,15 +327,10 @@ fn bad_arguments_are_one_line_errors_with_status_2() {
             "--out",
             out.to_str().unwrap(),
         ],
-        vec![
-            "report",
-            "--preset",
-            "smoke",
-            "--only",
-            "9",
-            "--out",
-            out.to_str().unwrap(),
-        ],
+        argv(
+            "report --preset smoke --only 9 --out {}",
+            &[out.to_str().unwrap()],
+        ),
         vec![
             "report",
             "--preset",
@@ -492,22 +477,11 @@ fn experiments_8_and_9_run_on_a_tiny_pretrained_model_and_share_trials() {
     // not run again.
     let log = out.join("grid.jsonl");
     let lg = log.to_str().unwrap();
-    let o = posenc(&[
-        "passkey",
-        "--model",
-        m,
-        "--lengths",
-        "64",
-        "--depths",
-        "0,0.5,1",
-        "--trials",
-        "1",
-        "--scaling",
-        "none",
-        "--log",
-        lg,
-        "--quiet",
-    ]);
+    let o = posenc(&argv(
+        "passkey --model {} --lengths 64 --depths 0,0.5,1 --trials 1 \
+         --scaling none --log {} --quiet",
+        &[m, lg],
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let lines = |p: &Path| std::fs::read_to_string(p).unwrap().lines().count();
     assert_eq!(lines(&log), 1 + 3);

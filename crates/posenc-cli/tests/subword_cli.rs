@@ -7,6 +7,8 @@ use std::process::Output;
 
 mod common;
 
+use common::argv;
+
 use serde_json::Value;
 
 fn posenc(args: &[&str]) -> Output {
@@ -33,32 +35,11 @@ fn tmp(name: &str) -> PathBuf {
 const PRIDE: &str = include_str!("../../../assets/corpus/pride-and-prejudice.txt");
 
 fn train_args<'a>(corpus: &'a str, tokens: &'a str, out: &'a str, task: &'a str) -> Vec<&'a str> {
-    vec![
-        "train",
-        "--task",
-        task,
-        "--pe",
-        "rope",
-        "--tokens",
-        tokens,
-        "--corpus",
-        corpus,
-        "--train-len",
-        "16",
-        "--steps",
-        "4",
-        "--layers",
-        "1",
-        "--d-model",
-        "16",
-        "--heads",
-        "2",
-        "--batch",
-        "4",
-        "--out",
-        out,
-        "--quiet",
-    ]
+    argv(
+        "train --task {} --pe rope --tokens {} --corpus {} --train-len 16 --steps 4 \
+         --layers 1 --d-model 16 --heads 2 --batch 4 --out {} --quiet",
+        &[task, tokens, corpus, out],
+    )
 }
 
 #[test]
@@ -82,16 +63,10 @@ fn a_bpe_checkpoint_keeps_its_tokenizer_for_every_command() {
         serde_json::json!({"kind": "bpe", "vocab": 384})
     );
     assert_eq!(cfg["model"]["vocab_size"], 384);
-    let e: Value = serde_json::from_str(&ok(&[
-        "eval",
-        "--checkpoint",
-        k,
-        "--lengths",
-        "16",
-        "--batches",
-        "1",
-        "--json",
-    ]))
+    let e: Value = serde_json::from_str(&ok(&argv(
+        "eval --checkpoint {} --lengths 16 --batches 1 --json",
+        &[k],
+    )))
     .unwrap();
     let (loss, bpc) = (
         e["loss"][0].as_f64().unwrap(),
@@ -100,15 +75,7 @@ fn a_bpe_checkpoint_keeps_its_tokenizer_for_every_command() {
     // Several characters per token: fewer bits per character than nats per
     // token.
     assert!(bpc > 0.0 && bpc < loss, "{e}");
-    let text = ok(&[
-        "eval",
-        "--checkpoint",
-        k,
-        "--lengths",
-        "16",
-        "--batches",
-        "1",
-    ]);
+    let text = ok(&argv("eval --checkpoint {} --lengths 16 --batches 1", &[k]));
     assert!(
         text.contains("tokens bpe:384") && text.contains("bits/char"),
         "{text}"
@@ -118,18 +85,10 @@ fn a_bpe_checkpoint_keeps_its_tokenizer_for_every_command() {
     let p: Value = serde_json::from_str(&ok(&["probe", "--checkpoint", k, "--json"])).unwrap();
     assert_eq!(p["mae"].as_array().unwrap().len(), 2);
     let ft = d.join("ft");
-    ok(&[
-        "finetune",
-        "--checkpoint",
-        k,
-        "--len",
-        "32",
-        "--steps",
-        "2",
-        "--out",
-        ft.to_str().unwrap(),
-        "--quiet",
-    ]);
+    ok(&argv(
+        "finetune --checkpoint {} --len 32 --steps 2 --out {} --quiet",
+        &[k, ft.to_str().unwrap()],
+    ));
     assert_eq!(
         std::fs::read_to_string(ft.join("tokenizer.json")).unwrap(),
         std::fs::read_to_string(ck.join("tokenizer.json")).unwrap()
@@ -197,18 +156,10 @@ fn a_text_too_short_for_the_vocabulary_is_one_line_and_exit_2() {
         assert!(err.contains("bpe:N"), "{err}");
     }
     // Tokens apply to the corpus tasks only.
-    let err = fails(&[
-        "train",
-        "--task",
-        "copy",
-        "--pe",
-        "rope",
-        "--tokens",
-        "bpe:300",
-        "--out",
-        out.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let err = fails(&argv(
+        "train --task copy --pe rope --tokens bpe:300 --out {} --quiet",
+        &[out.to_str().unwrap()],
+    ));
     assert!(err.contains("lm and mlm"), "{err}");
     let _ = std::fs::remove_dir_all(&d);
 }

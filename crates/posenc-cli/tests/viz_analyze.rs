@@ -8,7 +8,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::ok;
+use common::{argv, ok, words};
 
 fn posenc(args: &[&str]) -> Output {
     common::run(args, &[])
@@ -128,15 +128,7 @@ fn yarn_from_an_hf_config_matches_transformers() {
 
 #[test]
 fn sinusoidal_measurements_and_verdicts() {
-    let v = json(&[
-        "analyze",
-        "sinusoidal",
-        "--dim",
-        "16",
-        "--n",
-        "500",
-        "--json",
-    ]);
+    let v = json(&words("analyze sinusoidal --dim 16 --n 500 --json"));
     let sim = measurement(&v, "similarity");
     let cos: Vec<f64> = sim["value"]["cosine"]
         .as_array()
@@ -226,14 +218,10 @@ fn output_dir_gets_a_png_and_an_svg_per_plot_and_the_json() {
         "binary",
     ] {
         let dir = tmpdir(fam);
-        let out = ok(&posenc(&[
-            "analyze",
-            fam,
-            "--dim",
-            "16",
-            "-o",
-            dir.to_str().unwrap(),
-        ]));
+        let out = ok(&posenc(&argv(
+            "analyze {} --dim 16 -o {}",
+            &[fam, dir.to_str().unwrap()],
+        )));
         assert!(out.contains("wrote"), "{fam}: {out}");
         let a: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("analysis.json")).unwrap())
@@ -263,15 +251,9 @@ fn output_dir_gets_a_png_and_an_svg_per_plot_and_the_json() {
 
 #[test]
 fn compare_rope_with_and_without_yarn() {
-    let out = ok(&posenc(&[
-        "compare",
-        "rope",
-        "rope:scaling=yarn,factor=8,original-max=2048",
-        "--dim",
-        "128",
-        "--color",
-        "plain",
-    ]));
+    let out = ok(&posenc(&words(
+        "compare rope rope:scaling=yarn,factor=8,original-max=2048 --dim 128 --color plain",
+    )));
     assert!(out.contains("64 pairs"), "{out}");
     // YaRN (Peng et al. 2023): pairs with wavelength < L/β_fast = 64 are
     // kept, pairs with wavelength > L/β_slow = 2048 are divided by the factor.
@@ -313,15 +295,9 @@ fn compare_rope_with_and_without_yarn() {
         }
     }
     // Other families: bias against bias.
-    let out = ok(&posenc(&[
-        "compare",
-        "alibi",
-        "alibi:bidirectional",
-        "--positions",
-        "4",
-        "--color",
-        "plain",
-    ]));
+    let out = ok(&posenc(&words(
+        "compare alibi alibi:bidirectional --positions 4 --color plain",
+    )));
     assert!(out.contains("max |A − B|"), "{out}");
 }
 

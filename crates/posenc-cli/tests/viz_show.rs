@@ -5,7 +5,7 @@ use std::process::Output;
 
 mod common;
 
-use common::ok;
+use common::{argv, ok, words};
 
 const FAMILIES: &[(&str, &str)] = &[
     ("sinusoidal", "sinusoidal (interleaved), D = 16, base 10000"),
@@ -55,14 +55,10 @@ fn every_family_writes_a_png_of_the_requested_size() {
     let dir = tmpdir("png");
     for (fam, _) in FAMILIES {
         let path = dir.join(format!("{fam}.png"));
-        ok(&posenc(&[
-            "show",
-            fam,
-            "--size",
-            "500x320",
-            "-o",
-            path.to_str().unwrap(),
-        ]));
+        ok(&posenc(&argv(
+            "show {} --size 500x320 -o {}",
+            &[fam, path.to_str().unwrap()],
+        )));
         assert_eq!(png_size(&path), (500, 320), "{fam}");
     }
 }
@@ -120,16 +116,9 @@ fn shaw_index_matrix_in_plain_mode_is_exact() {
     }
     expected
         .push_str("min 0 [ .:-=+*#%@] max 2\nrows: query position i; columns: key position j\n");
-    let out = ok(&posenc(&[
-        "show",
-        "shaw",
-        "--k",
-        "1",
-        "--positions",
-        "3",
-        "--color",
-        "plain",
-    ]));
+    let out = ok(&posenc(&words(
+        "show shaw --k 1 --positions 3 --color plain",
+    )));
     assert_eq!(out, expected);
 }
 
@@ -149,32 +138,18 @@ fn sinusoidal_table_in_plain_mode_is_exact() {
         expected.push('\n');
     }
     expected.push_str("min -1 [ .:-=+*#%@] max 1\ncolumns: position; rows: dimension\n");
-    let out = ok(&posenc(&[
-        "show",
-        "sinusoidal",
-        "--dim",
-        "2",
-        "--positions",
-        "7",
-        "--color",
-        "plain",
-    ]));
+    let out = ok(&posenc(&words(
+        "show sinusoidal --dim 2 --positions 7 --color plain",
+    )));
     assert_eq!(out, expected);
 }
 
 #[test]
 fn alibi_plain_rows_follow_the_slope_formula() {
     // One head: slope 2^-8; causal bias m·(j − i) on a 4 × 4 grid.
-    let out = ok(&posenc(&[
-        "show",
-        "alibi",
-        "--heads",
-        "1",
-        "--positions",
-        "4",
-        "--color",
-        "plain",
-    ]));
+    let out = ok(&posenc(&words(
+        "show alibi --heads 1 --positions 4 --color plain",
+    )));
     let m = 2f64.powi(-8);
     let lines: Vec<&str> = out.lines().collect();
     for i in 0..4 {
@@ -187,27 +162,13 @@ fn alibi_plain_rows_follow_the_slope_formula() {
 
 #[test]
 fn terminal_colour_modes_can_be_forced_and_auto_is_plain_in_a_pipe() {
-    let tc = ok(&posenc(&[
-        "show",
-        "rope",
-        "--positions",
-        "8",
-        "--dim",
-        "4",
-        "--color",
-        "truecolor",
-    ]));
+    let tc = ok(&posenc(&words(
+        "show rope --positions 8 --dim 4 --color truecolor",
+    )));
     assert!(tc.contains("\x1b[38;2;") && tc.contains("\x1b[48;2;") && tc.contains('▀'));
-    let c256 = ok(&posenc(&[
-        "show",
-        "rope",
-        "--positions",
-        "8",
-        "--dim",
-        "4",
-        "--color",
-        "256",
-    ]));
+    let c256 = ok(&posenc(&words(
+        "show rope --positions 8 --dim 4 --color 256",
+    )));
     assert!(c256.contains("\x1b[38;5;") && !c256.contains("\x1b[38;2;"));
     // stdout is a pipe here: auto detection must give plain text.
     let auto = ok(&posenc(&["show", "rope", "--positions", "8", "--dim", "4"]));
@@ -220,14 +181,7 @@ fn terminal_colour_modes_can_be_forced_and_auto_is_plain_in_a_pipe() {
 
 #[test]
 fn binary_terminal_has_the_bits_of_each_position() {
-    let out = ok(&posenc(&[
-        "show",
-        "binary",
-        "--positions",
-        "8",
-        "--color",
-        "plain",
-    ]));
+    let out = ok(&posenc(&words("show binary --positions 8 --color plain")));
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[1], "Binary code of the position");
     // 8 positions need 3 bits; bit k of position p is '@' (1) or ' ' (0).
@@ -241,14 +195,9 @@ fn binary_terminal_has_the_bits_of_each_position() {
 
 #[test]
 fn specs_override_options_and_read_hf_configs() {
-    let out = ok(&posenc(&[
-        "show",
-        "rope:scaling=yarn,factor=8",
-        "--positions",
-        "4",
-        "--color",
-        "plain",
-    ]));
+    let out = ok(&posenc(&words(
+        "show rope:scaling=yarn,factor=8 --positions 4 --color plain",
+    )));
     assert!(
         out.starts_with("RoPE yarn, θ = 10000, d = 16 (half-split), factor 8\n"),
         "{out}"
@@ -257,16 +206,10 @@ fn specs_override_options_and_read_hf_configs() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/viz-fixtures/yarn-8.config.json"
     );
-    let out = ok(&posenc(&[
-        "show",
-        "rope",
-        "--config",
-        cfg,
-        "--positions",
-        "4",
-        "--color",
-        "plain",
-    ]));
+    let out = ok(&posenc(&argv(
+        "show rope --config {} --positions 4 --color plain",
+        &[cfg],
+    )));
     assert!(
         out.starts_with("RoPE yarn, θ = 10000, d = 128 (half-split), factor 8\n"),
         "{out}"
@@ -278,14 +221,9 @@ fn specs_override_options_and_read_hf_configs() {
         .take_while(|l| !l.starts_with("min"))
         .count();
     assert_eq!(cos_lines, 64);
-    let out = ok(&posenc(&[
-        "show",
-        "alibi:bidirectional,heads=4,head=3",
-        "--positions",
-        "2",
-        "--color",
-        "plain",
-    ]));
+    let out = ok(&posenc(&words(
+        "show alibi:bidirectional,heads=4,head=3 --positions 2 --color plain",
+    )));
     assert!(
         out.starts_with("ALiBi (bidirectional), head 3 of 4, slope 0.004\n"),
         "{out}"

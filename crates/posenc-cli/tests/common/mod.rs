@@ -80,3 +80,99 @@ pub fn refused(args: &[&str]) -> String {
     }
     one_line_error(out, args)
 }
+
+/// Runs the `posenc` binary with `args` in the environment as it is.
+pub fn posenc(args: &[&str]) -> Output {
+    run(args, &[])
+}
+
+/// The JSON standard output of a run that must succeed.
+pub fn ok_json(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&stdout_ok(posenc(args), args)).expect("stdout is JSON")
+}
+
+/// The JSON file at `path`.
+pub fn read_json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A JSON array of numbers as f64s.
+pub fn f64s(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// `posenc-{prefix}-{name}-{pid}` in the temp dir, emptied and created.
+pub fn fresh_dir(prefix: &str, name: &str) -> std::path::PathBuf {
+    let pid = std::process::id();
+    let dir = std::env::temp_dir().join(format!("posenc-{prefix}-{name}-{pid}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The whitespace-separated words of `line`: a command line's fixed flags
+/// and values (none of them with a space in it) as arguments.
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// A word-level `tokenizer.json` over the 256 ids of the tiny models:
+/// words `w0`..`w254` and `[UNK]` (255), split on white space.
+pub fn word_tokenizer_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    for i in 0..255 {
+        vocab.insert(format!("w{i}"), serde_json::Value::from(i));
+    }
+    vocab.insert("[UNK]".into(), serde_json::Value::from(255));
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    })
+    .to_string()
+}
+
+/// Starts `posenc args`, lets `started` read its standard error until the
+/// run is under way (its Ctrl-C handler set), sends it SIGINT and returns
+/// its exit status.
+#[cfg(unix)]
+pub fn interrupted(
+    args: &[&str],
+    started: impl FnOnce(&mut dyn std::io::BufRead),
+) -> std::process::ExitStatus {
+    use std::process::Stdio;
+    let mut child = command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    started(&mut stderr);
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    child.wait().unwrap()
+}
+
+/// The arguments of the command line `line`, split at white space, each
+/// `{}` in it standing for the next of `vars`, whole (a path may hold a
+/// space).
+pub fn argv<'a>(line: &'a str, vars: &[&'a str]) -> Vec<&'a str> {
+    let mut vars = vars.iter();
+    let args = line
+        .split_whitespace()
+        .map(|w| match w {
+            "{}" => *vars.next().expect("a value for each {}"),
+            w => w,
+        })
+        .collect();
+    assert!(vars.next().is_none(), "a {{}} for each value");
+    args
+}
