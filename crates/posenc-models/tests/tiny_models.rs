@@ -29,6 +29,16 @@ fn load(name: &str) -> Decoder {
 
 const TOL: f64 = 5e-6;
 
+/// The RoPE of `model`'s config under the scaling named `scaling`.
+fn rope_for(model: &Decoder, scaling: &str) -> posenc::tensor::rope::Rope {
+    let config = scaling
+        .parse::<Scaling>()
+        .unwrap()
+        .rope_config(model.config())
+        .unwrap();
+    rope_of(config).unwrap()
+}
+
 fn check_model(name: &str) {
     let r = common::reference("reference.json");
     let m = &r["models"][name];
@@ -127,14 +137,7 @@ fn greedy_generation_with_the_cache_matches_transformers() {
             "{name}: a margin is too thin to test"
         );
         let prompt = &ids(&m["input_ids"])[..8];
-        let rope = rope_of(
-            "model"
-                .parse::<Scaling>()
-                .unwrap()
-                .rope_config(model.config())
-                .unwrap(),
-        )
-        .unwrap();
+        let rope = rope_for(&model, "model");
         let mut streamed = Vec::new();
         let got = generate(
             &model,
@@ -161,14 +164,7 @@ fn cached_decoding_equals_one_pass() {
     let model = load("tiny-qwen25");
     let tokens = ids(&m["input_ids"]);
     for sname in ["none", "yarn:2", "linear:2"] {
-        let rope = rope_of(
-            sname
-                .parse::<Scaling>()
-                .unwrap()
-                .rope_config(model.config())
-                .unwrap(),
-        )
-        .unwrap();
+        let rope = rope_for(&model, sname);
         let full = model.hidden_states(&tokens, &rope, None).unwrap();
         let mut cache = posenc_models::KvCache::new(model.config());
         let mut got = model
@@ -195,14 +191,7 @@ fn cached_decoding_equals_one_pass() {
 #[test]
 fn sampling_is_seeded() {
     let model = load("tiny-llama31");
-    let rope = rope_of(
-        "model"
-            .parse::<Scaling>()
-            .unwrap()
-            .rope_config(model.config())
-            .unwrap(),
-    )
-    .unwrap();
+    let rope = rope_for(&model, "model");
     let s = |seed| Sampling::Sample {
         temperature: 1.5,
         top_p: 0.95,
