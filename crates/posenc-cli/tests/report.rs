@@ -397,9 +397,9 @@ fn concurrent_runs_equal_sequential_runs() {
 /// verdict, the figures are written, and experiment 9 reads experiment 8's
 /// passkey trials (no scaling, Self-Extend) from the cache's trial log
 /// instead of running them again.
-#[test]
-fn experiments_8_and_9_run_on_a_tiny_pretrained_model_and_share_trials() {
-    let out = tmp("tiny-model");
+/// The tiny random Llama 3.1 of posenc-models' fixtures with the
+/// word-level tokenizer, copied into `out/tiny-llama31`.
+fn tiny_model(out: &Path) -> PathBuf {
     let model = out.join("tiny-llama31");
     std::fs::create_dir_all(&model).unwrap();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -417,6 +417,13 @@ fn experiments_8_and_9_run_on_a_tiny_pretrained_model_and_share_trials() {
         model.join("tokenizer.json"),
     )
     .unwrap();
+    model
+}
+
+#[test]
+fn experiments_8_and_9_run_on_a_tiny_pretrained_model_and_share_trials() {
+    let out = tmp("tiny-model");
+    let model = tiny_model(&out);
     let m = model.to_str().unwrap();
     let log_lines = |out: &Path| -> usize {
         let logs: Vec<PathBuf> = std::fs::read_dir(out.join("cache"))
@@ -488,5 +495,93 @@ fn experiments_8_and_9_run_on_a_tiny_pretrained_model_and_share_trials() {
     let fresh = out.join("fresh");
     report(&fresh, &["--only", "8", "--model", m, "--passkey-log", lg]);
     assert_eq!(lines(&log), 1 + 5 * 3);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Experiment 8 with `--finetune-steps`: PI ×2 and YaRN ×2 fine-tuned on
+/// the text's first 90% and scored on its last 10% (band losses and the
+/// passkey grid, each fine-tune with its own trial log), two more claims
+/// with computed verdicts, the whole experiment cached; bad values and a
+/// held-out part shorter than 2L refused in one line before any run.
+#[test]
+fn experiment_8_fine_tunes_pi_and_yarn_and_scores_held_out_text() {
+    let out = tmp("tiny-finetune");
+    let model = tiny_model(&out);
+    let m = model.to_str().unwrap();
+    let r = report(
+        &out,
+        &["--only", "8", "--model", m, "--finetune-steps", "3"],
+    );
+    let claims = r["claims"].as_array().unwrap();
+    let ids: Vec<&str> = claims.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids[5..],
+        ["e8.pi-finetune-closes-gap", "e8.finetune-retrieves"],
+        "{ids:?}"
+    );
+    for c in claims {
+        assert!(VERDICTS.contains(&c["verdict"].as_str().unwrap()), "{c}");
+    }
+    // Held-out losses past L: each fine-tune moved its scaling's loss.
+    let v = &claims[5]["value"];
+    let at = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    for s in ["linear:2", "yarn:2"] {
+        let (zero, tuned) = (
+            at(&format!("{s}, L..2L")),
+            at(&format!("{s} + fine-tune, L..2L")),
+        );
+        assert!(
+            zero.is_finite() && tuned.is_finite() && zero != tuned,
+            "{s}: {v}"
+        );
+    }
+    assert!(at("loss at L (held out, no scaling, positions 0..L)").is_finite());
+    // Retrieval of each fine-tuned model: 2L only (64 tokens), 3 depths.
+    let tuned_logs: Vec<usize> = std::fs::read_dir(out.join("cache"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("passkey-finetuned-")
+        })
+        .map(|p| std::fs::read_to_string(p).unwrap().lines().count())
+        .collect();
+    assert_eq!(tuned_logs, [4, 4]);
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("Held-out loss") && md.contains("yarn:2 + fine-tune"));
+    let again = report(
+        &out,
+        &["--only", "8", "--model", m, "--finetune-steps", "3"],
+    );
+    assert_eq!(again["experiments"][0]["cached"], true);
+    // Refusals, one line and exit 2, before any experiment runs.
+    let short = out.join("short.txt");
+    // 400 words (tokens) of 10 characters: long enough for the lab's
+    // corpus checks, a held-out part of 40 tokens < 2L = 64.
+    std::fs::write(&short, vec!["abcdefghij"; 400].join(" ")).unwrap();
+    let o = out.to_str().unwrap();
+    for (args, needle) in [
+        (
+            argv(
+                "report --only 8 --model {} --finetune-steps 0 --out {}",
+                &[m, o],
+            ),
+            "--finetune-steps",
+        ),
+        (
+            argv(
+                "report --only 8 --model {} --finetune-steps 2 --corpus {} --out {}",
+                &[m, short.to_str().unwrap(), o],
+            ),
+            "held-out",
+        ),
+    ] {
+        let err = common::fails_mentioning(&args, needle);
+        assert!(!err.contains("experiment 8:"), "{err}");
+    }
+    let err = common::refused(&argv("report --finetune-steps 2 --out {}", &[o]));
+    assert!(err.contains("--model"), "{err}");
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -278,24 +278,6 @@ pub fn run(a: &Options) -> Result<Summary> {
     let cache = a.out.join("cache");
     let text = corpus::TextCorpus::resolve(&preset.corpus, a.corpus.as_deref(), &cache)?;
     text.check_window(preset.longest_text_window())?;
-    eprintln!(
-        "posenc report: preset {} ({}); text: {}; writing to {}",
-        preset.name,
-        preset.description,
-        text.name,
-        a.out.display()
-    );
-    let families = families::all()?;
-    let walk = walkthrough::build_section()?;
-    let mut ctx = experiments::Ctx::new(&preset, text.clone(), cache);
-    ctx.jobs = a.jobs;
-    let model_only = matches!(a.only, Some(pretrained::ID | training_free::ID));
-    if model_only && a.model.is_none() {
-        return Err(ReportError(format!(
-            "--only {n}: experiment {n} needs --model FILE",
-            n = a.only.unwrap_or_default()
-        )));
-    }
     // The model experiments' text, read (and with --finetune-steps, checked
     // against the model) before any experiment runs.
     let model_text = match &a.model {
@@ -317,6 +299,24 @@ pub fn run(a: &Options) -> Result<Summary> {
         }
         None => None,
     };
+    eprintln!(
+        "posenc report: preset {} ({}); text: {}; writing to {}",
+        preset.name,
+        preset.description,
+        text.name,
+        a.out.display()
+    );
+    let families = families::all()?;
+    let walk = walkthrough::build_section()?;
+    let mut ctx = experiments::Ctx::new(&preset, text.clone(), cache);
+    ctx.jobs = a.jobs;
+    let model_only = matches!(a.only, Some(pretrained::ID | training_free::ID));
+    if model_only && a.model.is_none() {
+        return Err(ReportError(format!(
+            "--only {n}: experiment {n} needs --model FILE",
+            n = a.only.unwrap_or_default()
+        )));
+    }
     let mut exps = if model_only {
         Vec::new()
     } else {
