@@ -1,7 +1,6 @@
 //! Grouped bar charts with error bars.
 
 use plotters::backend::DrawingBackend;
-use plotters::chart::ChartBuilder;
 use plotters::coord::Shift;
 use plotters::drawing::DrawingArea;
 use plotters::element::{PathElement, Rectangle};
@@ -11,8 +10,9 @@ use crate::axis::{CellAxis, ValueAxis};
 use crate::colormap::Rgb;
 use crate::error::{check_finite, PlotError, Result};
 use crate::figure::{impl_draw, Figure};
-use crate::fonts::{self, Fonts, GRID, INK, PALETTE};
-use crate::legend::{legend_row, Entry, Swatch};
+use crate::fonts::{Fonts, GRID, INK};
+use crate::frame::{self, label_setters, setters};
+use crate::legend::Swatch;
 
 /// One series of a [`BarChart`]: a value (e.g. a mean) per group, and an
 /// optional spread per group drawn as an error bar `value ± spread`.
@@ -41,16 +41,11 @@ impl BarSeries {
         }
     }
 
-    /// Adds error bars: one non-negative spread per group.
-    pub fn errors(mut self, spreads: Vec<f64>) -> Self {
-        self.errors = Some(spreads);
-        self
-    }
-
-    /// Sets the colour (default: the matplotlib "tab10" cycle).
-    pub fn color(mut self, color: Rgb) -> Self {
-        self.color = Some(color);
-        self
+    setters! {
+        /// Adds error bars: one non-negative spread per group.
+        errors(spreads: Vec<f64>) = Some(spreads);
+        /// Sets the colour (default: the matplotlib "tab10" cycle).
+        color(color: Rgb) = Some(color);
     }
 
     /// The values, one per group.
@@ -94,23 +89,7 @@ impl BarChart {
         }
     }
 
-    /// Sets the title.
-    pub fn title(mut self, title: impl Into<String>) -> Self {
-        self.title = title.into();
-        self
-    }
-
-    /// Sets the x-axis label.
-    pub fn x_label(mut self, label: impl Into<String>) -> Self {
-        self.x_label = label.into();
-        self
-    }
-
-    /// Sets the y-axis label.
-    pub fn y_label(mut self, label: impl Into<String>) -> Self {
-        self.y_label = label.into();
-        self
-    }
+    label_setters!();
 
     /// Adds a series (one value per group).
     pub fn series(mut self, series: BarSeries) -> Self {
@@ -186,71 +165,39 @@ impl BarChart {
         let be = PlotError::backend;
         let (w, h) = area.dim_in_pixel();
         let f = Fonts::for_size(w, h);
-        let area = fonts::title_band(area, &self.title, &f)?;
-        let entries: Vec<Entry> = self
-            .series
-            .iter()
-            .enumerate()
-            .map(|(i, s)| Entry {
-                name: s.name.clone(),
-                color: s.color.unwrap_or(PALETTE[i % PALETTE.len()]).plotters(),
-                swatch: Swatch::Box,
-            })
-            .collect();
-        let area = legend_row(&area, &entries, &f)?;
+        let legend = self.series.iter().map(|s| (&*s.name, s.color, Swatch::Box));
+        let area = frame::heading(area, &self.title, legend, &f)?;
         let (y0, y1) = self.y_extent();
         let (_, ah) = area.dim_in_pixel();
         let y_axis = ValueAxis {
             lo: y0,
             hi: y1,
             log: false,
-            max_ticks: ((ah as f64 / (f.tick * 3.0)) as usize).clamp(2, 10),
+            max_ticks: frame::max_ticks(ah, f.tick * 3.0),
         };
         let n = self.groups.len();
         let x_axis = CellAxis {
             n,
             ticks: (0..n).collect(),
         };
-        let y_label_w = y_axis
-            .ticks()
-            .iter()
-            .map(|&v| Fonts::width(&y_axis.label(v), f.tick))
-            .fold(f.tick, f64::max);
-        let desc = |s: &str| if s.is_empty() { 0.0 } else { f.label * 1.7 };
-        let margin = (f.tick * 0.9) as i32;
-        let mut chart = ChartBuilder::on(&area)
-            .margin(margin)
-            .margin_right(margin * 2)
-            .x_label_area_size((f.tick * 1.7 + desc(&self.x_label)) as i32)
-            .y_label_area_size((y_label_w + f.tick * 0.9 + desc(&self.y_label)) as i32)
-            .build_cartesian_2d(x_axis, y_axis)
-            .map_err(be)?;
+        let labels = (&*self.x_label, &*self.y_label);
+        let mut chart = frame::value_chart(&area, &f, labels, x_axis, y_axis)?;
         let groups = &self.groups;
         let xf = |v: &f64| groups.get(v.floor() as usize).cloned().unwrap_or_default();
         let yf = |v: &f64| y_axis.label(*v);
         let mut mesh = chart.configure_mesh();
-        if !self.x_label.is_empty() {
-            mesh.x_desc(self.x_label.clone());
-        }
-        if !self.y_label.is_empty() {
-            mesh.y_desc(self.y_label.clone());
-        }
         mesh.disable_x_mesh()
             .x_label_formatter(&xf)
             .y_label_formatter(&yf)
             .bold_line_style(GRID)
-            .max_light_lines(0)
-            .label_style(fonts::regular(f.tick))
-            .axis_desc_style(fonts::regular(f.label))
-            .axis_style(INK)
-            .draw()
-            .map_err(be)?;
+            .max_light_lines(0);
+        frame::draw_mesh(&mut mesh, labels, &f)?;
 
         let k = self.series.len() as f64;
         let slot = 0.8 / k;
         let stroke = (f.tick / 9.0).round().max(1.0) as u32;
         for (si, s) in self.series.iter().enumerate() {
-            let c = s.color.unwrap_or(PALETTE[si % PALETTE.len()]).plotters();
+            let c = frame::series_color(s.color, si);
             let left = |g: usize| g as f64 + 0.1 + si as f64 * slot;
             chart
                 .draw_series(s.values.iter().enumerate().map(|(g, &v)| {

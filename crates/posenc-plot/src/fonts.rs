@@ -54,6 +54,15 @@ impl Fonts {
     pub fn width(text: &str, size: f64) -> f64 {
         text.chars().count() as f64 * size * 0.62
     }
+
+    /// Room for an axis (or colour bar) label `text`: none when it is empty.
+    pub fn desc(&self, text: &str) -> f64 {
+        if text.is_empty() {
+            0.0
+        } else {
+            self.label * 1.7
+        }
+    }
 }
 
 pub(crate) fn regular(size: f64) -> TextStyle<'static> {

@@ -11,10 +11,11 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{Color, ShapeStyle};
 
 use crate::axis::{auto_cell_ticks, CellAxis, ValueAxis};
-use crate::colormap::{extremes, Colormap, Scale, ValueRange};
+use crate::colormap::{extremes, Colormap, Rgb, Scale, ValueRange};
 use crate::error::{check_matrix, PlotError, Result};
 use crate::figure::{impl_draw, Figure, RgbImage};
 use crate::fonts::{self, Fonts, INK};
+use crate::frame::{self, label_setters, setters};
 use crate::terminal::{self, TerminalMode};
 
 /// How the data's rows map onto the picture.
@@ -105,66 +106,29 @@ impl Heatmap {
         })
     }
 
-    /// Sets the title drawn above the map.
-    pub fn title(mut self, title: impl Into<String>) -> Self {
-        self.title = title.into();
-        self
-    }
+    label_setters!(
+        "Sets the title drawn above the map.",
+        "Sets the label of the horizontal axis (as drawn).",
+        "Sets the label of the vertical axis (as drawn)."
+    );
 
-    /// Sets the label of the horizontal axis (as drawn).
-    pub fn x_label(mut self, label: impl Into<String>) -> Self {
-        self.x_label = label.into();
-        self
-    }
-
-    /// Sets the label of the vertical axis (as drawn).
-    pub fn y_label(mut self, label: impl Into<String>) -> Self {
-        self.y_label = label.into();
-        self
-    }
-
-    /// Sets the label drawn beside the colour bar (e.g. the quantity).
-    pub fn colorbar_label(mut self, label: impl Into<String>) -> Self {
-        self.colorbar_label = label.into();
-        self
-    }
-
-    /// Sets the ticks of the horizontal axis.
-    pub fn x_ticks(mut self, ticks: Ticks) -> Self {
-        self.x_ticks = ticks;
-        self
-    }
-
-    /// Sets the ticks of the vertical axis.
-    pub fn y_ticks(mut self, ticks: Ticks) -> Self {
-        self.y_ticks = ticks;
-        self
-    }
-
-    /// Sets the colour map.
-    pub fn colormap(mut self, colormap: Colormap) -> Self {
-        self.colormap = colormap;
-        self
-    }
-
-    /// Sets the value range of the colour map. A bad fixed range is
-    /// reported when rendering ([`PlotError::InvalidRange`]).
-    pub fn range(mut self, range: ValueRange) -> Self {
-        self.range = range;
-        self
-    }
-
-    /// Sets the side of a cell, in pixels, at the natural size
-    /// ([`Heatmap::natural_size`]); clamped to `1..=200`.
-    pub fn cell_size(mut self, pixels: u32) -> Self {
-        self.cell_size = pixels.clamp(1, 200);
-        self
-    }
-
-    /// Sets how data rows map onto the picture.
-    pub fn orientation(mut self, orientation: Orientation) -> Self {
-        self.orientation = orientation;
-        self
+    setters! {
+        /// Sets the label drawn beside the colour bar (e.g. the quantity).
+        colorbar_label(label: impl Into<String>) = label.into();
+        /// Sets the ticks of the horizontal axis.
+        x_ticks(ticks: Ticks) = ticks;
+        /// Sets the ticks of the vertical axis.
+        y_ticks(ticks: Ticks) = ticks;
+        /// Sets the colour map.
+        colormap(colormap: Colormap) = colormap;
+        /// Sets the value range of the colour map. A bad fixed range is
+        /// reported when rendering ([`PlotError::InvalidRange`]).
+        range(range: ValueRange) = range;
+        /// Sets the side of a cell, in pixels, at the natural size
+        /// ([`Heatmap::natural_size`]); clamped to `1..=200`.
+        cell_size(pixels: u32) = pixels.clamp(1, 200);
+        /// Sets how data rows map onto the picture.
+        orientation(orientation: Orientation) = orientation;
     }
 
     /// Swaps the orientation (rows as columns ↔ rows as rows).
@@ -293,9 +257,8 @@ impl Heatmap {
                 _ => Fonts::width(&n.saturating_sub(1).to_string(), f.tick),
             }
         };
-        let desc = |s: &str| if s.is_empty() { 0.0 } else { f.label * 1.7 };
-        let y_area = max_label(&self.y_ticks, rows) + f.tick * 0.9 + desc(&self.y_label);
-        let x_area = f.tick * 1.7 + desc(&self.x_label);
+        let y_area = max_label(&self.y_ticks, rows) + f.tick * 0.9 + f.desc(&self.y_label);
+        let x_area = f.tick * 1.7 + f.desc(&self.x_label);
         let title = if self.title.is_empty() {
             0.0
         } else {
@@ -320,7 +283,7 @@ impl Heatmap {
         let colorbar = f.tick * 1.2 // gap
             + f.tick * 1.3 // bar
             + f.tick * 0.8 + scale_labels // ticks + labels
-            + desc(&self.colorbar_label)
+            + f.desc(&self.colorbar_label)
             + f.tick * 0.4;
         Layout {
             margin: (f.tick * 0.8).round(),
@@ -381,20 +344,10 @@ impl Heatmap {
         let xf = |v: &f64| label_of(&xt, *v);
         let yf = |v: &f64| label_of(&yt, *v);
         let mut mesh = chart.configure_mesh();
-        if !self.x_label.is_empty() {
-            mesh.x_desc(self.x_label.clone());
-        }
-        if !self.y_label.is_empty() {
-            mesh.y_desc(self.y_label.clone());
-        }
         mesh.disable_mesh()
             .x_label_formatter(&xf)
-            .y_label_formatter(&yf)
-            .label_style(fonts::regular(f.tick))
-            .axis_desc_style(fonts::regular(f.label))
-            .axis_style(INK)
-            .draw()
-            .map_err(be)?;
+            .y_label_formatter(&yf);
+        frame::draw_mesh(&mut mesh, (&self.x_label, &self.y_label), f)?;
 
         let plot = chart.plotting_area().strip_coord_spec();
         let (pw, ph) = plot.dim_in_pixel();
@@ -407,18 +360,10 @@ impl Heatmap {
         for r in 0..rows {
             for c in 0..cols {
                 let colour = self.colormap.at(scale.t(self.value_at(r, c)));
-                plot.draw(&Rectangle::new(
-                    [(xs[c], ys[r]), (xs[c + 1], ys[r + 1])],
-                    colour.plotters().filled(),
-                ))
-                .map_err(be)?;
+                fill(&plot, [(xs[c], ys[r]), (xs[c + 1], ys[r + 1])], colour)?;
             }
         }
-        plot.draw(&Rectangle::new(
-            [(0, 0), (pw as i32 - 1, ph as i32 - 1)],
-            ShapeStyle::from(INK).stroke_width(1),
-        ))
-        .map_err(be)?;
+        border(&plot)?;
 
         draw_colorbar(
             &bar,
@@ -477,11 +422,7 @@ fn draw_colorbar<DB: DrawingBackend>(
     let (aw, _) = area.dim_in_pixel();
     let gap = (f.tick * 1.2) as i32;
     let bar_w = (f.tick * 1.3) as i32;
-    let desc = if label.is_empty() {
-        0
-    } else {
-        (f.label * 1.7) as i32
-    };
+    let desc = f.desc(label) as i32;
     let right = (aw as i32 - gap - bar_w).max(1);
     let mut chart = ChartBuilder::on(area)
         .margin_top(vmargin.0)
@@ -509,18 +450,9 @@ fn draw_colorbar<DB: DrawingBackend>(
         let y1 = ((k + 1) as f64 / steps as f64 * ph as f64).round() as i32;
         // Top of the bar is the high end of the scale.
         let v = hi - (k as f64 + 0.5) / steps as f64 * (hi - lo);
-        let c = colormap.at(scale.t(v));
-        plot.draw(&Rectangle::new(
-            [(0, y0), (pw as i32, y1)],
-            c.plotters().filled(),
-        ))
-        .map_err(be)?;
+        fill(&plot, [(0, y0), (pw as i32, y1)], colormap.at(scale.t(v)))?;
     }
-    plot.draw(&Rectangle::new(
-        [(0, 0), (pw as i32 - 1, ph as i32 - 1)],
-        ShapeStyle::from(INK).stroke_width(1),
-    ))
-    .map_err(be)?;
+    border(&plot)?;
     if desc > 0 {
         // The label sits just right of the widest tick label.
         let style = fonts::regular(f.tick);
@@ -548,6 +480,26 @@ fn draw_colorbar<DB: DrawingBackend>(
     }
     let _ = l;
     Ok(())
+}
+
+/// Fills the pixel rectangle between `corners` of `plot` with `colour`.
+fn fill<DB: DrawingBackend>(
+    plot: &DrawingArea<DB, Shift>,
+    corners: [(i32, i32); 2],
+    colour: Rgb,
+) -> Result<()> {
+    plot.draw(&Rectangle::new(corners, colour.plotters().filled()))
+        .map_err(PlotError::backend)
+}
+
+/// Draws a one-pixel ink frame around `plot`.
+fn border<DB: DrawingBackend>(plot: &DrawingArea<DB, Shift>) -> Result<()> {
+    let (pw, ph) = plot.dim_in_pixel();
+    plot.draw(&Rectangle::new(
+        [(0, 0), (pw as i32 - 1, ph as i32 - 1)],
+        ShapeStyle::from(INK).stroke_width(1),
+    ))
+    .map_err(PlotError::backend)
 }
 
 /// Transposes a rectangular matrix.

@@ -47,6 +47,7 @@ mod error;
 mod figure;
 mod fonts;
 mod format;
+mod frame;
 mod heatmap;
 mod legend;
 mod line;

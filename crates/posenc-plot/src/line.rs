@@ -1,7 +1,6 @@
 //! Line plots: named series of `(x, y)` points.
 
 use plotters::backend::DrawingBackend;
-use plotters::chart::ChartBuilder;
 use plotters::coord::Shift;
 use plotters::drawing::DrawingArea;
 use plotters::element::{Circle, Polygon};
@@ -12,8 +11,9 @@ use crate::axis::ValueAxis;
 use crate::colormap::Rgb;
 use crate::error::{check_finite, PlotError, Result};
 use crate::figure::{impl_draw, Figure};
-use crate::fonts::{self, Fonts, GRID, INK, PALETTE};
-use crate::legend::{legend_row, Entry, Swatch};
+use crate::fonts::{Fonts, GRID};
+use crate::frame::{self, label_setters, setters};
+use crate::legend::Swatch;
 
 /// One named curve of a [`LinePlot`].
 ///
@@ -48,22 +48,13 @@ impl Series {
         }
     }
 
-    /// Adds a shaded band: `(x, low, high)` triples, e.g. mean ± spread.
-    pub fn band(mut self, band: Vec<(f64, f64, f64)>) -> Self {
-        self.band = Some(band);
-        self
-    }
-
-    /// Draws a dot at every point.
-    pub fn markers(mut self, on: bool) -> Self {
-        self.markers = on;
-        self
-    }
-
-    /// Sets the colour (default: the colour cycle).
-    pub fn color(mut self, color: Rgb) -> Self {
-        self.color = Some(color);
-        self
+    setters! {
+        /// Adds a shaded band: `(x, low, high)` triples, e.g. mean ± spread.
+        band(band: Vec<(f64, f64, f64)>) = Some(band);
+        /// Draws a dot at every point.
+        markers(on: bool) = on;
+        /// Sets the colour (default: the colour cycle).
+        color(color: Rgb) = Some(color);
     }
 
     /// The name shown in the legend.
@@ -111,23 +102,7 @@ impl LinePlot {
         LinePlot::default()
     }
 
-    /// Sets the title.
-    pub fn title(mut self, title: impl Into<String>) -> Self {
-        self.title = title.into();
-        self
-    }
-
-    /// Sets the x-axis label.
-    pub fn x_label(mut self, label: impl Into<String>) -> Self {
-        self.x_label = label.into();
-        self
-    }
-
-    /// Sets the y-axis label.
-    pub fn y_label(mut self, label: impl Into<String>) -> Self {
-        self.y_label = label.into();
-        self
-    }
+    label_setters!();
 
     /// Adds a series.
     pub fn series(mut self, series: Series) -> Self {
@@ -135,28 +110,15 @@ impl LinePlot {
         self
     }
 
-    /// Logarithmic x axis (every x must then be positive).
-    pub fn log_x(mut self, on: bool) -> Self {
-        self.log_x = on;
-        self
-    }
-
-    /// Logarithmic y axis (every y, and every band end, must be positive).
-    pub fn log_y(mut self, on: bool) -> Self {
-        self.log_y = on;
-        self
-    }
-
-    /// Fixes the x range (default: the data's, padded a little).
-    pub fn x_range(mut self, min: f64, max: f64) -> Self {
-        self.x_range = Some((min, max));
-        self
-    }
-
-    /// Fixes the y range (default: the data's, padded a little).
-    pub fn y_range(mut self, min: f64, max: f64) -> Self {
-        self.y_range = Some((min, max));
-        self
+    setters! {
+        /// Logarithmic x axis (every x must then be positive).
+        log_x(on: bool) = on;
+        /// Logarithmic y axis (every y, and every band end, must be positive).
+        log_y(on: bool) = on;
+        /// Fixes the x range (default: the data's, padded a little).
+        x_range(min: f64, max: f64) = Some((min, max));
+        /// Fixes the y range (default: the data's, padded a little).
+        y_range(min: f64, max: f64) = Some((min, max));
     }
 
     fn check(&self) -> Result<()> {
@@ -238,18 +200,9 @@ impl LinePlot {
         let be = PlotError::backend;
         let (w, h) = area.dim_in_pixel();
         let f = Fonts::for_size(w, h);
-        let area = fonts::title_band(area, &self.title, &f)?;
-        let entries: Vec<Entry> = self
-            .series
-            .iter()
-            .enumerate()
-            .map(|(i, s)| Entry {
-                name: s.name.clone(),
-                color: s.color.unwrap_or(PALETTE[i % PALETTE.len()]).plotters(),
-                swatch: Swatch::Line { marker: s.markers },
-            })
-            .collect();
-        let area = legend_row(&area, &entries, &f)?;
+        let legend =
+            (self.series.iter()).map(|s| (&*s.name, s.color, Swatch::Line { marker: s.markers }));
+        let area = frame::heading(area, &self.title, legend, &f)?;
         let (xe, ye) = self.extents();
         let (x0, x1) = self.x_range.unwrap_or_else(|| pad(xe, self.log_x));
         let (y0, y1) = self.y_range.unwrap_or_else(|| pad(ye, self.log_y));
@@ -258,50 +211,28 @@ impl LinePlot {
             lo: x0,
             hi: x1,
             log: self.log_x,
-            max_ticks: ((aw as f64 / (f.tick * 6.0)) as usize).clamp(2, 10),
+            max_ticks: frame::max_ticks(aw, f.tick * 6.0),
         };
         let y_axis = ValueAxis {
             lo: y0,
             hi: y1,
             log: self.log_y,
-            max_ticks: ((ah as f64 / (f.tick * 3.0)) as usize).clamp(2, 10),
+            max_ticks: frame::max_ticks(ah, f.tick * 3.0),
         };
-        let y_label_w = y_axis
-            .ticks()
-            .iter()
-            .map(|&v| Fonts::width(&y_axis.label(v), f.tick))
-            .fold(f.tick, f64::max);
-        let desc = |s: &str| if s.is_empty() { 0.0 } else { f.label * 1.7 };
-        let margin = (f.tick * 0.9) as i32;
-        let mut chart = ChartBuilder::on(&area)
-            .margin(margin)
-            .margin_right(margin * 2)
-            .x_label_area_size((f.tick * 1.7 + desc(&self.x_label)) as i32)
-            .y_label_area_size((y_label_w + f.tick * 0.9 + desc(&self.y_label)) as i32)
-            .build_cartesian_2d(x_axis, y_axis)
-            .map_err(be)?;
+        let labels = (&*self.x_label, &*self.y_label);
+        let mut chart = frame::value_chart(&area, &f, labels, x_axis, y_axis)?;
         let xf = |v: &f64| x_axis.label(*v);
         let yf = |v: &f64| y_axis.label(*v);
         let mut mesh = chart.configure_mesh();
-        if !self.x_label.is_empty() {
-            mesh.x_desc(self.x_label.clone());
-        }
-        if !self.y_label.is_empty() {
-            mesh.y_desc(self.y_label.clone());
-        }
         mesh.x_label_formatter(&xf)
             .y_label_formatter(&yf)
             .bold_line_style(GRID)
-            .max_light_lines(0)
-            .label_style(fonts::regular(f.tick))
-            .axis_desc_style(fonts::regular(f.label))
-            .axis_style(INK)
-            .draw()
-            .map_err(be)?;
+            .max_light_lines(0);
+        frame::draw_mesh(&mut mesh, labels, &f)?;
 
         let stroke = (f.tick / 6.0).round().max(1.5) as u32;
         for (i, s) in self.series.iter().enumerate() {
-            let c = s.color.unwrap_or(PALETTE[i % PALETTE.len()]).plotters();
+            let c = frame::series_color(s.color, i);
             if let Some(band) = &s.band {
                 let mut poly: Vec<(f64, f64)> = band.iter().map(|&(x, _, hi)| (x, hi)).collect();
                 poly.extend(band.iter().rev().map(|&(x, lo, _)| (x, lo)));

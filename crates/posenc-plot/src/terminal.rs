@@ -158,23 +158,22 @@ pub fn render_with(
 }
 
 fn fg(out: &mut String, mode: TerminalMode, c: Rgb) {
-    match mode {
-        TerminalMode::TrueColor => {
-            let _ = write!(out, "\x1b[38;2;{};{};{}m", c.0, c.1, c.2);
-        }
-        _ => {
-            let _ = write!(out, "\x1b[38;5;{}m", ansi256_index(c));
-        }
-    }
+    sgr_colour(out, mode, 38, c);
 }
 
 fn bg(out: &mut String, mode: TerminalMode, c: Rgb) {
+    sgr_colour(out, mode, 48, c);
+}
+
+/// Writes the escape that sets the colour `c`: the foreground for `layer`
+/// 38, the background for 48.
+fn sgr_colour(out: &mut String, mode: TerminalMode, layer: u8, c: Rgb) {
     match mode {
         TerminalMode::TrueColor => {
-            let _ = write!(out, "\x1b[48;2;{};{};{}m", c.0, c.1, c.2);
+            let _ = write!(out, "\x1b[{layer};2;{};{};{}m", c.0, c.1, c.2);
         }
         _ => {
-            let _ = write!(out, "\x1b[48;5;{}m", ansi256_index(c));
+            let _ = write!(out, "\x1b[{layer};5;{}m", ansi256_index(c));
         }
     }
 }
