@@ -12,8 +12,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use posenc_models::generate::{generate, Sampling};
 use posenc_models::input::{self, Prompt};
 use posenc_models::perplexity::{self, rope_of};
-use posenc_models::{scaling, Decoder, ModelError, ModelFiles, Scaling};
+use posenc_models::{
+    scaling, Decoder, DecoderConfig, ModelError, ModelFiles, Scaling, TextTokenizer,
+};
 use posenc_plot::Figure;
+use posenc_tune::peft::Adapter;
 
 use crate::output::{check_writable, num, table, write_atomic};
 use crate::{CliError, CliResult};
@@ -51,6 +54,55 @@ impl From<ProductsArg> for posenc_models::llama::Products {
     }
 }
 
+/// The options that every command running a pretrained model shares: its
+/// tokenizer and a LoRA adapter merged into it.
+#[derive(Args, Debug)]
+pub struct ModelExtras {
+    /// A tokenizer.json to use instead of the model's own tokenizer.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// A LoRA adapter directory in PEFT's layout (adapter_config.json,
+    /// adapter_model.safetensors; e.g. `posenc finetune --model --out`),
+    /// merged into the model's weights (W + alpha/r·B·A) before the run;
+    /// one whose names or shapes do not fit the model is refused.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
+}
+
+impl ModelExtras {
+    /// Reads the adapter (if any) against the model's config, before the
+    /// weights.
+    pub fn read_adapter(&self, cfg: &DecoderConfig) -> CliResult<Option<Adapter>> {
+        crate::cmd_tune::read_adapter(self.adapter.as_deref(), cfg)
+    }
+
+    /// The tokenizer (--tokenizer, or the model's own) with the config's
+    /// special ids, checked against the model's vocabulary.
+    pub fn tokenizer(&self, files: &ModelFiles, cfg: &DecoderConfig) -> CliResult<TextTokenizer> {
+        let tk = files
+            .tokenizer(self.tokenizer.as_deref())?
+            .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
+        tk.check_model_vocab(cfg.vocab_size)?;
+        Ok(tk)
+    }
+
+    /// Loads the weights, merges `adapter` (from [`Self::read_adapter`])
+    /// and sets the products' precision: the model and its description.
+    pub fn load(
+        &self,
+        files: ModelFiles,
+        cfg: DecoderConfig,
+        adapter: Option<Adapter>,
+        products: ProductsArg,
+    ) -> CliResult<(Decoder, String)> {
+        let (mut model, source) = files.load(cfg)?;
+        crate::cmd_tune::merge_adapter(adapter.as_ref(), self.adapter.as_deref(), &mut model)?;
+        let source = with_adapter(source, self.adapter.as_deref());
+        model.set_products(products.into())?;
+        Ok((model, source))
+    }
+}
+
 /// Arguments of `posenc perplexity`.
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -82,15 +134,8 @@ pub struct PerplexityArgs {
     /// Positions per band of the summary.
     #[arg(long, default_value_t = 1024)]
     pub band: usize,
-    /// A tokenizer.json to use instead of the model's own tokenizer.
-    #[arg(long, value_name = "FILE")]
-    pub tokenizer: Option<PathBuf>,
-    /// A LoRA adapter directory in PEFT's layout (adapter_config.json,
-    /// adapter_model.safetensors; e.g. `posenc finetune --model --out`),
-    /// merged into the model's weights (W + alpha/r·B·A) before the run;
-    /// one whose names or shapes do not fit the model is refused.
-    #[arg(long, value_name = "DIR")]
-    pub adapter: Option<PathBuf>,
+    #[command(flatten)]
+    pub extras: ModelExtras,
     /// Print JSON instead of a table: {"scalings": {NAME: {"bands": {"A-B":
     /// loss, ...}, "mean_inside", "mean_beyond", ...}}, "tokens_per_second", ...}.
     #[arg(long)]
@@ -141,15 +186,8 @@ pub struct GenerateArgs {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// A tokenizer.json to use instead of the model's own tokenizer.
-    #[arg(long, value_name = "FILE")]
-    pub tokenizer: Option<PathBuf>,
-    /// A LoRA adapter directory in PEFT's layout (adapter_config.json,
-    /// adapter_model.safetensors; e.g. `posenc finetune --model --out`),
-    /// merged into the model's weights (W + alpha/r·B·A) before the run;
-    /// one whose names or shapes do not fit the model is refused.
-    #[arg(long, value_name = "DIR")]
-    pub adapter: Option<PathBuf>,
+    #[command(flatten)]
+    pub extras: ModelExtras,
     /// Print JSON (prompt and new token ids, text, speed) instead of
     /// streaming the text.
     #[arg(long)]
@@ -185,20 +223,17 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
         figure_kind(out)?;
         check_writable(out, "--out")?;
     }
-    check_inputs(&a.model, a.tokenizer.as_deref(), a.text.as_deref())?;
+    check_inputs(&a.model, a.extras.tokenizer.as_deref(), a.text.as_deref())?;
     // Headers and config only: nothing large is read before the checks.
     let mut files = ModelFiles::open(&a.model)?;
     let cfg = files.config()?;
-    let adapter = crate::cmd_tune::read_adapter(a.adapter.as_deref(), &cfg)?;
+    let adapter = a.extras.read_adapter(&cfg)?;
     let length = a.length.unwrap_or(2 * cfg.trained_length());
     if !(2..=MAX_LENGTH).contains(&length) {
         return Err(CliError(format!("--length must be in 2..={MAX_LENGTH}")));
     }
     posenc_models::check_memory(&cfg, length, None)?;
-    let tk = files
-        .tokenizer(a.tokenizer.as_deref())?
-        .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-    tk.check_model_vocab(cfg.vocab_size)?;
+    let tk = a.extras.tokenizer(&files, &cfg)?;
     // A text file is read and tokenized only as far as the window needs.
     // (With --held-out the whole text: its tail is the window.)
     let all = match &a.text {
@@ -221,10 +256,7 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
     let tokens = perplexity::window(&all, length)?.to_vec();
     drop(all);
     let layers = cfg.num_layers;
-    let (mut model, source) = files.load(cfg)?;
-    crate::cmd_tune::merge_adapter(adapter.as_ref(), a.adapter.as_deref(), &mut model)?;
-    let source = with_adapter(source, a.adapter.as_deref());
-    model.set_products(a.products.into())?;
+    let (model, source) = a.extras.load(files, cfg, adapter, a.products)?;
     if let Some(first) = scalings.first() {
         let rope = rope_of(first.rope_config(model.config())?)?;
         input::check_first_forward(&model, &tokens, &rope, &mut |k| first_layers(&a.model, k))?;
@@ -373,14 +405,15 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
     if a.prompt_tokens == Some(0) {
         return Err(CliError("--prompt-tokens must be at least 1".into()));
     }
-    check_inputs(&a.model, a.tokenizer.as_deref(), a.prompt_file.as_deref())?;
+    check_inputs(
+        &a.model,
+        a.extras.tokenizer.as_deref(),
+        a.prompt_file.as_deref(),
+    )?;
     let mut files = ModelFiles::open(&a.model)?;
     let cfg = files.config()?;
-    let adapter = crate::cmd_tune::read_adapter(a.adapter.as_deref(), &cfg)?;
-    let tk = files
-        .tokenizer(a.tokenizer.as_deref())?
-        .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-    tk.check_model_vocab(cfg.vocab_size)?;
+    let adapter = a.extras.read_adapter(&cfg)?;
+    let tk = a.extras.tokenizer(&files, &cfg)?;
     // At most MAX_PROMPT_TOKENS, refused before any prefill.
     let ids = input::prompt_tokens(&tk, prompt, a.prompt_tokens)?;
     if ids.is_empty() {
@@ -394,10 +427,7 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
     }
     posenc_models::check_memory(&cfg, total, None)?;
     let rope = rope_of(sc.rope_config(&cfg)?)?;
-    let (mut model, source) = files.load(cfg)?;
-    crate::cmd_tune::merge_adapter(adapter.as_ref(), a.adapter.as_deref(), &mut model)?;
-    let source = with_adapter(source, a.adapter.as_deref());
-    model.set_products(a.products.into())?;
+    let (mut model, source) = a.extras.load(files, cfg, adapter, a.products)?;
     model.set_method(sc.method)?;
     input::check_first_forward(&model, &ids, &rope, &mut |k| first_layers(&a.model, k))?;
     if !a.json {

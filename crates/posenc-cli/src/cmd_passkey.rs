@@ -59,15 +59,8 @@ pub struct PasskeyArgs {
     /// Seed of the keys.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// A tokenizer.json to use instead of the model's own tokenizer.
-    #[arg(long, value_name = "FILE")]
-    pub tokenizer: Option<PathBuf>,
-    /// A LoRA adapter directory in PEFT's layout (adapter_config.json,
-    /// adapter_model.safetensors; e.g. `posenc finetune --model --out`),
-    /// merged into the model's weights (W + alpha/r·B·A) before the run;
-    /// one whose names or shapes do not fit the model is refused.
-    #[arg(long, value_name = "DIR")]
-    pub adapter: Option<PathBuf>,
+    #[command(flatten)]
+    pub extras: crate::cmd_models::ModelExtras,
     /// Print JSON: {"methods": {NAME: {"accuracy": {"LEN": {"DEPTH": acc}},
     /// "logprob": {...}, "trials": N, ...}}, "tokens_per_second", ...}.
     #[arg(long)]
@@ -165,7 +158,7 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
             check_writable(p, "--log")?;
         }
     }
-    if let Some(t) = &a.tokenizer {
+    if let Some(t) = &a.extras.tokenizer {
         input::check_regular(t)?;
     }
     let haystack = match &a.haystack {
@@ -185,13 +178,10 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
     };
     let mut files = ModelFiles::open(&a.model)?;
     let cfg = files.config()?;
-    let adapter = crate::cmd_tune::read_adapter(a.adapter.as_deref(), &cfg)?;
+    let adapter = a.extras.read_adapter(&cfg)?;
     let max_len = grid.lengths.iter().copied().max().unwrap_or(0);
     posenc_models::check_memory(&cfg, max_len + passkey::MAX_NEW_TOKENS + 16, None)?;
-    let tk = files
-        .tokenizer(a.tokenizer.as_deref())?
-        .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-    tk.check_model_vocab(cfg.vocab_size)?;
+    let tk = a.extras.tokenizer(&files, &cfg)?;
     let builder = PromptBuilder::new(&tk, &haystack);
     // Filler sizes per length (the haystack checked before any weight).
     let sizes: Vec<usize> = grid
@@ -203,10 +193,7 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
             Some(p) => CliError(format!("--haystack {}: {e}", p.display())),
             None => CliError(e.to_string()),
         })?;
-    let (mut model, source) = files.load(cfg)?;
-    crate::cmd_tune::merge_adapter(adapter.as_ref(), a.adapter.as_deref(), &mut model)?;
-    let source = crate::cmd_models::with_adapter(source, a.adapter.as_deref());
-    model.set_products(a.products.into())?;
+    let (model, source) = a.extras.load(files, cfg, adapter, a.products)?;
     let eos: Vec<u32> = tk.eos().to_vec();
     let mut log = match &a.log {
         None => None,
