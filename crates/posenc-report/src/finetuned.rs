@@ -7,10 +7,11 @@
 //! at L/4 … 2L.
 //!
 //! The recipe is the one `docs/finetune.md` measures on SmolLM2 with
-//! `posenc finetune`: LoRA rank 8, alpha 16, on `q_proj,k_proj,v_proj,o_proj`,
-//! the RMSNorm weights trained beside them (LongLoRA's norms), AdamW at
-//! 3e-4 with a linear warm-up over a tenth of the steps and a linear decay,
-//! clipping at 1, one window per step, seed 0, activation checkpointing.
+//! `posenc finetune`: LoRA rank 8, alpha 8 (PEFT's default), on
+//! `q_proj,k_proj,v_proj,o_proj`, the RMSNorm weights trained beside them
+//! (LongLoRA's norms), AdamW at 3e-4 with a linear warm-up over a tenth of
+//! the steps and a linear decay, clipping at 1, one window per step, seed
+//! 0, activation checkpointing.
 
 use std::path::Path;
 
@@ -62,7 +63,7 @@ fn config(scaling: &str, l: usize, steps: usize) -> FinetuneConfig {
     c.warmup = steps / 10;
     c.lora = LoraConfig {
         rank: 8,
-        alpha: 16.0,
+        alpha: 8.0,
         dropout: 0.0,
         targets: vec![Target::QProj, Target::KProj, Target::VProj, Target::OProj],
     };
