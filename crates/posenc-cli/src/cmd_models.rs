@@ -79,11 +79,7 @@ impl ModelExtras {
     /// The tokenizer (--tokenizer, or the model's own) with the config's
     /// special ids, checked against the model's vocabulary.
     pub fn tokenizer(&self, files: &ModelFiles, cfg: &DecoderConfig) -> CliResult<TextTokenizer> {
-        let tk = files
-            .tokenizer(self.tokenizer.as_deref())?
-            .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-        tk.check_model_vocab(cfg.vocab_size)?;
-        Ok(tk)
+        Ok(files.tokenizer_for(self.tokenizer.as_deref(), cfg)?)
     }
 
     /// Loads the weights, merges `adapter` (from [`Self::read_adapter`])
@@ -201,13 +197,19 @@ fn bar(total: u64, quiet: bool) -> ProgressBar {
     if quiet {
         return ProgressBar::hidden();
     }
+    progress_bar(
+        total,
+        "{msg:>14} [{bar:32}] {pos}/{len} layers, {elapsed} (eta {eta})",
+    )
+}
+
+/// A progress bar of `total` steps drawn by the indicatif `template`.
+pub fn progress_bar(total: u64, template: &str) -> ProgressBar {
     let b = ProgressBar::new(total);
     b.set_style(
-        ProgressStyle::with_template(
-            "{msg:>14} [{bar:32}] {pos}/{len} layers, {elapsed} (eta {eta})",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
+        ProgressStyle::with_template(template)
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
     );
     b
 }

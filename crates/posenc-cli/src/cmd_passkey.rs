@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use posenc_models::passkey::{
     self, Haystack, LogHeader, ProbeGrid, Prober, PromptBuilder, TrialLog, TrialResult,
 };
@@ -226,15 +226,10 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
     let pb = if a.quiet || (a.json && !stderr_is_tty()) {
         ProgressBar::hidden()
     } else {
-        let b = ProgressBar::new(total);
-        b.set_style(
-            ProgressStyle::with_template(
-                "{msg:>24} [{bar:32}] {pos}/{len} trials, {elapsed} (eta {eta})",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        b
+        crate::cmd_models::progress_bar(
+            total,
+            "{msg:>24} [{bar:32}] {pos}/{len} trials, {elapsed} (eta {eta})",
+        )
     };
     let t_all = Instant::now();
     let mut methods = serde_json::Map::new();
@@ -385,6 +380,17 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
     Ok(())
 }
 
+/// A tick on every cell, labelled with its value.
+fn cell_ticks<T: ToString>(values: &[T]) -> Ticks {
+    Ticks::Custom(
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i, v.to_string()))
+            .collect(),
+    )
+}
+
 fn heatmap(grid: &ProbeGrid, cells: &[passkey::Cell], name: &str, svg: bool) -> CliResult<Vec<u8>> {
     let data: Vec<Vec<f64>> = grid
         .depths
@@ -411,20 +417,8 @@ fn heatmap(grid: &ProbeGrid, cells: &[passkey::Cell], name: &str, svg: bool) -> 
         .colormap(Colormap::Viridis)
         .range(ValueRange::Fixed { min: 0.0, max: 1.0 })
         .orientation(posenc_plot::Orientation::RowsAsRows)
-        .x_ticks(Ticks::Custom(
-            grid.lengths
-                .iter()
-                .enumerate()
-                .map(|(i, l)| (i, l.to_string()))
-                .collect(),
-        ))
-        .y_ticks(Ticks::Custom(
-            grid.depths
-                .iter()
-                .enumerate()
-                .map(|(i, d)| (i, d.to_string()))
-                .collect(),
-        ))
+        .x_ticks(cell_ticks(&grid.lengths))
+        .y_ticks(cell_ticks(&grid.depths))
         .cell_size(48);
     let (w, h) = map.natural_size();
     let (w, h) = (w.max(420), h.max(300));

@@ -117,6 +117,20 @@ struct Opened {
     tokenizer_files: TokenizerFiles,
 }
 
+/// What a merged checkpoint needs of an [`Opened`] run: the model's
+/// config, the checkpoint's config.json and the tokenizer's files.
+type MergeParts = (DecoderConfig, Option<String>, TokenizerFiles);
+
+impl Opened {
+    /// Reads the weights: the model, its description, the training text
+    /// and what a merged checkpoint needs.
+    fn load(self) -> CliResult<(Decoder, String, TrainText, MergeParts)> {
+        let (base, source) = self.files.load(self.cfg.clone())?;
+        let kept = (self.cfg, self.base_config, self.tokenizer_files);
+        Ok((base, source, self.text, kept))
+    }
+}
+
 /// Opens the model (config only), its tokenizer and the text, checking
 /// each before any weight is read.
 fn open(
@@ -131,10 +145,7 @@ fn open(
     }
     let mut files = ModelFiles::open(model)?;
     let cfg = files.config()?;
-    let tk = files
-        .tokenizer(tokenizer)?
-        .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-    tk.check_model_vocab(cfg.vocab_size)?;
+    let tk = files.tokenizer_for(tokenizer, &cfg)?;
     let text = train_text(text, &tk)?;
     let (base_config, tokenizer_files) = match &files {
         ModelFiles::HuggingFace { dir, config } => (
@@ -189,16 +200,9 @@ pub fn finetune(a: &FinetuneArgs, stop: &AtomicBool) -> CliResult {
         if !a.quiet {
             eprintln!("resuming {} at step {}", a.out.display(), record.step);
         }
-        let Opened {
-            files,
-            cfg,
-            text,
-            base_config,
-            tokenizer_files,
-        } = opened;
-        let (base, _) = files.load(cfg.clone())?;
+        let (base, _, text, kept) = opened.load()?;
         let ft = Finetune::resume(&a.out, &base, text)?;
-        (ft, base, (cfg, base_config, tokenizer_files))
+        (ft, base, kept)
     } else {
         let config = config_of(a)?;
         let model = a.model.as_deref().expect("--model (checked by the caller)");
@@ -232,14 +236,7 @@ pub fn finetune(a: &FinetuneArgs, stop: &AtomicBool) -> CliResult {
             config.checkpoint_layers,
             None,
         )?;
-        let Opened {
-            files,
-            cfg,
-            text,
-            base_config,
-            tokenizer_files,
-        } = opened;
-        let (base, source) = files.load(cfg.clone())?;
+        let (base, source, text, kept) = opened.load()?;
         let (train, held_out) = (text.len(), text.held_out());
         let sources = Sources {
             model: model.display().to_string(),
@@ -253,7 +250,7 @@ pub fn finetune(a: &FinetuneArgs, stop: &AtomicBool) -> CliResult {
                 ft.model().trained_values()
             );
         }
-        (ft, base, (cfg, base_config, tokenizer_files))
+        (ft, base, kept)
     };
     let summary = ft.run(&RunOptions {
         out: Some(&a.out),

@@ -156,6 +156,24 @@ impl ModelFiles {
         }
     }
 
+    /// The tokenizer of [`ModelFiles::tokenizer`] with `cfg`'s special
+    /// token ids, checked against `cfg`'s vocabulary.
+    ///
+    /// # Errors
+    /// Those of [`ModelFiles::tokenizer`] and
+    /// [`TextTokenizer::check_model_vocab`].
+    pub fn tokenizer_for(
+        &self,
+        explicit: Option<&Path>,
+        cfg: &DecoderConfig,
+    ) -> Result<TextTokenizer> {
+        let tk = self
+            .tokenizer(explicit)?
+            .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
+        tk.check_model_vocab(cfg.vocab_size)?;
+        Ok(tk)
+    }
+
     /// Reads the weights into a [`Decoder`].
     ///
     /// # Errors
@@ -195,10 +213,7 @@ impl PretrainedModel {
     pub fn load(path: &Path, tokenizer: Option<&Path>) -> Result<PretrainedModel> {
         let mut files = ModelFiles::open(path)?;
         let cfg = files.config()?;
-        let tk = files
-            .tokenizer(tokenizer)?
-            .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-        tk.check_model_vocab(cfg.vocab_size)?;
+        let tk = files.tokenizer_for(tokenizer, &cfg)?;
         let (decoder, source) = files.load(cfg)?;
         Ok(PretrainedModel {
             decoder,

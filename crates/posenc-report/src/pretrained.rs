@@ -360,11 +360,7 @@ pub(crate) fn open(
         None
     };
     posenc_models::check_memory(&cfg, t + extra_kv, budget).map_err(err)?;
-    let tk = files
-        .tokenizer(None)
-        .map_err(err)?
-        .with_config_ids(cfg.bos_token_id, &cfg.eos_token_ids);
-    tk.check_model_vocab(cfg.vocab_size).map_err(err)?;
+    let tk = files.tokenizer_for(None, &cfg).map_err(err)?;
     let all = tk.encode(text).map_err(err)?;
     let window = perplexity::window(&all, t)
         .map_err(|e| {
