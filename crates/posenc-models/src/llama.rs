@@ -25,6 +25,7 @@
 use candle_core::{Device, Tensor};
 use posenc::extend::{ContextMethod, ModelLengths};
 pub use posenc::kernels::attention::Products;
+use posenc::kernels::matmul::MatmulPolicy;
 use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
 use posenc::tensor::extend::MethodAttention;
 use posenc::tensor::rope::Rope;
@@ -704,40 +705,25 @@ impl KvCache {
     }
 }
 
-/// `y (t, n) = x (t, k) · Wᵀ`, `W` `(n, k)` row-major, on the `gemm` crate.
+/// `y (t, n) = x (t, k) · Wᵀ`, `W` `(n, k)` row-major: posenc's one
+/// dispatch with the decoders' policy ([`MatmulPolicy::DECODER`]: the
+/// `gemm` crate, threaded from 2^16 multiply-adds).
 fn gemm_xwt(y: &mut [f32], x: &[f32], t: usize, k: usize, w: &[f32], n: usize) {
     debug_assert!(y.len() >= t * n && x.len() >= t * k && w.len() >= n * k);
-    let threads = rayon::current_num_threads();
-    let par = if threads > 1 && t * n * k >= 1 << 16 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
-    // SAFETY: the slices hold every element the strides address (checked
-    // above in debug builds; the callers size them from the same numbers).
-    unsafe {
-        gemm::gemm(
-            t,
-            n,
-            k,
-            y.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        )
-    }
+    posenc::kernels::matmul::matmul(
+        posenc::kernels::SimdLevel::detect(),
+        MatmulPolicy::DECODER,
+        t,
+        n,
+        k,
+        y,
+        (n as isize, 1),
+        false,
+        x,
+        (k as isize, 1),
+        w,
+        (1, k as isize),
+    );
 }
 
 /// RMSNorm of each row of `x` (width `w.len()`), times `w`, into `out`:

@@ -32,6 +32,7 @@
 pub mod attention;
 pub mod bench;
 pub mod bf16;
+pub mod matmul;
 pub(crate) mod mem;
 #[cfg(target_arch = "aarch64")]
 mod neon;
