@@ -408,11 +408,65 @@ pub(crate) fn cached(path: &Path) -> Option<ExpOutput> {
 }
 
 /// Writes `o` to the cache at `path`.
-pub(crate) fn store(path: &Path, o: &ExpOutput) -> Result<()> {
+fn store(path: &Path, o: &ExpOutput) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     crate::write_atomic(path, serde_json::to_string(o)?.as_bytes())
+}
+
+/// The output cached at `path`, or else `body`'s, timed and cached there.
+pub(crate) fn cached_run(
+    path: &Path,
+    body: impl FnOnce() -> Result<ExpOutput>,
+) -> Result<ExpOutput> {
+    if let Some(o) = cached(path) {
+        return Ok(o);
+    }
+    let start = Instant::now();
+    let mut o = body()?;
+    o.seconds = start.elapsed().as_secs_f64();
+    store(path, &o)?;
+    Ok(o)
+}
+
+/// The losses of `r`'s bands that start at or past the trained length `l`.
+pub(crate) fn losses_beyond(r: &perplexity::ScalingRun, l: usize) -> Vec<f64> {
+    r.bands
+        .iter()
+        .filter(|b| b.start >= l)
+        .map(|b| b.loss)
+        .collect()
+}
+
+/// Passkey retrieval of `methods` on the loaded model of `run` (see
+/// [`retrieval`]) through its trial log; none without trials, or where 2L
+/// is shorter than a passkey prompt.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_retrieval(
+    run: &ModelRun,
+    decoder: &posenc_models::Decoder,
+    source: &str,
+    tk: &posenc_models::TextTokenizer,
+    l: usize,
+    methods: &[String],
+    id: usize,
+) -> Result<Option<Retrieval>> {
+    if run.passkey_trials == 0 || 2 * l < posenc_models::passkey::MIN_LENGTH {
+        return Ok(None);
+    }
+    let mut log = trial_log(run.cache, run.passkey_log, run.model, source, tk)?;
+    let r = retrieval(decoder, tk, l, run.passkey_trials, methods, &mut log, id)?;
+    Ok(Some(r))
+}
+
+/// Numbers separated by commas, as a command line takes them.
+pub(crate) fn comma_list(values: &[usize]) -> String {
+    values
+        .iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The table of a study's band losses, with the means inside and past L,
@@ -507,6 +561,24 @@ pub struct ModelRun<'a> {
     pub finetune_steps: usize,
 }
 
+impl ModelRun<'_> {
+    /// The model's files and window for experiment `id` (see [`open`]).
+    pub(crate) fn open(&self, id: usize, extra: usize) -> Result<Opened> {
+        open(self.model, self.text, self.text_name, id, extra)
+    }
+
+    /// Where experiment output over this model and text is cached (see
+    /// [`cache_path`]).
+    pub(crate) fn cache_path(
+        &self,
+        prefix: &str,
+        settings: &str,
+        code: &[&str],
+    ) -> Result<std::path::PathBuf> {
+        cache_path(self.cache, prefix, self.model, self.text, settings, code)
+    }
+}
+
 /// Experiment 8: a pretrained RoPE decoder (GGUF or safetensors) over one
 /// window of twice its trained length `L` of `text` (its first `2L`
 /// tokens), zero-shot, for each of [`SCALINGS`]: loss per position, the
@@ -520,13 +592,12 @@ pub struct ModelRun<'a> {
 pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
     let &ModelRun {
         model,
-        text,
         text_name,
         preset,
         passkey_trials,
         cache,
-        passkey_log,
         finetune_steps,
+        ..
     } = run;
     let Opened {
         files,
@@ -534,18 +605,15 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
         tk,
         all,
         window,
-    } = open(model, text, text_name, ID, CONTINUATION)?;
+    } = run.open(ID, CONTINUATION)?;
     let l = cfg.trained_length();
     let t = 2 * l;
     if finetune_steps > 0 {
         finetuned::check(finetune_steps, &all, &cfg)?;
     }
     let unigram = unigram_entropy(&all);
-    let path = cache_path(
-        cache,
+    let path = run.cache_path(
         "pretrained",
-        model,
-        text,
         &format!("{t} {CONTINUATION} {passkey_trials} {finetune_steps}"),
         &[
             include_str!("pretrained.rs"),
@@ -556,154 +624,133 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
             include_str!("../../posenc-tune/src/model.rs"),
         ],
     )?;
-    if let Some(o) = cached(&path) {
-        return Ok(o);
-    }
-    let start = Instant::now();
-    let layers = cfg.num_layers;
-    let (decoder, source) = files.load(cfg).map_err(err)?;
-    let d = decoder.config().hidden_size;
-    let mut runs = Vec::new();
-    let mut continuations = Vec::new();
-    for (si, name) in SCALINGS.iter().enumerate() {
-        let scaling: Scaling = name.parse().map_err(err)?;
-        let rcfg = scaling.rope_config(decoder.config()).map_err(err)?;
-        let rope = perplexity::rope_of(rcfg.clone()).map_err(err)?;
-        let t0 = Instant::now();
-        let mut kv = KvCache::new(decoder.config());
-        let hidden = decoder
-            .hidden_states_observed(&window, &rope, Some(&mut kv), &mut |li| {
-                eprint!(
-                    "\rposenc report: experiment {ID}: {name} ({}/{}), layer {}/{layers}   ",
-                    si + 1,
-                    SCALINGS.len(),
-                    li + 1
-                );
-            })
+    cached_run(&path, || {
+        let layers = cfg.num_layers;
+        let (decoder, source) = files.load(cfg).map_err(err)?;
+        let d = decoder.config().hidden_size;
+        let mut runs = Vec::new();
+        let mut continuations = Vec::new();
+        for (si, name) in SCALINGS.iter().enumerate() {
+            let scaling: Scaling = name.parse().map_err(err)?;
+            let rcfg = scaling.rope_config(decoder.config()).map_err(err)?;
+            let rope = perplexity::rope_of(rcfg.clone()).map_err(err)?;
+            let t0 = Instant::now();
+            let mut kv = KvCache::new(decoder.config());
+            let hidden = decoder
+                .hidden_states_observed(&window, &rope, Some(&mut kv), &mut |li| {
+                    eprint!(
+                        "\rposenc report: experiment {ID}: {name} ({}/{}), layer {}/{layers}   ",
+                        si + 1,
+                        SCALINGS.len(),
+                        li + 1
+                    );
+                })
+                .map_err(err)?;
+            let loss = perplexity::losses_from_hidden(&decoder, &hidden, &window).map_err(err)?;
+            let secs = t0.elapsed().as_secs_f64();
+            let last = hidden[(t - 1) * d..].to_vec();
+            drop(hidden);
+            let new = generate::continue_from(
+                &decoder,
+                &mut kv,
+                last,
+                CONTINUATION,
+                &rope,
+                Sampling::Greedy,
+                tk.eos(),
+                |_| {},
+            )
             .map_err(err)?;
-        let loss = perplexity::losses_from_hidden(&decoder, &hidden, &window).map_err(err)?;
-        let secs = t0.elapsed().as_secs_f64();
-        let last = hidden[(t - 1) * d..].to_vec();
-        drop(hidden);
-        let new = generate::continue_from(
-            &decoder,
-            &mut kv,
-            last,
-            CONTINUATION,
-            &rope,
-            Sampling::Greedy,
-            tk.eos(),
-            |_| {},
-        )
-        .map_err(err)?;
-        continuations.push(tk.decode(&new).map_err(err)?);
-        runs.push(perplexity::summarize(&scaling, &rcfg, loss, t, secs, 1024, l).map_err(err)?);
-    }
-    eprintln!();
-    let found = if passkey_trials > 0 && 2 * l >= posenc_models::passkey::MIN_LENGTH {
-        let mut log = trial_log(cache, passkey_log, model, &source, &tk)?;
-        Some(retrieval(
-            &decoder,
-            &tk,
-            l,
-            passkey_trials,
-            &passkey_methods(l),
-            &mut log,
-            ID,
-        )?)
-    } else {
-        None
-    };
-    let tuned = if finetune_steps > 0 {
-        Some(finetuned::run(
-            model,
-            &decoder,
-            &source,
-            &tk,
-            &all,
-            finetune_steps,
-            passkey_trials,
-            cache,
-        )?)
-    } else {
-        None
-    };
-    let study = Study {
-        model: source.clone(),
-        trained_length: l,
-        length: t,
-        band: 1024,
-        runs,
-    };
-    let mut o = ExpOutput::new(ID, TITLE);
-    o.figures.push(loss_figure(
+            continuations.push(tk.decode(&new).map_err(err)?);
+            runs.push(perplexity::summarize(&scaling, &rcfg, loss, t, secs, 1024, l).map_err(err)?);
+        }
+        eprintln!();
+        let found = run_retrieval(run, &decoder, &source, &tk, l, &passkey_methods(l), ID)?;
+        let tuned = if finetune_steps > 0 {
+            Some(finetuned::run(
+                model,
+                &decoder,
+                &source,
+                &tk,
+                &all,
+                finetune_steps,
+                passkey_trials,
+                cache,
+            )?)
+        } else {
+            None
+        };
+        let study = Study {
+            model: source.clone(),
+            trained_length: l,
+            length: t,
+            band: 1024,
+            runs,
+        };
+        let mut o = ExpOutput::new(ID, TITLE);
+        o.figures.push(loss_figure(
         &study,
         "e8_pretrained_loss.png",
         &format!("Loss per band of 1,024 positions over one window of 2L = {t} tokens of {text_name}, for each RoPE scaling, zero-shot; the vertical segment marks the trained length L = {l}."),
     ));
-    let beyond = |i: usize| -> Vec<f64> {
-        study.runs[i]
-            .bands
-            .iter()
-            .filter(|b| b.start >= l)
-            .map(|b| b.loss)
-            .collect()
-    };
-    let (none, pi, dynamic, yarn) = (beyond(0), beyond(1), beyond(2), beyond(3));
-    let at_l = study.runs[0].mean_inside.unwrap_or(f64::NAN);
-    let m = |i: usize| study.runs[i].mean_beyond.unwrap_or(f64::NAN);
-    let values = serde_json::json!({
-        "loss at L (no scaling, positions 0..L)": at_l,
-        "none, L..2L": m(0),
-        "linear:2 (PI), L..2L": m(1),
-        "dynamic:2, L..2L": m(2),
-        "yarn:2, L..2L": m(3),
-    });
-    let chen = serde_json::json!("LLaMA 7B without scaling: perplexity > 10^3 past L (Fig. 1)");
-    o.push_claim(
-        &ce::PRETRAINED_QUIZ,
-        preset,
-        "mean loss (nats)",
-        values.clone(),
-        chen.clone(),
-        ce::pretrained_quiz(&none, &[&pi, &dynamic, &yarn], at_l),
-    );
-    o.push_claim(
-        &ce::PRETRAINED_NO_SCALING_BLOWS_UP,
-        preset,
-        "mean loss (nats)",
-        serde_json::json!({"none, L..2L": m(0), "loss at L": at_l, "unigram entropy": unigram}),
-        chen,
-        ce::no_scaling_blows_up(m(0), at_l, unigram),
-    );
-    o.push_claim(
-        &ce::PRETRAINED_PI_ZERO_SHOT,
-        preset,
-        "mean loss on L..2L (nats)",
-        serde_json::json!({"linear:2": m(1), "none": m(0)}),
-        serde_json::json!("finite, below no scaling (Table 1)"),
-        ce::pretrained_pi_zero_shot(&pi, &none),
-    );
-    o.push_claim(
-        &ce::PRETRAINED_DYNAMIC_YARN_BEST,
-        preset,
-        "mean loss on L..2L (nats)",
-        serde_json::json!({"dynamic:2": m(2), "yarn:2": m(3), "linear:2": m(1), "none": m(0)}),
-        serde_json::json!("YaRN and dynamic scaling lowest without fine-tuning (Table 1, Fig. 4)"),
-        ce::pretrained_dynamic_yarn_best(&dynamic, &yarn, &pi, &none),
-    );
-    if let Some(r) = &found {
-        let at_2l = |i: usize| r.accuracy[i].last().copied().unwrap_or(f64::NAN);
-        let best = (1..r.methods.len())
-            .max_by(|&a, &b| at_2l(a).total_cmp(&at_2l(b)))
-            .unwrap_or(0);
-        let value: serde_json::Map<String, serde_json::Value> = r
-            .methods
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (format!("{m}, 2L"), serde_json::json!(at_2l(i))))
-            .collect();
+        let beyond = |i: usize| losses_beyond(&study.runs[i], l);
+        let (none, pi, dynamic, yarn) = (beyond(0), beyond(1), beyond(2), beyond(3));
+        let at_l = study.runs[0].mean_inside.unwrap_or(f64::NAN);
+        let m = |i: usize| study.runs[i].mean_beyond.unwrap_or(f64::NAN);
+        let values = serde_json::json!({
+            "loss at L (no scaling, positions 0..L)": at_l,
+            "none, L..2L": m(0),
+            "linear:2 (PI), L..2L": m(1),
+            "dynamic:2, L..2L": m(2),
+            "yarn:2, L..2L": m(3),
+        });
+        let chen = serde_json::json!("LLaMA 7B without scaling: perplexity > 10^3 past L (Fig. 1)");
         o.push_claim(
+            &ce::PRETRAINED_QUIZ,
+            preset,
+            "mean loss (nats)",
+            values.clone(),
+            chen.clone(),
+            ce::pretrained_quiz(&none, &[&pi, &dynamic, &yarn], at_l),
+        );
+        o.push_claim(
+            &ce::PRETRAINED_NO_SCALING_BLOWS_UP,
+            preset,
+            "mean loss (nats)",
+            serde_json::json!({"none, L..2L": m(0), "loss at L": at_l, "unigram entropy": unigram}),
+            chen,
+            ce::no_scaling_blows_up(m(0), at_l, unigram),
+        );
+        o.push_claim(
+            &ce::PRETRAINED_PI_ZERO_SHOT,
+            preset,
+            "mean loss on L..2L (nats)",
+            serde_json::json!({"linear:2": m(1), "none": m(0)}),
+            serde_json::json!("finite, below no scaling (Table 1)"),
+            ce::pretrained_pi_zero_shot(&pi, &none),
+        );
+        o.push_claim(
+            &ce::PRETRAINED_DYNAMIC_YARN_BEST,
+            preset,
+            "mean loss on L..2L (nats)",
+            serde_json::json!({"dynamic:2": m(2), "yarn:2": m(3), "linear:2": m(1), "none": m(0)}),
+            serde_json::json!(
+                "YaRN and dynamic scaling lowest without fine-tuning (Table 1, Fig. 4)"
+            ),
+            ce::pretrained_dynamic_yarn_best(&dynamic, &yarn, &pi, &none),
+        );
+        if let Some(r) = &found {
+            let at_2l = |i: usize| r.accuracy[i].last().copied().unwrap_or(f64::NAN);
+            let best = (1..r.methods.len())
+                .max_by(|&a, &b| at_2l(a).total_cmp(&at_2l(b)))
+                .unwrap_or(0);
+            let value: serde_json::Map<String, serde_json::Value> = r
+                .methods
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (format!("{m}, 2L"), serde_json::json!(at_2l(i))))
+                .collect();
+            o.push_claim(
             &ce::PRETRAINED_RETRIEVAL,
             preset,
             &format!(
@@ -714,7 +761,7 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
             serde_json::json!("LLaMA 7B + PI/YaRN fine-tuned: 0.5–1.0 up to 32k; no scaling: 0 past L (Chen et al. 2023 §3.4; YaRN data/passkey-32k.csv)"),
             ce::pretrained_retrieval(at_2l(0), at_2l(best)),
         );
-        o.tables.push(retrieval_table(
+            o.tables.push(retrieval_table(
             r,
             "scaling or method",
             format!(
@@ -722,21 +769,21 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
                 PASSKEY_DEPTHS, r.trials_per_length
             ),
         ));
-    }
-    o.tables.push(loss_table(
+        }
+        o.tables.push(loss_table(
         &study,
         at_l,
         "loss at L",
         "Loss (nats) per band of 1,024 positions (band A–B: mean over positions i in [A, B) of the loss of token i + 1)".into(),
     ));
-    if let Some(f) = &tuned {
-        finetuned_claims(&mut o, f, found.as_ref(), preset, &study, text_name)?;
-    }
-    let tail: String = {
-        let text = tk.decode(&window[t.saturating_sub(48)..]).map_err(err)?;
-        one_line(&text)
-    };
-    o.tables.push(Table {
+        if let Some(f) = &tuned {
+            finetuned_claims(&mut o, f, found.as_ref(), preset, &study, text_name)?;
+        }
+        let tail: String = {
+            let text = tk.decode(&window[t.saturating_sub(48)..]).map_err(err)?;
+            one_line(&text)
+        };
+        o.tables.push(Table {
         title: format!("Greedy continuation ({CONTINUATION} tokens) after the whole window of {t} tokens (> L = {l}), which ends «…{tail}»"),
         header: vec!["scaling".into(), "continuation".into()],
         rows: SCALINGS
@@ -745,7 +792,7 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
             .map(|(s, c)| vec![s.to_string(), one_line(c)])
             .collect(),
     });
-    o.text = format!(
+        o.text = format!(
         "The quiz's third question is about a trained model's context window, and the lab's two-layer character models of experiment 3 are too small to show it: Press et al. 2022 measured rotary models of 247M parameters losing little past L, while models of 1B parameters and more blow up (Chen et al. 2023). This experiment runs a real pretrained decoder through posenc's RoPE and fused attention: **{source}** ({} layers, {} query and {} key/value heads, head dimension {}, RoPE base {}, trained length L = {l}).\n\n\
          One window: the first 2L = {t} tokens of {text_name}, tokenized as one string by the model's own tokenizer ({}). Loss of token i + 1 given tokens 0..i at every position, zero-shot (no fine-tuning), with each scaling set as transformers sets it: `none` (plain RoPE), `linear:2` (Position Interpolation, every frequency halved), `dynamic:2` (dynamic NTK, the base rescaled from the window's length), `yarn:2` (YaRN, factor 2, original length L, β_fast 32, β_slow 1, attention factor 0.1 ln 2 + 1). The claims compare the mean loss on positions L..2L with the loss at L (no scaling, positions 0..L), with e3's thresholds; with one model and one window there are no seeds, so two scalings are compared band by band over the bands beyond L (paired differences, twice the standard error). The unigram entropy of the text's tokens is {}. Then each scaling continues the window greedily by {CONTINUATION} tokens, through the KV cache: the question is whether the model can *generate* past L.\n\n\
          Generation is also judged as the papers judge it, by retrieval: landmark passkey prompts (YaRN's `eval/passkey.py` format) of L/4 to 2L tokens with the key at depths 0, 0.5 and 1, read greedily; each scaling as above, and Self-Extend (Jin et al. 2024), which keeps the model's RoPE for the nearest keys and groups the positions of the far ones.\n\n\
@@ -759,16 +806,11 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
         num(unigram, 3),
         model.display(),
         model.display(),
-        passkey_lengths(l)
-            .iter()
-            .map(|n| n.to_string())
-            .collect::<Vec<_>>()
-            .join(","),
+        comma_list(&passkey_lengths(l)),
         passkey_methods(l).join(","),
     );
-    o.seconds = start.elapsed().as_secs_f64();
-    store(&path, &o)?;
-    Ok(o)
+        Ok(o)
+    })
 }
 
 /// Experiment 8's fine-tuned arm in the output: the held-out band table,
@@ -796,13 +838,7 @@ fn finetuned_claims(
             .find(|r| r.name == name)
             .ok_or_else(|| ReportError(format!("experiment 8: no held-out run {name}")))
     };
-    let beyond = |r: &perplexity::ScalingRun| -> Vec<f64> {
-        r.bands
-            .iter()
-            .filter(|b| b.start >= l)
-            .map(|b| b.loss)
-            .collect()
-    };
+    let beyond = |r: &perplexity::ScalingRun| losses_beyond(r, l);
     let at_l = run("none")?.mean_inside.unwrap_or(f64::NAN);
     let (pi, pi_ft) = (run("linear:2")?, run(&finetuned::tuned_name("linear:2"))?);
     let mb = |r: &perplexity::ScalingRun| r.mean_beyond.unwrap_or(f64::NAN);

@@ -5,16 +5,14 @@
 //! the same window of twice the trained length and the same passkey
 //! prompts; each paper's claim as a rule.
 
-use std::time::Instant;
-
 use posenc_models::perplexity::{self, Study};
 use posenc_models::Scaling;
 
 use crate::claims::experiments as ce;
 use crate::experiments::ExpOutput;
 use crate::pretrained::{
-    cache_path, cached, err, loss_figure, loss_table, open, passkey_lengths, retrieval,
-    retrieval_table, store, trial_log, ModelRun, Opened,
+    cached_run, comma_list, err, loss_figure, loss_table, losses_beyond, passkey_lengths,
+    retrieval_table, run_retrieval, ModelRun, Opened,
 };
 use crate::Result;
 
@@ -69,23 +67,15 @@ fn retrieval_methods(l: usize) -> Vec<String> {
 /// A model that cannot be read or run, a text shorter than `2L` tokens, a
 /// window that does not fit in memory.
 pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
-    let &ModelRun {
-        model,
-        text,
-        text_name,
-        preset,
-        passkey_trials,
-        cache,
-        passkey_log,
-        ..
-    } = run;
+    let (model, text_name, preset) = (run.model, run.text_name, run.preset);
+    let passkey_trials = run.passkey_trials;
     let Opened {
         files,
         cfg,
         tk,
         window,
         ..
-    } = open(model, text, text_name, ID, 0)?;
+    } = run.open(ID, 0)?;
     let l = cfg.trained_length();
     let t = 2 * l;
     let names = methods(l);
@@ -94,11 +84,8 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
         .map(|n| n.parse())
         .collect::<posenc_models::Result<_>>()
         .map_err(err)?;
-    let path = cache_path(
-        cache,
+    let path = run.cache_path(
         "training-free",
-        model,
-        text,
         &format!("{t} {passkey_trials}"),
         &[
             include_str!("training_free.rs"),
@@ -107,178 +94,160 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
             include_str!("../../posenc-models/src/passkey/mod.rs"),
         ],
     )?;
-    if let Some(o) = cached(&path) {
-        return Ok(o);
-    }
-    let start = Instant::now();
-    let layers = cfg.num_layers;
-    let (decoder, source) = files.load(cfg).map_err(err)?;
-    let n = names.len();
-    let band = band(l);
-    let study: Study = perplexity::study(&decoder, &source, &window, &scalings, band, |s, li| {
-        eprint!(
-            "\rposenc report: experiment {ID}: {} ({}/{n}), layer {}/{layers}   ",
-            names[s],
-            s + 1,
-            li + 1
-        );
-    })
-    .map_err(err)?;
-    eprintln!();
-    let found = if passkey_trials > 0 && 2 * l >= posenc_models::passkey::MIN_LENGTH {
-        let mut log = trial_log(cache, passkey_log, model, &source, &tk)?;
-        Some(retrieval(
-            &decoder,
-            &tk,
-            l,
-            passkey_trials,
-            &retrieval_methods(l),
-            &mut log,
-            ID,
-        )?)
-    } else {
-        None
-    };
-    let run = |name: &str| study.runs.iter().find(|r| r.name == name);
-    let beyond = |name: &str| -> Vec<f64> {
-        run(name).map_or(Vec::new(), |r| {
-            r.bands
-                .iter()
-                .filter(|b| b.start >= l)
-                .map(|b| b.loss)
-                .collect()
-        })
-    };
-    let mean_beyond = |name: &str| run(name).and_then(|r| r.mean_beyond).unwrap_or(f64::NAN);
-    let at_l = run("none").and_then(|r| r.mean_inside).unwrap_or(f64::NAN);
-    let [none, ntk, se, rerope, _leaky, dca, sinks] =
-        [0, 1, 2, 3, 4, 5, 6].map(|i| names[i].as_str());
-    let mut o = ExpOutput::new(ID, TITLE);
-    o.figures.push(loss_figure(
+    cached_run(&path, || {
+        let layers = cfg.num_layers;
+        let (decoder, source) = files.load(cfg).map_err(err)?;
+        let n = names.len();
+        let band = band(l);
+        let study: Study =
+            perplexity::study(&decoder, &source, &window, &scalings, band, |s, li| {
+                eprint!(
+                    "\rposenc report: experiment {ID}: {} ({}/{n}), layer {}/{layers}   ",
+                    names[s],
+                    s + 1,
+                    li + 1
+                );
+            })
+            .map_err(err)?;
+        eprintln!();
+        let found = run_retrieval(run, &decoder, &source, &tk, l, &retrieval_methods(l), ID)?;
+        let run = |name: &str| study.runs.iter().find(|r| r.name == name);
+        let beyond = |name: &str| run(name).map_or(Vec::new(), |r| losses_beyond(r, l));
+        let mean_beyond = |name: &str| run(name).and_then(|r| r.mean_beyond).unwrap_or(f64::NAN);
+        let at_l = run("none").and_then(|r| r.mean_inside).unwrap_or(f64::NAN);
+        let [none, ntk, se, rerope, _leaky, dca, sinks] =
+            [0, 1, 2, 3, 4, 5, 6].map(|i| names[i].as_str());
+        let mut o = ExpOutput::new(ID, TITLE);
+        o.figures.push(loss_figure(
         &study,
         "e9_training_free_loss.png",
         &format!("Loss per band of {band} positions over one window of 2L = {t} tokens of {text_name}, for each training-free method, zero-shot; the vertical segment marks the trained length L = {l}."),
     ));
-    // Retrieval claims read the lengths past L.
-    let lengths = passkey_lengths(l);
-    let (l15, l2) = (lengths[3], lengths[4]);
-    if let Some(r) = &found {
-        let acc = |m: &str, len: usize| -> f64 {
-            let (Some(mi), Some(li)) = (
-                r.methods.iter().position(|x| x == m),
-                r.lengths.iter().position(|&x| x == len),
-            ) else {
+        // Retrieval claims read the lengths past L.
+        let lengths = passkey_lengths(l);
+        let (l15, l2) = (lengths[3], lengths[4]);
+        if let Some(r) = &found {
+            let acc = |m: &str, len: usize| -> f64 {
+                let (Some(mi), Some(li)) = (
+                    r.methods.iter().position(|x| x == m),
+                    r.lengths.iter().position(|&x| x == len),
+                ) else {
+                    return f64::NAN;
+                };
+                r.accuracy[mi][li]
+            };
+            o.push_claim(
+                &ce::SELF_EXTEND_RETRIEVES,
+                preset,
+                &format!(
+                    "greedy passkey accuracy ({} prompts per length)",
+                    r.trials_per_length
+                ),
+                serde_json::json!({
+                    format!("{se}, {l15}"): acc(se, l15),
+                    format!("{se}, {l2}"): acc(se, l2),
+                    format!("none, {l15}"): acc(none, l15),
+                    format!("none, {l2}"): acc(none, l2),
+                }),
+                serde_json::json!(
+                    "≈ 1.0 at every depth up to 4 × L (Llama-2-chat, Mistral; Fig. 3)"
+                ),
+                ce::self_extend_retrieves(
+                    [acc(se, l15), acc(se, l2)],
+                    [acc(none, l15), acc(none, l2)],
+                ),
+            );
+        }
+        o.push_claim(
+            &ce::REROPE_AT_MOST_NTK,
+            preset,
+            "mean loss on L..2L (nats)",
+            serde_json::json!({rerope: mean_beyond(rerope), ntk: mean_beyond(ntk)}),
+            serde_json::json!("Llama-2 13B, loss at 8k (2L): ReRoPE w1024 1.43, NTK-RoPE 1.54"),
+            ce::rerope_at_most_ntk(&beyond(rerope), &beyond(ntk)),
+        );
+        // The probe's control: no scaling retrieves inside L on this model.
+        let control = found.as_ref().map_or(f64::NAN, |r| {
+            let Some(mi) = r.methods.iter().position(|x| x == none) else {
                 return f64::NAN;
             };
-            r.accuracy[mi][li]
-        };
-        o.push_claim(
-            &ce::SELF_EXTEND_RETRIEVES,
-            preset,
-            &format!(
-                "greedy passkey accuracy ({} prompts per length)",
-                r.trials_per_length
-            ),
-            serde_json::json!({
-                format!("{se}, {l15}"): acc(se, l15),
-                format!("{se}, {l2}"): acc(se, l2),
-                format!("none, {l15}"): acc(none, l15),
-                format!("none, {l2}"): acc(none, l2),
-            }),
-            serde_json::json!("≈ 1.0 at every depth up to 4 × L (Llama-2-chat, Mistral; Fig. 3)"),
-            ce::self_extend_retrieves([acc(se, l15), acc(se, l2)], [acc(none, l15), acc(none, l2)]),
-        );
-    }
-    o.push_claim(
-        &ce::REROPE_AT_MOST_NTK,
-        preset,
-        "mean loss on L..2L (nats)",
-        serde_json::json!({rerope: mean_beyond(rerope), ntk: mean_beyond(ntk)}),
-        serde_json::json!("Llama-2 13B, loss at 8k (2L): ReRoPE w1024 1.43, NTK-RoPE 1.54"),
-        ce::rerope_at_most_ntk(&beyond(rerope), &beyond(ntk)),
-    );
-    // The probe's control: no scaling retrieves inside L on this model.
-    let control = found.as_ref().map_or(f64::NAN, |r| {
-        let Some(mi) = r.methods.iter().position(|x| x == none) else {
-            return f64::NAN;
-        };
-        let of: Vec<f64> = r
-            .lengths
-            .iter()
-            .enumerate()
-            .filter(|(_, &n)| n <= l)
-            .map(|(li, _)| r.accuracy[mi][li])
-            .collect();
-        if of.is_empty() {
-            f64::NAN
-        } else {
-            of.iter().sum::<f64>() / of.len() as f64
-        }
-    });
-    let sinks_inside = run(sinks).map_or(f64::NAN, |r| {
-        let a = (l / 8).min(r.loss.len());
-        let b = l.min(r.loss.len());
-        if a < b {
-            r.loss[a..b].iter().sum::<f64>() / (b - a) as f64
-        } else {
-            f64::NAN
-        }
-    });
-    let far = found.as_ref().map_or(f64::NAN, |r| {
-        let Some(mi) = r.methods.iter().position(|x| x == sinks) else {
-            return f64::NAN;
-        };
-        let mut v = Vec::new();
-        for len in [l15, l2] {
-            if let Some(li) = r.lengths.iter().position(|&x| x == len) {
-                for (di, &d) in crate::pretrained::PASSKEY_DEPTHS.iter().enumerate() {
-                    if d <= 0.5 {
-                        v.push(r.by_depth[mi][li][di]);
+            let of: Vec<f64> = r
+                .lengths
+                .iter()
+                .enumerate()
+                .filter(|(_, &n)| n <= l)
+                .map(|(li, _)| r.accuracy[mi][li])
+                .collect();
+            if of.is_empty() {
+                f64::NAN
+            } else {
+                of.iter().sum::<f64>() / of.len() as f64
+            }
+        });
+        let sinks_inside = run(sinks).map_or(f64::NAN, |r| {
+            let a = (l / 8).min(r.loss.len());
+            let b = l.min(r.loss.len());
+            if a < b {
+                r.loss[a..b].iter().sum::<f64>() / (b - a) as f64
+            } else {
+                f64::NAN
+            }
+        });
+        let far = found.as_ref().map_or(f64::NAN, |r| {
+            let Some(mi) = r.methods.iter().position(|x| x == sinks) else {
+                return f64::NAN;
+            };
+            let mut v = Vec::new();
+            for len in [l15, l2] {
+                if let Some(li) = r.lengths.iter().position(|&x| x == len) {
+                    for (di, &d) in crate::pretrained::PASSKEY_DEPTHS.iter().enumerate() {
+                        if d <= 0.5 {
+                            v.push(r.by_depth[mi][li][di]);
+                        }
                     }
                 }
             }
-        }
-        if v.is_empty() {
-            f64::NAN
-        } else {
-            v.iter().sum::<f64>() / v.len() as f64
-        }
-    });
-    o.push_claim(
-        &ce::SINKS_FLAT_NO_RETRIEVAL,
-        preset,
-        "mean loss (nats); greedy passkey accuracy",
-        serde_json::json!({
-            format!("{sinks}, loss on L..2L"): mean_beyond(sinks),
-            format!("{sinks}, loss on L/8..L"): sinks_inside,
-            format!("{sinks}, accuracy at 1.5L and 2L, depths 0 and 0.5"): far,
-            "none, accuracy at lengths ≤ L (control)": control,
-        }),
-        serde_json::json!(
-            "flat perplexity to 4M tokens (Fig. 3); context window not extended (FAQ)"
-        ),
-        ce::sinks_flat_no_retrieval(mean_beyond(sinks), sinks_inside, far, control),
-    );
-    o.push_claim(
-        &ce::DCA_FLAT,
-        preset,
-        "mean loss (nats)",
-        serde_json::json!({
-            format!("{dca}, L..2L"): mean_beyond(dca),
-            "none, L..2L": mean_beyond(none),
-            "loss at L (no scaling, positions 0..L)": at_l,
-        }),
-        serde_json::json!("Llama 2 PG19 perplexity flat from 4k to 32k+ (Table 1)"),
-        ce::dca_flat(&beyond(dca), &beyond(none), at_l),
-    );
-    o.tables.push(loss_table(
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                v.iter().sum::<f64>() / v.len() as f64
+            }
+        });
+        o.push_claim(
+            &ce::SINKS_FLAT_NO_RETRIEVAL,
+            preset,
+            "mean loss (nats); greedy passkey accuracy",
+            serde_json::json!({
+                format!("{sinks}, loss on L..2L"): mean_beyond(sinks),
+                format!("{sinks}, loss on L/8..L"): sinks_inside,
+                format!("{sinks}, accuracy at 1.5L and 2L, depths 0 and 0.5"): far,
+                "none, accuracy at lengths ≤ L (control)": control,
+            }),
+            serde_json::json!(
+                "flat perplexity to 4M tokens (Fig. 3); context window not extended (FAQ)"
+            ),
+            ce::sinks_flat_no_retrieval(mean_beyond(sinks), sinks_inside, far, control),
+        );
+        o.push_claim(
+            &ce::DCA_FLAT,
+            preset,
+            "mean loss (nats)",
+            serde_json::json!({
+                format!("{dca}, L..2L"): mean_beyond(dca),
+                "none, L..2L": mean_beyond(none),
+                "loss at L (no scaling, positions 0..L)": at_l,
+            }),
+            serde_json::json!("Llama 2 PG19 perplexity flat from 4k to 32k+ (Table 1)"),
+            ce::dca_flat(&beyond(dca), &beyond(none), at_l),
+        );
+        o.tables.push(loss_table(
         &study,
         at_l,
         "no scaling's loss at L",
         format!("Loss (nats) per band of {band} positions, one window of {t} tokens (band A–B: mean over positions i in [A, B) of the loss of token i + 1)"),
     ));
-    if let Some(r) = &found {
-        o.tables.push(retrieval_table(
+        if let Some(r) = &found {
+            o.tables.push(retrieval_table(
             r,
             "method",
             format!(
@@ -288,24 +257,19 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
                 r.seconds
             ),
         ));
-    }
-    o.text = format!(
+        }
+        o.text = format!(
         "Past its trained length a RoPE decoder can be extended without training in two ways: by scaling RoPE's frequencies (experiment 8), or by changing which positions the attention sees. This experiment runs the second kind on **{source}** (trained length L = {l}), each as its authors' code computes it (`posenc::extend`; parity with ports of that code in `scripts/methods/`): **Self-Extend** (Jin et al. 2024) keeps exact positions for the nearest L/8 keys and groups the farther ones by 4; **ReRoPE** (Su 2023) clips the relative distance at w = L/4, and **leaky ReRoPE** continues it with slope 1/16; **dual chunk attention** (An et al. 2024) maps positions within a chunk of 3L/4, to the previous chunk and to every earlier chunk so that none exceeds L; **attention sinks** (Xiao et al. 2024) keep the first 4 keys and the most recent ones, L/8 in all, numbered by cache slot. Beside them: no scaling, and static NTK-aware scaling ×2, the comparison of ReRoPE's own table.\n\n\
          One window: the first 2L = {t} tokens of {text_name}, the loss of every position, zero-shot; then experiment 8's landmark passkey grid (L/4 to 2L, depths 0, 0.5 and 1, {passkey_trials} key per cell, greedy) for every method. The trials of a method that experiment 8 also runs are shared with it.\n\n\
          Reproduce the losses with `posenc perplexity --model {} --length {t} --scaling {}` and the retrieval with `posenc passkey --model {} --lengths {} --depths 0,0.5,1 --trials {passkey_trials} --scaling {}`.",
         model.display(),
         names.join(","),
         model.display(),
-        lengths
-            .iter()
-            .map(|n| n.to_string())
-            .collect::<Vec<_>>()
-            .join(","),
+        comma_list(&lengths),
         retrieval_methods(l).join(","),
     );
-    o.seconds = start.elapsed().as_secs_f64();
-    store(&path, &o)?;
-    Ok(o)
+        Ok(o)
+    })
 }
 
 #[cfg(test)]
