@@ -348,37 +348,47 @@ impl DecoderConfig {
         (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
     }
 
+    /// The norms and projections of layer `l`, and its q, k, v biases
+    /// where the config has them, by Hugging Face name, with their shapes
+    /// (Hugging Face order).
+    pub(crate) fn layer_tensors(&self, l: usize) -> Vec<(String, Vec<usize>)> {
+        let (d, i) = (self.hidden_size, self.intermediate_size);
+        let (hq, hk, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        let mut out = vec![
+            (p("input_layernorm.weight"), vec![d]),
+            (p("post_attention_layernorm.weight"), vec![d]),
+            (p("self_attn.q_proj.weight"), vec![hq * dh, d]),
+            (p("self_attn.k_proj.weight"), vec![hk * dh, d]),
+            (p("self_attn.v_proj.weight"), vec![hk * dh, d]),
+            (p("self_attn.o_proj.weight"), vec![d, hq * dh]),
+            (p("mlp.gate_proj.weight"), vec![i, d]),
+            (p("mlp.up_proj.weight"), vec![i, d]),
+            (p("mlp.down_proj.weight"), vec![d, i]),
+        ];
+        if self.qkv_bias {
+            out.extend([
+                (p("self_attn.q_proj.bias"), vec![hq * dh]),
+                (p("self_attn.k_proj.bias"), vec![hk * dh]),
+                (p("self_attn.v_proj.bias"), vec![hk * dh]),
+            ]);
+        }
+        out
+    }
+
     /// Every parameter [`crate::Decoder::load`] reads for this config, by
     /// Hugging Face name, with its shape (Hugging Face order). The output
     /// projection `lm_head.weight` is last; with tied embeddings it is
     /// optional (used when present).
     pub fn expected_tensors(&self) -> Vec<(String, Vec<usize>)> {
         let (d, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let (hq, hk, dh) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let mut out: Vec<(String, Vec<usize>)> = vec![
             ("model.embed_tokens.weight".into(), vec![v, d]),
             ("model.norm.weight".into(), vec![d]),
         ];
         for l in 0..self.num_layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
-            out.extend([
-                (p("input_layernorm.weight"), vec![d]),
-                (p("post_attention_layernorm.weight"), vec![d]),
-                (p("self_attn.q_proj.weight"), vec![hq * dh, d]),
-                (p("self_attn.k_proj.weight"), vec![hk * dh, d]),
-                (p("self_attn.v_proj.weight"), vec![hk * dh, d]),
-                (p("self_attn.o_proj.weight"), vec![d, hq * dh]),
-                (p("mlp.gate_proj.weight"), vec![i, d]),
-                (p("mlp.up_proj.weight"), vec![i, d]),
-                (p("mlp.down_proj.weight"), vec![d, i]),
-            ]);
-            if self.qkv_bias {
-                out.extend([
-                    (p("self_attn.q_proj.bias"), vec![hq * dh]),
-                    (p("self_attn.k_proj.bias"), vec![hk * dh]),
-                    (p("self_attn.v_proj.bias"), vec![hk * dh]),
-                ]);
-            }
+            out.extend(self.layer_tensors(l));
             if self.o_bias {
                 out.push((p("self_attn.o_proj.bias"), vec![d]));
             }

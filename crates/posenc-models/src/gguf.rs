@@ -995,8 +995,8 @@ pub fn write_gguf(
         }
     }
     let permute = matches!(cfg.arch, Arch::Llama | Arch::Mistral);
-    let (d, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-    let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let (d, v) = (cfg.hidden_size, cfg.vocab_size);
+    let (hq, hk) = (cfg.num_heads, cfg.num_kv_heads);
     let mut names: Vec<(String, Vec<usize>)> = vec![
         ("model.embed_tokens.weight".into(), vec![v, d]),
         ("model.norm.weight".into(), vec![d]),
@@ -1005,25 +1005,7 @@ pub fn write_gguf(
         names.push(("lm_head.weight".into(), vec![v, d]));
     }
     for l in 0..cfg.num_layers {
-        let p = |s: &str| format!("model.layers.{l}.{s}");
-        names.extend([
-            (p("input_layernorm.weight"), vec![d]),
-            (p("post_attention_layernorm.weight"), vec![d]),
-            (p("self_attn.q_proj.weight"), vec![hq * dh, d]),
-            (p("self_attn.k_proj.weight"), vec![hk * dh, d]),
-            (p("self_attn.v_proj.weight"), vec![hk * dh, d]),
-            (p("self_attn.o_proj.weight"), vec![d, hq * dh]),
-            (p("mlp.gate_proj.weight"), vec![i, d]),
-            (p("mlp.up_proj.weight"), vec![i, d]),
-            (p("mlp.down_proj.weight"), vec![d, i]),
-        ]);
-        if cfg.qkv_bias {
-            names.extend([
-                (p("self_attn.q_proj.bias"), vec![hq * dh]),
-                (p("self_attn.k_proj.bias"), vec![hk * dh]),
-                (p("self_attn.v_proj.bias"), vec![hk * dh]),
-            ]);
-        }
+        names.extend(cfg.layer_tensors(l));
     }
     let mut tensors: Vec<(String, QTensor)> = Vec::with_capacity(names.len());
     for (hf, shape) in &names {
