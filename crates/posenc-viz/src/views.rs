@@ -217,6 +217,26 @@ pub fn alibi_view(heads: usize, max_distance: u64, points: usize) -> Result<Valu
     Ok(v)
 }
 
+/// Refuses a relative range `lo..=hi` that starts after its end.
+fn relative_order(lo: i64, hi: i64) -> Result<()> {
+    if lo > hi {
+        return Err(Error::invalid(
+            "relative range",
+            format!("{lo}:{hi}: start is after end"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a relative range `lo..=hi` longer than [`MAX_CURVE_POINTS`] · 16.
+fn relative_length(lo: i64, hi: i64) -> Result<()> {
+    bound(
+        "relative range length",
+        hi.abs_diff(lo),
+        (MAX_CURVE_POINTS * 16) as u64,
+    )
+}
+
 /// T5's buckets (Raffel et al. 2020): `posenc bias t5 --json` for the
 /// relative positions `lo..=hi`.
 ///
@@ -231,17 +251,8 @@ pub fn t5_view(
     lo: i64,
     hi: i64,
 ) -> Result<Value> {
-    if lo > hi {
-        return Err(Error::invalid(
-            "relative range",
-            format!("{lo}:{hi}: start is after end"),
-        ));
-    }
-    bound(
-        "relative range length",
-        hi.abs_diff(lo),
-        (MAX_CURVE_POINTS * 16) as u64,
-    )?;
+    relative_order(lo, hi)?;
+    relative_length(lo, hi)?;
     bound("num_buckets", buckets as u64, 1 << 20)?;
     t5_json(buckets, max_distance, bidirectional, lo, hi)
 }
@@ -252,18 +263,9 @@ pub fn t5_view(
 /// # Errors
 /// [`Error::TooLarge`] past the bounds.
 pub fn shaw_view(max_relative: usize, lo: i64, hi: i64) -> Result<Value> {
-    if lo > hi {
-        return Err(Error::invalid(
-            "relative range",
-            format!("{lo}:{hi}: start is after end"),
-        ));
-    }
+    relative_order(lo, hi)?;
     bound("max_relative", max_relative as u64, MAX_SHAW_K as u64)?;
-    bound(
-        "relative range length",
-        hi.abs_diff(lo),
-        (MAX_CURVE_POINTS * 16) as u64,
-    )?;
+    relative_length(lo, hi)?;
     bound(
         "relative position",
         lo.unsigned_abs().max(hi.unsigned_abs()),

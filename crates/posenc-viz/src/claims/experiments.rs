@@ -127,8 +127,13 @@ pub const MLM_NOPE_NEAR_UNIGRAM: ClaimDef = ClaimDef {
 /// between the positional encoders' mean (0) and the unigram entropy (1);
 /// NaN when the positional encoders do not beat the unigram level.
 pub fn unigram_fraction(nope: f64, positional_mean: f64, unigram: f64) -> f64 {
-    if unigram - positional_mean > 0.0 {
-        (nope - positional_mean) / (unigram - positional_mean)
+    share_of(nope - positional_mean, unigram - positional_mean)
+}
+
+/// `part / whole` for a positive `whole`, NaN otherwise.
+fn share_of(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        part / whole
     } else {
         f64::NAN
     }
@@ -197,11 +202,7 @@ pub const NOPE_CLOSE: ClaimDef = ClaimDef {
 /// equals the best positional encoding, 0 at the unigram level; NaN when
 /// the best does not beat the unigram level.
 pub fn closed_fraction(unigram: f64, nope: f64, best: f64) -> f64 {
-    if unigram - best > 0.0 {
-        (unigram - nope) / (unigram - best)
-    } else {
-        f64::NAN
-    }
+    share_of(unigram - nope, unigram - best)
 }
 
 /// A gap's size: |mean| with its spread. The claims are about NoPE and the
@@ -424,6 +425,18 @@ fn lower_is_partly(c: Compare) -> Verdict {
     }
 }
 
+/// `better` where `a` is above `b`, a tie where they are equal, not
+/// reproduced where it is below.
+fn ahead(a: f64, b: f64, better: Verdict) -> Verdict {
+    if a > b {
+        better
+    } else if a == b {
+        Verdict::Tie
+    } else {
+        Verdict::NotReproduced
+    }
+}
+
 /// e3: the quiz's third answer.
 pub const QUIZ_ROPE_NEEDS_INTERPOLATION: ClaimDef = ClaimDef {
     id: "e3.quiz-rope-needs-interpolation",
@@ -587,13 +600,7 @@ pub fn shaw_k(k0: f64, k_ge_2: &[f64], k_ge_1: &[f64]) -> Verdict {
             return Verdict::Reproduced;
         }
         let lowest_other = k_ge_1.iter().copied().fold(f64::INFINITY, f64::min);
-        if k0 < lowest_other {
-            Verdict::Partly
-        } else if k0 == lowest_other {
-            Verdict::Tie
-        } else {
-            Verdict::NotReproduced
-        }
+        ahead(lowest_other, k0, Verdict::Partly)
     })
 }
 
@@ -690,17 +697,8 @@ pub const FINETUNE_RETRIEVES: ClaimDef = ClaimDef {
 /// and of the same scaling zero-shot.
 pub fn finetune_retrieves(tuned_at_2l: f64, zero_shot_at_2l: f64) -> Verdict {
     Verdict::finite_or_nan(&[tuned_at_2l, zero_shot_at_2l], || {
-        if tuned_at_2l > zero_shot_at_2l {
-            if tuned_at_2l >= 0.8 {
-                Verdict::Reproduced
-            } else {
-                Verdict::Partly
-            }
-        } else if tuned_at_2l == zero_shot_at_2l {
-            Verdict::Tie
-        } else {
-            Verdict::NotReproduced
-        }
+        let gain = Verdict::three(tuned_at_2l >= 0.8, true);
+        ahead(tuned_at_2l, zero_shot_at_2l, gain)
     })
 }
 

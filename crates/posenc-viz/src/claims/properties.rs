@@ -4,6 +4,14 @@
 
 use super::{Judged, Verdict};
 
+/// The rule `rule`: reproduced if `value` (finite) is at most `max`.
+fn at_most(value: f64, max: f64, rule: &str) -> Judged {
+    Judged::new(
+        rule,
+        Verdict::finite_or_nan(&[value], || Verdict::from_bool(value <= max)),
+    )
+}
+
 /// Seed 001: the similarity of PE(p) and PE(p + k) decreases as k grows.
 /// From the fraction of non-increasing steps of cos(PE(p), PE(p + k)) and
 /// Spearman's ρ between k and the cosine.
@@ -20,10 +28,7 @@ pub fn similarity_monotone(monotone_fraction: f64, spearman: f64) -> Judged {
 /// Vaswani et al. §3.5: PE(p)·PE(p + k) depends on k only. `deviation` is
 /// the largest change of the dot product across reference positions.
 pub fn shift_invariant_similarity(deviation: f64) -> Judged {
-    Judged::new(
-        "reproduced if ≤ 1e-9",
-        Verdict::finite_or_nan(&[deviation], || Verdict::from_bool(deviation <= 1e-9)),
-    )
+    at_most(deviation, 1e-9, "reproduced if ≤ 1e-9")
 }
 
 /// Seed 001 ("why 10000"): encodings of different positions never repeat.
@@ -40,19 +45,13 @@ pub fn distinct_positions(min_distance: f64) -> Judged {
 /// Vaswani et al. §3.5, seed 004: PE(p + k) = M_k·PE(p) with M_k the
 /// block-diagonal rotations. `residual` is the largest error, in f64.
 pub fn linear_map(residual: f64) -> Judged {
-    Judged::new(
-        "reproduced if ≤ 1e-9 (f64)",
-        Verdict::finite_or_nan(&[residual], || Verdict::from_bool(residual <= 1e-9)),
-    )
+    at_most(residual, 1e-9, "reproduced if ≤ 1e-9 (f64)")
 }
 
 /// Seed 004: the same linear map, fitted by least squares without the
 /// formula. `residual` is its largest error on positions never fitted.
 pub fn fitted_linear_map(residual: f64) -> Judged {
-    Judged::new(
-        "reproduced if ≤ 1e-6",
-        Verdict::finite_or_nan(&[residual], || Verdict::from_bool(residual <= 1e-6)),
-    )
+    at_most(residual, 1e-6, "reproduced if ≤ 1e-6")
 }
 
 /// Vaswani et al. §3.5 (and θ_i = base^(−2i/d) for RoPE): wavelengths form
@@ -102,20 +101,14 @@ pub fn ratio_deviation(values: &[f64]) -> f64 {
 /// Su et al. §3.2: RoPE is a rotation, so it keeps the norm. `deviation` is
 /// the largest relative change of ‖x‖.
 pub fn norm_preserved(deviation: f64) -> Judged {
-    Judged::new(
-        "reproduced if ≤ 1e-12",
-        Verdict::finite_or_nan(&[deviation], || Verdict::from_bool(deviation <= 1e-12)),
-    )
+    at_most(deviation, 1e-12, "reproduced if ≤ 1e-12")
 }
 
 /// Su et al. §3.2 (and xPos, every RoPE scaling): the score depends on
 /// m − n only. `deviation` is the largest change of the score under a
 /// common shift, relative to ‖q‖‖k‖.
 pub fn relative_score(deviation: f64) -> Judged {
-    Judged::new(
-        "reproduced if ≤ 1e-9",
-        Verdict::finite_or_nan(&[deviation], || Verdict::from_bool(deviation <= 1e-9)),
-    )
+    at_most(deviation, 1e-9, "reproduced if ≤ 1e-9")
 }
 
 /// The values RoFormer's Fig. 2 shows (d = 128, base 10000): the bound at
@@ -141,9 +134,10 @@ pub fn roformer_decay(values: [f64; 3]) -> Judged {
 /// Press et al. §3: for a power-of-two number of heads n the slopes are
 /// 2^(−8h/n), h = 1..n. `deviation` is the largest relative deviation.
 pub fn alibi_geometric(deviation: f64) -> Judged {
-    Judged::new(
+    at_most(
+        deviation,
+        1e-12,
         "reproduced if every slope is within 1e-12 (relative) of 2^(−8h/n)",
-        Verdict::finite_or_nan(&[deviation], || Verdict::from_bool(deviation <= 1e-12)),
     )
 }
 
