@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use posenc_models::generate::{self, Sampling};
 use posenc_models::perplexity::{self, Study};
-use posenc_models::{KvCache, ModelFiles, Scaling};
+use posenc_models::{Decoder, DecoderConfig, KvCache, ModelFiles, Scaling};
 use posenc_plot::{LinePlot, Series};
 
 use crate::claims::experiments as ce;
@@ -137,6 +137,36 @@ pub(crate) struct Retrieval {
     pub(crate) trials_per_length: usize,
     /// Seconds of the trials (logged ones included).
     pub(crate) seconds: f64,
+}
+
+impl Retrieval {
+    /// What a claim on the accuracy at 2L measured, in words.
+    fn metric_at_2l(&self) -> String {
+        format!(
+            "greedy passkey accuracy at 2L ({} prompts per length)",
+            self.trials_per_length
+        )
+    }
+
+    /// Method `i`'s accuracy at the longest length (2L); NaN without one.
+    fn at_2l(&self, i: usize) -> f64 {
+        self.accuracy[i].last().copied().unwrap_or(f64::NAN)
+    }
+
+    /// The method from `first` on with the highest accuracy at 2L (the
+    /// last of equals; 0 if there is none).
+    fn best_at_2l(&self, first: usize) -> usize {
+        (first..self.methods.len())
+            .max_by(|&a, &b| self.at_2l(a).total_cmp(&self.at_2l(b)))
+            .unwrap_or(0)
+    }
+
+    /// Every method's accuracy at 2L, as `"METHOD, 2L": accuracy`.
+    fn values_at_2l(&self) -> serde_json::Map<String, serde_json::Value> {
+        (self.methods.iter().enumerate())
+            .map(|(i, m)| (format!("{m}, 2L"), serde_json::json!(self.at_2l(i))))
+            .collect()
+    }
 }
 
 /// The trial log the report's retrieval grids share (experiments 8 and 9,
@@ -415,16 +445,20 @@ fn store(path: &Path, o: &ExpOutput) -> Result<()> {
     crate::write_atomic(path, serde_json::to_string(o)?.as_bytes())
 }
 
-/// The output cached at `path`, or else `body`'s, timed and cached there.
+/// The output cached at `path`, or else `body`'s on the model's weights
+/// (read only then) and their description, timed and cached there.
 pub(crate) fn cached_run(
     path: &Path,
-    body: impl FnOnce() -> Result<ExpOutput>,
+    files: ModelFiles,
+    cfg: DecoderConfig,
+    body: impl FnOnce(Decoder, String) -> Result<ExpOutput>,
 ) -> Result<ExpOutput> {
     if let Some(o) = cached(path) {
         return Ok(o);
     }
     let start = Instant::now();
-    let mut o = body()?;
+    let (decoder, source) = files.load(cfg).map_err(err)?;
+    let mut o = body(decoder, source)?;
     o.seconds = start.elapsed().as_secs_f64();
     store(path, &o)?;
     Ok(o)
@@ -561,6 +595,17 @@ pub struct ModelRun<'a> {
     pub finetune_steps: usize,
 }
 
+/// The sources whose change reruns the experiment (see
+/// [`ModelRun::cache_path`]).
+const CODE: [&str; 6] = [
+    include_str!("pretrained.rs"),
+    include_str!("finetuned.rs"),
+    include_str!("../../posenc-viz/src/claims/experiments.rs"),
+    include_str!("../../posenc-models/src/passkey/mod.rs"),
+    include_str!("../../posenc-tune/src/train.rs"),
+    include_str!("../../posenc-tune/src/model.rs"),
+];
+
 impl ModelRun<'_> {
     /// The model's files and window for experiment `id` (see [`open`]).
     pub(crate) fn open(&self, id: usize, extra: usize) -> Result<Opened> {
@@ -615,18 +660,10 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
     let path = run.cache_path(
         "pretrained",
         &format!("{t} {CONTINUATION} {passkey_trials} {finetune_steps}"),
-        &[
-            include_str!("pretrained.rs"),
-            include_str!("finetuned.rs"),
-            include_str!("../../posenc-viz/src/claims/experiments.rs"),
-            include_str!("../../posenc-models/src/passkey/mod.rs"),
-            include_str!("../../posenc-tune/src/train.rs"),
-            include_str!("../../posenc-tune/src/model.rs"),
-        ],
+        &CODE,
     )?;
-    cached_run(&path, || {
-        let layers = cfg.num_layers;
-        let (decoder, source) = files.load(cfg).map_err(err)?;
+    let layers = cfg.num_layers;
+    cached_run(&path, files, cfg, |decoder, source| {
         let d = decoder.config().hidden_size;
         let mut runs = Vec::new();
         let mut continuations = Vec::new();
@@ -740,26 +777,14 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
             ce::pretrained_dynamic_yarn_best(&dynamic, &yarn, &pi, &none),
         );
         if let Some(r) = &found {
-            let at_2l = |i: usize| r.accuracy[i].last().copied().unwrap_or(f64::NAN);
-            let best = (1..r.methods.len())
-                .max_by(|&a, &b| at_2l(a).total_cmp(&at_2l(b)))
-                .unwrap_or(0);
-            let value: serde_json::Map<String, serde_json::Value> = r
-                .methods
-                .iter()
-                .enumerate()
-                .map(|(i, m)| (format!("{m}, 2L"), serde_json::json!(at_2l(i))))
-                .collect();
+            let best = r.best_at_2l(1);
             o.push_claim(
             &ce::PRETRAINED_RETRIEVAL,
             preset,
-            &format!(
-                "greedy passkey accuracy at 2L ({} prompts per length)",
-                r.trials_per_length
-            ),
-            serde_json::Value::Object(value),
+            &r.metric_at_2l(),
+            serde_json::Value::Object(r.values_at_2l()),
             serde_json::json!("LLaMA 7B + PI/YaRN fine-tuned: 0.5–1.0 up to 32k; no scaling: 0 past L (Chen et al. 2023 §3.4; YaRN data/passkey-32k.csv)"),
-            ce::pretrained_retrieval(at_2l(0), at_2l(best)),
+            ce::pretrained_retrieval(r.at_2l(0), r.at_2l(best)),
         );
             o.tables.push(retrieval_table(
             r,
@@ -859,36 +884,27 @@ fn finetuned_claims(
         ce::pi_finetune_closes_gap(&beyond(pi_ft), &beyond(pi), at_l),
     );
     if let (Some(r), Some(z)) = (&f.retrieval, zero_shot) {
-        let at_2l = |acc: &[f64]| acc.last().copied().unwrap_or(f64::NAN);
         // The better fine-tune at 2L, against its scaling zero-shot.
-        let best = (0..r.methods.len())
-            .max_by(|&a, &b| at_2l(&r.accuracy[a]).total_cmp(&at_2l(&r.accuracy[b])))
-            .unwrap_or(0);
+        let best = r.best_at_2l(0);
         let scaling = finetuned::SCALINGS[best.min(finetuned::SCALINGS.len() - 1)];
         let zero = z
             .methods
             .iter()
             .position(|m| m == scaling)
-            .map_or(f64::NAN, |i| at_2l(&z.accuracy[i]));
-        let mut value = serde_json::Map::new();
-        for (i, m) in r.methods.iter().enumerate() {
-            value.insert(format!("{m}, 2L"), at_2l(&r.accuracy[i]).into());
-        }
+            .map_or(f64::NAN, |i| z.at_2l(i));
+        let mut value = r.values_at_2l();
         for s in finetuned::SCALINGS {
             if let Some(i) = z.methods.iter().position(|m| m == s) {
-                value.insert(format!("{s} zero-shot, 2L"), at_2l(&z.accuracy[i]).into());
+                value.insert(format!("{s} zero-shot, 2L"), z.at_2l(i).into());
             }
         }
         o.push_claim(
             &ce::FINETUNE_RETRIEVES,
             preset,
-            &format!(
-                "greedy passkey accuracy at 2L ({} prompts per length)",
-                r.trials_per_length
-            ),
+            &r.metric_at_2l(),
             serde_json::Value::Object(value),
             serde_json::json!("LLaMA 7B fine-tuned 2k → 32k: YaRN 0.98–1.0, PI 0.44–0.54 at 2k–16k (YaRN data/passkey-32k.csv)"),
-            ce::finetune_retrieves(at_2l(&r.accuracy[best]), zero),
+            ce::finetune_retrieves(r.at_2l(best), zero),
         );
         o.tables.push(retrieval_table(
             r,

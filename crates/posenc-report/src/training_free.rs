@@ -16,6 +16,15 @@ use crate::pretrained::{
 };
 use crate::Result;
 
+/// The sources whose change reruns the experiment (see
+/// [`ModelRun::cache_path`]).
+const CODE: [&str; 4] = [
+    include_str!("training_free.rs"),
+    include_str!("pretrained.rs"),
+    include_str!("../../posenc-viz/src/claims/experiments.rs"),
+    include_str!("../../posenc-models/src/passkey/mod.rs"),
+];
+
 /// The experiment number.
 pub const ID: usize = 9;
 
@@ -84,19 +93,9 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
         .map(|n| n.parse())
         .collect::<posenc_models::Result<_>>()
         .map_err(err)?;
-    let path = run.cache_path(
-        "training-free",
-        &format!("{t} {passkey_trials}"),
-        &[
-            include_str!("training_free.rs"),
-            include_str!("pretrained.rs"),
-            include_str!("../../posenc-viz/src/claims/experiments.rs"),
-            include_str!("../../posenc-models/src/passkey/mod.rs"),
-        ],
-    )?;
-    cached_run(&path, || {
-        let layers = cfg.num_layers;
-        let (decoder, source) = files.load(cfg).map_err(err)?;
+    let path = run.cache_path("training-free", &format!("{t} {passkey_trials}"), &CODE)?;
+    let layers = cfg.num_layers;
+    cached_run(&path, files, cfg, |decoder, source| {
         let n = names.len();
         let band = band(l);
         let study: Study =

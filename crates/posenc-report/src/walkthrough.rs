@@ -38,16 +38,7 @@ fn table(data: &[Vec<f64>], labels: &[String]) -> Vec<Vec<String>> {
 
 /// The walk-through section (no claims).
 pub fn build_section() -> Result<ExpOutput> {
-    let mut o = ExpOutput {
-        id: 0,
-        title: "Walk-through: what a positional encoding is".into(),
-        text: String::new(),
-        claims: Vec::new(),
-        figures: Vec::new(),
-        tables: Vec::new(),
-        seconds: 0.0,
-        cached: false,
-    };
+    let mut o = ExpOutput::new(0, "Walk-through: what a positional encoding is");
     let words = ["the", "mother", "loves", "the", "daughter"];
     let d = 8;
     let mut vocab: Vec<&str> = Vec::new();
