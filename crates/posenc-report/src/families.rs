@@ -140,29 +140,6 @@ fn judged(
     }
 }
 
-/// One property row with a rule of this family's own.
-#[allow(clippy::too_many_arguments)]
-fn prop(
-    id: &str,
-    claim: &str,
-    source: &str,
-    metric: &str,
-    value: serde_json::Value,
-    expected: Option<serde_json::Value>,
-    rule: &str,
-    verdict: Verdict,
-) -> Property {
-    judged(
-        id,
-        claim,
-        source,
-        metric,
-        value,
-        expected,
-        Judged::new(rule, verdict),
-    )
-}
-
 fn sci(v: f64) -> String {
     format!("{v:.2e}")
 }
@@ -248,25 +225,29 @@ fn nope() -> Result<Family> {
         formula: "attention(x_1..x_T) with no position term: Attn(P X) = P Attn(X) for every permutation P (bidirectional)".into(),
         body,
         properties: vec![
-            prop(
+            judged(
                 "nope.encoder-permutation-equivariant",
                 "An encoder without positions cannot see order",
                 "seed 000/001; Haviv et al. 2022 §1",
                 "max |Attn(PX) − P·Attn(X)|, bidirectional, 20 random layers",
                 json!(enc_gap),
                 None,
-                "reproduced if ≤ 1e-12 (equal up to rounding)",
-                Verdict::from_bool(enc_gap <= 1e-12),
+                Judged::new(
+                    "reproduced if ≤ 1e-12 (equal up to rounding)",
+                    Verdict::from_bool(enc_gap <= 1e-12),
+                ),
             ),
-            prop(
+            judged(
                 "nope.causal-mask-breaks-symmetry",
                 "The causal mask alone carries order",
                 "Haviv et al. 2022 §5",
                 "max |Attn(PX) − P·Attn(X)|, causal, 20 random layers",
                 json!(dec_gap),
                 None,
-                "reproduced if ≥ 1e-3 (order changes the output)",
-                Verdict::from_bool(dec_gap >= 1e-3),
+                Judged::new(
+                    "reproduced if ≥ 1e-3 (order changes the output)",
+                    Verdict::from_bool(dec_gap >= 1e-3),
+                ),
             ),
         ],
     })
@@ -363,15 +344,17 @@ fn sinusoidal() -> Result<Family> {
     ));
 
     let props = vec![
-        prop(
+        judged(
             "sinusoidal.seed-four-number-example",
             "Pairs turning at 0.5 and 0.25 cycles/position give [0,1,0,1] at 0 and [0,−1,1,0] at 1",
             "seed 001",
             "rows 0 and 1 of the table above",
             json!({"p0": four_rows[0], "p1": four_rows[1]}),
             Some(json!({"p0": [0, 1, 0, 1], "p1": [0, -1, 1, 0]})),
-            "reproduced if both rows equal the seed's within 1e-12",
-            Verdict::from_bool(four_ok),
+            Judged::new(
+                "reproduced if both rows equal the seed's within 1e-12",
+                Verdict::from_bool(four_ok),
+            ),
         ),
         judged(
             "sinusoidal.distinct",
@@ -473,25 +456,29 @@ fn learned() -> Result<Family> {
         formula: "PE(pos) = W[pos],  W ∈ R^(max_positions × D) trained with the model; pos ≥ max_positions is undefined".into(),
         body,
         properties: vec![
-            prop(
+            judged(
                 "learned.no-extrapolation",
                 "A learned table cannot encode positions past its last row",
                 "Vaswani et al. 2017 §3.5 (why they chose sinusoids)",
                 "encode(64) on a 64-row table",
                 json!({"is_error": past_is_error}),
                 None,
-                "reproduced if it is a PositionOutOfRange error",
-                Verdict::from_bool(past_is_error),
+                Judged::new(
+                    "reproduced if it is a PositionOutOfRange error",
+                    Verdict::from_bool(past_is_error),
+                ),
             ),
-            prop(
+            judged(
                 "learned.distinct-at-init",
                 "Random rows are distinct positions from the start",
                 "posenc",
                 "min ‖PE(k) − PE(0)‖, k < 64, seed 7",
                 json!(distinct.min_distance),
                 None,
-                "reproduced if > 0.01",
-                Verdict::from_bool(distinct.min_distance > 0.01),
+                Judged::new(
+                    "reproduced if > 0.01",
+                    Verdict::from_bool(distinct.min_distance > 0.01),
+                ),
             ),
         ],
     })
@@ -534,15 +521,17 @@ fn floater() -> Result<Family> {
         formula: "dp/dt = h(t, p(t); θ),  p(0) = p₀ (learned),  PE(i) = p(i·Δt)\nh(t, p) = W₂ tanh(W₁ [p; t] + b₁) + b₂".into(),
         body,
         properties: vec![
-            prop(
+            judged(
                 "floater.integrators-agree",
                 "The encoding is the solution of an ODE: integrators converge to it",
                 "Liu et al. 2020 §3",
                 "max |RK4 − Euler(n steps)| over 64 positions × 16 dims for n = 16, 64, 256, and the convergence order log₄(gap₆₄/gap₂₅₆)",
                 json!({"gap_16": g16, "gap_64": g64, "gap_256": g256, "order": order}),
                 Some(json!({"order": 1.0})),
-                "reproduced if the gaps shrink with order within 0.8..1.2 (Euler is first order) and gap_256 ≤ 2e-3",
-                Verdict::from_bool((0.8..=1.2).contains(&order) && gap <= 2e-3),
+                Judged::new(
+                    "reproduced if the gaps shrink with order within 0.8..1.2 (Euler is first order) and gap_256 ≤ 2e-3",
+                    Verdict::from_bool((0.8..=1.2).contains(&order) && gap <= 2e-3),
+                ),
             ),
             judged(
                 "floater.distinct",
@@ -594,15 +583,17 @@ fn shaw() -> Result<Family> {
         hooks: hooks_of(&sh),
         formula: "e_ij = q_i·(k_j + a^K_ij)/√d,  z_i = Σ_j α_ij (v_j + a^V_ij)\na^K_ij = w^K[clip(j − i, −k, k)],  a^V_ij = w^V[clip(j − i, −k, k)]".into(),
         body,
-        properties: vec![prop(
+        properties: vec![judged(
             "shaw.relative-clipped",
             "The representation depends on clip(j − i) only",
             "Shaw et al. 2018 §3.2",
             "index matrix at offset 0 vs 1000, and its range (k = 2, 7 tokens)",
             json!({"shift_invariant": relative_only, "within_clip": clipped}),
             None,
-            "reproduced if both hold",
-            Verdict::from_bool(relative_only && clipped),
+            Judged::new(
+                "reproduced if both hold",
+                Verdict::from_bool(relative_only && clipped),
+            ),
         )],
     })
 }
@@ -744,15 +735,17 @@ fn t5() -> Result<Family> {
         hooks: vec!["attention logits".into()],
         formula: "logit_h(i, j) = q_i·k_j + b_h[bucket(j − i)]\nbucket(r): exact for |r| < B/2 (of the half used), then B/2 + log(|r|/(B/2)) / log(max_distance/(B/2)) · (B/2), capped".into(),
         body,
-        properties: vec![prop(
+        properties: vec![judged(
             "t5.monotone",
             "Buckets grow with |distance| and stay below num_buckets",
             "transformers T5Attention._relative_position_bucket",
             "bucket(±d) for d ≤ 1000, both modes (causal: keys after the query all share bucket 0)",
             json!({"monotone": mono, "bounded": bounded}),
             None,
-            "reproduced if monotone non-decreasing in |distance| for each sign, and < 32",
-            Verdict::from_bool(mono && bounded),
+            Judged::new(
+                "reproduced if monotone non-decreasing in |distance| for each sign, and < 32",
+                Verdict::from_bool(mono && bounded),
+            ),
         )],
     })
 }
@@ -866,15 +859,17 @@ fn rope() -> Result<Family> {
                 Some(json!([32.5, 10.2, 6.6])),
                 rules::roformer_decay([decay[0], decay[1], decay[2]]),
             ),
-            prop(
+            judged(
                 "rope.precision",
                 "f32 tables are exact at long context when angles are computed in f64",
                 "posenc; transformers float32 path for comparison",
                 "max |cos error| of posenc's f32 table at positions 4095, 10^6, 10^7 (Llama 3.1 8B); transformers' f32 angle error at 10^6",
                 json!({"posenc": ours_err, "f32_angle_at_1e6": f32_err}),
                 None,
-                "reproduced if posenc ≤ 2e-7",
-                Verdict::from_bool(ours_err <= 2e-7),
+                Judged::new(
+                    "reproduced if posenc ≤ 2e-7",
+                    Verdict::from_bool(ours_err <= 2e-7),
+                ),
             ),
         ],
     })
