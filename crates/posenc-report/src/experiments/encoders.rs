@@ -271,29 +271,14 @@ fn masked_lm(
         unigram.exp()
     ));
     let mut stats: Vec<MlmRow> = Vec::new();
-    let specs: Vec<RunSpec> = m
-        .encodings
-        .iter()
-        .flat_map(|pe| {
-            seeds
-                .iter()
-                .map(move |&seed| RunSpec::new("mlm", pe, r, seed))
-        })
-        .collect();
-    super::train_runs(ctx, &specs)?;
-    for pe in &m.encodings {
-        let mut losses = Vec::new();
-        let mut accs = Vec::new();
-        let mut recs = Vec::new();
-        for &seed in seeds {
-            let spec = RunSpec::new("mlm", pe, r, seed);
-            let (rec, _) = super::train_run(ctx, &spec)?;
-            losses.push(rec.loss(l));
-            accs.push(rec.acc(l));
-            recs.push(rec);
-        }
+    let grid = super::train_grid(ctx, &m.encodings, seeds, |pe, seed| {
+        RunSpec::new("mlm", pe, r, seed)
+    })?;
+    for (pe, recs) in grid {
+        let losses: Vec<f64> = recs.iter().map(|rec| rec.loss(l)).collect();
+        let accs: Vec<f64> = recs.iter().map(|rec| rec.acc(l)).collect();
         let st = Stat::of(&losses);
-        stats.push((pe.clone(), losses, st, Stat::of(&accs).mean, recs));
+        stats.push((pe, losses, st, Stat::of(&accs).mean, recs));
     }
     o.tables.push(Table {
         title: format!(

@@ -42,20 +42,7 @@ pub fn lm_runs(
     if plan {
         ctx.plan(encodings.len() * p.seeds.len());
     }
-    let mut out = Vec::new();
-    let specs: Vec<RunSpec> = encodings
-        .iter()
-        .flat_map(|pe| p.seeds.iter().map(|&seed| lm_spec(&p, pe, seed)))
-        .collect();
-    super::train_runs(ctx, &specs)?;
-    for pe in encodings {
-        let mut v = Vec::new();
-        for &seed in &p.seeds {
-            v.push(super::train_run(ctx, &lm_spec(&p, pe, seed))?.0);
-        }
-        out.push((pe.clone(), v));
-    }
-    Ok(out)
+    super::train_grid(ctx, encodings, &p.seeds, |pe, seed| lm_spec(&p, pe, seed))
 }
 
 /// Every encoding's runs over the seeds.
@@ -68,24 +55,9 @@ fn trend_runs(
     encodings: &[String],
 ) -> Result<Vec<(String, Vec<RunRecord>)>> {
     let seeds = ctx.preset.seeds.clone();
-    let mut out = Vec::new();
-    let specs: Vec<RunSpec> = encodings
-        .iter()
-        .flat_map(|pe| {
-            seeds
-                .iter()
-                .map(move |&seed| RunSpec::new("lm", pe, stage, seed))
-        })
-        .collect();
-    super::train_runs(ctx, &specs)?;
-    for pe in encodings {
-        let mut v = Vec::new();
-        for &seed in &seeds {
-            v.push(super::train_run(ctx, &RunSpec::new("lm", pe, stage, seed))?.0);
-        }
-        out.push((pe.clone(), v));
-    }
-    Ok(out)
+    super::train_grid(ctx, encodings, &seeds, |pe, seed| {
+        RunSpec::new("lm", pe, stage, seed)
+    })
 }
 
 /// Parameters of a model's blocks (attention and MLP, 12·d² per layer),

@@ -649,6 +649,31 @@ pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> Result<(RunRecord, PathBuf)> 
     Ok((rec, dir))
 }
 
+/// The run `spec(encoding, seed)` of every encoding and seed, trained
+/// first with [`train_runs`], then read back with [`train_run`]: each
+/// encoding's records in seed order.
+pub(crate) fn train_grid(
+    ctx: &mut Ctx,
+    encodings: &[String],
+    seeds: &[u64],
+    spec: impl Fn(&str, u64) -> RunSpec,
+) -> Result<Vec<(String, Vec<RunRecord>)>> {
+    let specs: Vec<RunSpec> = encodings
+        .iter()
+        .flat_map(|pe| seeds.iter().map(|&seed| spec(pe, seed)))
+        .collect();
+    train_runs(ctx, &specs)?;
+    let mut out = Vec::new();
+    for pe in encodings {
+        let mut v = Vec::new();
+        for &seed in seeds {
+            v.push(train_run(ctx, &spec(pe, seed))?.0);
+        }
+        out.push((pe.clone(), v));
+    }
+    Ok(out)
+}
+
 /// Trains every run of `specs` that is not in the cache yet, one run per
 /// core at a time, each on a single thread (the lab's results do not depend
 /// on the thread count, so they are those of a sequential run), and writes
