@@ -180,24 +180,19 @@ macro_rules! impl_draw {
             fn validate(&self) -> $crate::error::Result<()> {
                 self.check()
             }
-            fn draw_bitmap(
-                &self,
-                area: &plotters::drawing::DrawingArea<
-                    plotters::backend::BitMapBackend<'_>,
-                    plotters::coord::Shift,
-                >,
-            ) -> $crate::error::Result<()> {
-                self.draw(area)
-            }
-            fn draw_svg(
-                &self,
-                area: &plotters::drawing::DrawingArea<
-                    plotters::backend::SVGBackend<'_>,
-                    plotters::coord::Shift,
-                >,
-            ) -> $crate::error::Result<()> {
-                self.draw(area)
-            }
+            $crate::figure::impl_draw!(@on draw_bitmap, BitMapBackend);
+            $crate::figure::impl_draw!(@on draw_svg, SVGBackend);
+        }
+    };
+    (@on $name:ident, $backend:ident) => {
+        fn $name(
+            &self,
+            area: &plotters::drawing::DrawingArea<
+                plotters::backend::$backend<'_>,
+                plotters::coord::Shift,
+            >,
+        ) -> $crate::error::Result<()> {
+            self.draw(area)
         }
     };
 }

@@ -267,13 +267,7 @@ impl Heatmap {
         let scale_labels = self
             .scale()
             .map(|s| {
-                let (lo, hi) = s.display();
-                let ax = ValueAxis {
-                    lo,
-                    hi,
-                    log: false,
-                    max_ticks: 6,
-                };
+                let ax = colorbar_axis(s);
                 ax.ticks()
                     .into_iter()
                     .map(|v| Fonts::width(&ax.label(v), f.tick))
@@ -400,6 +394,17 @@ struct Layout {
     colorbar: f64,
 }
 
+/// The colour bar's axis: the scale's displayed range, about 6 ticks.
+fn colorbar_axis(scale: Scale) -> ValueAxis {
+    let (lo, hi) = scale.display();
+    ValueAxis {
+        lo,
+        hi,
+        log: false,
+        max_ticks: 6,
+    }
+}
+
 /// Draws a vertical colour bar filling `area` less `vmargin` (top, bottom)
 /// so that it lines up with the cells, with ticks and labels on its right.
 fn draw_colorbar<DB: DrawingBackend>(
@@ -413,12 +418,7 @@ fn draw_colorbar<DB: DrawingBackend>(
 ) -> Result<()> {
     let be = PlotError::backend;
     let (lo, hi) = scale.display();
-    let axis = ValueAxis {
-        lo,
-        hi,
-        log: false,
-        max_ticks: 6,
-    };
+    let axis = colorbar_axis(scale);
     let (aw, _) = area.dim_in_pixel();
     let gap = (f.tick * 1.2) as i32;
     let bar_w = (f.tick * 1.3) as i32;
