@@ -76,14 +76,10 @@ pub struct GgufFile {
     reader: BufReader<File>,
 }
 
-impl std::fmt::Debug for GgufFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GgufFile")
-            .field("path", &self.path)
-            .field("tensors", &self.content.tensor_infos.len())
-            .finish()
-    }
-}
+debug_summary!(GgufFile {
+    "path": |s| &s.path,
+    "tensors": |s| s.content.tensor_infos.len(),
+});
 
 impl GgufFile {
     /// Opens `path` and reads its header: the magic, the metadata, the

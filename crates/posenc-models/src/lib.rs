@@ -38,6 +38,23 @@
 //! ```
 #![warn(missing_docs)]
 
+/// `Debug` for a type whose contents are large or opaque: its name and the
+/// fields listed, each `"label": |s| expression of s` (`s` the value).
+macro_rules! debug_summary {
+    ($t:ident { $($label:literal: |$s:ident| $e:expr),* $(,)? }) => {
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($t))
+                    $(.field($label, &{
+                        let $s = self;
+                        $e
+                    }))*
+                    .finish()
+            }
+        }
+    };
+}
+
 pub mod config;
 pub mod error;
 pub mod generate;

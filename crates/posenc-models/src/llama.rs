@@ -79,13 +79,9 @@ pub struct Decoder {
     method: Option<ContextMethod>,
 }
 
-impl std::fmt::Debug for Decoder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Decoder")
-            .field("config", &self.cfg)
-            .finish()
-    }
-}
+debug_summary!(Decoder {
+    "config": |s| &s.cfg,
+});
 
 fn vec_of(t: Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_vec1::<f32>()?)

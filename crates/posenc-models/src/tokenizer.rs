@@ -50,15 +50,11 @@ pub struct TextTokenizer {
     source: String,
 }
 
-impl std::fmt::Debug for TextTokenizer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TextTokenizer")
-            .field("source", &self.source)
-            .field("bos", &self.bos)
-            .field("add_bos", &self.add_bos)
-            .finish()
-    }
-}
+debug_summary!(TextTokenizer {
+    "source": |s| &s.source,
+    "bos": |s| &s.bos,
+    "add_bos": |s| &s.add_bos,
+});
 
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";

@@ -127,13 +127,9 @@ pub struct Safetensors {
     st: MmapedSafetensors,
 }
 
-impl std::fmt::Debug for Safetensors {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Safetensors")
-            .field("files", &self.files)
-            .finish()
-    }
-}
+debug_summary!(Safetensors {
+    "files": |s| &s.files,
+});
 
 #[derive(Deserialize)]
 struct Index {
