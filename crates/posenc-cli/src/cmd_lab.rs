@@ -570,11 +570,17 @@ pub fn eval(a: EvalArgs) -> CliResult {
     Ok(())
 }
 
-pub fn probe(a: ProbeArgs) -> CliResult {
-    // Scored on the corpus's validation text (its last 10%), never trained on.
+/// The checkpoint of `a`, scored on its corpus's validation text (its last
+/// 10%, never trained on), and the length asked (default: the trained one).
+fn validation_lab(a: &ProbeArgs) -> CliResult<(Lab, usize)> {
     let mut lab = Lab::load(&a.checkpoint)?;
     lab.task = lab.task.validation();
     let len = a.length.unwrap_or(lab.meta.train.train_len);
+    Ok((lab, len))
+}
+
+pub fn probe(a: ProbeArgs) -> CliResult {
+    let (lab, len) = validation_lab(&a)?;
     let r = train::probe(&lab, len, 4, 16)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
@@ -611,10 +617,7 @@ pub fn probe(a: ProbeArgs) -> CliResult {
 }
 
 pub fn shuffle(a: ProbeArgs) -> CliResult {
-    // Scored on the corpus's validation text (its last 10%), never trained on.
-    let mut lab = Lab::load(&a.checkpoint)?;
-    lab.task = lab.task.validation();
-    let len = a.length.unwrap_or(lab.meta.train.train_len);
+    let (lab, len) = validation_lab(&a)?;
     let r = train::shuffle_test(&lab, len, (len / 4).max(1), 4, 16)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
