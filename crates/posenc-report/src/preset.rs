@@ -223,6 +223,11 @@ fn default_passkey_trials() -> usize {
 }
 
 impl Preset {
+    /// The first `n` of the preset's seeds (all of them if it has fewer).
+    pub fn first_seeds(&self, n: usize) -> Vec<u64> {
+        self.seeds.iter().take(n).copied().collect()
+    }
+
     /// The longest window of text (characters) an experiment evaluates on
     /// the validation part: the language model at 2L (+1 for the next
     /// token), RoPE at its largest factor, the masked LM at its length.

@@ -102,7 +102,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let mlm_seeds: Vec<u64> = p
         .mlm
         .as_ref()
-        .map(|m| ctx.preset.seeds.iter().take(m.n_seeds).copied().collect())
+        .map(|m| ctx.preset.first_seeds(m.n_seeds))
         .unwrap_or_default();
     ctx.plan(p.encodings.len() + p.mlm.as_ref().map_or(0, |m| m.encodings.len()) * mlm_seeds.len());
     let mut rows = Vec::new();

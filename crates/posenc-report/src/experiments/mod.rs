@@ -945,10 +945,15 @@ pub fn jnum(x: f64) -> serde_json::Value {
 
 /// `mean ± sd` for tables (`—` for NaN; the sd is left out when undefined).
 pub fn pm(s: crate::claims::Stat) -> String {
-    if s.sd.is_finite() {
-        format!("{} ± {}", f4(s.mean), f4(s.sd))
+    pm_as(s.mean, s.sd, f4)
+}
+
+/// `mean ± sd`, each written by `fmt`; the sd left out when undefined.
+pub fn pm_as(mean: f64, sd: f64, fmt: fn(f64) -> String) -> String {
+    if sd.is_finite() {
+        format!("{} ± {}", fmt(mean), fmt(sd))
     } else {
-        f4(s.mean)
+        fmt(mean)
     }
 }
 

@@ -19,7 +19,7 @@ pub const EXPERIMENT: Experiment = Experiment {
     id: 3,
     slug: "rope-length",
     source: include_str!("rope.rs"),
-    config: |p| json!({"rope": p.rope, "seeds": p.seeds.iter().take(p.rope.n_seeds).collect::<Vec<_>>()}),
+    config: |p| json!({"rope": p.rope, "seeds": p.first_seeds(p.rope.n_seeds)}),
     run,
 };
 
@@ -93,7 +93,7 @@ fn scaling_for(
 
 fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let p = ctx.preset.rope.clone();
-    let seeds: Vec<u64> = ctx.preset.seeds.iter().take(p.n_seeds).copied().collect();
+    let seeds: Vec<u64> = ctx.preset.first_seeds(p.n_seeds);
     let l = p.run.train_len;
     let mut o = ExpOutput::new(3, "RoPE past its training length");
     let hd = p.run.d_model / p.run.heads;

@@ -13,13 +13,13 @@ pub const EXPERIMENT: Experiment = Experiment {
     id: 6,
     slug: "shaw-clipping",
     source: include_str!("shaw.rs"),
-    config: |p| json!({"shaw": p.shaw, "seeds": p.seeds.iter().take(p.shaw.n_seeds).collect::<Vec<_>>()}),
+    config: |p| json!({"shaw": p.shaw, "seeds": p.first_seeds(p.shaw.n_seeds)}),
     run,
 };
 
 fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let p = ctx.preset.shaw.clone();
-    let seeds: Vec<u64> = ctx.preset.seeds.iter().take(p.n_seeds).copied().collect();
+    let seeds: Vec<u64> = ctx.preset.first_seeds(p.n_seeds);
     let l = p.run.train_len;
     let mut o = ExpOutput::new(6, "Shaw's clipping distance");
     o.text = format!(
@@ -79,11 +79,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
             .map(|(k, m, sd, accs)| {
                 vec![
                     k.to_string(),
-                    if sd.is_finite() {
-                        format!("{} ± {}", pct(*m), pct(*sd))
-                    } else {
-                        pct(*m)
-                    },
+                    super::pm_as(*m, *sd, pct),
                     accs.iter().map(|a| pct(*a)).collect::<Vec<_>>().join(", "),
                 ]
             })
