@@ -397,6 +397,17 @@ fn concurrent_runs_equal_sequential_runs() {
 /// verdict, the figures are written, and experiment 9 reads experiment 8's
 /// passkey trials (no scaling, Self-Extend) from the cache's trial log
 /// instead of running them again.
+/// The line counts of the trial logs in `out`'s cache whose names start
+/// with `prefix`.
+fn log_line_counts(out: &Path, prefix: &str) -> Vec<usize> {
+    std::fs::read_dir(out.join("cache"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .map(|p| std::fs::read_to_string(p).unwrap().lines().count())
+        .collect()
+}
+
 /// The tiny random Llama 3.1 of posenc-models' fixtures with the
 /// word-level tokenizer, copied into `out/tiny-llama31`.
 fn tiny_model(out: &Path) -> PathBuf {
@@ -426,18 +437,9 @@ fn experiments_8_and_9_run_on_a_tiny_pretrained_model_and_share_trials() {
     let model = tiny_model(&out);
     let m = model.to_str().unwrap();
     let log_lines = |out: &Path| -> usize {
-        let logs: Vec<PathBuf> = std::fs::read_dir(out.join("cache"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("passkey-")
-            })
-            .collect();
+        let logs = log_line_counts(out, "passkey-");
         assert_eq!(logs.len(), 1, "{logs:?}");
-        std::fs::read_to_string(&logs[0]).unwrap().lines().count()
+        logs[0]
     };
     // Lengths L/4 … 2L = 8 … 64: only 2L holds the prompt's 62 tokens
     // (the shorter are left out); depths 0, 0.5, 1; one key per cell.
@@ -537,18 +539,7 @@ fn experiment_8_fine_tunes_pi_and_yarn_and_scores_held_out_text() {
     }
     assert!(at("loss at L (held out, no scaling, positions 0..L)").is_finite());
     // Retrieval of each fine-tuned model: 2L only (64 tokens), 3 depths.
-    let tuned_logs: Vec<usize> = std::fs::read_dir(out.join("cache"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("passkey-finetuned-")
-        })
-        .map(|p| std::fs::read_to_string(p).unwrap().lines().count())
-        .collect();
-    assert_eq!(tuned_logs, [4, 4]);
+    assert_eq!(log_line_counts(&out, "passkey-finetuned-"), [4, 4]);
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("Held-out loss") && md.contains("yarn:2 + fine-tune"));
     let again = report(
