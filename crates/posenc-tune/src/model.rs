@@ -32,6 +32,7 @@
 
 use std::sync::Mutex;
 
+use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
 use posenc::tensor::rope::{HeadLayout, Rope};
@@ -414,12 +415,7 @@ impl TrainableDecoder {
     /// [`TuneError::Input`] for fewer than two tokens; as
     /// [`hidden_states`](Self::hidden_states).
     pub fn loss(&self, tokens: &[u32], positions: &[u32]) -> Result<Tensor> {
-        if tokens.len() < 2 {
-            return Err(TuneError::Input(format!(
-                "a loss needs at least 2 tokens, {} given",
-                tokens.len()
-            )));
-        }
+        check_loss_tokens(tokens)?;
         let logits = self.logits(tokens, positions)?;
         next_token_loss(&logits, tokens, !self.reference)
     }
@@ -431,16 +427,26 @@ impl TrainableDecoder {
     /// # Errors
     /// Candle's.
     pub fn gradients(&self, loss: &Tensor) -> Result<Vec<(String, Tensor)>> {
-        let store = loss.backward()?;
+        let grads = self.param_grads(&loss.backward()?);
         self.params
             .iter()
-            .map(|(name, var)| {
-                let g = match store.get(var.as_tensor()) {
-                    Some(g) => g.clone(),
+            .zip(grads)
+            .map(|((name, var), g)| {
+                let g = match g {
+                    Some(g) => g,
                     None => var.as_tensor().zeros_like()?,
                 };
                 Ok((name.clone(), g))
             })
+            .collect()
+    }
+
+    /// The gradient of every trained parameter in `store`, in
+    /// [`parameters`](Self::parameters)' order (`None` where it has none).
+    fn param_grads(&self, store: &GradStore) -> Vec<Option<Tensor>> {
+        self.params
+            .iter()
+            .map(|(_, v)| store.get(v.as_tensor()).cloned())
             .collect()
     }
 
@@ -474,37 +480,16 @@ impl TrainableDecoder {
         if !checkpoint {
             let loss = self.loss(tokens, positions)?;
             let value = loss.to_scalar::<f32>()? as f64;
-            let store = loss.backward()?;
-            let grads = self
-                .params
-                .iter()
-                .map(|(_, v)| store.get(v.as_tensor()).cloned())
-                .collect();
-            return Ok((value, grads));
+            return Ok((value, self.param_grads(&loss.backward()?)));
         }
-        if tokens.len() < 2 {
-            return Err(TuneError::Input(format!(
-                "a loss needs at least 2 tokens, {} given",
-                tokens.len()
-            )));
-        }
+        check_loss_tokens(tokens)?;
         self.check_input(tokens, positions)?;
         let t = tokens.len();
         let dev = Device::Cpu;
         let ids = Tensor::from_slice(tokens, t, &dev)?;
         let pos = Tensor::from_slice(positions, (1, t), &dev)?;
         let mut acc: Vec<Option<Tensor>> = vec![None; self.params.len()];
-        let mut add = |store: &candle_core::backprop::GradStore| -> Result<()> {
-            for (slot, (_, var)) in acc.iter_mut().zip(&self.params) {
-                if let Some(g) = store.get(var.as_tensor()) {
-                    *slot = Some(match slot.take() {
-                        Some(a) => (a + g)?,
-                        None => g.clone(),
-                    });
-                }
-            }
-            Ok(())
-        };
+        let mut add = |store: &GradStore| add_grads(&mut acc, self.param_grads(store));
         // Forward: each layer's input, detached (no graph kept), and the
         // dropout generator's state before the layer.
         let lock = || self.rng.lock().unwrap_or_else(|e| e.into_inner());
@@ -530,9 +515,9 @@ impl TrainableDecoder {
             let hc = h_var.as_tensor().narrow(0, start, rows)?; // (C, D)
             let logits = self.head(&hc)?; // (C, V)
             let targets = &tokens[start + 1..start + 1 + rows];
-            let sum = token_loss_sum(&logits, targets, !self.reference)?; // scalar
-            loss_sum += sum.to_scalar::<f32>()? as f64;
-            let store = sum.affine(1.0 / n as f64, 0.0)?.backward()?;
+            let mean = mean_token_loss(&logits, targets, !self.reference)?; // scalar
+            loss_sum += mean.to_scalar::<f32>()? as f64 * rows as f64;
+            let store = mean.affine(rows as f64 / n as f64, 0.0)?.backward()?;
             add(&store)?;
             if let Some(g) = store.get(h_var.as_tensor()) {
                 g_h.push(g.narrow(0, start, rows)?);
@@ -675,23 +660,41 @@ impl TrainableDecoder {
     }
 }
 
-/// Mean `−log softmax(logits[t])[tokens[t + 1]]` over `t < T − 1`: the
-/// lab's fused cross-entropy ([`posenc_lab::ops::cross_entropy`]), or its
-/// composed reference.
-fn next_token_loss(logits: &Tensor, tokens: &[u32], fused: bool) -> Result<Tensor> {
-    let t = tokens.len();
-    let logits = logits.narrow(0, 0, t - 1)?; // (T−1, V)
-    let targets = Tensor::from_slice(&tokens[1..], t - 1, logits.device())?;
-    Ok(posenc_lab::ops::cross_entropy(
-        &logits, &targets, -1, fused,
-    )?)
+/// Refuses fewer than two tokens: a loss needs a next token.
+fn check_loss_tokens(tokens: &[u32]) -> Result<()> {
+    if tokens.len() < 2 {
+        return Err(TuneError::Input(format!(
+            "a loss needs at least 2 tokens, {} given",
+            tokens.len()
+        )));
+    }
+    Ok(())
 }
 
-/// `Σ_c −log softmax(logits[c])[targets[c]]` over the rows of `logits`
-/// `(C, V)`, one target each.
-fn token_loss_sum(logits: &Tensor, targets: &[u32], fused: bool) -> Result<Tensor> {
-    let c = targets.len();
-    let targets = Tensor::from_slice(targets, c, logits.device())?;
-    let mean = posenc_lab::ops::cross_entropy(logits, &targets, -1, fused)?;
-    Ok(mean.affine(c as f64, 0.0)?)
+/// Adds `grads` into `acc` slot by slot (a slot without a gradient keeps
+/// what it has).
+pub(crate) fn add_grads(acc: &mut [Option<Tensor>], grads: Vec<Option<Tensor>>) -> Result<()> {
+    for (slot, g) in acc.iter_mut().zip(grads) {
+        if let Some(g) = g {
+            *slot = Some(match slot.take() {
+                Some(a) => (a + g)?,
+                None => g,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Mean `−log softmax(logits[t])[tokens[t + 1]]` over `t < T − 1`.
+fn next_token_loss(logits: &Tensor, tokens: &[u32], fused: bool) -> Result<Tensor> {
+    let t = tokens.len();
+    mean_token_loss(&logits.narrow(0, 0, t - 1)?, &tokens[1..], fused)
+}
+
+/// Mean `−log softmax(logits[c])[targets[c]]` over the rows of `logits`
+/// `(C, V)`, one target each: the lab's fused cross-entropy
+/// ([`posenc_lab::ops::cross_entropy`]), or its composed reference.
+fn mean_token_loss(logits: &Tensor, targets: &[u32], fused: bool) -> Result<Tensor> {
+    let targets = Tensor::from_slice(targets, targets.len(), logits.device())?;
+    Ok(posenc_lab::ops::cross_entropy(logits, &targets, -1, fused)?)
 }

@@ -688,14 +688,7 @@ impl Finetune {
                 return Err(TuneError::Diverged { step, loss: l });
             }
             loss_sum += l;
-            for (slot, g) in acc.iter_mut().zip(grads) {
-                if let Some(g) = g {
-                    *slot = Some(match slot.take() {
-                        Some(a) => (a + g)?,
-                        None => g,
-                    });
-                }
-            }
+            crate::model::add_grads(&mut acc, grads)?;
         }
         let inv = 1.0 / windows.len() as f64;
         let mut store = GradStore::default();
