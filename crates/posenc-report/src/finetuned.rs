@@ -22,7 +22,7 @@ use posenc_tune::train::{Finetune, FinetuneConfig, RunOptions, Sources};
 use posenc_tune::{LoraConfig, Target, Trainable};
 
 use crate::corpus::fnv;
-use crate::pretrained::{err, model_identity, retrieval, Retrieval};
+use crate::pretrained::{err, model_identity, retrieval, trial_log, Retrieval};
 use crate::{ReportError, Result};
 
 /// The scalings fine-tuned, in report order.
@@ -100,7 +100,7 @@ pub(crate) fn check(steps: usize, all: &[u32], cfg: &DecoderConfig) -> Result<()
     Ok(())
 }
 
-/// Runs the arm: the base model's held-out bands without scaling and with
+/// Runs the arm (after [`check`]): the base model's held-out bands without scaling and with
 /// each of [`SCALINGS`], then each fine-tune, its held-out bands and (with
 /// `passkey_trials` > 0) its retrieval, logged in `cache` per model,
 /// scaling, steps and code so that a stopped report resumes.
@@ -115,9 +115,7 @@ pub(crate) fn run(
     passkey_trials: usize,
     cache: &Path,
 ) -> Result<Finetuned> {
-    let cfg = base.config().clone();
-    check(steps, all, &cfg)?;
-    let l = cfg.trained_length();
+    let l = base.config().trained_length();
     let t = 2 * l;
     let window = held_out_tokens(all)[..t].to_vec();
     let mut names = vec!["none".to_string()];
@@ -189,7 +187,7 @@ pub(crate) fn run(
     });
     Ok(Finetuned {
         steps,
-        window: (l / 4).max(2),
+        window: config(SCALINGS[0], l, steps).plan.window(),
         runs,
         retrieval,
         training,
@@ -215,7 +213,6 @@ fn tuned_log(
     scaling: &str,
     steps: usize,
 ) -> Result<posenc_models::passkey::TrialLog> {
-    use posenc_models::passkey::{Haystack, LogHeader, TrialLog};
     let key = format!(
         "{:016x}|{scaling}|{steps}|{:016x}|{:016x}|{:016x}",
         model_identity(model)?,
@@ -232,9 +229,5 @@ fn tuned_log(
         "{source}; {} ({steps} steps, experiment 8's recipe)",
         tuned_name(scaling)
     );
-    TrialLog::open(
-        &path,
-        &LogHeader::for_run(model, &source, tk, &Haystack::Landmark, 0, "f32"),
-    )
-    .map_err(err)
+    trial_log(cache, Some(&path), model, &source, tk)
 }
