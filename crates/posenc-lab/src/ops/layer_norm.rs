@@ -6,7 +6,7 @@ use posenc::kernels::{tile, SimdLevel};
 
 use super::fused::{apply, pack, take, unpack, use_fused, Grad, In, Kernel, Saved};
 use super::linear::{add_bias, linear, linear_bwd, linear_product};
-use super::rows::{column_sums, for_chunk_pairs, CHUNK};
+use super::rows::{column_sums, for_chunk_pairs, norm_backward, CHUNK};
 use crate::LabError;
 
 /// LayerNorm over the last axis (inputs `[x, γ, β]`), saving each row's
@@ -176,13 +176,9 @@ pub(super) fn layer_norm_bwd(
     d: usize,
     res: Option<&[f32]>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let rows = xv.len() / d;
-    // SAFETY: every row of dx and prod is written below.
-    let mut dx = unsafe { tile::vec_for_overwrite(xv.len()) };
-    let mut prod = unsafe { tile::vec_for_overwrite(xv.len()) };
     let level = SimdLevel::detect();
     let block = CHUNK * d;
-    for_chunk_pairs((&mut dx, block), (&mut prod, block), |bi, dxr, pr| {
+    let (dx, dw) = norm_backward(xv.len(), d, |bi, dxr, pr| {
         let n = dxr.len();
         ln_bwd(
             level,
@@ -195,8 +191,7 @@ pub(super) fn layer_norm_bwd(
             pr,
         )
     });
-    let dw = column_sums(&prod, rows, d);
-    let db = column_sums(dyv, rows, d);
+    let db = column_sums(dyv, xv.len() / d, d);
     (dx, dw, db)
 }
 

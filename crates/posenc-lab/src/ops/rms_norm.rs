@@ -5,7 +5,7 @@ use candle_core::{Shape, Tensor, D};
 use posenc::kernels::{tile, SimdLevel};
 
 use super::fused::{apply, take, use_fused, Grad, In, Kernel, Saved};
-use super::rows::{column_sums, for_chunk_pairs, CHUNK};
+use super::rows::{for_chunk_pairs, norm_backward, CHUNK};
 use crate::LabError;
 
 /// RMSNorm over the last axis (inputs `[x, w]`), saving each row's
@@ -116,13 +116,9 @@ posenc::multiversion!(fn rms_bwd => rms_bwd_body(
 /// RMSNorm's backward pass on row-major buffers: `(dx, dw)`.
 fn rms_norm_bwd(xv: &[f32], wv: &[f32], dyv: &[f32], inv: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let d = wv.len();
-    let rows = xv.len() / d;
-    // SAFETY: every row of dx and prod is written below.
-    let mut dx = unsafe { tile::vec_for_overwrite(xv.len()) };
-    let mut prod = unsafe { tile::vec_for_overwrite(xv.len()) };
     let level = SimdLevel::detect();
     let block = CHUNK * d;
-    for_chunk_pairs((&mut dx, block), (&mut prod, block), |bi, dxr, pr| {
+    norm_backward(xv.len(), d, |bi, dxr, pr| {
         let n = dxr.len();
         rms_bwd(
             level,
@@ -133,8 +129,7 @@ fn rms_norm_bwd(xv: &[f32], wv: &[f32], dyv: &[f32], inv: &[f32]) -> (Vec<f32>, 
             dxr,
             pr,
         )
-    });
-    (dx, column_sums(&prod, rows, d))
+    })
 }
 
 /// RMSNorm over the last axis with `weight` `(D,)`: `x / √(mean(x²) + ε) ·

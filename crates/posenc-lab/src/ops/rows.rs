@@ -3,7 +3,7 @@
 //! sums reduced over fixed chunks of rows added in order, so results do
 //! not depend on the number of threads.
 
-use posenc::kernels::SimdLevel;
+use posenc::kernels::{tile, SimdLevel};
 use rayon::prelude::*;
 
 /// Rows per chunk of the fixed-order parameter-gradient reductions.
@@ -107,4 +107,22 @@ pub(super) fn add_into(y: &mut [f32], x: &[f32]) {
             *o += v;
         }
     });
+}
+
+/// A norm's backward pass over blocks of [`CHUNK`] rows of width `d`:
+/// `f(block, dx, prod)` fills the block's input gradient and the products
+/// `dy·x̂` (block `b` covers rows `b·CHUNK ..`); returns `dx` and the column
+/// sums of the products (the weight's gradient).
+pub(super) fn norm_backward(
+    len: usize,
+    d: usize,
+    f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
+) -> (Vec<f32>, Vec<f32>) {
+    // SAFETY: `f` writes every element of each block of dx and prod.
+    let mut dx = unsafe { tile::vec_for_overwrite(len) };
+    let mut prod = unsafe { tile::vec_for_overwrite(len) };
+    let block = CHUNK * d;
+    for_chunk_pairs((&mut dx, block), (&mut prod, block), f);
+    let dw = column_sums(&prod, len / d, d);
+    (dx, dw)
 }
