@@ -103,32 +103,24 @@ fn rope_keys(cfg: &DecoderConfig, rope: &RopeConfig, base_max: usize) -> Result<
             },
             *max_position_embeddings,
         ),
-        RopeScaling::Yarn {
-            factor,
-            original_max_position_embeddings,
-            attention_factor,
-            beta_fast,
-            beta_slow,
-            mscale,
-            mscale_all_dim,
-            truncate,
-        } => {
-            let max = if *original_max_position_embeddings == l {
-                stretched(*factor)
+        s @ RopeScaling::Yarn { .. } => {
+            let y = s.yarn().expect("a YaRN scaling has YaRN parameters");
+            let max = if y.original_max_position_embeddings == l {
+                stretched(y.factor)
             } else {
                 base_max
             };
             (
                 HfRopeParameters {
-                    factor: Some(*factor),
-                    original_max_position_embeddings: Some(*original_max_position_embeddings),
-                    beta_fast: Some(*beta_fast),
-                    beta_slow: Some(*beta_slow),
-                    attention_factor: *attention_factor,
-                    mscale: *mscale,
-                    mscale_all_dim: *mscale_all_dim,
+                    factor: Some(y.factor),
+                    original_max_position_embeddings: Some(y.original_max_position_embeddings),
+                    beta_fast: Some(y.beta_fast),
+                    beta_slow: Some(y.beta_slow),
+                    attention_factor: y.attention_factor,
+                    mscale: y.mscale,
+                    mscale_all_dim: y.mscale_all_dim,
                     // Written only when it is not transformers' default.
-                    truncate: (!truncate).then_some(false),
+                    truncate: (!y.truncate).then_some(false),
                     ..params("yarn")
                 },
                 max,

@@ -10,7 +10,6 @@
 use std::f64::consts::PI;
 
 use posenc::rope::layers::{LayerRope, ModelRope};
-use posenc::rope::scaling::yarn::find_correction_range;
 use posenc::rope::{HfRopeConfig, RopeConfig, RopeScaling};
 use posenc::Result;
 use serde_json::{json, Map, Value};
@@ -61,41 +60,26 @@ fn scaling_json(cfg: &RopeConfig, seq_len: Option<usize>) -> (Value, Option<f64>
             json!({"factor": factor, "max_position_embeddings": max_position_embeddings}),
             None,
         ),
-        RopeScaling::Yarn {
-            factor,
-            original_max_position_embeddings,
-            attention_factor,
-            beta_fast,
-            beta_slow,
-            mscale,
-            mscale_all_dim,
-            truncate,
-        } => {
-            let (low, high) = find_correction_range(
-                *beta_fast,
-                *beta_slow,
-                d,
-                theta,
-                *original_max_position_embeddings,
-                *truncate,
-            );
+        s @ RopeScaling::Yarn { .. } => {
+            let y = s.yarn().expect("a YaRN scaling has YaRN parameters");
+            let (low, high) = y.correction_range(d, theta);
             (
                 json!({
-                    "factor": factor,
-                    "original_max_position_embeddings": original_max_position_embeddings,
-                    "attention_factor": attention_factor,
-                    "beta_fast": beta_fast,
-                    "beta_slow": beta_slow,
-                    "mscale": mscale,
-                    "mscale_all_dim": mscale_all_dim,
-                    "truncate": truncate,
+                    "factor": y.factor,
+                    "original_max_position_embeddings": y.original_max_position_embeddings,
+                    "attention_factor": y.attention_factor,
+                    "beta_fast": y.beta_fast,
+                    "beta_slow": y.beta_slow,
+                    "mscale": y.mscale,
+                    "mscale_all_dim": y.mscale_all_dim,
+                    "truncate": y.truncate,
                     // pairs below `low` keep their frequency (more than
                     // beta_fast turns over the original length), pairs above
                     // `high` are interpolated (fewer than beta_slow turns);
                     // the ramp lies between.
                     "correction_range": [low, high],
                 }),
-                Some(*factor),
+                Some(y.factor),
             )
         }
         RopeScaling::Llama3 {

@@ -17,7 +17,7 @@
 //! frequencies `f32`. The attention factor is 1.
 
 use super::default_inv_freq_f32;
-use crate::error::{check_dim, check_positive, Error, Result};
+use crate::error::{check_dim, check_positive, Result};
 
 /// The base at sequence length `seq_len`, exactly as transformers computes it
 /// in Python floats: `base * ((factor * seq_len / mpe) - (factor - 1)) ** (dim / (dim - 2))`.
@@ -64,12 +64,8 @@ pub(crate) fn validate(
 ) -> Result<()> {
     check_positive("factor", factor)?;
     check_dim("max_position_embeddings", max_position_embeddings, false)?;
-    if rotary_dim <= 2 {
-        return Err(Error::InvalidDimension {
-            what: "rotary_dim",
-            value: rotary_dim,
-            reason: "dynamic NTK scaling needs rotary_dim > 2 (its exponent is d/(d-2))",
-        });
-    }
-    Ok(())
+    super::ntk::check_exponent_dim(
+        rotary_dim,
+        "dynamic NTK scaling needs rotary_dim > 2 (its exponent is d/(d-2))",
+    )
 }

@@ -29,28 +29,42 @@
 use super::{default_inv_freq_f32, RopeScaling};
 use crate::error::{check_dim, check_positive, Error, Result};
 
-pub(crate) fn validate(s: &RopeScaling) -> Result<()> {
+/// The fields of a [`RopeScaling::Llama3`], which the caller matched:
+/// `(factor, low_freq_factor, high_freq_factor,
+/// original_max_position_embeddings)`.
+fn fields(s: &RopeScaling, caller: &str) -> (f64, f64, f64, usize) {
     let RopeScaling::Llama3 {
         factor,
         low_freq_factor,
         high_freq_factor,
         original_max_position_embeddings,
-    } = s
+    } = *s
     else {
-        unreachable!("llama3::validate called on another scaling")
+        unreachable!("llama3::{caller} called on another scaling")
     };
-    check_positive("factor", *factor)?;
-    check_positive("low_freq_factor", *low_freq_factor)?;
-    check_positive("high_freq_factor", *high_freq_factor)?;
+    (
+        factor,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_position_embeddings,
+    )
+}
+
+pub(crate) fn validate(s: &RopeScaling) -> Result<()> {
+    let (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) =
+        fields(s, "validate");
+    check_positive("factor", factor)?;
+    check_positive("low_freq_factor", low_freq_factor)?;
+    check_positive("high_freq_factor", high_freq_factor)?;
     if low_freq_factor > high_freq_factor {
         return Err(Error::FreqFactorOrder {
-            low: *low_freq_factor,
-            high: *high_freq_factor,
+            low: low_freq_factor,
+            high: high_freq_factor,
         });
     }
     check_dim(
         "original_max_position_embeddings",
-        *original_max_position_embeddings,
+        original_max_position_embeddings,
         false,
     )?;
     Ok(())
@@ -58,22 +72,15 @@ pub(crate) fn validate(s: &RopeScaling) -> Result<()> {
 
 /// The `f32` frequencies of a validated [`RopeScaling::Llama3`].
 pub(crate) fn inv_freq(s: &RopeScaling, base: f64, dim: usize) -> Vec<f32> {
-    let RopeScaling::Llama3 {
-        factor,
-        low_freq_factor,
-        high_freq_factor,
-        original_max_position_embeddings,
-    } = s
-    else {
-        unreachable!("llama3::inv_freq called on another scaling")
-    };
-    let old_context_len = *original_max_position_embeddings as f64;
+    let (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) =
+        fields(s, "inv_freq");
+    let old_context_len = original_max_position_embeddings as f64;
     // Python floats
     let low_freq_wavelen = (old_context_len / low_freq_factor) as f32;
     let high_freq_wavelen = (old_context_len / high_freq_factor) as f32;
     let two_pi = (2.0 * std::f64::consts::PI) as f32;
-    let fac = *factor as f32;
-    let low = *low_freq_factor as f32;
+    let fac = factor as f32;
+    let low = low_freq_factor as f32;
     let span = (high_freq_factor - low_freq_factor) as f32;
     let ocl = old_context_len as f32;
     default_inv_freq_f32(base, dim)

@@ -43,19 +43,44 @@ pub fn uses_long_factor(seq_len: Option<usize>, original_max_position_embeddings
     matches!(seq_len, Some(n) if n > original_max_position_embeddings)
 }
 
+/// The fields of a [`RopeScaling::LongRope`], which the caller matched.
+struct Fields<'a> {
+    short_factor: &'a [f64],
+    long_factor: &'a [f64],
+    original_max_position_embeddings: usize,
+    factor: f64,
+    attention_factor: Option<f64>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(s: &'a RopeScaling, caller: &str) -> Self {
+        let RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings,
+            factor,
+            attention_factor,
+        } = s
+        else {
+            unreachable!("longrope::{caller} called on another scaling")
+        };
+        Fields {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings: *original_max_position_embeddings,
+            factor: *factor,
+            attention_factor: *attention_factor,
+        }
+    }
+}
+
 pub(crate) fn validate(s: &RopeScaling, rotary_dim: usize) -> Result<()> {
-    let RopeScaling::LongRope {
-        short_factor,
-        long_factor,
-        original_max_position_embeddings,
-        factor,
-        attention_factor,
-    } = s
-    else {
-        unreachable!("longrope::validate called on another scaling")
-    };
+    let f = Fields::of(s, "validate");
     let expected = rotary_dim / 2;
-    for (which, list) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+    for (which, list) in [
+        ("short_factor", f.short_factor),
+        ("long_factor", f.long_factor),
+    ] {
         if list.len() != expected {
             return Err(Error::FactorListLength {
                 which,
@@ -69,12 +94,12 @@ pub(crate) fn validate(s: &RopeScaling, rotary_dim: usize) -> Result<()> {
     }
     check_dim(
         "original_max_position_embeddings",
-        *original_max_position_embeddings,
+        f.original_max_position_embeddings,
         false,
     )?;
-    check_positive("factor", *factor)?;
-    if let Some(a) = attention_factor {
-        check_positive("attention_factor", *a)?;
+    check_positive("factor", f.factor)?;
+    if let Some(a) = f.attention_factor {
+        check_positive("attention_factor", a)?;
     }
     Ok(())
 }
@@ -87,22 +112,14 @@ pub(crate) fn inv_freq(
     dim: usize,
     seq_len: Option<usize>,
 ) -> (Vec<f32>, f64) {
-    let RopeScaling::LongRope {
-        short_factor,
-        long_factor,
-        original_max_position_embeddings,
-        factor,
-        attention_factor,
-    } = s
-    else {
-        unreachable!("longrope::inv_freq called on another scaling")
-    };
-    let af = attention_factor
-        .unwrap_or_else(|| default_attention_factor(*factor, *original_max_position_embeddings));
-    let ext = if uses_long_factor(seq_len, *original_max_position_embeddings) {
-        long_factor
+    let f = Fields::of(s, "inv_freq");
+    let af = f
+        .attention_factor
+        .unwrap_or_else(|| default_attention_factor(f.factor, f.original_max_position_embeddings));
+    let ext = if uses_long_factor(seq_len, f.original_max_position_embeddings) {
+        f.long_factor
     } else {
-        short_factor
+        f.short_factor
     };
     let inv = exponents_f32(dim)
         .into_iter()

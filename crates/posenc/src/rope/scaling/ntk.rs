@@ -41,11 +41,20 @@ pub fn inv_freq(base: f64, rotary_dim: usize, alpha: f64) -> Vec<f32> {
 
 pub(crate) fn validate(alpha: f64, rotary_dim: usize) -> Result<()> {
     check_positive("factor", alpha)?;
+    check_exponent_dim(
+        rotary_dim,
+        "NTK scaling needs rotary_dim > 2 (its exponent is d/(d-2))",
+    )
+}
+
+/// `rotary_dim > 2`, which the NTK base exponent `d/(d−2)` needs (NTK and
+/// dynamic NTK scaling); `reason` says which scaling asks.
+pub(crate) fn check_exponent_dim(rotary_dim: usize, reason: &'static str) -> Result<()> {
     if rotary_dim <= 2 {
         return Err(Error::InvalidDimension {
             what: "rotary_dim",
             value: rotary_dim,
-            reason: "NTK scaling needs rotary_dim > 2 (its exponent is d/(d-2))",
+            reason,
         });
     }
     Ok(())

@@ -129,36 +129,98 @@ pub fn linear_ramp_factor(min: f64, mut max: f64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The parameters of a [`RopeScaling::Yarn`], as one value (see
+/// [`RopeScaling::yarn`]); each field is the variant's field of that name.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnParams {
+    /// The extension factor `s`.
+    pub factor: f64,
+    /// The pre-training context length `L`.
+    pub original_max_position_embeddings: usize,
+    /// The explicit attention factor, if any.
+    pub attention_factor: Option<f64>,
+    /// `β_fast`.
+    pub beta_fast: f64,
+    /// `β_slow`.
+    pub beta_slow: f64,
+    /// DeepSeek's `mscale`.
+    pub mscale: Option<f64>,
+    /// DeepSeek's `mscale_all_dim`.
+    pub mscale_all_dim: Option<f64>,
+    /// Whether the correction range is rounded outwards.
+    pub truncate: bool,
+}
+
+impl YarnParams {
+    /// The correction range `(low, high)` over `dim` rotary dimensions with
+    /// base `base`: [`find_correction_range`] with these β, `L` and
+    /// rounding.
+    pub fn correction_range(&self, dim: usize, base: f64) -> (f64, f64) {
+        find_correction_range(
+            self.beta_fast,
+            self.beta_slow,
+            dim,
+            base,
+            self.original_max_position_embeddings,
+            self.truncate,
+        )
+    }
+}
+
+impl RopeScaling {
+    /// The parameters of a [`RopeScaling::Yarn`] (`None` for another
+    /// scaling).
+    pub fn yarn(&self) -> Option<YarnParams> {
+        match *self {
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                attention_factor,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+                truncate,
+            } => Some(YarnParams {
+                factor,
+                original_max_position_embeddings,
+                attention_factor,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+                truncate,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The YaRN parameters of `s`, which the caller matched as
+/// [`RopeScaling::Yarn`].
+fn params(s: &RopeScaling, caller: &str) -> YarnParams {
+    s.yarn()
+        .unwrap_or_else(|| unreachable!("yarn::{caller} called on another scaling"))
+}
+
 pub(crate) fn validate(s: &RopeScaling, theta: f64, rotary_dim: usize) -> Result<()> {
-    let RopeScaling::Yarn {
-        factor,
-        original_max_position_embeddings,
-        attention_factor,
-        beta_fast,
-        beta_slow,
-        mscale,
-        mscale_all_dim,
-        ..
-    } = s
-    else {
-        unreachable!("yarn::validate called on another scaling")
-    };
-    check_positive("factor", *factor)?;
+    let y = params(s, "validate");
+    check_positive("factor", y.factor)?;
     check_dim(
         "original_max_position_embeddings",
-        *original_max_position_embeddings,
+        y.original_max_position_embeddings,
         false,
     )?;
-    if let Some(a) = attention_factor {
-        check_positive("attention_factor", *a)?;
+    if let Some(a) = y.attention_factor {
+        check_positive("attention_factor", a)?;
     }
-    check_positive("beta_fast", *beta_fast)?;
-    check_positive("beta_slow", *beta_slow)?;
-    if let Some(m) = mscale {
-        check_finite("mscale", *m)?;
+    check_positive("beta_fast", y.beta_fast)?;
+    check_positive("beta_slow", y.beta_slow)?;
+    if let Some(m) = y.mscale {
+        check_finite("mscale", m)?;
     }
-    if let Some(m) = mscale_all_dim {
-        check_finite("mscale_all_dim", *m)?;
+    if let Some(m) = y.mscale_all_dim {
+        check_finite("mscale_all_dim", m)?;
     }
     if theta == 1.0 {
         return Err(Error::InvalidTheta(theta));
@@ -170,32 +232,14 @@ pub(crate) fn validate(s: &RopeScaling, theta: f64, rotary_dim: usize) -> Result
 /// The `f32` frequencies and the attention factor of a validated
 /// [`RopeScaling::Yarn`].
 pub(crate) fn inv_freq(s: &RopeScaling, base: f64, dim: usize) -> (Vec<f32>, f64) {
-    let RopeScaling::Yarn {
-        factor,
-        original_max_position_embeddings,
-        attention_factor,
-        beta_fast,
-        beta_slow,
-        mscale,
-        mscale_all_dim,
-        truncate,
-    } = s
-    else {
-        unreachable!("yarn::inv_freq called on another scaling")
-    };
-    let factor = *factor;
-    let af = attention_factor
-        .unwrap_or_else(|| default_attention_factor(factor, *mscale, *mscale_all_dim));
+    let y = params(s, "inv_freq");
+    let factor = y.factor;
+    let af = y
+        .attention_factor
+        .unwrap_or_else(|| default_attention_factor(factor, y.mscale, y.mscale_all_dim));
     let pos_freqs = pos_freqs_f32(base, dim);
     let fac32 = factor as f32;
-    let (low, high) = find_correction_range(
-        *beta_fast,
-        *beta_slow,
-        dim,
-        base,
-        *original_max_position_embeddings,
-        *truncate,
-    );
+    let (low, high) = y.correction_range(dim, base);
     let ramp = linear_ramp_factor(low, high, dim / 2);
     let inv = pos_freqs
         .iter()
