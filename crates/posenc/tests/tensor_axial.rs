@@ -15,7 +15,7 @@ use posenc::tensor::rope::{HeadLayout, Positions, Rope};
 use posenc::Error;
 
 mod common;
-use common::{dims, head_offset, vals, Rng};
+use common::{assert_heads_rotated, dims, vals, Rng};
 
 const CPU: Device = Device::Cpu;
 
@@ -118,25 +118,12 @@ fn fused_matches_reference_and_f64_rotation() {
                 }
                 if dtype == DType::F32 {
                     // against the plain f64 rotation of every head vector
-                    let qv = vals(&q);
-                    let out = vals(&fq);
-                    for bb in 0..b {
-                        for h in 0..hq {
-                            for tt in 0..t {
-                                let off = head_offset(layout, [bb, h, tt], [hq, t, d]);
-                                let mut x: Vec<f64> =
-                                    qv[off..off + d].iter().map(|&v| v as f64).collect();
-                                let p = &host[(bb * t + tt) * na..(bb * t + tt + 1) * na];
-                                f.rotate(&mut x, p).unwrap();
-                                for j in 0..d {
-                                    assert!(
-                                        (out[off + j] as f64 - x[j]).abs() < 2e-6,
-                                        "{ctx}: vector ({bb},{h},{tt})[{j}]"
-                                    );
-                                }
-                            }
-                        }
-                    }
+                    let (qv, out) = (vals(&q), vals(&fq));
+                    let shape = [b, hq, t, d];
+                    assert_heads_rotated(&qv, &out, layout, shape, 2e-6, &ctx, |bb, tt, x| {
+                        let p = &host[(bb * t + tt) * na..(bb * t + tt + 1) * na];
+                        f.rotate(x, p).unwrap();
+                    });
                 }
             }
         }

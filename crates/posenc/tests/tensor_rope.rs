@@ -8,7 +8,7 @@ use posenc::tensor::rope::{FrequencySchedule, HeadLayout, Positions, Role, Rope}
 use posenc::Error;
 
 mod common;
-use common::{dims, head_offset, vals, Rng};
+use common::{assert_heads_rotated, dims, vals, Rng};
 
 const CPU: Device = Device::Cpu;
 
@@ -163,24 +163,10 @@ fn fused_matches_f64_rotate_of_rope_frequencies() {
             let y = vals(&rope.rotate(&x, &ids, Role::Query).unwrap());
             let xv = vals(&x);
             let idv: Vec<u32> = ids.flatten_all().unwrap().to_vec1().unwrap();
-            for bi in 0..b {
-                for hi in 0..h {
-                    for ti in 0..t {
-                        let off = head_offset(layout, [bi, hi, ti], [h, t, d]);
-                        let mut head: Vec<f64> =
-                            xv[off..off + d].iter().map(|&v| v as f64).collect();
-                        f.rotate(&mut head, idv[bi * t + ti] as u64).unwrap();
-                        for j in 0..d {
-                            assert!(
-                                (y[off + j] as f64 - head[j]).abs() < 2e-6,
-                                "{pairs} {layout} b{bi} h{hi} t{ti} [{j}]: {} vs {}",
-                                y[off + j],
-                                head[j]
-                            );
-                        }
-                    }
-                }
-            }
+            let ctx = format!("{pairs} {layout}");
+            assert_heads_rotated(&xv, &y, layout, [b, h, t, d], 2e-6, &ctx, |bi, ti, head| {
+                f.rotate(head, idv[bi * t + ti] as u64).unwrap();
+            });
         }
     }
 }

@@ -256,6 +256,23 @@ impl SimdLevel {
         Self::available().contains(&self)
     }
 
+    /// The level itself when this CPU can run it (what every
+    /// `with_simd_level` checks).
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`](crate::Error::InvalidValue) if this CPU
+    /// lacks the level.
+    pub fn supported(self) -> crate::Result<SimdLevel> {
+        if self.is_supported() {
+            Ok(self)
+        } else {
+            Err(crate::Error::invalid(
+                "simd level",
+                format!("{self} is not supported by this CPU"),
+            ))
+        }
+    }
+
     /// Short name (`scalar`, `avx2`, `avx512`, `neon`).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -55,31 +55,6 @@ fn check_x(x: &Tensor, dim: usize) -> Result<(usize, usize)> {
     }
 }
 
-/// Reads and checks a `(B, T)` id tensor; returns the ids, row-major.
-fn read_ids(ids: &Tensor, b: usize, t: usize) -> Result<Vec<u64>> {
-    if ids.dims() != [b, t] {
-        return Err(Error::Shape {
-            what: "position ids",
-            expected: format!("({b}, {t})"),
-            got: format!("{:?}", ids.dims()),
-        });
-    }
-    let v: Vec<i64> = match ids.dtype() {
-        DType::U8 | DType::U32 | DType::I64 => {
-            ids.to_dtype(DType::I64)?.flatten_all()?.to_vec1()?
-        }
-        other => {
-            return Err(Error::DType {
-                what: "position ids (need u8, u32 or i64)",
-                dtype: format!("{other:?}"),
-            })
-        }
-    };
-    v.into_iter()
-        .map(|p| u64::try_from(p).map_err(|_| Error::NegativePosition(p)))
-        .collect()
-}
-
 /// Adds `rows` (`(T, D)` shared by the batch, or `(B, T, D)`) to `x`.
 fn add_rows(x: &Tensor, rows: &Tensor) -> Result<Tensor> {
     let rows = rows.to_dtype(x.dtype())?;
@@ -162,7 +137,7 @@ impl SinusoidalEmbedding {
         match positions {
             Positions::Offset(offset) => add_rows(x, &self.table(offset, t)?),
             Positions::Ids(ids) => {
-                let ids = read_ids(ids, b, t)?;
+                let ids = super::batch_ids(ids, b, t, true)?;
                 let rows = self.encoding.table(&ids)?;
                 let rows = self
                     .rows_tensor(rows)?
@@ -250,7 +225,7 @@ impl LearnedEmbedding {
                 )
             }
             Positions::Ids(ids) => {
-                let ids = read_ids(ids, b, t)?;
+                let ids = super::batch_ids(ids, b, t, true)?;
                 if let Some(&bad) = ids.iter().find(|&&p| p >= self.max_positions as u64) {
                     return Err(self.out_of_range(bad));
                 }
@@ -397,7 +372,7 @@ impl FloaterEmbedding {
                 add_rows(x, &table.narrow(0, offset, t)?)
             }
             Positions::Ids(ids) => {
-                let ids = read_ids(ids, b, t)?;
+                let ids = super::batch_ids(ids, b, t, true)?;
                 if let Some(&bad) = ids.iter().find(|&&p| p > u32::MAX as u64) {
                     return Err(Error::PositionOutOfRange {
                         position: bad,

@@ -47,14 +47,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
-use super::rope::{check_pair, rotate_with_tables, Role, RopeOp, Rows, TensorChecks};
-use super::Positions;
+use super::rope::{offset_end, rotate_reference_with, FusedRope, Role, Rows, TensorChecks};
+use super::{batch_ids, ids_to_u64, Positions};
 use crate::error::{check_size, Error, Result};
 use crate::kernels::table::Tables;
-use crate::kernels::{HeadLayout, RopeGeometry, SimdLevel};
+use crate::kernels::{HeadLayout, SimdLevel};
 use crate::rope::axial::AxialFrequencies;
 use crate::rope::limits::MAX_TABLE_VALUES;
 
@@ -137,13 +137,7 @@ impl AxialRope {
     /// # Errors
     /// [`Error::InvalidValue`] if this CPU lacks it.
     pub fn with_simd_level(mut self, level: SimdLevel) -> Result<Self> {
-        if !level.is_supported() {
-            return Err(Error::invalid(
-                "simd level",
-                format!("{level} is not supported by this CPU"),
-            ));
-        }
-        self.level = level;
+        self.level = level.supported()?;
         Ok(self)
     }
 
@@ -163,6 +157,27 @@ impl AxialRope {
             rotary_dim: self.freqs.rotary_dim(),
             pairs: self.freqs.layout(),
         }
+    }
+
+    /// Rope's fused paths, with this rope's checks and SIMD level.
+    fn fused(&self) -> FusedRope {
+        FusedRope {
+            checks: self.checks(),
+            level: self.level,
+        }
+    }
+
+    /// Tables and rows of a call at `positions`, for `b` sequences of `t`
+    /// steps: one table row per distinct position tuple.
+    fn rows_at(
+        &self,
+        positions: AxisPositions<'_>,
+        b: usize,
+        t: usize,
+    ) -> Result<(Arc<Tables>, Rows)> {
+        let h = self.host(positions, b, t)?;
+        let (tables, rows) = self.tables(&h)?;
+        Ok((tables, Rows::Ids(rows)))
     }
 
     /// Every token's positions, row-major `(B·T, A)`.
@@ -191,7 +206,7 @@ impl AxialRope {
                         got: format!("{:?}", ids.dims()),
                     });
                 }
-                let planes = ids_to_u64(ids)?;
+                let planes = ids_to_u64(ids, false)?;
                 let mut v = vec![0u64; n * na];
                 for a in 0..na {
                     for i in 0..n {
@@ -203,23 +218,10 @@ impl AxialRope {
             AxisPositions::Same(p) => {
                 let one: Vec<u64> = match p {
                     Positions::Offset(o) => {
-                        o.checked_add(t).ok_or(Error::PositionOutOfRange {
-                            position: u64::MAX,
-                            limit: usize::MAX as u64,
-                            what: "rope offset + seq_len",
-                        })?;
-                        (0..b).flat_map(|_| o as u64..(o + t) as u64).collect()
+                        let end = offset_end(o, t)?;
+                        (0..b).flat_map(|_| o as u64..end as u64).collect()
                     }
-                    Positions::Ids(ids) => {
-                        if ids.dims() != [b, t] {
-                            return Err(Error::Shape {
-                                what: "position ids",
-                                expected: format!("({b}, {t}) = (batch, seq_len)"),
-                                got: format!("{:?}", ids.dims()),
-                            });
-                        }
-                        ids_to_u64(ids)?
-                    }
+                    Positions::Ids(ids) => batch_ids(ids, b, t, false)?,
                 };
                 one.iter()
                     .flat_map(|&p| std::iter::repeat_n(p, na))
@@ -278,19 +280,6 @@ impl AxialRope {
         ))
     }
 
-    fn op(&self, tables: Arc<Tables>, rows: Arc<Rows>, g: &RopeGeometry) -> RopeOp {
-        RopeOp {
-            tables,
-            rows,
-            role: Role::Query,
-            layout: self.layout,
-            rotary_dim: g.rotary_dim,
-            pairs: g.pairs,
-            level: self.level,
-            inverse: false,
-        }
-    }
-
     /// Rotates queries and keys (fused kernel, out of place, differentiable).
     ///
     /// # Errors
@@ -308,18 +297,8 @@ impl AxialRope {
         k: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<(Tensor, Tensor)> {
-        let gq = self.checks().fused(q, "queries")?;
-        let gk = self.checks().fused(k, "keys")?;
-        check_pair(q, &gq, k, &gk)?;
-        let h = self.host(positions.into(), gq.batch, gq.seq_len)?;
-        let (tables, rows) = self.tables(&h)?;
-        let rows = Arc::new(Rows::Ids(rows));
-        let qo = self.op(tables.clone(), rows.clone(), &gq);
-        let ko = self.op(tables, rows, &gk);
-        Ok((
-            q.contiguous()?.apply_op1(qo)?,
-            k.contiguous()?.apply_op1(ko)?,
-        ))
+        let p = positions.into();
+        self.fused().apply(q, k, |b, t| self.rows_at(p, b, t))
     }
 
     /// Rotates one tensor (fused, out of place, differentiable).
@@ -331,11 +310,9 @@ impl AxialRope {
         x: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<Tensor> {
-        let g = self.checks().fused(x, "input")?;
-        let h = self.host(positions.into(), g.batch, g.seq_len)?;
-        let (tables, rows) = self.tables(&h)?;
-        let op = self.op(tables, Arc::new(Rows::Ids(rows)), &g);
-        Ok(x.contiguous()?.apply_op1(op)?)
+        let p = positions.into();
+        self.fused()
+            .rotate(x, Role::Query, |b, t| self.rows_at(p, b, t))
     }
 
     /// Rotates queries and keys in place (the contract of
@@ -350,21 +327,9 @@ impl AxialRope {
         k: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<()> {
-        let (gq, aq) = self.checks().inplace(q, "queries")?;
-        let (gk, ak) = self.checks().inplace(k, "keys")?;
-        check_pair(q, &gq, k, &gk)?;
-        if aq == ak {
-            return Err(Error::invalid(
-                "in-place rope",
-                "queries and keys share one buffer",
-            ));
-        }
-        let h = self.host(positions.into(), gq.batch, gq.seq_len)?;
-        let (tables, rows) = self.tables(&h)?;
-        let rows = Arc::new(Rows::Ids(rows));
-        q.inplace_op1(&self.op(tables.clone(), rows.clone(), &gq))?;
-        k.inplace_op1(&self.op(tables, rows, &gk))?;
-        Ok(())
+        let p = positions.into();
+        self.fused()
+            .apply_inplace(q, k, |b, t| self.rows_at(p, b, t))
     }
 
     /// The reference path for queries and keys (see [the module](self)).
@@ -377,9 +342,7 @@ impl AxialRope {
         k: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<(Tensor, Tensor)> {
-        let gq = self.checks().reference(q, "queries")?;
-        let gk = self.checks().reference(k, "keys")?;
-        check_pair(q, &gq, k, &gk)?;
+        self.checks().reference_pair(q, k)?;
         let p = positions.into();
         Ok((self.rotate_reference(q, p)?, self.rotate_reference(k, p)?))
     }
@@ -416,35 +379,6 @@ impl AxialRope {
         let mask = Tensor::from_vec(mask, (na, 1, 1, nf), dev)?;
         let cos = ang.cos()?.broadcast_mul(&mask)?.sum(0)?; // (B, T, nf)
         let sin = ang.sin()?.broadcast_mul(&mask)?.sum(0)?;
-        let shape = match self.layout {
-            HeadLayout::Bhtd => (b, 1, t, nf),
-            HeadLayout::Bthd => (b, t, 1, nf),
-        };
-        let cdt = if x.dtype() == DType::F64 {
-            DType::F64
-        } else {
-            DType::F32
-        };
-        let cos = cos.reshape(shape)?.to_dtype(cdt)?;
-        let sin = sin.reshape(shape)?.to_dtype(cdt)?;
-        let y = rotate_with_tables(&x.to_dtype(cdt)?, &cos, &sin, g.rotary_dim, g.pairs)?;
-        Ok(y.to_dtype(x.dtype())?)
-    }
-}
-
-/// A `u32` or `i64` ids tensor as `u64`s (row-major).
-fn ids_to_u64(ids: &Tensor) -> Result<Vec<u64>> {
-    let flat = ids.flatten_all()?;
-    match ids.dtype() {
-        DType::U32 => Ok(flat.to_vec1::<u32>()?.into_iter().map(u64::from).collect()),
-        DType::I64 => flat
-            .to_vec1::<i64>()?
-            .into_iter()
-            .map(|p| u64::try_from(p).map_err(|_| Error::NegativePosition(p)))
-            .collect(),
-        other => Err(Error::DType {
-            what: "position ids (u32 or i64)",
-            dtype: format!("{other:?}"),
-        }),
+        rotate_reference_with(x, &cos, &sin, self.layout, &g)
     }
 }

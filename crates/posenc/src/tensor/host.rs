@@ -1,8 +1,6 @@
 //! Host-side helpers shared by the learned biases (FIRE, CoPE, forgetting
 //! attention): positions read from [`Positions`] and size bounds.
 
-use candle_core::DType;
-
 use super::Positions;
 use crate::error::{Error, Result};
 
@@ -66,21 +64,7 @@ pub(crate) fn read_positions(
                     })
                 }
             };
-            let v: Vec<i64> = match ids.dtype() {
-                DType::U8 | DType::U32 | DType::I64 => {
-                    ids.to_dtype(DType::I64)?.flatten_all()?.to_vec1()?
-                }
-                other => {
-                    return Err(Error::DType {
-                        what: "position ids (need u8, u32 or i64)",
-                        dtype: format!("{other:?}"),
-                    })
-                }
-            };
-            let data = v
-                .into_iter()
-                .map(|p| u64::try_from(p).map_err(|_| Error::NegativePosition(p)))
-                .collect::<Result<Vec<_>>>()?;
+            let data = super::ids_to_u64(ids, true)?;
             Ok(HostPositions {
                 rows: Some(b),
                 len,

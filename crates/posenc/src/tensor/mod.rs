@@ -29,7 +29,9 @@ mod host;
 pub mod rope;
 pub mod scan;
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
+
+use crate::error::{Error, Result};
 
 /// Which positions the `T` time steps of a call are at. Positions are
 /// always explicit, so a sequence split across devices (or continued from a
@@ -54,4 +56,46 @@ impl<'a> From<&'a Tensor> for Positions<'a> {
     fn from(t: &'a Tensor) -> Self {
         Positions::Ids(t)
     }
+}
+
+/// A tensor of position ids as non-negative `u64`s, row-major: `u32` or
+/// `i64` ids, and `u8` ones too when `with_u8` (the absolute encodings).
+///
+/// # Errors
+/// [`Error::DType`] for another dtype; [`Error::NegativePosition`].
+pub(crate) fn ids_to_u64(ids: &Tensor, with_u8: bool) -> Result<Vec<u64>> {
+    let flat = ids.flatten_all()?;
+    match ids.dtype() {
+        DType::U8 if with_u8 => Ok(flat.to_vec1::<u8>()?.into_iter().map(u64::from).collect()),
+        DType::U32 => Ok(flat.to_vec1::<u32>()?.into_iter().map(u64::from).collect()),
+        DType::I64 => flat
+            .to_vec1::<i64>()?
+            .into_iter()
+            .map(|p| u64::try_from(p).map_err(|_| Error::NegativePosition(p)))
+            .collect(),
+        other => Err(Error::DType {
+            what: if with_u8 {
+                "position ids (need u8, u32 or i64)"
+            } else {
+                "position ids (u32 or i64)"
+            },
+            dtype: format!("{other:?}"),
+        }),
+    }
+}
+
+/// Reads and checks a `(B, T)` tensor of position ids (as
+/// [`ids_to_u64`]); returns the ids, row-major.
+///
+/// # Errors
+/// [`Error::Shape`] for another shape; as [`ids_to_u64`].
+pub(crate) fn batch_ids(ids: &Tensor, b: usize, t: usize, with_u8: bool) -> Result<Vec<u64>> {
+    if ids.dims() != [b, t] {
+        return Err(Error::Shape {
+            what: "position ids",
+            expected: format!("({b}, {t}) = (batch, seq_len)"),
+            got: format!("{:?}", ids.dims()),
+        });
+    }
+    ids_to_u64(ids, with_u8)
 }

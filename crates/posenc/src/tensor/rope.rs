@@ -334,13 +334,7 @@ impl Rope {
     /// # Errors
     /// [`Error::InvalidValue`] if this CPU lacks the level.
     pub fn with_simd_level(mut self, level: SimdLevel) -> Result<Rope> {
-        if !level.is_supported() {
-            return Err(Error::invalid(
-                "simd level",
-                format!("{level} is not supported by this CPU"),
-            ));
-        }
-        self.level = level;
+        self.level = level.supported()?;
         Ok(self)
     }
 
@@ -521,36 +515,11 @@ impl Rope {
             Positions::Offset(o) => Ok(HostPositions {
                 offset: Some(o),
                 ids: Vec::new(),
-                seq_len: o.checked_add(t).ok_or(Error::PositionOutOfRange {
-                    position: u64::MAX,
-                    limit: usize::MAX as u64,
-                    what: "rope offset + seq_len",
-                })?,
+                seq_len: offset_end(o, t)?,
                 t,
             }),
             Positions::Ids(ids) => {
-                if ids.dims() != [b, t] {
-                    return Err(Error::Shape {
-                        what: "position ids",
-                        expected: format!("({b}, {t}) = (batch, seq_len)"),
-                        got: format!("{:?}", ids.dims()),
-                    });
-                }
-                let flat = ids.flatten_all()?;
-                let v: Vec<u64> = match ids.dtype() {
-                    DType::U32 => flat.to_vec1::<u32>()?.into_iter().map(u64::from).collect(),
-                    DType::I64 => flat
-                        .to_vec1::<i64>()?
-                        .into_iter()
-                        .map(|p| u64::try_from(p).map_err(|_| Error::NegativePosition(p)))
-                        .collect::<Result<_>>()?,
-                    other => {
-                        return Err(Error::DType {
-                            what: "position ids (u32 or i64)",
-                            dtype: format!("{other:?}"),
-                        })
-                    }
-                };
+                let v = super::batch_ids(ids, b, t, false)?;
                 let max = v.iter().copied().max().unwrap_or(0);
                 let seq_len = usize::try_from(max)
                     .ok()
@@ -580,22 +549,19 @@ impl Rope {
         }
     }
 
-    /// Checks one tensor for the fused paths and returns its geometry.
-    fn check_fused(&self, x: &Tensor, what: &'static str) -> Result<RopeGeometry> {
-        self.checks().fused(x, what)
+    /// The fused paths with this rope's checks and SIMD level.
+    fn fused(&self) -> FusedRope {
+        FusedRope {
+            checks: self.checks(),
+            level: self.level,
+        }
     }
 
-    fn op(&self, tables: Arc<Tables>, rows: Arc<Rows>, role: Role, g: &RopeGeometry) -> RopeOp {
-        RopeOp {
-            tables,
-            rows,
-            role,
-            layout: self.layout,
-            rotary_dim: g.rotary_dim,
-            pairs: g.pairs,
-            level: self.level,
-            inverse: false,
-        }
+    /// Tables and rows of a call at `positions`, for `b` sequences of `t`
+    /// steps.
+    fn rows_at(&self, positions: Positions<'_>, b: usize, t: usize) -> Result<(Arc<Tables>, Rows)> {
+        let pos = self.host_positions(positions, b, t)?;
+        self.resolve(&pos)
     }
 
     /// Rotates queries and keys (fused kernel, out of place). Differentiable:
@@ -616,18 +582,8 @@ impl Rope {
         k: &Tensor,
         positions: impl Into<Positions<'a>>,
     ) -> Result<(Tensor, Tensor)> {
-        let gq = self.check_fused(q, "queries")?;
-        let gk = self.check_fused(k, "keys")?;
-        check_pair(q, &gq, k, &gk)?;
-        let pos = self.host_positions(positions.into(), gq.batch, gq.seq_len)?;
-        let (tables, rows) = self.resolve(&pos)?;
-        let rows = Arc::new(rows);
-        let qo = self.op(tables.clone(), rows.clone(), Role::Query, &gq);
-        let ko = self.op(tables, rows, Role::Key, &gk);
-        Ok((
-            q.contiguous()?.apply_op1(qo)?,
-            k.contiguous()?.apply_op1(ko)?,
-        ))
+        let p = positions.into();
+        self.fused().apply(q, k, |b, t| self.rows_at(p, b, t))
     }
 
     /// Rotates one tensor of queries or keys (fused, out of place,
@@ -641,11 +597,8 @@ impl Rope {
         positions: impl Into<Positions<'a>>,
         role: Role,
     ) -> Result<Tensor> {
-        let g = self.check_fused(x, "input")?;
-        let pos = self.host_positions(positions.into(), g.batch, g.seq_len)?;
-        let (tables, rows) = self.resolve(&pos)?;
-        let op = self.op(tables, Arc::new(rows), role, &g);
-        Ok(x.contiguous()?.apply_op1(op)?)
+        let p = positions.into();
+        self.fused().rotate(x, role, |b, t| self.rows_at(p, b, t))
     }
 
     /// The tables and table rows with which queries at `q_positions` (`T_q`
@@ -714,12 +667,6 @@ impl Rope {
         })
     }
 
-    /// Checks the in-place contract for one tensor; returns its buffer's
-    /// address.
-    fn check_inplace(&self, x: &Tensor, what: &'static str) -> Result<(RopeGeometry, usize)> {
-        self.checks().inplace(x, what)
-    }
-
     /// Rotates queries and keys in place, allocating nothing for the
     /// activations.
     ///
@@ -743,21 +690,9 @@ impl Rope {
         k: &Tensor,
         positions: impl Into<Positions<'a>>,
     ) -> Result<()> {
-        let (gq, aq) = self.check_inplace(q, "queries")?;
-        let (gk, ak) = self.check_inplace(k, "keys")?;
-        check_pair(q, &gq, k, &gk)?;
-        if aq == ak {
-            return Err(Error::invalid(
-                "in-place rope",
-                "queries and keys share one buffer",
-            ));
-        }
-        let pos = self.host_positions(positions.into(), gq.batch, gq.seq_len)?;
-        let (tables, rows) = self.resolve(&pos)?;
-        let rows = Arc::new(rows);
-        q.inplace_op1(&self.op(tables.clone(), rows.clone(), Role::Query, &gq))?;
-        k.inplace_op1(&self.op(tables, rows, Role::Key, &gk))?;
-        Ok(())
+        let p = positions.into();
+        self.fused()
+            .apply_inplace(q, k, |b, t| self.rows_at(p, b, t))
     }
 
     /// Rotates one tensor in place (contract of [`apply_inplace`](Self::apply_inplace)).
@@ -770,11 +705,9 @@ impl Rope {
         positions: impl Into<Positions<'a>>,
         role: Role,
     ) -> Result<()> {
-        let (g, _) = self.check_inplace(x, "input")?;
-        let pos = self.host_positions(positions.into(), g.batch, g.seq_len)?;
-        let (tables, rows) = self.resolve(&pos)?;
-        x.inplace_op1(&self.op(tables, Arc::new(rows), role, &g))?;
-        Ok(())
+        let p = positions.into();
+        self.fused()
+            .rotate_inplace(x, role, |b, t| self.rows_at(p, b, t))
     }
 
     /// The reference path for queries and keys: composed candle ops on exact
@@ -789,18 +722,12 @@ impl Rope {
         k: &Tensor,
         positions: impl Into<Positions<'a>>,
     ) -> Result<(Tensor, Tensor)> {
-        let gq = self.check_reference(q, "queries")?;
-        let gk = self.check_reference(k, "keys")?;
-        check_pair(q, &gq, k, &gk)?;
+        self.checks().reference_pair(q, k)?;
         let positions = positions.into();
         Ok((
             self.rotate_reference(q, positions, Role::Query)?,
             self.rotate_reference(k, positions, Role::Key)?,
         ))
-    }
-
-    fn check_reference(&self, x: &Tensor, what: &'static str) -> Result<RopeGeometry> {
-        self.checks().reference(x, what)
     }
 
     /// The reference path for one tensor (see [`apply_reference`](Self::apply_reference)).
@@ -813,7 +740,7 @@ impl Rope {
         positions: impl Into<Positions<'a>>,
         role: Role,
     ) -> Result<Tensor> {
-        let g = self.check_reference(x, "input")?;
+        let g = self.checks().reference(x, "input")?;
         let pos = self.host_positions(positions.into(), g.batch, g.seq_len)?;
         // same frequency schedule as the fused path, but exact tables of
         // this call's positions (not the cache)
@@ -827,22 +754,10 @@ impl Rope {
             (Role::Key, true) => (&t.cos_k, &t.sin_k),
             _ => (&t.cos, &t.sin),
         };
-        let nf = t.n_freq;
-        let cdt = if x.dtype() == DType::F64 {
-            DType::F64
-        } else {
-            DType::F32
-        };
-        let shape = match self.layout {
-            HeadLayout::Bhtd => (pb, 1, g.seq_len, nf),
-            HeadLayout::Bthd => (pb, g.seq_len, 1, nf),
-        };
-        let dev = x.device();
-        let cos = Tensor::from_slice(c, shape, dev)?.to_dtype(cdt)?;
-        let sin = Tensor::from_slice(s, shape, dev)?.to_dtype(cdt)?;
-        let xf = x.to_dtype(cdt)?;
-        let y = rotate_with_tables(&xf, &cos, &sin, g.rotary_dim, g.pairs)?;
-        Ok(y.to_dtype(x.dtype())?)
+        let shape = (pb, g.seq_len, t.n_freq);
+        let cos = Tensor::from_slice(c, shape, x.device())?;
+        let sin = Tensor::from_slice(s, shape, x.device())?;
+        rotate_reference_with(x, &cos, &sin, self.layout, &g)
     }
 }
 
@@ -910,6 +825,14 @@ impl TensorChecks {
         self.geometry(x, what)
     }
 
+    /// Queries and keys for the reference paths: each as
+    /// [`reference`](Self::reference), and the pair as [`check_pair`].
+    pub(crate) fn reference_pair(&self, q: &Tensor, k: &Tensor) -> Result<()> {
+        let gq = self.reference(q, "queries")?;
+        let gk = self.reference(k, "keys")?;
+        check_pair(q, &gq, k, &gk)
+    }
+
     /// The in-place contract for one tensor (see [`Rope::apply_inplace`]);
     /// returns its geometry and its buffer's address.
     pub(crate) fn inplace(&self, x: &Tensor, what: &'static str) -> Result<(RopeGeometry, usize)> {
@@ -943,6 +866,20 @@ impl TensorChecks {
     }
 }
 
+/// `offset + seq_len`, the end of a call at an offset.
+///
+/// # Errors
+/// [`Error::PositionOutOfRange`] when it overflows.
+pub(crate) fn offset_end(offset: usize, seq_len: usize) -> Result<usize> {
+    offset
+        .checked_add(seq_len)
+        .ok_or(Error::PositionOutOfRange {
+            position: u64::MAX,
+            limit: usize::MAX as u64,
+            what: "rope offset + seq_len",
+        })
+}
+
 /// Queries and keys of one call agree: same dtype, batch, seq_len and
 /// head_dim.
 pub(crate) fn check_pair(
@@ -965,6 +902,130 @@ pub(crate) fn check_pair(
         });
     }
     Ok(())
+}
+
+/// The fused paths of every rope on candle tensors (this module's [`Rope`]
+/// and the multi-axis [`AxialRope`](super::axial::AxialRope)): the checks,
+/// then the tables and rows that `resolve` gives for the tensors' batch size
+/// and sequence length, then the kernel ([`RopeOp`]) out of place or in
+/// place. Queries are rotated with the query tables, keys with the key
+/// tables (the same ones without xPos).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FusedRope {
+    pub(crate) checks: TensorChecks,
+    pub(crate) level: SimdLevel,
+}
+
+impl FusedRope {
+    fn op(&self, tables: Arc<Tables>, rows: Arc<Rows>, role: Role, g: &RopeGeometry) -> RopeOp {
+        RopeOp {
+            tables,
+            rows,
+            role,
+            layout: self.checks.layout,
+            rotary_dim: g.rotary_dim,
+            pairs: g.pairs,
+            level: self.level,
+            inverse: false,
+        }
+    }
+
+    /// Queries and keys, out of place (differentiable).
+    pub(crate) fn apply(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        resolve: impl FnOnce(usize, usize) -> Result<(Arc<Tables>, Rows)>,
+    ) -> Result<(Tensor, Tensor)> {
+        let gq = self.checks.fused(q, "queries")?;
+        let gk = self.checks.fused(k, "keys")?;
+        check_pair(q, &gq, k, &gk)?;
+        let (tables, rows) = resolve(gq.batch, gq.seq_len)?;
+        let rows = Arc::new(rows);
+        let qo = self.op(tables.clone(), rows.clone(), Role::Query, &gq);
+        let ko = self.op(tables, rows, Role::Key, &gk);
+        Ok((
+            q.contiguous()?.apply_op1(qo)?,
+            k.contiguous()?.apply_op1(ko)?,
+        ))
+    }
+
+    /// One tensor, out of place (differentiable).
+    pub(crate) fn rotate(
+        &self,
+        x: &Tensor,
+        role: Role,
+        resolve: impl FnOnce(usize, usize) -> Result<(Arc<Tables>, Rows)>,
+    ) -> Result<Tensor> {
+        let g = self.checks.fused(x, "input")?;
+        let (tables, rows) = resolve(g.batch, g.seq_len)?;
+        let op = self.op(tables, Arc::new(rows), role, &g);
+        Ok(x.contiguous()?.apply_op1(op)?)
+    }
+
+    /// Queries and keys in place (the contract of [`Rope::apply_inplace`]);
+    /// nothing is written on error.
+    pub(crate) fn apply_inplace(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        resolve: impl FnOnce(usize, usize) -> Result<(Arc<Tables>, Rows)>,
+    ) -> Result<()> {
+        let (gq, aq) = self.checks.inplace(q, "queries")?;
+        let (gk, ak) = self.checks.inplace(k, "keys")?;
+        check_pair(q, &gq, k, &gk)?;
+        if aq == ak {
+            return Err(Error::invalid(
+                "in-place rope",
+                "queries and keys share one buffer",
+            ));
+        }
+        let (tables, rows) = resolve(gq.batch, gq.seq_len)?;
+        let rows = Arc::new(rows);
+        q.inplace_op1(&self.op(tables.clone(), rows.clone(), Role::Query, &gq))?;
+        k.inplace_op1(&self.op(tables, rows, Role::Key, &gk))?;
+        Ok(())
+    }
+
+    /// One tensor in place (the same contract).
+    pub(crate) fn rotate_inplace(
+        &self,
+        x: &Tensor,
+        role: Role,
+        resolve: impl FnOnce(usize, usize) -> Result<(Arc<Tables>, Rows)>,
+    ) -> Result<()> {
+        let (g, _) = self.checks.inplace(x, "input")?;
+        let (tables, rows) = resolve(g.batch, g.seq_len)?;
+        x.inplace_op1(&self.op(tables, Arc::new(rows), role, &g))?;
+        Ok(())
+    }
+}
+
+/// The end of the reference paths: `cos` and `sin` are `(B', T, D/2)`
+/// tables (`B'` is 1 or the batch) of any float dtype, laid out for
+/// `layout` and taken to f32 (f64 for an f64 `x`) with `x`, which is
+/// rotated by [`rotate_with_tables`] and returned in its own dtype.
+pub(crate) fn rotate_reference_with(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    layout: HeadLayout,
+    g: &RopeGeometry,
+) -> Result<Tensor> {
+    let (pb, t, nf) = cos.dims3()?;
+    let shape = match layout {
+        HeadLayout::Bhtd => (pb, 1, t, nf),
+        HeadLayout::Bthd => (pb, t, 1, nf),
+    };
+    let cdt = if x.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let cos = cos.reshape(shape)?.to_dtype(cdt)?;
+    let sin = sin.reshape(shape)?.to_dtype(cdt)?;
+    let y = rotate_with_tables(&x.to_dtype(cdt)?, &cos, &sin, g.rotary_dim, g.pairs)?;
+    Ok(y.to_dtype(x.dtype())?)
 }
 
 /// The composed rotation of the reference paths: `x` is `(d0, d1, d2, D)`,

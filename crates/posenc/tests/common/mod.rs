@@ -87,6 +87,37 @@ pub fn head_offset(
     }
 }
 
+/// Every head vector of `out`, the rotation of `x` (both `[b, h, t, d]`
+/// tensors' values in `layout`), is within `tol` of the same vector of `x`
+/// rotated in f64 by `rotate(b, t, vector)`.
+pub fn assert_heads_rotated(
+    x: &[f32],
+    out: &[f32],
+    layout: HeadLayout,
+    [b, h, t, d]: [usize; 4],
+    tol: f64,
+    ctx: &str,
+    mut rotate: impl FnMut(usize, usize, &mut [f64]),
+) {
+    for bi in 0..b {
+        for hi in 0..h {
+            for ti in 0..t {
+                let off = head_offset(layout, [bi, hi, ti], [h, t, d]);
+                let mut head: Vec<f64> = x[off..off + d].iter().map(|&v| v as f64).collect();
+                rotate(bi, ti, &mut head);
+                for j in 0..d {
+                    assert!(
+                        (out[off + j] as f64 - head[j]).abs() < tol,
+                        "{ctx}: vector ({bi},{hi},{ti})[{j}]: {} vs {}",
+                        out[off + j],
+                        head[j]
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A property runner seeded with ChaCha `[7; 32]`, so every run draws the
 /// same cases.
 pub fn seeded(config: proptest::test_runner::Config) -> proptest::test_runner::TestRunner {
