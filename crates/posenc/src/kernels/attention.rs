@@ -205,6 +205,34 @@ pub struct Rotation<'a> {
     pub k_rows: RowMap<'a>,
 }
 
+impl Rotation<'_> {
+    /// Writes `scale·R·src` (`scale·Rᵀ·src` with `inverse`) into `dst`, the
+    /// rotation of row `row` of the query (`query`) or key tables.
+    #[inline(always)]
+    fn row(
+        &self,
+        query: bool,
+        row: usize,
+        src: &[f32],
+        dst: &mut [f32],
+        inverse: bool,
+        scale: f32,
+    ) {
+        let t = if query { &self.q } else { &self.k };
+        let nf = t.n_freq;
+        rotate_row(
+            src,
+            dst,
+            &t.cos[row * nf..][..nf],
+            &t.sin[row * nf..][..nf],
+            self.rotary_dim,
+            self.pairs,
+            inverse,
+            scale,
+        );
+    }
+}
+
 /// A map from relative distance `r` to a table row that saturates: rows of
 /// `clamp(r, −r_max, r_max)` (T5 buckets past `max_distance`, Shaw's
 /// clipping at `k`).
@@ -618,17 +646,7 @@ fn load_q(p: &Problem, b: usize, h: usize, t: usize, dst: &mut [f32]) {
     match &p.rotation {
         Some(rot) => {
             let row = rot.q_rows.row(b, t, p.dims.q_len);
-            let nf = rot.q.n_freq;
-            rotate_row(
-                src,
-                dst,
-                &rot.q.cos[row * nf..][..nf],
-                &rot.q.sin[row * nf..][..nf],
-                rot.rotary_dim,
-                rot.pairs,
-                false,
-                p.scale,
-            );
+            rot.row(true, row, src, dst, false, p.scale);
         }
         None => {
             for (o, i) in dst.iter_mut().zip(src) {
@@ -646,17 +664,7 @@ fn load_k(p: &Problem, b: usize, h: usize, t: usize, dst: &mut [f32]) {
     match &p.rotation {
         Some(rot) => {
             let row = rot.k_rows.row(b, t, p.dims.k_len);
-            let nf = rot.k.n_freq;
-            rotate_row(
-                src,
-                dst,
-                &rot.k.cos[row * nf..][..nf],
-                &rot.k.sin[row * nf..][..nf],
-                rot.rotary_dim,
-                rot.pairs,
-                false,
-                1.0,
-            );
+            rot.row(false, row, src, dst, false, 1.0);
         }
         None => dst.copy_from_slice(src),
     }
@@ -766,6 +774,50 @@ fn pack_kt(p: &Problem, b: usize, hk: usize, n: usize, kt: &mut [f32], rows: &mu
     unsafe { tile::transpose(n, d, rows.as_ptr(), d, kt.as_mut_ptr(), n) };
 }
 
+/// `C[m×n] (+)= A[m×k] · B[k×n]` for the long-sequence tiles, `[m, n, k]`,
+/// each matrix row-major as (pointer, leading dimension);
+/// `accumulate = false` overwrites `C`. On the gemm crate's kernel
+/// (`crate_gemm`, one thread) or on [`tile::gemm_nn`] at `level`.
+///
+/// # Safety
+/// As [`tile::gemm_nn`].
+#[inline(always)]
+unsafe fn block_product(
+    crate_gemm: bool,
+    level: SimdLevel,
+    [m, n, k]: [usize; 3],
+    (a, lda): (*const f32, usize),
+    (b, ldb): (*const f32, usize),
+    (c, ldc): (*mut f32, usize),
+    accumulate: bool,
+) {
+    if crate_gemm {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            ldc as isize,
+            accumulate,
+            a,
+            1,
+            lda as isize,
+            b,
+            1,
+            ldb as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    } else {
+        tile::gemm_nn(level, m, n, k, a, lda, b, ldb, c, ldc, accumulate)
+    }
+}
+
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn forward_task(
@@ -855,49 +907,19 @@ fn forward_task(
             while j0 < k_end {
                 let n = bk.min(k_end - j0);
                 let kb = unsafe { kt.as_ptr().add(if tiled { j0 * d } else { j0 }) };
-                if crate_gemm {
-                    // SAFETY: q holds rows × d, the key block d × n with
-                    // leading dimension ldk, s rows × n.
-                    unsafe {
-                        gemm::gemm(
-                            rows,
-                            n,
-                            d,
-                            s.as_mut_ptr(),
-                            1,
-                            n as isize,
-                            false,
-                            q.as_ptr(),
-                            1,
-                            d as isize,
-                            kb,
-                            1,
-                            ldk as isize,
-                            0.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            gemm::Parallelism::None,
-                        )
-                    };
-                } else {
-                    unsafe {
-                        tile::gemm_nn(
-                            level,
-                            rows,
-                            n,
-                            d,
-                            q.as_ptr(),
-                            d,
-                            kb,
-                            ldk,
-                            s.as_mut_ptr(),
-                            n,
-                            false,
-                        )
-                    };
-                }
+                // SAFETY: q holds rows × d, the key block d × n with
+                // leading dimension ldk, s rows × n.
+                unsafe {
+                    block_product(
+                        crate_gemm,
+                        level,
+                        [rows, n, d],
+                        (q.as_ptr(), d),
+                        (kb, ldk),
+                        (s.as_mut_ptr(), n),
+                        false,
+                    )
+                };
                 for r in 0..rows {
                     let i = i0 + r;
                     let sr = &mut s[r * n..][..n];
@@ -934,49 +956,19 @@ fn forward_task(
                 }
                 let v0 = p.v_rows.at(b, hk, j0);
                 let vb = unsafe { p.v.as_ptr().add(v0) };
-                if crate_gemm {
-                    // SAFETY: s holds rows × n, the values n rows of d at
-                    // stride st, acc rows × d.
-                    unsafe {
-                        gemm::gemm(
-                            rows,
-                            d,
-                            n,
-                            acc.as_mut_ptr(),
-                            1,
-                            d as isize,
-                            true,
-                            s.as_ptr(),
-                            1,
-                            n as isize,
-                            vb,
-                            1,
-                            p.v_rows.st as isize,
-                            1.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            gemm::Parallelism::None,
-                        )
-                    };
-                } else {
-                    unsafe {
-                        tile::gemm_nn(
-                            level,
-                            rows,
-                            d,
-                            n,
-                            s.as_ptr(),
-                            n,
-                            vb,
-                            p.v_rows.st,
-                            acc.as_mut_ptr(),
-                            d,
-                            true,
-                        )
-                    };
-                }
+                // SAFETY: s holds rows × n, the values n rows of d at
+                // stride st, acc rows × d.
+                unsafe {
+                    block_product(
+                        crate_gemm,
+                        level,
+                        [rows, d, n],
+                        (s.as_ptr(), n),
+                        (vb, p.v_rows.st),
+                        (acc.as_mut_ptr(), d),
+                        true,
+                    )
+                };
                 j0 += n;
             }
             for r in 0..rows {
@@ -1383,20 +1375,7 @@ fn unrotate(
     scale: f32,
 ) {
     match rot {
-        Some(rot) => {
-            let t = if tables { &rot.q } else { &rot.k };
-            let nf = t.n_freq;
-            rotate_row(
-                src,
-                dst,
-                &t.cos[row * nf..][..nf],
-                &t.sin[row * nf..][..nf],
-                rot.rotary_dim,
-                rot.pairs,
-                true,
-                scale,
-            );
-        }
+        Some(rot) => rot.row(tables, row, src, dst, true, scale),
         None => {
             for (o, i) in dst.iter_mut().zip(src) {
                 *o = i * scale;

@@ -173,13 +173,7 @@ impl Attention {
     /// # Errors
     /// [`Error::InvalidValue`] if this CPU lacks the level.
     pub fn with_simd_level(mut self, level: SimdLevel) -> Result<Self> {
-        if !level.is_supported() {
-            return Err(Error::invalid(
-                "SIMD level",
-                format!("{level} is not supported by this CPU"),
-            ));
-        }
-        self.level = level;
+        self.level = level.supported()?;
         Ok(self)
     }
 
@@ -262,27 +256,11 @@ impl Attention {
         hooks: &AttentionHooks<'_>,
         positions: AttnPositions<'_>,
     ) -> Result<Tensor> {
-        let (b, t, w) = qkv.dims3().map_err(|_| Error::Shape {
-            what: "packed qkv",
-            expected: "(batch, seq_len, (q_heads + 2·kv_heads)·head_dim)".into(),
-            got: format!("{:?}", qkv.dims()),
-        })?;
-        let heads = q_heads + 2 * kv_heads;
-        if q_heads == 0 || kv_heads == 0 || w == 0 || !w.is_multiple_of(heads) {
-            return Err(Error::Shape {
-                what: "packed qkv",
-                expected: format!("width divisible by q_heads + 2·kv_heads = {heads}"),
-                got: format!("{:?}", qkv.dims()),
-            });
-        }
-        let d = w / heads;
+        let (b, t, d) = packed_geometry(qkv, q_heads, kv_heads)?;
         if !fusable(&[qkv]) {
-            let (q, kk, v) = split_packed(qkv, q_heads, kv_heads, d)?;
-            let out = self
-                .with_layout(HeadLayout::Bthd)
-                .forward_reference(&q, &kk, &v, hooks, positions)?;
-            return Ok(out.reshape((b, t, q_heads * d))?);
+            return self.forward_packed_reference(qkv, q_heads, kv_heads, hooks, positions);
         }
+        let w = (q_heads + 2 * kv_heads) * d;
         let qkv = &qkv.contiguous()?;
         let g = Geometry {
             layout: HeadLayout::Bthd,
@@ -341,16 +319,7 @@ impl Attention {
         hooks: &AttentionHooks<'_>,
         positions: AttnPositions<'_>,
     ) -> Result<Tensor> {
-        let (b, t, w) = qkv.dims3()?;
-        let heads = q_heads + 2 * kv_heads;
-        if q_heads == 0 || kv_heads == 0 || w == 0 || !w.is_multiple_of(heads) {
-            return Err(Error::Shape {
-                what: "packed qkv",
-                expected: format!("width divisible by q_heads + 2·kv_heads = {heads}"),
-                got: format!("{:?}", qkv.dims()),
-            });
-        }
-        let d = w / heads;
+        let (b, t, d) = packed_geometry(qkv, q_heads, kv_heads)?;
         let (q, kk, v) = split_packed(qkv, q_heads, kv_heads, d)?;
         let out = self
             .with_layout(HeadLayout::Bthd)
@@ -838,10 +807,27 @@ impl Shared {
         self.plan.params.iter().map(host_f32).collect()
     }
 
-    fn forward(&self, qkv: &[(&[f32], &Layout)]) -> Result<(Vec<f32>, Vec<f32>)> {
+    /// ALiBi's slopes as `f32` (empty without ALiBi), for [`Shared::problem`].
+    fn alibi_slopes(&self) -> Vec<f32> {
+        match &self.plan.logits {
+            Some(LogitsBias::Alibi { slopes, .. }) => slopes.iter().map(|&m| m as f32).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The kernel problem over queries `q`, keys `k` and values `v` (in this
+    /// call's row layouts), for the forward and the backward pass: the
+    /// rotation, the logits bias and the value tables, their data read from
+    /// `params` in plan order, ALiBi's from `slopes`
+    /// ([`alibi_slopes`](Self::alibi_slopes)). Also returns the dense bias's
+    /// full dims (`[1; 4]` without one).
+    fn problem<'a>(
+        &'a self,
+        params: &'a [Vec<f32>],
+        slopes: &'a [f32],
+        [q, k, v]: [&'a [f32]; 3],
+    ) -> Result<(k::Problem<'a>, [usize; 4])> {
         let d = self.g.dims;
-        let params = self.param_data()?;
-        let slopes: Vec<f32>;
         let tables = self.plan.rotation.as_ref().map(|r| &r.tables);
         let rotation = tables.map(|t| k::Rotation {
             rotary_dim: t.rotary_dim,
@@ -851,20 +837,17 @@ impl Shared {
             q_rows: t.q_rows.map(),
             k_rows: t.k_rows.map(),
         });
-        let mut pi = 0;
-        let mut next = || {
-            pi += 1;
-            &params[pi - 1][..]
-        };
+        let mut params = params.iter();
+        let mut next = || -> &'a [f32] { params.next().expect("a parameter per bias table") };
         let mut prob = k::Problem {
             dims: d,
             scale: self.plan.scale as f32,
             causal: self.plan.causal,
-            q: &[],
+            q,
             q_rows: self.g.q_rows,
-            k: &[],
+            k,
             k_rows: self.g.k_rows,
-            v: &[],
+            v,
             v_rows: self.g.v_rows,
             rotation,
             q_pos: self.plan.q_pos.0.as_kernel(),
@@ -877,15 +860,11 @@ impl Shared {
             products: self.plan.products,
             window: None,
         };
-        let dense_full;
+        let mut dense_full = [1usize; 4];
         match &self.plan.logits {
-            Some(LogitsBias::Alibi {
-                slopes: s,
-                symmetric,
-            }) => {
-                slopes = s.iter().map(|&m| m as f32).collect();
+            Some(LogitsBias::Alibi { symmetric, .. }) => {
                 prob.alibi = Some(k::AlibiBias {
-                    slopes: &slopes,
+                    slopes,
                     symmetric: *symmetric,
                 });
             }
@@ -937,20 +916,21 @@ impl Shared {
                 }
             }
         }
-        let _ = &mut next;
-        match self.layouts {
-            Inputs::Separate => {
-                prob.q = qkv[0].0;
-                prob.k = qkv[1].0;
-                prob.v = qkv[2].0;
-            }
+        Ok((prob, dense_full))
+    }
+
+    fn forward(&self, qkv: &[(&[f32], &Layout)]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let d = self.g.dims;
+        let params = self.param_data()?;
+        let slopes = self.alibi_slopes();
+        let inputs = match self.layouts {
+            Inputs::Separate => [qkv[0].0, qkv[1].0, qkv[2].0],
             Inputs::Packed => {
                 let s = &qkv[0].0[qkv[0].1.start_offset()..];
-                prob.q = s;
-                prob.k = s;
-                prob.v = s;
+                [s, s, s]
             }
-        }
+        };
+        let (prob, _) = self.problem(&params, &slopes, inputs)?;
         check_extent(&prob)?;
         // SAFETY: the kernel writes every row of the output (zeros for a
         // query that sees no key) and every log-sum-exp.
@@ -962,6 +942,37 @@ impl Shared {
         k::forward(&prob, &mut out, self.g.out_rows, &mut lse, self.plan.level);
         Ok((out, lse))
     }
+}
+
+/// The `(batch, seq_len, width)` of a packed `qkv` projection.
+///
+/// # Errors
+/// [`Error::Shape`] for a tensor that is not 3-d.
+pub(crate) fn packed_dims(qkv: &Tensor) -> Result<(usize, usize, usize)> {
+    qkv.dims3().map_err(|_| Error::Shape {
+        what: "packed qkv",
+        expected: "(batch, seq_len, (q_heads + 2·kv_heads)·head_dim)".into(),
+        got: format!("{:?}", qkv.dims()),
+    })
+}
+
+/// The `(batch, seq_len, head_dim)` of a packed `qkv` projection of
+/// `q_heads` query and `kv_heads` key/value heads.
+///
+/// # Errors
+/// [`Error::Shape`] for a tensor that is not 3-d, or a width that is not a
+/// positive multiple of `q_heads + 2·kv_heads` (or zero heads).
+fn packed_geometry(qkv: &Tensor, q_heads: usize, kv_heads: usize) -> Result<(usize, usize, usize)> {
+    let (b, t, w) = packed_dims(qkv)?;
+    let heads = q_heads + 2 * kv_heads;
+    if q_heads == 0 || kv_heads == 0 || w == 0 || !w.is_multiple_of(heads) {
+        return Err(Error::Shape {
+            what: "packed qkv",
+            expected: format!("width divisible by q_heads + 2·kv_heads = {heads}"),
+            got: format!("{:?}", qkv.dims()),
+        });
+    }
+    Ok((b, t, w / heads))
 }
 
 fn check_extent(p: &k::Problem) -> Result<()> {
@@ -1178,44 +1189,12 @@ fn backward(sh: &Shared, out: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tenso
             }
         }
     }
-    let qkv_rows = [sh.g.q_rows, sh.g.k_rows, sh.g.v_rows];
-    let slopes: Vec<f32>;
-    let tables = sh.plan.rotation.as_ref().map(|r| &r.tables);
-    let rotation = tables.map(|t| k::Rotation {
-        rotary_dim: t.rotary_dim,
-        pairs: t.pairs,
-        q: t.tables.query(),
-        k: t.tables.key(),
-        q_rows: t.q_rows.map(),
-        k_rows: t.k_rows.map(),
-    });
     let (qs, ks, vs) = match sh.layouts {
         Inputs::Separate => (views[0], views[1], views[2]),
         Inputs::Packed => (views[0], views[0], views[0]),
     };
-    let mut prob = k::Problem {
-        dims: d,
-        scale: sh.plan.scale as f32,
-        causal: sh.plan.causal,
-        q: qs,
-        q_rows: qkv_rows[0],
-        k: ks,
-        k_rows: qkv_rows[1],
-        v: vs,
-        v_rows: qkv_rows[2],
-        rotation,
-        q_pos: sh.plan.q_pos.0.as_kernel(),
-        k_pos: sh.plan.k_pos.0.as_kernel(),
-        alibi: None,
-        scalar: None,
-        vector: None,
-        dense: None,
-        cumulative: None,
-        products: sh.plan.products,
-        window: None,
-    };
-    let mut pi = 0usize;
-    let mut dense_full = [1usize; 4];
+    let slopes = sh.alibi_slopes();
+    let (prob, dense_full) = sh.problem(&params, &slopes, [qs, ks, vs])?;
     let n_vec = match (&sh.plan.logits, &sh.plan.values) {
         (Some(LogitsBias::RelativeKeys { index, .. }), _) => index.rows(),
         (_, Some(vt)) => vt.index.rows(),
@@ -1228,70 +1207,20 @@ fn backward(sh: &Shared, out: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tenso
     let mut g_cq = Vec::new();
     let mut g_ck = Vec::new();
     match &sh.plan.logits {
-        Some(LogitsBias::Alibi {
-            slopes: s,
-            symmetric,
-        }) => {
-            slopes = s.iter().map(|&m| m as f32).collect();
-            prob.alibi = Some(k::AlibiBias {
-                slopes: &slopes,
-                symmetric: *symmetric,
-            });
-        }
         Some(LogitsBias::Bucketed { index, .. }) => {
-            prob.scalar = Some(k::ScalarTable {
-                index,
-                table: &params[pi],
-            });
-            pi += 1;
             g_scalar = vec![0f32; index.rows() * d.q_heads];
         }
-        Some(LogitsBias::RelativeKeys { index, .. }) => {
-            prob.vector = Some(k::VectorTables {
-                index,
-                keys: Some(&params[pi]),
-                values: None,
-            });
-            pi += 1;
-            g_keys = vec![0f32; n_vec * d.head_dim];
-        }
-        Some(LogitsBias::Dense(t)) => {
-            dense_full = dense_dims(t, &d)?;
-            let f = dense_full;
-            prob.dense = Some(k::DenseBias {
-                data: &params[pi],
-                offset: 0,
-                sb: if f[0] == 1 { 0 } else { f[1] * f[2] * f[3] },
-                sh: if f[1] == 1 { 0 } else { f[2] * f[3] },
-                si: f[3],
-                sj: 1,
-            });
-            pi += 1;
+        Some(LogitsBias::RelativeKeys { .. }) => g_keys = vec![0f32; n_vec * d.head_dim],
+        Some(LogitsBias::Dense(_)) => {
             g_dense = vec![0f32; d.batch * d.q_heads * d.q_len * d.k_len];
         }
         Some(LogitsBias::Cumulative { .. }) => {
-            prob.cumulative = Some(k::CumulativeBias {
-                q: &params[pi],
-                k: &params[pi + 1],
-            });
-            pi += 2;
             g_cq = vec![0f32; d.batch * d.q_heads * d.q_len];
             g_ck = vec![0f32; d.batch * d.q_heads * d.k_len];
         }
-        None => {}
+        Some(LogitsBias::Alibi { .. }) | None => {}
     }
-    if let Some(vt) = &sh.plan.values {
-        let values = &params[pi][..];
-        match &mut prob.vector {
-            Some(v) => v.values = Some(values),
-            None => {
-                prob.vector = Some(k::VectorTables {
-                    index: &vt.index,
-                    keys: None,
-                    values: Some(values),
-                })
-            }
-        }
+    if sh.plan.values.is_some() {
         g_values = vec![0f32; n_vec * d.head_dim];
     }
     // Gradient buffers of q, k, v (or the packed qkv).

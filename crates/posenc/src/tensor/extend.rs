@@ -190,11 +190,7 @@ impl<'r> MethodAttention<'r> {
     }
 
     fn packed(&self, qkv: &Tensor, hq: usize, hk: usize, reference: bool) -> Result<Tensor> {
-        let (b, t, w) = qkv.dims3().map_err(|_| Error::Shape {
-            what: "packed qkv",
-            expected: "(batch, seq_len, (q_heads + 2·kv_heads)·head_dim)".into(),
-            got: format!("{:?}", qkv.dims()),
-        })?;
+        let (b, t, w) = super::attention::packed_dims(qkv)?;
         let heads = hq + 2 * hk;
         if hq == 0 || hk == 0 || w == 0 || !w.is_multiple_of(heads) || !hq.is_multiple_of(hk) {
             return Err(Error::Shape {
