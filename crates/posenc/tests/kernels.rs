@@ -46,18 +46,17 @@ fn tables(rd: usize, rows: usize, xpos_key: bool) -> Tables {
     t
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Every level of `levels` against the reference and the scalar kernel, in
+/// place and out of place, on a `T` buffer of geometry `g` (rows by `ids`
+/// or an offset; the inverse rotation with `inverse`).
 fn check_case<T: Element>(
     rng: &mut Rng,
-    dims: [usize; 4],
-    layout: HeadLayout,
-    pairs: PairLayout,
-    rd: usize,
+    g: RopeGeometry,
     ids: bool,
     inverse: bool,
     levels: &[SimdLevel],
 ) {
-    let g = RopeGeometry::from_dims(dims, layout, rd, pairs);
+    let rd = g.rotary_dim;
     let rows_avail = g.seq_len + 5;
     let t = tables(rd, rows_avail, rng.below(2) == 0);
     let src: Vec<T> = (0..g.len()).map(|_| T::from_f32(rng.next_f32())).collect();
@@ -94,7 +93,7 @@ fn check_case<T: Element>(
                 let (a, w, s) = (a.to_f32(), w.to_f32(), s.to_f32());
                 assert!(
                     (a - w).abs() <= tol::<T>(w, mag),
-                    "{} {level} {dims:?} {layout} {pairs} rd={rd} ids={ids} inv={inverse} [{j}]: {a} vs reference {w}",
+                    "{} {level} {g:?} ids={ids} inv={inverse} [{j}]: {a} vs reference {w}",
                     T::NAME
                 );
                 assert!(
@@ -132,10 +131,11 @@ fn all_types(
     ids: bool,
     inverse: bool,
 ) {
+    let g = RopeGeometry::from_dims(dims, layout, rd, pairs);
     let levels = SimdLevel::available();
-    check_case::<f32>(rng, dims, layout, pairs, rd, ids, inverse, &levels);
-    check_case::<f16>(rng, dims, layout, pairs, rd, ids, inverse, &levels);
-    check_case::<bf16>(rng, dims, layout, pairs, rd, ids, inverse, &levels);
+    check_case::<f32>(rng, g, ids, inverse, &levels);
+    check_case::<f16>(rng, g, ids, inverse, &levels);
+    check_case::<bf16>(rng, g, ids, inverse, &levels);
 }
 
 const EDGES: [usize; 6] = [1, 2, 3, 127, 128, 129];

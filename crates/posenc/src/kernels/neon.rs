@@ -4,7 +4,7 @@
 
 use std::arch::aarch64::*;
 
-use super::rope::{scalar_half_from, scalar_interleaved_from, VecFn};
+use super::rope::{scalar_pairs_from, VecFn};
 use crate::rope::PairLayout;
 
 #[inline(always)]
@@ -55,7 +55,7 @@ macro_rules! neon_kernels {
                 $st(dst.add(i + nf), y1);
                 i += 4;
             }
-            scalar_half_from(src, dst, cos, sin, nf, i, neg);
+            scalar_pairs_from::<$T, false>(src, dst, cos, sin, nf, i, neg);
         }
 
         unsafe fn $inter(
@@ -86,7 +86,7 @@ macro_rules! neon_kernels {
                 $st(dst.add(2 * i), y);
                 i += 2;
             }
-            scalar_interleaved_from(src, dst, cos, sin, nf, i, neg);
+            scalar_pairs_from::<$T, true>(src, dst, cos, sin, nf, i, neg);
         }
     };
 }

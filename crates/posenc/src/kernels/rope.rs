@@ -196,84 +196,72 @@ pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
 
 fn scalar_kernel<T: Element>(pairs: PairLayout) -> VecFn<T> {
     match pairs {
-        PairLayout::HalfSplit => scalar_half::<T>,
-        PairLayout::Interleaved => scalar_interleaved::<T>,
+        PairLayout::HalfSplit => scalar_pairs::<T, false>,
+        PairLayout::Interleaved => scalar_pairs::<T, true>,
     }
 }
 
-impl Element for f32 {
-    const NAME: &'static str = "f32";
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-    fn vec_kernel(level: SimdLevel, pairs: PairLayout) -> VecFn<Self> {
-        match level {
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => super::x86::avx512_f32(pairs),
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => super::x86::avx2_f32(pairs),
-            #[cfg(target_arch = "aarch64")]
-            SimdLevel::Neon => super::neon::neon_f32(pairs),
-            _ => scalar_kernel::<f32>(pairs),
+/// `impl Element` for one activation type: its name, its widening and
+/// rounding (`|x| …` from `Self` to `f32`, `|v| …` back), and its SIMD
+/// kernels on x86-64 and, where it has them, aarch64 (others: scalar).
+macro_rules! element {
+    ($T:ty, $name:literal, |$x:ident| $to:expr, |$v:ident| $from:expr,
+     $avx512:ident, $avx2:ident $(, $neon:ident)?) => {
+        impl Element for $T {
+            const NAME: &'static str = $name;
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                let $x = self;
+                $to
+            }
+            #[inline(always)]
+            fn from_f32($v: f32) -> Self {
+                $from
+            }
+            fn vec_kernel(level: SimdLevel, pairs: PairLayout) -> VecFn<Self> {
+                match level {
+                    #[cfg(target_arch = "x86_64")]
+                    SimdLevel::Avx512 => super::x86::$avx512(pairs),
+                    #[cfg(target_arch = "x86_64")]
+                    SimdLevel::Avx2 => super::x86::$avx2(pairs),
+                    $(
+                        #[cfg(target_arch = "aarch64")]
+                        SimdLevel::Neon => super::neon::$neon(pairs),
+                    )?
+                    _ => scalar_kernel::<$T>(pairs),
+                }
+            }
         }
-    }
+    };
 }
 
-impl Element for half::f16 {
-    const NAME: &'static str = "f16";
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        half::f16::from_f32(v)
-    }
-    fn vec_kernel(level: SimdLevel, pairs: PairLayout) -> VecFn<Self> {
-        match level {
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => super::x86::avx512_f16(pairs),
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => super::x86::avx2_f16(pairs),
-            _ => scalar_kernel::<half::f16>(pairs),
-        }
-    }
-}
+element!(f32, "f32", |x| x, |v| v, avx512_f32, avx2_f32, neon_f32);
+element!(
+    half::f16,
+    "f16",
+    |x| half::f16::to_f32(x),
+    |v| half::f16::from_f32(v),
+    avx512_f16,
+    avx2_f16
+);
+element!(
+    half::bf16,
+    "bf16",
+    |x| half::bf16::to_f32(x),
+    |v| half::bf16::from_f32(v),
+    avx512_bf16,
+    avx2_bf16,
+    neon_bf16
+);
 
-impl Element for half::bf16 {
-    const NAME: &'static str = "bf16";
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        half::bf16::to_f32(self)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        half::bf16::from_f32(v)
-    }
-    fn vec_kernel(level: SimdLevel, pairs: PairLayout) -> VecFn<Self> {
-        match level {
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => super::x86::avx512_bf16(pairs),
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => super::x86::avx2_bf16(pairs),
-            #[cfg(target_arch = "aarch64")]
-            SimdLevel::Neon => super::neon::neon_bf16(pairs),
-            _ => scalar_kernel::<half::bf16>(pairs),
-        }
-    }
-}
-
-/// Scalar half-split pairs `from..nf` (also the SIMD kernels' tail).
+/// Scalar pairs `from..nf` of one head vector, half-split (`(i, i + nf)`)
+/// or, with `INTERLEAVED`, interleaved (`(2i, 2i + 1)`); also the SIMD
+/// kernels' tail.
 ///
 /// # Safety
 /// `src`/`dst` valid for `2·nf` elements, `cos`/`sin` for `nf`.
 #[inline(always)]
-pub(crate) unsafe fn scalar_half_from<T: Element>(
+pub(crate) unsafe fn scalar_pairs_from<T: Element, const INTERLEAVED: bool>(
     src: *const T,
     dst: *mut T,
     cos: *const f32,
@@ -283,40 +271,22 @@ pub(crate) unsafe fn scalar_half_from<T: Element>(
     neg: bool,
 ) {
     for i in from..nf {
+        let (a, b) = if INTERLEAVED {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + nf)
+        };
         let c = *cos.add(i);
         let s = if neg { -*sin.add(i) } else { *sin.add(i) };
-        let x0 = (*src.add(i)).to_f32();
-        let x1 = (*src.add(i + nf)).to_f32();
-        *dst.add(i) = T::from_f32(x0 * c - x1 * s);
-        *dst.add(i + nf) = T::from_f32(x1 * c + x0 * s);
+        let x0 = (*src.add(a)).to_f32();
+        let x1 = (*src.add(b)).to_f32();
+        *dst.add(a) = T::from_f32(x0 * c - x1 * s);
+        *dst.add(b) = T::from_f32(x1 * c + x0 * s);
     }
 }
 
-/// Scalar interleaved pairs `from..nf` (also the SIMD kernels' tail).
-///
-/// # Safety
-/// `src`/`dst` valid for `2·nf` elements, `cos`/`sin` for `nf`.
-#[inline(always)]
-pub(crate) unsafe fn scalar_interleaved_from<T: Element>(
-    src: *const T,
-    dst: *mut T,
-    cos: *const f32,
-    sin: *const f32,
-    nf: usize,
-    from: usize,
-    neg: bool,
-) {
-    for i in from..nf {
-        let c = *cos.add(i);
-        let s = if neg { -*sin.add(i) } else { *sin.add(i) };
-        let x0 = (*src.add(2 * i)).to_f32();
-        let x1 = (*src.add(2 * i + 1)).to_f32();
-        *dst.add(2 * i) = T::from_f32(x0 * c - x1 * s);
-        *dst.add(2 * i + 1) = T::from_f32(x1 * c + x0 * s);
-    }
-}
-
-unsafe fn scalar_half<T: Element>(
+/// The scalar [`VecFn`]: every pair of the vector.
+unsafe fn scalar_pairs<T: Element, const INTERLEAVED: bool>(
     src: *const T,
     dst: *mut T,
     cos: *const f32,
@@ -324,18 +294,7 @@ unsafe fn scalar_half<T: Element>(
     nf: usize,
     neg: bool,
 ) {
-    scalar_half_from(src, dst, cos, sin, nf, 0, neg)
-}
-
-unsafe fn scalar_interleaved<T: Element>(
-    src: *const T,
-    dst: *mut T,
-    cos: *const f32,
-    sin: *const f32,
-    nf: usize,
-    neg: bool,
-) {
-    scalar_interleaved_from(src, dst, cos, sin, nf, 0, neg)
+    scalar_pairs_from::<T, INTERLEAVED>(src, dst, cos, sin, nf, 0, neg)
 }
 
 /// Checks tables and rows against the geometry.
@@ -386,17 +345,6 @@ fn check_tables(g: &RopeGeometry, tables: &RopeTables<'_>, rows: RowMap<'_>) -> 
     Ok(())
 }
 
-fn check_level(level: SimdLevel) -> Result<()> {
-    if level.is_supported() {
-        Ok(())
-    } else {
-        Err(Error::invalid(
-            "simd level",
-            format!("{level} is not supported by this CPU"),
-        ))
-    }
-}
-
 fn check_len(what: &'static str, got: usize, g: &RopeGeometry) -> Result<()> {
     if got != g.len() {
         return Err(Error::Shape {
@@ -429,7 +377,7 @@ pub fn rope_inplace<T: Element>(
     rows: RowMap<'_>,
     inverse: bool,
 ) -> Result<()> {
-    check_level(level)?;
+    level.supported()?;
     check_tables(g, tables, rows)?;
     check_len("rope buffer", x.len(), g)?;
     let p = x.as_mut_ptr();
@@ -451,23 +399,10 @@ pub fn rope_out<T: Element>(
     rows: RowMap<'_>,
     inverse: bool,
 ) -> Result<()> {
-    check_level(level)?;
-    check_tables(g, tables, rows)?;
-    check_len("rope input", src.len(), g)?;
-    check_len("rope output", dst.len(), g)?;
-    // SAFETY: lengths checked; `&mut dst` cannot overlap `&src`.
-    unsafe {
-        drive(
-            level,
-            src.as_ptr(),
-            dst.as_mut_ptr(),
-            g,
-            tables,
-            rows,
-            inverse,
-        )
-    };
-    Ok(())
+    // SAFETY: the kernels write only initialised values into dst, so it
+    // stays initialised; `&mut dst` cannot overlap `&src`.
+    let dst = unsafe { &mut *(dst as *mut [T] as *mut [MaybeUninit<T>]) };
+    rope_out_uninit(level, src, dst, g, tables, rows, inverse)
 }
 
 /// [`rope_out`] into uninitialised memory; on `Ok` every element of `dst`
@@ -484,7 +419,7 @@ pub fn rope_out_uninit<T: Element>(
     rows: RowMap<'_>,
     inverse: bool,
 ) -> Result<()> {
-    check_level(level)?;
+    level.supported()?;
     check_tables(g, tables, rows)?;
     check_len("rope input", src.len(), g)?;
     check_len("rope output", dst.len(), g)?;

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::rope::{scalar_half_from, scalar_interleaved_from, VecFn};
+use super::rope::{scalar_pairs_from, VecFn};
 use crate::rope::PairLayout;
 
 // ---------------------------------------------------------------- loads/stores
@@ -138,7 +138,7 @@ macro_rules! avx2_kernels {
                 $st(dst.add(i + nf), y1);
                 i += 8;
             }
-            scalar_half_from(src, dst, cos, sin, nf, i, neg);
+            scalar_pairs_from::<$T, false>(src, dst, cos, sin, nf, i, neg);
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -171,7 +171,7 @@ macro_rules! avx2_kernels {
                 $st(dst.add(2 * i), y);
                 i += 4;
             }
-            scalar_interleaved_from(src, dst, cos, sin, nf, i, neg);
+            scalar_pairs_from::<$T, true>(src, dst, cos, sin, nf, i, neg);
         }
 
         unsafe fn $half(
