@@ -182,7 +182,9 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-fn sigmoid(x: f64) -> f64 {
+/// The logistic function `1 / (1 + e^(−x))`, without overflow for large
+/// `|x|` (also the fused CoPE kernel's gate).
+pub(crate) fn sigmoid(x: f64) -> f64 {
     if x >= 0.0 {
         1.0 / (1.0 + (-x).exp())
     } else {

@@ -38,17 +38,50 @@ use crate::error::{Error, Result};
 /// # Errors
 /// [`Error::PositionOutOfRange`] if a position exceeds `i64::MAX`.
 pub(crate) fn signed_distance(query: u64, key: u64) -> Result<i64> {
+    check_signed(
+        [query, key],
+        "relative encodings (positions are subtracted as i64)",
+    )?;
+    Ok(key as i64 - query as i64)
+}
+
+/// Checks that both positions fit an `i64` (they are subtracted as signed
+/// numbers).
+///
+/// # Errors
+/// [`Error::PositionOutOfRange`] about `what` for one above `i64::MAX`.
+#[inline]
+pub(crate) fn check_signed(positions: [u64; 2], what: &'static str) -> Result<()> {
     let limit = i64::MAX as u64;
-    for p in [query, key] {
+    for p in positions {
         if p > limit {
             return Err(Error::PositionOutOfRange {
                 position: p,
                 limit,
-                what: "relative encodings (positions are subtracted as i64)",
+                what,
             });
         }
     }
-    Ok(key as i64 - query as i64)
+    Ok(())
+}
+
+/// The `Tq × Tk` matrix `f(query, key)` for queries at
+/// `q_offset..q_offset + q_len` and keys at `k_offset..k_offset + k_len`
+/// (positions saturate at `u64::MAX`); the first error stops it.
+pub(crate) fn position_grid<T>(
+    q_len: usize,
+    k_len: usize,
+    q_offset: u64,
+    k_offset: u64,
+    f: impl Fn(u64, u64) -> Result<T>,
+) -> Result<Vec<Vec<T>>> {
+    (0..q_len as u64)
+        .map(|i| {
+            (0..k_len as u64)
+                .map(|j| f(q_offset.saturating_add(i), k_offset.saturating_add(j)))
+                .collect()
+        })
+        .collect()
 }
 
 /// Checks `head < num_heads`.

@@ -194,15 +194,9 @@ impl Shaw {
         q_offset: u64,
         k_offset: u64,
     ) -> Result<Vec<Vec<usize>>> {
-        (0..q_len as u64)
-            .map(|i| {
-                (0..k_len as u64)
-                    .map(|j| {
-                        self.relative_index(q_offset.saturating_add(i), k_offset.saturating_add(j))
-                    })
-                    .collect()
-            })
-            .collect()
+        super::position_grid(q_len, k_len, q_offset, k_offset, |q, k| {
+            self.relative_index(q, k)
+        })
     }
 
     /// The logits `e_ij = q_i · (k_j + a^K_ij) / √d`, `[Tq][Tk]`.

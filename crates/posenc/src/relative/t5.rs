@@ -189,19 +189,9 @@ impl T5Buckets {
         q_offset: u64,
         k_offset: u64,
     ) -> Result<Vec<Vec<usize>>> {
-        (0..q_len as u64)
-            .map(|i| {
-                (0..k_len as u64)
-                    .map(|j| {
-                        let r = super::signed_distance(
-                            q_offset.saturating_add(i),
-                            k_offset.saturating_add(j),
-                        )?;
-                        Ok(self.bucket(r))
-                    })
-                    .collect()
-            })
-            .collect()
+        super::position_grid(q_len, k_len, q_offset, k_offset, |q, k| {
+            Ok(self.bucket(super::signed_distance(q, k)?))
+        })
     }
 }
 

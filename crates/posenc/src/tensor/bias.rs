@@ -44,16 +44,10 @@ use crate::relative::{Alibi, Shaw, T5Bias, T5Buckets};
 fn relative_grid(q_len: usize, k_len: usize, q_offset: u64, k_offset: u64) -> Result<Vec<i64>> {
     let last_q = q_offset.saturating_add(q_len.saturating_sub(1) as u64);
     let last_k = k_offset.saturating_add(k_len.saturating_sub(1) as u64);
-    let limit = i64::MAX as u64;
-    for p in [last_q, last_k] {
-        if p > limit {
-            return Err(Error::PositionOutOfRange {
-                position: p,
-                limit,
-                what: "attention bias positions (subtracted as i64)",
-            });
-        }
-    }
+    crate::relative::check_signed(
+        [last_q, last_k],
+        "attention bias positions (subtracted as i64)",
+    )?;
     let mut out = Vec::with_capacity(q_len * k_len);
     for i in 0..q_len as i64 {
         let q = q_offset as i64 + i;
@@ -315,27 +309,12 @@ impl ShawRelative {
         self.check_last("shaw queries", q, self.head_dim)?;
         let in_dtype = q.dtype();
         let q = q.to_dtype(self.keys.dtype())?;
-        let dims = q.dims().to_vec();
-        let q_len = dims[dims.len() - 2];
-        let lead = &dims[..dims.len() - 2];
+        let q_len = q.dims()[q.dims().len() - 2];
         let qa = q.broadcast_matmul(&self.keys.t()?)?; // (…, Tq, R), R = 2k+1
-        let r = 2 * self.max_relative + 1;
-        let l: usize = lead.iter().product();
-        // out[…, i, j] = Σ_r qa[…, i, r]·onehot[i, j, r], batched over i:
-        // (Tq, L, R) × (Tq, R, Tk) → (Tq, L, Tk). Matmuls only, so the
-        // backward pass is matmuls too (candle 0.11's gather backward fails
-        // when the gathered dimension changes size).
+                                                       // out[…, i, j] = Σ_r qa[…, i, r]·onehot[i, j, r]
         let onehot = self.onehot(q_len, k_len, q_offset, k_offset, qa.dtype(), q.device())?;
-        let out = qa
-            .reshape((l, q_len, r))?
-            .transpose(0, 1)?
-            .contiguous()?
-            .matmul(&onehot.transpose(1, 2)?.contiguous()?)? // (Tq, L, Tk)
-            .transpose(0, 1)?
-            .contiguous()?;
-        let mut shape = lead.to_vec();
-        shape.extend([q_len, k_len]);
-        Ok(out.reshape(shape)?.to_dtype(in_dtype)?)
+        let out = per_query_matmul(&qa, &onehot.transpose(1, 2)?.contiguous()?)?;
+        Ok(out.to_dtype(in_dtype)?)
     }
 
     /// The full logits `e_ij = (q_i · k_j + q_i · a^K_ij) / √d`, `(…, Tq,
@@ -374,24 +353,31 @@ impl ShawRelative {
         let in_dtype = weights.dtype();
         let w = weights.to_dtype(self.values.dtype())?.contiguous()?;
         let (q_len, k_len) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-        let lead = &dims[..dims.len() - 2];
-        let r = 2 * self.max_relative + 1;
-        let l: usize = lead.iter().product();
-        // sums[…, i, r] = Σ_j α[…, i, j]·onehot[i, j, r], batched over i:
-        // (Tq, L, Tk) × (Tq, Tk, R) → (Tq, L, R); no (Tq, Tk, d) tensor.
+        // sums[…, i, r] = Σ_j α[…, i, j]·onehot[i, j, r]; no (Tq, Tk, d) tensor
         let onehot = self.onehot(q_len, k_len, q_offset, k_offset, w.dtype(), w.device())?;
-        let sums = w
-            .reshape((l, q_len, k_len))?
-            .transpose(0, 1)?
-            .contiguous()?
-            .matmul(&onehot)? // (Tq, L, R)
-            .transpose(0, 1)?
-            .contiguous()?;
-        let mut shape = lead.to_vec();
-        shape.extend([q_len, r]);
-        Ok(sums
-            .reshape(shape)?
-            .broadcast_matmul(&self.values)?
-            .to_dtype(in_dtype)?)
+        let sums = per_query_matmul(&w, &onehot)?;
+        Ok(sums.broadcast_matmul(&self.values)?.to_dtype(in_dtype)?)
     }
+}
+
+/// `x` `(…, Tq, A)` times a matrix per query, `per_query` `(Tq, A, B)`:
+/// `(…, Tq, B)`, as one matmul batched over the queries, `(Tq, L, A) ×
+/// (Tq, A, B) → (Tq, L, B)` with `L` the product of the leading dims.
+/// Matmuls only, so the backward pass is matmuls too (candle 0.11's gather
+/// backward fails when the gathered dimension changes size).
+fn per_query_matmul(x: &Tensor, per_query: &Tensor) -> Result<Tensor> {
+    let dims = x.dims();
+    let (q_len, a) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    let lead = &dims[..dims.len() - 2];
+    let l: usize = lead.iter().product();
+    let out = x
+        .reshape((l, q_len, a))?
+        .transpose(0, 1)?
+        .contiguous()?
+        .matmul(per_query)?
+        .transpose(0, 1)?
+        .contiguous()?;
+    let mut shape = lead.to_vec();
+    shape.extend([q_len, per_query.dim(2)?]);
+    Ok(out.reshape(shape)?)
 }

@@ -341,15 +341,6 @@ struct CopeOp {
     npos: usize,
 }
 
-fn sigmoid(x: f64) -> f64 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
-
 impl CopeOp {
     fn cap(&self) -> f64 {
         (self.npos - 1) as f64
@@ -373,7 +364,7 @@ impl CopeOp {
         let mut acc = 0.0;
         for j in (0..self.tk).rev() {
             g[j] = if vis.is_none_or(|v| v[j] != 0) {
-                sigmoid(gl[j].to_f64())
+                crate::relative::cope::sigmoid(gl[j].to_f64())
             } else {
                 0.0
             };

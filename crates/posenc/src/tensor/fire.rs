@@ -59,7 +59,9 @@ use candle_nn::{Init, VarBuilder};
 
 use super::host::{checked_elements, common_rows, read_positions};
 use super::Positions;
-use crate::error::{Error, Result};
+#[cfg(doc)]
+use crate::error::Error;
+use crate::error::Result;
 use crate::relative::fire::{Fire, FireConfig, FireMlp, FireMode};
 
 /// The MLP's four tensors.
@@ -218,16 +220,7 @@ impl FireBias {
         let rows = common_rows(&qp, &kp)?;
         let n = rows.unwrap_or(1);
         let cells = checked_elements("FIRE bias", &[n, h, q_len, k_len])? / h;
-        let limit = i64::MAX as u64;
-        for p in [qp.max(), kp.max()] {
-            if p > limit {
-                return Err(Error::PositionOutOfRange {
-                    position: p,
-                    limit,
-                    what: "FIRE positions (subtracted as i64)",
-                });
-            }
-        }
+        crate::relative::check_signed([qp.max(), kp.max()], "FIRE positions (subtracted as i64)")?;
         let dtype = self.c.dtype();
         let device = self.c.device();
         if cells == 0 {

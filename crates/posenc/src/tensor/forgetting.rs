@@ -79,28 +79,17 @@ impl CustomOp1 for LogSigmoid {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        use candle_core::backend::BackendStorage;
-        let (o1, o2) = l.contiguous_offsets().ok_or_else(|| {
-            candle_core::Error::Msg("posenc log-sigmoid: input not contiguous".into())
-        })?;
-        let out = match s {
-            CpuStorage::F32(v) => CpuStorage::F32(
-                v[o1..o2]
-                    .iter()
+        super::scan::float_op(
+            "log-sigmoid",
+            s,
+            l,
+            |v| {
+                v.iter()
                     .map(|&z| log_sigmoid_f64(f64::from(z)) as f32)
-                    .collect(),
-            ),
-            CpuStorage::F64(v) => {
-                CpuStorage::F64(v[o1..o2].iter().map(|&z| log_sigmoid_f64(z)).collect())
-            }
-            other => {
-                return Err(candle_core::Error::Msg(format!(
-                    "posenc log-sigmoid: unsupported dtype {:?}",
-                    other.dtype()
-                )))
-            }
-        };
-        Ok((out, l.shape().clone()))
+                    .collect()
+            },
+            |v| v.iter().map(|&z| log_sigmoid_f64(z)).collect(),
+        )
     }
 
     /// `d/dz log σ(z) = 1 − σ(z) = σ(−z)`.

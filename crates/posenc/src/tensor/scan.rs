@@ -52,6 +52,32 @@ fn scan_rows<T: Copy>(
     out
 }
 
+/// The forward pass of a CPU op `posenc {what}` on a contiguous `f32` or
+/// `f64` input: `on_f32` or `on_f64` of its elements, in the input's shape.
+pub(crate) fn float_op(
+    what: &str,
+    s: &CpuStorage,
+    l: &Layout,
+    on_f32: impl FnOnce(&[f32]) -> Vec<f32>,
+    on_f64: impl FnOnce(&[f64]) -> Vec<f64>,
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    use candle_core::backend::BackendStorage;
+    let (o1, o2) = l
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("posenc {what}: input not contiguous")))?;
+    let out = match s {
+        CpuStorage::F32(v) => CpuStorage::F32(on_f32(&v[o1..o2])),
+        CpuStorage::F64(v) => CpuStorage::F64(on_f64(&v[o1..o2])),
+        other => {
+            return Err(candle_core::Error::Msg(format!(
+                "posenc {what}: unsupported dtype {:?}",
+                other.dtype()
+            )))
+        }
+    };
+    Ok((out, l.shape().clone()))
+}
+
 impl CustomOp1 for Scan {
     fn name(&self) -> &'static str {
         if self.reverse {
@@ -62,28 +88,14 @@ impl CustomOp1 for Scan {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        use candle_core::backend::BackendStorage;
-        let (o1, o2) = l
-            .contiguous_offsets()
-            .ok_or_else(|| candle_core::Error::Msg("posenc cumsum: input not contiguous".into()))?;
         let n = l.dims().last().copied().unwrap_or(1);
-        let out = match s {
-            CpuStorage::F32(v) => {
-                CpuStorage::F32(scan_rows(&v[o1..o2], n, self.reverse, f64::from, |x| {
-                    x as f32
-                }))
-            }
-            CpuStorage::F64(v) => {
-                CpuStorage::F64(scan_rows(&v[o1..o2], n, self.reverse, |x| x, |x| x))
-            }
-            other => {
-                return Err(candle_core::Error::Msg(format!(
-                    "posenc cumsum: unsupported dtype {:?}",
-                    other.dtype()
-                )))
-            }
-        };
-        Ok((out, l.shape().clone()))
+        float_op(
+            "cumsum",
+            s,
+            l,
+            |v| scan_rows(v, n, self.reverse, f64::from, |x| x as f32),
+            |v| scan_rows(v, n, self.reverse, |x| x, |x| x),
+        )
     }
 
     fn bwd(
