@@ -357,9 +357,7 @@ pub fn relative_invariance(
     seed: u64,
 ) -> Result<f64> {
     let d = enc.head_dim();
-    let mut rng = SplitMix64::new(seed);
-    let mut worst = 0.0f64;
-    for _ in 0..trials {
+    worst_of(trials, seed, |rng| {
         let q = rng.normal_vec(d);
         let k = rng.normal_vec(d);
         let m = rng.below(max_position + 1);
@@ -374,7 +372,21 @@ pub fn relative_invariance(
         };
         let a = score(m, n)?;
         let b = score(m + shift, n + shift)?;
-        worst = worst.max((a - b).abs() / (norm(&q) * norm(&k)));
+        Ok((a - b).abs() / (norm(&q) * norm(&k)))
+    })
+}
+
+/// The largest of `trial`'s values over `trials` trials drawing from one
+/// generator seeded with `seed` (0 for no trial).
+fn worst_of(
+    trials: usize,
+    seed: u64,
+    mut trial: impl FnMut(&mut SplitMix64) -> Result<f64>,
+) -> Result<f64> {
+    let mut rng = SplitMix64::new(seed);
+    let mut worst = 0.0f64;
+    for _ in 0..trials {
+        worst = worst.max(trial(&mut rng)?);
     }
     Ok(worst)
 }
@@ -388,15 +400,12 @@ pub fn norm_change(
     seed: u64,
 ) -> Result<f64> {
     let d = enc.head_dim();
-    let mut rng = SplitMix64::new(seed);
-    let mut worst = 0.0f64;
-    for _ in 0..trials {
+    worst_of(trials, seed, |rng| {
         let x = rng.normal_vec(d);
         let mut y = x.clone();
         enc.apply_query(&mut y, rng.below(max_position + 1))?;
-        worst = worst.max((norm(&y) - norm(&x)).abs() / norm(&x));
-    }
-    Ok(worst)
+        Ok((norm(&y) - norm(&x)).abs() / norm(&x))
+    })
 }
 
 /// RoFormer's relative upper bound (Su et al. 2021, §3.4.3):

@@ -15,6 +15,14 @@ use posenc::relative::cope::{Cope, CopeConfig};
 use posenc::tensor::cope::CopeBias;
 use posenc::Error;
 
+/// A random plain CoPE of `cfg` (seed `seed`) and the candle module with
+/// its table, in `dtype`.
+fn random_pair(cfg: CopeConfig, seed: u64, dtype: DType) -> (Cope, CopeBias) {
+    let cope = Cope::random(cfg, seed).unwrap();
+    let module = CopeBias::from_plain(&cope, dtype, &Device::Cpu).unwrap();
+    (cope, module)
+}
+
 fn rows(t: &Tensor) -> Vec<Vec<f64>> {
     t.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
 }
@@ -76,8 +84,7 @@ fn check_against_plain(
 #[test]
 fn tensor_equals_plain_for_offsets() {
     for (n, cfg) in configs().into_iter().enumerate() {
-        let cope = Cope::random(cfg, n as u64).unwrap();
-        let module = CopeBias::from_plain(&cope, DType::F64, &Device::Cpu).unwrap();
+        let (cope, module) = random_pair(cfg, n as u64, DType::F64);
         let d = cfg.head_dim;
         for t in [1usize, 2, 3, 40] {
             // Scale 3: gates spread over (0, 1), positions past npos clamp.
@@ -105,8 +112,7 @@ fn tensor_equals_plain_for_offsets() {
 #[test]
 fn tensor_equals_plain_for_per_row_ids() {
     let cfg = CopeConfig::new(4, 6).unwrap();
-    let cope = Cope::random(cfg, 9).unwrap();
-    let module = CopeBias::from_plain(&cope, DType::F64, &Device::Cpu).unwrap();
+    let (cope, module) = random_pair(cfg, 9, DType::F64);
     let q = det_tensor(&[2, 2, 3, 4], 0.2, 2.0);
     let k = det_tensor(&[2, 2, 5, 4], 0.5, 2.0);
     // Row 0: queries 2..5 against keys 0..5; row 1 left-padded: keys at
@@ -124,8 +130,7 @@ fn tensor_equals_plain_for_per_row_ids() {
 #[test]
 fn f32_module_is_close_to_plain() {
     let cfg = CopeConfig::new(8, 16).unwrap();
-    let cope = Cope::random(cfg, 4).unwrap();
-    let module = CopeBias::from_plain(&cope, DType::F32, &Device::Cpu).unwrap();
+    let (cope, module) = random_pair(cfg, 4, DType::F32);
     let q64 = det_tensor(&[1, 2, 33, 8], 0.3, 2.0);
     let k64 = det_tensor(&[1, 2, 33, 8], 0.6, 2.0);
     let q = q64.to_dtype(DType::F32).unwrap();
@@ -181,8 +186,7 @@ fn half_gates_count_half_positions() {
 #[test]
 fn query_slice_and_causality() {
     for cfg in configs().into_iter().filter(|c| c.causal) {
-        let cope = Cope::random(cfg, 2).unwrap();
-        let module = CopeBias::from_plain(&cope, DType::F64, &Device::Cpu).unwrap();
+        let (_, module) = random_pair(cfg, 2, DType::F64);
         let d = cfg.head_dim;
         let q = det_tensor(&[2, 2, 12, d], 0.25, 2.0);
         let k = det_tensor(&[2, 2, 12, d], 0.85, 2.0);
@@ -238,8 +242,7 @@ fn unmasked_counts_to_the_end() {
 #[test]
 fn bias_from_gate_logits_equals_bias() {
     let cfg = CopeConfig::new(4, 8).unwrap();
-    let cope = Cope::random(cfg, 5).unwrap();
-    let module = CopeBias::from_plain(&cope, DType::F64, &Device::Cpu).unwrap();
+    let (_, module) = random_pair(cfg, 5, DType::F64);
     let q = det_tensor(&[2, 3, 6, 4], 0.3, 2.0);
     let k = det_tensor(&[2, 3, 9, 4], 0.4, 2.0);
     let gl = (q.matmul(&k.t().unwrap()).unwrap() / 2.0).unwrap();
@@ -306,8 +309,7 @@ fn zero_initialisation_from_varbuilder() {
 fn shapes() {
     for h in [1usize, 2, 3, 8] {
         let cfg = CopeConfig::new(4, 16).unwrap();
-        let module =
-            CopeBias::from_plain(&Cope::random(cfg, 1).unwrap(), DType::F32, &Device::Cpu).unwrap();
+        let (_, module) = random_pair(cfg, 1, DType::F32);
         for t in [1usize, 2, 3, 200] {
             let q = Tensor::randn(0f32, 1.0, (2, h, t, 4), &Device::Cpu).unwrap();
             let b = module.bias(&q, &q, 0.into(), 0.into()).unwrap();

@@ -54,6 +54,14 @@ fn packed(t: usize, hq: usize, hk: usize, d: usize, seed: u64) -> Tensor {
     Tensor::from_vec(v, (1, t, (hq + 2 * hk) * d), &Device::Cpu).unwrap()
 }
 
+/// A model trained at `n` positions, with `max_position_embeddings` `n`.
+fn trained_at(n: usize) -> ModelLengths {
+    ModelLengths {
+        trained: Some(n),
+        max_position_embeddings: Some(n),
+    }
+}
+
 fn levels() -> Vec<SimdLevel> {
     [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512]
         .into_iter()
@@ -61,12 +69,22 @@ fn levels() -> Vec<SimdLevel> {
         .collect()
 }
 
+/// The fused and the reference packed paths of `attn` agree within 2e-5.
+fn assert_fused_equals_reference(
+    attn: &MethodAttention<'_>,
+    qkv: &Tensor,
+    (hq, hk): (usize, usize),
+    ctx: &str,
+) {
+    let fused = attn.forward_packed(qkv, hq, hk).unwrap();
+    let reference = attn.forward_packed_reference(qkv, hq, hk).unwrap();
+    let diff = max_diff(&fused, &reference);
+    assert!(diff < 2e-5, "{ctx}: {diff}");
+}
+
 #[test]
 fn fused_equals_reference_at_edge_sizes() {
-    let lengths = ModelLengths {
-        trained: Some(40),
-        max_position_embeddings: Some(40),
-    };
+    let lengths = trained_at(40);
     let (hq, hk, d) = (4, 2, 16);
     let r = rope(d);
     for m in METHODS {
@@ -78,10 +96,12 @@ fn fused_equals_reference_at_edge_sizes() {
                 .unwrap();
             for t in [1, 2, 3, 127, 128, 129] {
                 let qkv = packed(t, hq, hk, d, t as u64);
-                let fused = attn.forward_packed(&qkv, hq, hk).unwrap();
-                let reference = attn.forward_packed_reference(&qkv, hq, hk).unwrap();
-                let diff = max_diff(&fused, &reference);
-                assert!(diff < 2e-5, "{m} {level:?} T={t}: {diff}");
+                assert_fused_equals_reference(
+                    &attn,
+                    &qkv,
+                    (hq, hk),
+                    &format!("{m} {level:?} T={t}"),
+                );
             }
         }
     }
@@ -91,10 +111,7 @@ fn fused_equals_reference_at_edge_sizes() {
 /// where a range boundary falls inside a tile.
 #[test]
 fn fused_equals_reference_on_long_tiles() {
-    let lengths = ModelLengths {
-        trained: Some(600),
-        max_position_embeddings: Some(600),
-    };
+    let lengths = trained_at(600);
     let (hq, hk, d) = (2, 1, 8);
     let r = rope(d);
     for m in [
@@ -108,10 +125,7 @@ fn fused_equals_reference_on_long_tiles() {
         let attn = MethodAttention::new(method, &r, lengths).unwrap();
         let t = 1100;
         let qkv = packed(t, hq, hk, d, 7);
-        let fused = attn.forward_packed(&qkv, hq, hk).unwrap();
-        let reference = attn.forward_packed_reference(&qkv, hq, hk).unwrap();
-        let diff = max_diff(&fused, &reference);
-        assert!(diff < 2e-5, "{m}: {diff}");
+        assert_fused_equals_reference(&attn, &qkv, (hq, hk), m);
     }
 }
 
@@ -240,10 +254,7 @@ fn rules_match_the_papers_positions() {
 #[test]
 fn logn_and_mscale() {
     let re: ContextMethod = "rerope:16".parse().unwrap();
-    let l = ModelLengths {
-        trained: Some(100),
-        max_position_embeddings: Some(100),
-    };
+    let l = trained_at(100);
     assert_eq!(re.query_scale(50, &l), 1.0);
     let want = (1000f32).ln() / (100f64).ln() as f32;
     assert_eq!(re.query_scale(999, &l), want);

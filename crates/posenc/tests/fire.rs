@@ -501,35 +501,16 @@ fn matches_pytorch_reference() {
     let data = vm.data().lock().unwrap();
     let g = |name: &str| flat(grads.get(data[name].as_tensor()).unwrap());
     let gr = &f["grad"];
-    assert_close("grad c", &g("fire.c"), &json_flat(&gr["c"]), 1e-10);
-    assert_close(
-        "grad l_multiplier",
-        &g("fire.l_multiplier"),
-        &json_flat(&gr["l_multiplier"]),
-        1e-10,
-    );
-    assert_close(
-        "grad w1",
-        &g("fire.mlp.0.weight"),
-        &json_flat(&gr["w1"]),
-        1e-10,
-    );
-    assert_close(
-        "grad b1",
-        &g("fire.mlp.0.bias"),
-        &json_flat(&gr["b1"]),
-        1e-10,
-    );
-    assert_close(
-        "grad w2",
-        &g("fire.mlp.2.weight"),
-        &json_flat(&gr["w2"]),
-        1e-10,
-    );
-    assert_close(
-        "grad b2",
-        &g("fire.mlp.2.bias"),
-        &json_flat(&gr["b2"]),
-        1e-10,
-    );
+    // (the fixture's name, the module's parameter) of every gradient
+    for (key, param) in [
+        ("c", "fire.c"),
+        ("l_multiplier", "fire.l_multiplier"),
+        ("w1", "fire.mlp.0.weight"),
+        ("b1", "fire.mlp.0.bias"),
+        ("w2", "fire.mlp.2.weight"),
+        ("b2", "fire.mlp.2.bias"),
+    ] {
+        let what = format!("grad {key}");
+        assert_close(&what, &g(param), &json_flat(&gr[key]), 1e-10);
+    }
 }

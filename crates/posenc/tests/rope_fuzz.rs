@@ -11,7 +11,7 @@ use std::time::Instant;
 use posenc::rope::layers::ModelRope;
 use posenc::rope::mrope::{rope_index, Segment};
 use posenc::rope::vision::VisionRopeKind;
-use posenc::rope::{HfRopeConfig, RopeConfig};
+use posenc::rope::{HfRopeConfig, RopeConfig, KNOWN_ROPE_TYPES};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
@@ -77,23 +77,15 @@ fn any_value(rng: &mut StdRng, depth: usize) -> Value {
     match rng.random_range(0..12) {
         0 => Value::Null,
         1 => json!(rng.random_bool(0.5)),
-        2 => json!(
-            [
-                "default",
-                "linear",
-                "dynamic",
-                "yarn",
-                "longrope",
-                "llama3",
-                "proportional",
-                "ntk",
-                "mrope",
-                "su",
-                "ntk_alpha",
-                "bogus",
-                ""
-            ][rng.random_range(0..13)]
-        ),
+        2 => {
+            // every known rope_type, legacy and unknown ones
+            let names: Vec<&str> = KNOWN_ROPE_TYPES
+                .iter()
+                .copied()
+                .chain(["mrope", "su", "bogus", ""])
+                .collect();
+            json!(names[rng.random_range(0..names.len())])
+        }
         3 if depth < 3 => {
             let n = rng.random_range(0..6);
             Value::Array((0..n).map(|_| number(rng)).collect())

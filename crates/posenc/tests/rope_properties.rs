@@ -25,6 +25,14 @@ fn runner() -> TestRunner {
     })
 }
 
+/// The score `⟨f_q(q, m), f_k(k, n)⟩` under `enc`.
+fn score(enc: &dyn RotaryEncoding, q: &[f64], k: &[f64], m: u64, n: u64) -> f64 {
+    let (mut q, mut k) = (q.to_vec(), k.to_vec());
+    enc.apply_query(&mut q, m).unwrap();
+    enc.apply_key(&mut k, n).unwrap();
+    dot(&q, &k)
+}
+
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
@@ -146,14 +154,9 @@ fn rope_scores_depend_only_on_distance() {
                         0u64..1 << 20,
                     ),
                     |(q, k, m, n, shift)| {
-                        let score = |m: u64, n: u64| {
-                            let (mut q, mut k) = (q.clone(), k.clone());
-                            rope.apply_query(&mut q, m).unwrap();
-                            rope.apply_key(&mut k, n).unwrap();
-                            dot(&q, &k)
-                        };
                         let tol = 1e-9 * a * a * norm(&q) * norm(&k) + 1e-12;
-                        let (s0, s1) = (score(m, n), score(m + shift, n + shift));
+                        let s0 = score(&rope, &q, &k, m, n);
+                        let s1 = score(&rope, &q, &k, m + shift, n + shift);
                         prop_assert!(
                             (s0 - s1).abs() <= tol,
                             "{} vs {} ({})",
@@ -185,8 +188,9 @@ impl NameForTests for Rope {
 /// `R_interleaved(Px) = P R_half_split(x)`.
 #[test]
 fn layouts_agree_up_to_a_fixed_permutation() {
-    for &(hd, rd) in DIMS {
-        let perm: Vec<usize> = (0..hd)
+    // P over a head of `hd` entries whose first `rd` are rotated
+    let permutation = |hd: usize, rd: usize| -> Vec<usize> {
+        (0..hd)
             .map(|j| {
                 if j >= rd {
                     j
@@ -196,29 +200,16 @@ fn layouts_agree_up_to_a_fixed_permutation() {
                     j / 2 + rd / 2
                 }
             })
-            .collect();
+            .collect()
+    };
+    for &(hd, rd) in DIMS {
         let half = ropes(hd, rd, None);
         let n = half.len() / 2;
         for (h, i) in half[..n].iter().zip(&half[n..]) {
             assert_eq!(h.frequencies().layout, PairLayout::HalfSplit);
             assert_eq!(i.frequencies().layout, PairLayout::Interleaved);
-            let perm = if h.frequencies().rotary_dim == rd {
-                perm.clone()
-            } else {
-                // proportional: rotary part is the whole head
-                let r = h.frequencies().rotary_dim;
-                (0..hd)
-                    .map(|j| {
-                        if j >= r {
-                            j
-                        } else if j % 2 == 0 {
-                            j / 2
-                        } else {
-                            j / 2 + r / 2
-                        }
-                    })
-                    .collect()
-            };
+            // (proportional: the rotary part may differ from rd)
+            let perm = permutation(hd, h.frequencies().rotary_dim);
             runner()
                 .run(&(vecs(hd), 0u64..1 << 20), |(x, p)| {
                     let mut y = x.clone();
@@ -244,17 +235,12 @@ fn xpos_scores_depend_only_on_distance() {
                 .run(
                     &(vecs(hd), vecs(hd), 0u64..2048, 0u64..2048, 0u64..2048),
                     |(q, k, m, n, shift)| {
-                        let score = |m: u64, n: u64| {
-                            let (mut q, mut k) = (q.clone(), k.clone());
-                            x.apply_query(&mut q, m).unwrap();
-                            x.apply_key(&mut k, n).unwrap();
-                            dot(&q, &k)
-                        };
                         // largest scale product over pairs: ζ^((m−n)/512) ≤ ζ_min^(−|m−n|/512)
                         let zmin = x.zeta().iter().cloned().fold(f64::INFINITY, f64::min);
                         let big = zmin.powf(-((m as f64 - n as f64).abs()) / 512.0);
                         let tol = 1e-9 * big * norm(&q) * norm(&k) + 1e-12;
-                        let (s0, s1) = (score(m, n), score(m + shift, n + shift));
+                        let s0 = score(&x, &q, &k, m, n);
+                        let s1 = score(&x, &q, &k, m + shift, n + shift);
                         prop_assert!((s0 - s1).abs() <= tol, "{} vs {}", s0, s1);
                         Ok(())
                     },

@@ -354,13 +354,15 @@ impl FromStr for ContextMethod {
             }
             Ok(())
         };
+        // two whole numbers, named `a` and `b` in `syntax`
+        let two = |syntax: &str, a: &str, b: &str| -> Result<(usize, usize)> {
+            arity(2, syntax)?;
+            Ok((int(0, a)?, int(1, b)?))
+        };
         let m = match name {
             "self-extend" | "selfextend" => {
-                arity(2, "self-extend:G:W")?;
-                ContextMethod::SelfExtend {
-                    group: int(0, "G")?,
-                    window: int(1, "W")?,
-                }
+                let (group, window) = two("self-extend:G:W", "G", "W")?;
+                ContextMethod::SelfExtend { group, window }
             }
             "rerope" => {
                 arity(1, "rerope:W")?;
@@ -379,18 +381,12 @@ impl FromStr for ContextMethod {
                 }
             }
             "dca" => {
-                arity(2, "dca:CHUNK:LOCAL")?;
-                ContextMethod::Dca {
-                    chunk: int(0, "CHUNK")?,
-                    local: int(1, "LOCAL")?,
-                }
+                let (chunk, local) = two("dca:CHUNK:LOCAL", "CHUNK", "LOCAL")?;
+                ContextMethod::Dca { chunk, local }
             }
             "sinks" => {
-                arity(2, "sinks:S:WINDOW")?;
-                ContextMethod::Sinks {
-                    sinks: int(0, "S")?,
-                    window: int(1, "WINDOW")?,
-                }
+                let (sinks, window) = two("sinks:S:WINDOW", "S", "WINDOW")?;
+                ContextMethod::Sinks { sinks, window }
             }
             _ => return Err(bad(format!("unknown method: use {SYNTAX}"))),
         };

@@ -313,15 +313,22 @@ const MAX_COORDINATE: u64 = 1 << 53;
 
 /// `c + by`, bounded by [`MAX_COORDINATE`].
 fn advance(c: u64, by: u64) -> Result<u64> {
-    let n = c.saturating_add(by);
-    if n > MAX_COORDINATE {
+    coordinate(c.saturating_add(by), "M-RoPE position")
+}
+
+/// `v` when it is at most [`MAX_COORDINATE`].
+///
+/// # Errors
+/// [`Error::TooLarge`] otherwise, about `what`.
+fn coordinate(v: u64, what: &'static str) -> Result<u64> {
+    if v > MAX_COORDINATE {
         return Err(Error::TooLarge {
-            what: "M-RoPE position",
-            value: n,
+            what,
+            value: v,
             max: MAX_COORDINATE,
         });
     }
-    Ok(n)
+    Ok(v)
 }
 
 /// The tokens of one `T × H × W` grid at the current position `c`, which
@@ -380,14 +387,7 @@ fn temporal_indices(t: usize, interval: Interval) -> Result<Vec<u64>> {
                     x.trunc() as u64
                 }
             };
-            if v > MAX_COORDINATE {
-                return Err(Error::TooLarge {
-                    what: "video temporal position",
-                    value: v,
-                    max: MAX_COORDINATE,
-                });
-            }
-            Ok(v)
+            coordinate(v, "video temporal position")
         })
         .collect()
 }

@@ -405,20 +405,12 @@ pub fn grid_positions(h: usize, w: usize) -> Result<Vec<[u64; 2]>> {
 /// # Errors
 /// As [`pixtral`].
 pub fn qwen_vl_vision(theta: f64, head_dim: usize) -> Result<AxialFrequencies> {
-    check_quarter("qwen-vl vision head_dim", head_dim)?;
-    let f = AxialFrequencies::axial(
+    let what = "qwen-vl vision head_dim";
+    two_axis_chunked(
+        "qwen-vl-vision",
+        what,
         theta,
         head_dim,
-        2,
-        AxisSplit::Chunked,
-        PairLayout::HalfSplit,
-    )?;
-    AxialFrequencies::new(
-        "qwen-vl-vision",
-        f.inv_freq().to_vec(),
-        f.axes().to_vec(),
-        2,
-        1.0,
         PairLayout::HalfSplit,
     )
 }
@@ -485,21 +477,36 @@ pub fn qwen_vl_vision_positions(t: usize, h: usize, w: usize, m: usize) -> Resul
 /// # Errors
 /// As [`pixtral`].
 pub fn llama4_vision(theta: f64, head_dim: usize) -> Result<AxialFrequencies> {
-    check_quarter("llama4 vision head_dim", head_dim)?;
-    let f = AxialFrequencies::axial(
+    let what = "llama4 vision head_dim";
+    two_axis_chunked(
+        "llama4-vision",
+        what,
         theta,
         head_dim,
-        2,
-        AxisSplit::Chunked,
         PairLayout::Interleaved,
-    )?;
+    )
+}
+
+/// The two-axis axial RoPE named `name` over a head of `head_dim` (checked
+/// a multiple of 4 as `what`): the first half of the pairs on the first axis, the
+/// second half on the second, frequencies `theta^(−2k/(head_dim/2))`,
+/// `pairs` layout (the Qwen-VL and Llama 4 vision encoders).
+fn two_axis_chunked(
+    name: &str,
+    what: &'static str,
+    theta: f64,
+    head_dim: usize,
+    pairs: PairLayout,
+) -> Result<AxialFrequencies> {
+    check_quarter(what, head_dim)?;
+    let f = AxialFrequencies::axial(theta, head_dim, 2, AxisSplit::Chunked, pairs)?;
     AxialFrequencies::new(
-        "llama4-vision",
+        name,
         f.inv_freq().to_vec(),
         f.axes().to_vec(),
         2,
         1.0,
-        PairLayout::Interleaved,
+        pairs,
     )
 }
 
