@@ -353,13 +353,10 @@ fn bad_table_and_bias_arguments_are_one_line_errors() {
 fn report_writes_markdown_and_json_with_computed_verdicts() {
     let dir = std::env::temp_dir().join(format!("posenc-report-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let out = posenc(&[
-        "report",
-        "--preset",
-        "smoke",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
+    let out = posenc(&argv(
+        "report --preset smoke --out {}",
+        &[dir.to_str().unwrap()],
+    ));
     common::ok(&out);
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     let results = read_json(&dir.join("results.json"));

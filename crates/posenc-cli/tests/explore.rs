@@ -22,17 +22,22 @@ impl Drop for Server {
     }
 }
 
-fn start() -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args(["explore", "--port", "0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+/// Spawns `cmd` with its standard output piped and its standard error to
+/// `stderr`, and reads the first line of its output (the URL).
+fn spawn_first_line(cmd: &mut Command, stderr: Stdio) -> (Child, String) {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
+    (child, line)
+}
+
+fn start() -> Server {
+    let (child, line) = spawn_first_line(
+        Command::new(env!("CARGO_BIN_EXE_posenc")).args(["explore", "--port", "0"]),
+        Stdio::null(),
+    );
     let url = line.trim();
     let addr = url
         .strip_prefix("http://")
@@ -119,15 +124,13 @@ fn the_server_stays_up_after_bad_requests() {
     let v: Value = serde_json::from_slice(&b).unwrap();
     assert!(v["error"].as_str().unwrap().contains("JSON"), "{v}");
     let big = vec![b'x'; 2 << 20];
-    let (s, _) = http(&server.addr, "POST", "/api/model", &big);
-    assert_eq!(s, 413);
-    let (s, _) = http(
-        &server.addr,
-        "GET",
-        "/api/sinusoidal?positions=99999999",
-        b"",
-    );
-    assert_eq!(s, 422);
+    for (method, path, body, want) in [
+        ("POST", "/api/model", &big[..], 413),
+        ("GET", "/api/sinusoidal?positions=99999999", &b""[..], 422),
+    ] {
+        let (s, _) = http(&server.addr, method, path, body);
+        assert_eq!(s, want, "{method} {path}");
+    }
     let (s, b) = http(&server.addr, "GET", "/", b"");
     assert_eq!(s, 200);
     assert!(String::from_utf8_lossy(&b).contains("posenc explore"));
@@ -149,17 +152,12 @@ fn a_port_in_use_is_one_line_and_exit_2() {
 
 #[test]
 fn open_without_a_browser_only_logs() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_posenc"))
-        .args(["explore", "--port", "0", "--open"])
-        .env("PATH", "/nonexistent")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut url = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut url)
-        .unwrap();
+    let (mut child, url) = spawn_first_line(
+        Command::new(env!("CARGO_BIN_EXE_posenc"))
+            .args(["explore", "--port", "0", "--open"])
+            .env("PATH", "/nonexistent"),
+        Stdio::piped(),
+    );
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut log = String::new();
     for _ in 0..2 {

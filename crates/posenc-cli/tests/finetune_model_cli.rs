@@ -94,19 +94,18 @@ fn finetune_writes_a_peft_adapter_and_a_merged_checkpoint() {
     assert_eq!(v["finetune"]["config"]["plan"]["kind"], "pose");
     assert_eq!(v["finetune"]["train_tokens"], 2700);
     assert_eq!(v["finetune"]["held_out_tokens"], 300);
-    for f in [
-        "adapter_config.json",
-        "adapter_model.safetensors",
-        "optimizer.safetensors",
-        "finetune.json",
-        "metrics.jsonl",
-        "merged/config.json",
-        "merged/model.safetensors",
-        "merged/tokenizer.json",
-    ] {
-        assert!(out.join(f).is_file(), "{f}");
-    }
-    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let metrics = common::run_log(
+        &out,
+        &[
+            "adapter_config.json",
+            "adapter_model.safetensors",
+            "optimizer.safetensors",
+            "finetune.json",
+            "merged/config.json",
+            "merged/model.safetensors",
+            "merged/tokenizer.json",
+        ],
+    );
     assert_eq!(metrics.lines().count(), 12);
     let ac: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap())

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 mod common;
 
-use common::{argv, posenc, words};
+use common::{argv, fails_mentioning, posenc, words};
 
 use serde_json::Value;
 
@@ -13,14 +13,8 @@ fn ok(args: &[&str]) -> String {
     common::stdout_ok(posenc(args), args)
 }
 
-fn fails(args: &[&str]) -> String {
-    common::one_line_error(posenc(args), args)
-}
-
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-lab-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    common::scratch("lab-cli", name)
 }
 
 /// The tiny model of every run here.
@@ -35,21 +29,30 @@ fn train(dir: &str, task: &str, pe: &str, steps: &str) -> String {
     ok(&args)
 }
 
+/// A fresh directory `name` with a tiny model trained in it.
+fn trained(name: &str, task: &str, pe: &str, steps: &str) -> PathBuf {
+    let d = tmp(name);
+    train(d.to_str().unwrap(), task, pe, steps);
+    d
+}
+
+/// A tiny RoPE model trained 2 steps in `ft-{name}-base`, and the directory
+/// `ft-{name}-out` (not created) for its fine-tune.
+fn finetune_dirs(name: &str) -> (PathBuf, PathBuf) {
+    let base = trained(&format!("ft-{name}-base"), "copy", "rope", "2");
+    (base, tmp(&format!("ft-{name}-out")))
+}
+
 #[test]
 fn train_eval_probe_shuffle_and_show_a_checkpoint() {
     let d = tmp("learned");
     let ds = d.to_str().unwrap();
     let out = train(ds, "lm", "learned", "6");
     assert!(out.contains("step 6/6"), "{out}");
-    for f in [
-        "config.json",
-        "model.safetensors",
-        "optimizer.safetensors",
-        "metrics.jsonl",
-    ] {
-        assert!(d.join(f).exists(), "{f} missing");
-    }
-    let metrics = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap();
+    let metrics = common::run_log(
+        &d,
+        &["config.json", "model.safetensors", "optimizer.safetensors"],
+    );
     for line in metrics.lines() {
         let m: Value = serde_json::from_str(line).unwrap();
         for k in ["step", "loss", "accuracy", "lr", "tokens_per_s"] {
@@ -65,8 +68,10 @@ fn train_eval_probe_shuffle_and_show_a_checkpoint() {
     assert_eq!(e["loss"].as_array().unwrap().len(), 2);
     assert_eq!(e["accuracy"].as_array().unwrap().len(), 2);
     // Past the learned table (8 × 12 = 96 rows): a clear error.
-    let err = fails(&["eval", "--checkpoint", ds, "--lengths", "200"]);
-    assert!(err.contains("learned position table"), "{err}");
+    fails_mentioning(
+        &["eval", "--checkpoint", ds, "--lengths", "200"],
+        "learned position table",
+    );
     let p: Value = serde_json::from_str(&ok(&["probe", "--checkpoint", ds, "--json"])).unwrap();
     assert_eq!(p["mae"].as_array().unwrap().len(), 2, "{p}");
     assert!(p["baseline_mae"].as_f64().unwrap() > 0.0);
@@ -85,79 +90,86 @@ fn train_eval_probe_shuffle_and_show_a_checkpoint() {
         &[ds, png.to_str().unwrap()],
     ));
     assert!(std::fs::metadata(&png).unwrap().len() > 1000);
-    let err = fails(&["show", "floater", "--checkpoint", ds]);
-    assert!(err.contains("trained with learned"), "{err}");
+    fails_mentioning(
+        &["show", "floater", "--checkpoint", ds],
+        "trained with learned",
+    );
 }
 
 #[test]
 fn resume_and_refusals() {
-    let d = tmp("resume");
+    let d = trained("resume", "copy", "rope", "4");
     let ds = d.to_str().unwrap();
-    train(ds, "copy", "rope", "4");
     // The same --out again without --resume is refused.
     let mut args = vec![
         "train", "--task", "copy", "--pe", "rope", "--steps", "4", "--out", ds, "--quiet",
     ];
     args.extend(words(TINY));
-    let err = fails(&args);
-    assert!(err.contains("--resume"), "{err}");
+    fails_mentioning(&args, "--resume");
     // --resume on a finished run is a no-op that keeps the step count.
     args.push("--resume");
     let out = ok(&args);
     assert!(out.contains("step 4/4"), "{out}");
     // A corrupt checkpoint is an error, not a fresh start.
     std::fs::write(d.join("model.safetensors"), b"garbage").unwrap();
-    let err = fails(&args);
-    assert!(err.contains("corrupt"), "{err}");
-    let err = fails(&["eval", "--checkpoint", ds]);
-    assert!(err.contains("corrupt"), "{err}");
+    fails_mentioning(&args, "corrupt");
+    fails_mentioning(&["eval", "--checkpoint", ds], "corrupt");
 }
 
 #[test]
 fn bad_lab_arguments_are_one_line_errors() {
     let d = tmp("bad");
     let ds = d.to_str().unwrap();
-    let e = fails(&["train", "--task", "juggling", "--pe", "rope", "--out", ds]);
-    assert!(e.contains("juggling") && e.contains("copy"), "{e}");
-    let e = fails(&["train", "--task", "copy", "--pe", "wavelet", "--out", ds]);
-    assert!(e.contains("wavelet") && e.contains("alibi"), "{e}");
-    let e = fails(&[
-        "train", "--task", "copy", "--pe", "rope", "--heads", "3", "--out", ds,
-    ]);
-    assert!(e.contains("divisible"), "{e}");
-    let e = fails(&[
-        "train", "--task", "copy", "--pe", "rope", "--lr", "-1", "--out", ds,
-    ]);
-    assert!(e.contains("learning rate"), "{e}");
-    let e = fails(&argv(
-        "train --task copy --pe rope --train-len 2 --steps 1 --out {}",
-        &[ds],
-    ));
-    assert!(e.contains("too short"), "{e}");
-    let e = fails(&["eval", "--checkpoint", "/nonexistent/run"]);
-    assert!(e.contains("config.json"), "{e}");
-    let e = fails(&argv(
-        "train --task lm --pe rope --corpus /nonexistent.txt --out {}",
-        &[ds],
-    ));
-    assert!(e.contains("nonexistent"), "{e}");
-    let e = fails(&["bench", "train", "--steps", "0"]);
-    assert!(e.contains("steps"), "{e}");
+    let e = fails_mentioning(
+        &argv("train --task juggling --pe rope --out {}", &[ds]),
+        "juggling",
+    );
+    assert!(e.contains("copy"), "{e}");
+    let e = fails_mentioning(
+        &argv("train --task copy --pe wavelet --out {}", &[ds]),
+        "wavelet",
+    );
+    assert!(e.contains("alibi"), "{e}");
+    fails_mentioning(
+        &[
+            "train", "--task", "copy", "--pe", "rope", "--heads", "3", "--out", ds,
+        ],
+        "divisible",
+    );
+    fails_mentioning(
+        &[
+            "train", "--task", "copy", "--pe", "rope", "--lr", "-1", "--out", ds,
+        ],
+        "learning rate",
+    );
+    fails_mentioning(
+        &argv(
+            "train --task copy --pe rope --train-len 2 --steps 1 --out {}",
+            &[ds],
+        ),
+        "too short",
+    );
+    fails_mentioning(&["eval", "--checkpoint", "/nonexistent/run"], "config.json");
+    fails_mentioning(
+        &argv(
+            "train --task lm --pe rope --corpus /nonexistent.txt --out {}",
+            &[ds],
+        ),
+        "nonexistent",
+    );
+    fails_mentioning(&["bench", "train", "--steps", "0"], "steps");
 }
 
 #[test]
 fn eval_time_scaling_needs_a_rope_model() {
-    let d = tmp("scaling");
+    let d = trained("scaling", "copy", "alibi", "2");
     let ds = d.to_str().unwrap();
-    train(ds, "copy", "alibi", "2");
-    let e = fails(&argv(
-        "eval --checkpoint {} --lengths 24 --scaling yarn",
-        &[ds],
-    ));
-    assert!(e.contains("RoPE"), "{e}");
-    let r = tmp("scaling-rope");
+    fails_mentioning(
+        &argv("eval --checkpoint {} --lengths 24 --scaling yarn", &[ds]),
+        "RoPE",
+    );
+    let r = trained("scaling-rope", "copy", "rope", "2");
     let rs = r.to_str().unwrap();
-    train(rs, "copy", "rope", "2");
     for s in ["none", "linear", "ntk", "dynamic", "yarn"] {
         let v: Value = serde_json::from_str(&ok(&argv(
             "eval --checkpoint {} --lengths 12,24 --scaling {} --batches 1 --json",
@@ -166,18 +178,18 @@ fn eval_time_scaling_needs_a_rope_model() {
         .unwrap();
         assert!(v["loss"][1].as_f64().unwrap().is_finite(), "{s}");
     }
-    let e = fails(&["eval", "--checkpoint", rs, "--scaling", "magic"]);
-    assert!(e.contains("magic"), "{e}");
+    fails_mentioning(&["eval", "--checkpoint", rs, "--scaling", "magic"], "magic");
     // A length no evaluation budget holds is refused before any
     // allocation, in one line, whatever the scaling.
     for len in ["100000000", "18446744073709551615"] {
-        let e = fails(&["eval", "--checkpoint", rs, "--lengths", len]);
-        assert!(e.contains("budget"), "{e}");
-        let e = fails(&argv(
-            "eval --checkpoint {} --lengths {} --scaling yarn",
-            &[rs, len],
-        ));
-        assert!(e.contains("budget"), "{e}");
+        fails_mentioning(&["eval", "--checkpoint", rs, "--lengths", len], "budget");
+        fails_mentioning(
+            &argv(
+                "eval --checkpoint {} --lengths {} --scaling yarn",
+                &[rs, len],
+            ),
+            "budget",
+        );
     }
 }
 
@@ -201,9 +213,8 @@ fn eval_json(dir: &str, extra: &[&str]) -> Value {
 
 #[test]
 fn finetune_at_a_new_length_and_evaluate_the_result() {
-    let base = tmp("ft-base");
+    let base = trained("ft-base", "copy", "rope", "4");
     let bs = base.to_str().unwrap();
-    train(bs, "copy", "rope", "4");
     let base_config = std::fs::read(base.join("config.json")).unwrap();
     // Plain fine-tuning at 24.
     let plain = tmp("ft-plain");
@@ -292,77 +303,87 @@ fn finetune_at_a_new_length_and_evaluate_the_result() {
         out.contains("step 3/3") && out.contains("linear ×2"),
         "{out}"
     );
-    let e = fails(&argv(
-        "finetune --checkpoint {} --len 24 --steps 1 --out {}",
-        &[bs, pis],
-    ));
-    assert!(e.contains("--resume"), "{e}");
+    fails_mentioning(
+        &argv(
+            "finetune --checkpoint {} --len 24 --steps 1 --out {}",
+            &[bs, pis],
+        ),
+        "--resume",
+    );
     // A fine-tune is resumed by finetune, not train.
     let mut args = vec![
         "train", "--task", "copy", "--pe", "rope", "--out", pis, "--resume",
     ];
     args.extend(words(TINY));
-    let e = fails(&args);
-    assert!(e.contains("posenc finetune --resume"), "{e}");
+    fails_mentioning(&args, "posenc finetune --resume");
 }
 
 #[test]
 fn bad_finetune_arguments_are_one_line_errors() {
-    let base = tmp("ft-bad-base");
-    let bs = base.to_str().unwrap();
-    train(bs, "copy", "rope", "2");
-    let out = tmp("ft-bad-out");
-    let os = out.to_str().unwrap();
-    let ft = |extra: &[&str]| {
+    let (base, out) = finetune_dirs("bad");
+    let (bs, os) = (base.to_str().unwrap(), out.to_str().unwrap());
+    let ft = |extra: &[&str], needle: &str| {
         let mut args = vec!["finetune", "--steps", "1", "--out", os];
         args.extend(extra);
-        fails(&args)
+        fails_mentioning(&args, needle)
     };
     // Missing checkpoint: not given, or not there.
-    let e = ft(&["--len", "24"]);
-    assert!(e.contains("--checkpoint"), "{e}");
-    let e = ft(&["--checkpoint", "/nonexistent/run", "--len", "24"]);
-    assert!(e.contains("config.json"), "{e}");
+    ft(&["--len", "24"], "--checkpoint");
+    ft(
+        &["--checkpoint", "/nonexistent/run", "--len", "24"],
+        "config.json",
+    );
     // --out is the checkpoint (in any spelling).
     for same in [bs.to_string(), format!("{bs}/"), format!("{bs}/.")] {
-        let e = fails(&argv(
-            "finetune --checkpoint {} --len 24 --steps 1 --out {}",
-            &[bs, &same],
-        ));
-        assert!(e.contains("base checkpoint"), "{e}");
+        fails_mentioning(
+            &argv(
+                "finetune --checkpoint {} --len 24 --steps 1 --out {}",
+                &[bs, &same],
+            ),
+            "base checkpoint",
+        );
     }
     // Unknown scaling, and a scaling on a model without RoPE.
-    let e = ft(&["--checkpoint", bs, "--len", "24", "--scaling", "magic"]);
-    assert!(e.contains("magic") && e.contains("yarn"), "{e}");
-    let e = ft(&["--checkpoint", bs, "--len", "24", "--scaling", "yarn:0"]);
-    assert!(e.contains("factor must be in"), "{e}");
-    let e = ft(&["--checkpoint", bs, "--len", "24", "--scaling", "yarn:0.5"]);
-    assert!(e.contains(">= 1"), "{e}");
+    let e = ft(
+        &["--checkpoint", bs, "--len", "24", "--scaling", "magic"],
+        "magic",
+    );
+    assert!(e.contains("yarn"), "{e}");
+    ft(
+        &["--checkpoint", bs, "--len", "24", "--scaling", "yarn:0"],
+        "factor must be in",
+    );
+    ft(
+        &["--checkpoint", bs, "--len", "24", "--scaling", "yarn:0.5"],
+        ">= 1",
+    );
     // Lengths: 0, below the task's minimum, not a number.
-    let e = ft(&["--checkpoint", bs, "--len", "0"]);
-    assert!(e.contains("too short"), "{e}");
-    let e = ft(&["--checkpoint", bs, "--len", "2"]);
-    assert!(e.contains("too short"), "{e}");
-    let e = ft(&["--checkpoint", bs, "--len", "-3"]);
-    assert!(e.contains("--len"), "{e}");
-    let e = ft(&["--checkpoint", bs, "--len", "24", "--lr", "0"]);
-    assert!(e.contains("learning rate"), "{e}");
+    ft(&["--checkpoint", bs, "--len", "0"], "too short");
+    ft(&["--checkpoint", bs, "--len", "2"], "too short");
+    ft(&["--checkpoint", bs, "--len", "-3"], "--len");
+    ft(
+        &["--checkpoint", bs, "--len", "24", "--lr", "0"],
+        "learning rate",
+    );
     // --resume with fine-tune settings, or of a directory that is not one.
-    let e = fails(&["finetune", "--resume", "--len", "24", "--out", os]);
-    assert!(e.contains("--resume"), "{e}");
-    let e = fails(&["finetune", "--resume", "--out", bs]);
-    assert!(e.contains("not a fine-tune"), "{e}");
+    fails_mentioning(
+        &["finetune", "--resume", "--len", "24", "--out", os],
+        "--resume",
+    );
+    fails_mentioning(&["finetune", "--resume", "--out", bs], "not a fine-tune");
     // A learned table past its rows (12 × 8 = 96), and a scaling without RoPE.
-    let learned = tmp("ft-bad-learned");
+    let learned = trained("ft-bad-learned", "copy", "learned", "1");
     let ls = learned.to_str().unwrap();
-    train(ls, "copy", "learned", "1");
-    let e = ft(&["--checkpoint", ls, "--len", "97"]);
-    assert!(e.contains("learned position table has 96 rows"), "{e}");
-    let alibi = tmp("ft-bad-alibi");
+    ft(
+        &["--checkpoint", ls, "--len", "97"],
+        "learned position table has 96 rows",
+    );
+    let alibi = trained("ft-bad-alibi", "copy", "alibi", "1");
     let als = alibi.to_str().unwrap();
-    train(als, "copy", "alibi", "1");
-    let e = ft(&["--checkpoint", als, "--len", "24", "--scaling", "linear"]);
-    assert!(e.contains("RoPE"), "{e}");
+    ft(
+        &["--checkpoint", als, "--len", "24", "--scaling", "linear"],
+        "RoPE",
+    );
     assert!(!out.join("config.json").exists());
 }
 
@@ -371,11 +392,8 @@ fn bad_finetune_arguments_are_one_line_errors() {
 #[cfg(unix)]
 #[test]
 fn an_interrupted_finetune_checkpoints_and_resumes() {
-    let base = tmp("ft-int-base");
-    let bs = base.to_str().unwrap();
-    train(bs, "copy", "rope", "2");
-    let out = tmp("ft-int-out");
-    let os = out.to_str().unwrap();
+    let (base, out) = finetune_dirs("int");
+    let (bs, os) = (base.to_str().unwrap(), out.to_str().unwrap());
     let args = argv(
         "finetune --checkpoint {} --len 24 --steps 1000 --batch 2 --out {}",
         &[bs, os],

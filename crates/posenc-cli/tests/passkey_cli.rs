@@ -10,41 +10,40 @@ use common::{argv, fails_mentioning};
 
 /// A fresh scratch directory for one test.
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-passkey-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::fresh_dir("passkey", name)
 }
 
-fn not_a_model(dir: &Path) -> PathBuf {
+/// A fresh scratch directory for one test, and a file in it that is not a
+/// model.
+fn with_a_non_model(name: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch(name);
     let p = dir.join("not-a-model.gguf");
     std::fs::write(&p, b"this is not a GGUF file").unwrap();
-    p
+    (dir, p)
 }
 
 #[test]
 fn bad_methods_and_grids_are_refused_before_the_model() {
-    let dir = scratch("grid");
-    let model = not_a_model(&dir);
+    let (_dir, model) = with_a_non_model("grid");
     let m = model.to_str().unwrap();
-    let cases: [(&[&str], &str); 13] = [
-        (&["--scaling", "foo:2"], "unknown scaling"),
-        (&["--scaling", "self-extend:0:512"], "out of range"),
-        (&["--scaling", "self-extend:4:0"], "out of range"),
-        (&["--scaling", "self-extend:3:512"], "must divide"),
-        (&["--scaling", "rerope:0"], "out of range"),
-        (&["--scaling", "leaky-rerope:512:0"], "above 0"),
-        (&["--scaling", "leaky-rerope:512:-2"], "above 0"),
-        (&["--scaling", "sinks:8:4"], "no recent keys"),
-        (&["--scaling", "dca:512:512"], "below the chunk size"),
-        (&["--scaling", "self-extend:4:512+dynamic:2"], "dynamic"),
-        (&["--depths", "0,1.5"], "outside [0, 1]"),
-        (&["--depths", "-0.1"], "outside [0, 1]"),
-        (&["--lengths", "2048,10"], "too short"),
+    let cases = [
+        ("--scaling foo:2", "unknown scaling"),
+        ("--scaling self-extend:0:512", "out of range"),
+        ("--scaling self-extend:4:0", "out of range"),
+        ("--scaling self-extend:3:512", "must divide"),
+        ("--scaling rerope:0", "out of range"),
+        ("--scaling leaky-rerope:512:0", "above 0"),
+        ("--scaling leaky-rerope:512:-2", "above 0"),
+        ("--scaling sinks:8:4", "no recent keys"),
+        ("--scaling dca:512:512", "below the chunk size"),
+        ("--scaling self-extend:4:512+dynamic:2", "dynamic"),
+        ("--depths 0,1.5", "outside [0, 1]"),
+        ("--depths -0.1", "outside [0, 1]"),
+        ("--lengths 2048,10", "too short"),
     ];
     for (extra, needle) in cases {
         let mut args = vec!["passkey", "--model", m];
-        args.extend_from_slice(extra);
+        args.extend(common::words(extra));
         fails_mentioning(&args, needle);
     }
     fails_mentioning(&["passkey", "--model", m, "--trials", "0"], "trials");
@@ -56,8 +55,7 @@ fn bad_methods_and_grids_are_refused_before_the_model() {
 
 #[test]
 fn bad_haystacks_are_refused_before_the_model() {
-    let dir = scratch("haystack");
-    let model = not_a_model(&dir);
+    let (dir, model) = with_a_non_model("haystack");
     let m = model.to_str().unwrap();
     let short = dir.join("short.txt");
     std::fs::write(&short, "Too few words here.").unwrap();
@@ -132,8 +130,7 @@ fn a_haystack_shorter_than_the_length_is_refused() {
 
 #[test]
 fn bad_logs_are_refused_before_the_model() {
-    let dir = scratch("log");
-    let model = not_a_model(&dir);
+    let (dir, model) = with_a_non_model("log");
     let m = model.to_str().unwrap();
     let d = dir.to_str().unwrap();
     fails_mentioning(&["passkey", "--model", m, "--log", d], "not a regular file");

@@ -348,13 +348,10 @@ fn bad_arguments_are_one_line_errors_with_status_2() {
             .collect();
         assert_eq!(lines.len(), 1, "{err}");
     }
-    let o = posenc(&[
-        "report",
-        "--preset",
-        "bogus",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = posenc(&argv(
+        "report --preset bogus --out {}",
+        &[out.to_str().unwrap()],
+    ));
     assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1);
     let _ = std::fs::remove_dir_all(&out);
 }

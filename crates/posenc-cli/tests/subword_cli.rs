@@ -26,10 +26,7 @@ fn fails(args: &[&str]) -> String {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-subword-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("subword-cli", name)
 }
 
 const PRIDE: &str = include_str!("../../../assets/corpus/pride-and-prejudice.txt");

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{argv, ok, words};
+use common::{argv, f64s, ok, words};
 
 fn posenc(args: &[&str]) -> Output {
     common::run(args, &[])
@@ -74,12 +74,7 @@ fn rope_wavelengths_span_two_pi_to_base_two_pi() {
         "analyze", "rope", "--dim", "64", "--theta", "500000", "--json",
     ]);
     let m = measurement(&v, "wavelengths");
-    let wl: Vec<f64> = m["value"]["wavelengths"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect();
+    let wl = f64s(&m["value"]["wavelengths"]);
     assert_eq!(wl.len(), 32);
     let two_pi = 2.0 * std::f64::consts::PI;
     assert!((wl[0] - two_pi).abs() < 1e-9);
@@ -130,12 +125,7 @@ fn yarn_from_an_hf_config_matches_transformers() {
 fn sinusoidal_measurements_and_verdicts() {
     let v = json(&words("analyze sinusoidal --dim 16 --n 500 --json"));
     let sim = measurement(&v, "similarity");
-    let cos: Vec<f64> = sim["value"]["cosine"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect();
+    let cos = f64s(&sim["value"]["cosine"]);
     // cos(PE(0), PE(k)) = (1/(D/2)) Σ_i cos(k ω_i) for the sinusoidal table.
     for (k, c) in cos.iter().enumerate() {
         let want: f64 = (0..8)

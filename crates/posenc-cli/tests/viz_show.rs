@@ -27,6 +27,23 @@ fn posenc(args: &[&str]) -> Output {
         .expect("run posenc")
 }
 
+/// The standard output of `posenc LINE` (split at white space), which must
+/// succeed.
+fn shown(line: &str) -> String {
+    ok(&posenc(&words(line)))
+}
+
+/// Runs `posenc show FAM ARGS -o DIR/FAM.EXT`, which must succeed, and
+/// returns the file's path.
+fn show_to(dir: &Path, fam: &str, ext: &str, args: &[&str]) -> PathBuf {
+    let path = dir.join(format!("{fam}.{ext}"));
+    let mut all = vec!["show", fam];
+    all.extend(args);
+    all.extend(["-o", path.to_str().unwrap()]);
+    ok(&posenc(&all));
+    path
+}
+
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("posenc-viz-show-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -54,11 +71,7 @@ fn png_size(path: &Path) -> (u32, u32) {
 fn every_family_writes_a_png_of_the_requested_size() {
     let dir = tmpdir("png");
     for (fam, _) in FAMILIES {
-        let path = dir.join(format!("{fam}.png"));
-        ok(&posenc(&argv(
-            "show {} --size 500x320 -o {}",
-            &[fam, path.to_str().unwrap()],
-        )));
+        let path = show_to(&dir, fam, "png", &["--size", "500x320"]);
         assert_eq!(png_size(&path), (500, 320), "{fam}");
     }
 }
@@ -67,8 +80,7 @@ fn every_family_writes_a_png_of_the_requested_size() {
 fn every_family_writes_a_png_at_its_natural_size() {
     let dir = tmpdir("png-natural");
     for (fam, _) in FAMILIES {
-        let path = dir.join(format!("{fam}.png"));
-        ok(&posenc(&["show", fam, "-o", path.to_str().unwrap()]));
+        let path = show_to(&dir, fam, "png", &[]);
         let (w, h) = png_size(&path);
         // 32 positions of 18-pixel cells plus axes: wider than the cells.
         assert!(w >= 32 * 18 && h >= 160, "{fam}: {w}x{h}");
@@ -79,8 +91,7 @@ fn every_family_writes_a_png_at_its_natural_size() {
 fn every_family_writes_an_svg_that_parses_and_holds_the_title() {
     let dir = tmpdir("svg");
     for (fam, title) in FAMILIES {
-        let path = dir.join(format!("{fam}.SVG"));
-        ok(&posenc(&["show", fam, "-o", path.to_str().unwrap()]));
+        let path = show_to(&dir, fam, "SVG", &[]);
         let text = std::fs::read_to_string(&path).unwrap();
         let doc = roxmltree::Document::parse(&text).expect("SVG parses");
         assert_eq!(doc.root_element().tag_name().name(), "svg");
@@ -116,9 +127,7 @@ fn shaw_index_matrix_in_plain_mode_is_exact() {
     }
     expected
         .push_str("min 0 [ .:-=+*#%@] max 2\nrows: query position i; columns: key position j\n");
-    let out = ok(&posenc(&words(
-        "show shaw --k 1 --positions 3 --color plain",
-    )));
+    let out = shown("show shaw --k 1 --positions 3 --color plain");
     assert_eq!(out, expected);
 }
 
@@ -138,18 +147,14 @@ fn sinusoidal_table_in_plain_mode_is_exact() {
         expected.push('\n');
     }
     expected.push_str("min -1 [ .:-=+*#%@] max 1\ncolumns: position; rows: dimension\n");
-    let out = ok(&posenc(&words(
-        "show sinusoidal --dim 2 --positions 7 --color plain",
-    )));
+    let out = shown("show sinusoidal --dim 2 --positions 7 --color plain");
     assert_eq!(out, expected);
 }
 
 #[test]
 fn alibi_plain_rows_follow_the_slope_formula() {
     // One head: slope 2^-8; causal bias m·(j − i) on a 4 × 4 grid.
-    let out = ok(&posenc(&words(
-        "show alibi --heads 1 --positions 4 --color plain",
-    )));
+    let out = shown("show alibi --heads 1 --positions 4 --color plain");
     let m = 2f64.powi(-8);
     let lines: Vec<&str> = out.lines().collect();
     for i in 0..4 {
@@ -162,13 +167,9 @@ fn alibi_plain_rows_follow_the_slope_formula() {
 
 #[test]
 fn terminal_colour_modes_can_be_forced_and_auto_is_plain_in_a_pipe() {
-    let tc = ok(&posenc(&words(
-        "show rope --positions 8 --dim 4 --color truecolor",
-    )));
+    let tc = shown("show rope --positions 8 --dim 4 --color truecolor");
     assert!(tc.contains("\x1b[38;2;") && tc.contains("\x1b[48;2;") && tc.contains('▀'));
-    let c256 = ok(&posenc(&words(
-        "show rope --positions 8 --dim 4 --color 256",
-    )));
+    let c256 = shown("show rope --positions 8 --dim 4 --color 256");
     assert!(c256.contains("\x1b[38;5;") && !c256.contains("\x1b[38;2;"));
     // stdout is a pipe here: auto detection must give plain text.
     let auto = ok(&posenc(&["show", "rope", "--positions", "8", "--dim", "4"]));
@@ -181,7 +182,7 @@ fn terminal_colour_modes_can_be_forced_and_auto_is_plain_in_a_pipe() {
 
 #[test]
 fn binary_terminal_has_the_bits_of_each_position() {
-    let out = ok(&posenc(&words("show binary --positions 8 --color plain")));
+    let out = shown("show binary --positions 8 --color plain");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[1], "Binary code of the position");
     // 8 positions need 3 bits; bit k of position p is '@' (1) or ' ' (0).
@@ -195,9 +196,7 @@ fn binary_terminal_has_the_bits_of_each_position() {
 
 #[test]
 fn specs_override_options_and_read_hf_configs() {
-    let out = ok(&posenc(&words(
-        "show rope:scaling=yarn,factor=8 --positions 4 --color plain",
-    )));
+    let out = shown("show rope:scaling=yarn,factor=8 --positions 4 --color plain");
     assert!(
         out.starts_with("RoPE yarn, θ = 10000, d = 16 (half-split), factor 8\n"),
         "{out}"
@@ -221,9 +220,7 @@ fn specs_override_options_and_read_hf_configs() {
         .take_while(|l| !l.starts_with("min"))
         .count();
     assert_eq!(cos_lines, 64);
-    let out = ok(&posenc(&words(
-        "show alibi:bidirectional,heads=4,head=3 --positions 2 --color plain",
-    )));
+    let out = shown("show alibi:bidirectional,heads=4,head=3 --positions 2 --color plain");
     assert!(
         out.starts_with("ALiBi (bidirectional), head 3 of 4, slope 0.004\n"),
         "{out}"
@@ -235,15 +232,31 @@ fn bad_input_is_one_line_and_exit_2() {
     let dir = tmpdir("bad");
     let png = dir.join("x.png");
     let png = png.to_str().unwrap();
-    fails(&["show", "nope"], "unknown encoding");
-    fails(&["show", "sinusoidal", "--dim", "0"], "dim = 0");
-    fails(&["show", "learned", "--positions", "0"], "positions = 0");
-    fails(&["show", "rope", "--dim", "15"], "rotary_dim = 15");
-    fails(&["show", "xpos", "--dim", "7"], "head_dim = 7");
-    fails(
-        &["show", "rope", "-o", "/nonexistent-dir/x.png"],
-        "cannot write",
-    );
+    for (line, needle) in [
+        ("show nope", "unknown encoding"),
+        ("show sinusoidal --dim 0", "dim = 0"),
+        ("show learned --positions 0", "positions = 0"),
+        ("show rope --dim 15", "rotary_dim = 15"),
+        ("show xpos --dim 7", "head_dim = 7"),
+        ("show rope -o /nonexistent-dir/x.png", "cannot write"),
+        ("show rope --scaling bogus", "unknown scaling"),
+        ("show rope --theta=-1", "rope_theta"),
+        ("show rope --scaling yarn --factor 0", "factor"),
+        ("show rope --config /nonexistent/config.json", "cannot read"),
+        ("show alibi --heads 0", "heads = 0"),
+        ("show alibi --heads 2 --head 2", "head = 2"),
+        ("show t5 --buckets 1", "bucket"),
+        ("show t5 --values weird", "values"),
+        ("show sinusoidal --layout diagonal", "layout"),
+        ("show rope:frobnicate=1", "unknown option"),
+        ("show rope:dim=abc", "invalid value"),
+        ("show rope --color purple", "purple"),
+        ("show alibi --causal --bidirectional", "cannot be used"),
+        ("show learned --positions 100000000", "at most"),
+        ("show learned --positions 100000 --dim 65536", "too large"),
+    ] {
+        fails(&words(line), needle);
+    }
     fails(
         &["show", "rope", "-o", dir.join("x.jpg").to_str().unwrap()],
         "unknown extension",
@@ -252,36 +265,6 @@ fn bad_input_is_one_line_and_exit_2() {
         &["show", "rope", "-o", dir.join("x").to_str().unwrap()],
         "no extension",
     );
-    fails(&["show", "rope", "--scaling", "bogus"], "unknown scaling");
-    fails(&["show", "rope", "--theta=-1"], "rope_theta");
-    fails(
-        &["show", "rope", "--scaling", "yarn", "--factor", "0"],
-        "factor",
-    );
-    fails(
-        &["show", "rope", "--config", "/nonexistent/config.json"],
-        "cannot read",
-    );
-    fails(&["show", "alibi", "--heads", "0"], "heads = 0");
-    fails(
-        &["show", "alibi", "--heads", "2", "--head", "2"],
-        "head = 2",
-    );
-    fails(&["show", "t5", "--buckets", "1"], "bucket");
-    fails(&["show", "t5", "--values", "weird"], "values");
-    fails(&["show", "sinusoidal", "--layout", "diagonal"], "layout");
-    fails(&["show", "rope:frobnicate=1"], "unknown option");
-    fails(&["show", "rope:dim=abc"], "invalid value");
     fails(&["show", "rope", "--size", "10x10", "-o", png], "size");
-    fails(&["show", "rope", "--color", "purple"], "purple");
-    fails(
-        &["show", "alibi", "--causal", "--bidirectional"],
-        "cannot be used",
-    );
-    fails(&["show", "learned", "--positions", "100000000"], "at most");
-    fails(
-        &["show", "learned", "--positions", "100000", "--dim", "65536"],
-        "too large",
-    );
     assert!(!Path::new(png).exists(), "a failed run leaves no file");
 }

@@ -105,11 +105,26 @@ pub fn f64s(v: &serde_json::Value) -> Vec<f64> {
         .collect()
 }
 
-/// `posenc-{prefix}-{name}-{pid}` in the temp dir, emptied and created.
-pub fn fresh_dir(prefix: &str, name: &str) -> std::path::PathBuf {
+/// The `metrics.jsonl` of the run written to `dir`, after checking that
+/// `dir` holds it and each of `files`.
+pub fn run_log(dir: &std::path::Path, files: &[&str]) -> String {
+    for f in files.iter().chain(&["metrics.jsonl"]) {
+        assert!(dir.join(f).is_file(), "{f} missing in {}", dir.display());
+    }
+    std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap()
+}
+
+/// `posenc-{prefix}-{name}-{pid}` in the temp dir, removed (not created).
+pub fn scratch(prefix: &str, name: &str) -> std::path::PathBuf {
     let pid = std::process::id();
     let dir = std::env::temp_dir().join(format!("posenc-{prefix}-{name}-{pid}"));
     let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// `posenc-{prefix}-{name}-{pid}` in the temp dir, emptied and created.
+pub fn fresh_dir(prefix: &str, name: &str) -> std::path::PathBuf {
+    let dir = scratch(prefix, name);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
