@@ -81,14 +81,10 @@ mod tests {
             };
             let loss = (&y * &up).unwrap().sum_all().unwrap();
             let g = loss.backward().unwrap();
+            let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             (
-                y.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-                g.get(x.as_tensor())
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap(),
+                values(&y),
+                values(g.get(x.as_tensor()).unwrap()),
                 g.get(&wt).is_some() || g.get(&w).is_some(),
             )
         };

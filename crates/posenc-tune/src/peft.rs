@@ -50,6 +50,30 @@ use crate::error::{Result, TuneError};
 use crate::lora::{adapter_name, Factor, LoraConfig, Target};
 use crate::model::{Trainable, TrainableDecoder};
 
+/// The safetensors file at `path`, of at most `copies` times the weights of
+/// `cfg` (plus 16 MiB), its header, and the step its metadata records under
+/// [`STEP_KEY`] (`None` without one); `bad` words a header that does not
+/// parse.
+pub(crate) fn read_stepped(
+    path: &Path,
+    cfg: &DecoderConfig,
+    copies: u64,
+    bad: impl Fn(String) -> TuneError,
+) -> Result<(Vec<u8>, safetensors::tensor::Metadata, Option<usize>)> {
+    let max = posenc_models::llama::weight_bytes(cfg)
+        .saturating_mul(copies)
+        .saturating_add(16 << 20);
+    let bytes = posenc_models::input::read_bounded(path, max)?;
+    let (_, meta) =
+        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
+    let step = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(STEP_KEY))
+        .and_then(|s| s.parse::<usize>().ok());
+    Ok((bytes, meta, step))
+}
+
 /// PEFT's adapter configuration file.
 pub const CONFIG_FILE: &str = "adapter_config.json";
 /// PEFT's adapter weights file.
@@ -334,17 +358,9 @@ impl Adapter {
             .map_err(|e| bad(format!("{CONFIG_FILE} is not JSON: {e}")))?;
         let (lora, rslora, base_model) = parse_config(&c).map_err(bad)?;
         lora.validate_for(cfg).map_err(|e| bad(e.to_string()))?;
-        let max = posenc_models::llama::weight_bytes(cfg)
-            .saturating_mul(2)
-            .saturating_add(16 << 20);
-        let bytes = posenc_models::input::read_bounded(&weights_path, max)?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-            .map_err(|e| bad(format!("{WEIGHTS_FILE}: {e}")))?;
-        let step = meta
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get(STEP_KEY))
-            .and_then(|s| s.parse::<usize>().ok());
+        let (bytes, meta, step) = read_stepped(&weights_path, cfg, 2, |e| {
+            bad(format!("{WEIGHTS_FILE}: {e}"))
+        })?;
         // Names and shapes first.
         let infos = meta.tensors();
         let mut names: Vec<&String> = infos.keys().collect();

@@ -594,17 +594,9 @@ impl Finetune {
         }
         adapter.load_into(&ft.model, dir)?;
         let opt_path = dir.join(OPTIMIZER_FILE);
-        let max = posenc_models::llama::weight_bytes(base.config())
-            .saturating_mul(4)
-            .saturating_add(16 << 20);
-        let bytes = posenc_models::input::read_bounded(&opt_path, max)?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-            .map_err(|e| bad(format!("{OPTIMIZER_FILE}: {e}")))?;
-        let opt_step = meta
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get(peft::STEP_KEY))
-            .and_then(|s| s.parse::<usize>().ok());
+        let (bytes, _, opt_step) = peft::read_stepped(&opt_path, base.config(), 4, |e| {
+            bad(format!("{OPTIMIZER_FILE}: {e}"))
+        })?;
         if opt_step != Some(step) {
             return Err(bad(format!(
                 "its optimizer state is from step {opt_step:?}, {RECORD_FILE} from step {step}: the checkpoint is torn"

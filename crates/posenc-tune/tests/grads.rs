@@ -20,50 +20,26 @@
 //! ids were used.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 use candle_core::{Tensor, Var};
 use posenc_models::perplexity::{loss_per_position, rope_of};
-use posenc_models::{Decoder, ModelFiles, Scaling};
+use posenc_models::{Decoder, Scaling};
 use posenc_tune::{LoraConfig, Target, Trainable, TrainableDecoder, TuneError};
 use serde_json::Value;
+
+mod common;
+
+use common::{floats, ids};
 
 const LOSS_TOL: f64 = 1e-5;
 const GRAD_TOL: f64 = 1e-5;
 
-fn models_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../posenc-models/tests/fixtures")
-        .join(name)
-}
-
 fn base(name: &str) -> Decoder {
-    let mut files = ModelFiles::open(&models_dir(name)).unwrap();
-    let cfg = files.config().unwrap();
-    files.load(cfg).unwrap().0
+    common::load(&common::model_dir(name))
 }
 
 fn reference(short: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(format!("grads-{short}.json"));
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    common::fixture_json(&format!("grads-{short}.json"))
 }
 
 fn values(t: &Tensor) -> Vec<f32> {

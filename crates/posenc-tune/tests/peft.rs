@@ -19,17 +19,9 @@ use posenc_tune::train::{Finetune, FinetuneConfig, RunOptions, Sources};
 use posenc_tune::{Target, Trainable, TuneError};
 use serde_json::Value;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../posenc-models/tests/fixtures")
-        .join(name)
-}
+mod common;
 
-fn load(path: &Path) -> Decoder {
-    let mut files = ModelFiles::open(path).unwrap();
-    let cfg = files.config().unwrap();
-    files.load(cfg).unwrap().0
-}
+use common::{ids, load, model_dir};
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("posenc-tune-peft-{name}-{}", std::process::id()));
@@ -81,7 +73,7 @@ fn merged_loss(decoder: &Decoder, scaling: &str, tokens: &[u32]) -> f64 {
 
 #[test]
 fn a_merged_adapter_scores_as_the_trained_model() {
-    let path = fixture("tiny-llama31");
+    let path = model_dir("tiny-llama31");
     let base = load(&path);
     let all = Trainable {
         embed: true,
@@ -135,7 +127,7 @@ fn a_merged_adapter_scores_as_the_trained_model() {
 /// gives it too.
 #[test]
 fn an_adapter_trained_on_a_gguf_fits_the_checkpoint() {
-    let hf = fixture("tiny-llama31");
+    let hf = model_dir("tiny-llama31");
     let mut files = ModelFiles::open(&hf).unwrap();
     let mut cfg = files.config().unwrap();
     // GGUF has no key for Llama 3's scaling: plain RoPE in the file.
@@ -199,7 +191,7 @@ fn an_adapter_trained_on_a_gguf_fits_the_checkpoint() {
 
 #[test]
 fn adapters_that_do_not_fit_are_refused() {
-    let base = load(&fixture("tiny-llama31"));
+    let base = load(&model_dir("tiny-llama31"));
     let ft = trained(
         &base,
         "none",
@@ -263,22 +255,13 @@ fn tiny_sources() -> Sources {
 #[test]
 fn pefts_losses_with_the_adapter_posenc_wrote() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/peft-llama31");
-    let r: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("peft-check.json")).unwrap())
-            .unwrap();
+    let r = common::read_json(&dir.join("peft-check.json"));
     println!(
         "reference from torch {}, transformers {}, peft {}",
         r["torch"], r["transformers"], r["peft"]
     );
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
     let tokens = ids(&r["tokens"]);
-    let path = fixture("tiny-llama31");
+    let path = model_dir("tiny-llama31");
     let base = load(&path);
     let adapter = Adapter::read(&dir, base.config()).unwrap();
     assert_eq!(adapter.lora.targets, Target::ALL.to_vec());

@@ -5,23 +5,16 @@
 //! posenc's [`PyRandom`] is CPython's generator, so the same seed gives
 //! the same chunks and skips.
 
-use std::path::Path;
-
 use posenc_tune::data::{TrainText, WindowPlan, Windows};
 use posenc_tune::pose::{PoseSampler, PyRandom};
 use serde_json::Value;
 
-fn reference() -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pose-reference.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
+mod common;
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+use common::ids;
+
+fn reference() -> Value {
+    common::fixture_json("pose-reference.json")
 }
 
 fn num(v: &Value) -> usize {

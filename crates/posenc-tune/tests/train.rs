@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use posenc_models::{Decoder, ModelFiles};
+use posenc_models::Decoder;
 use posenc_tune::data::{TrainText, WindowPlan};
 use posenc_tune::peft::{Adapter, CONFIG_FILE, WEIGHTS_FILE};
 use posenc_tune::train::{
@@ -15,12 +15,10 @@ use posenc_tune::train::{
 };
 use posenc_tune::{LoraConfig, Target, Trainable, TuneError};
 
+mod common;
+
 fn tiny() -> Decoder {
-    let dir =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures/tiny-llama31");
-    let mut files = ModelFiles::open(&dir).unwrap();
-    let cfg = files.config().unwrap();
-    files.load(cfg).unwrap().0
+    common::load(&common::model_dir("tiny-llama31"))
 }
 
 fn scratch(name: &str) -> PathBuf {
