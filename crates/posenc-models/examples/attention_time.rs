@@ -5,10 +5,9 @@
 
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
-use posenc::rope::RopeConfig;
 use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
-use posenc::tensor::rope::{HeadLayout, Rope};
+
+mod common;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<usize> = std::env::args()
@@ -18,10 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let t = args.first().copied().unwrap_or(4096);
     let reps = args.get(1).copied().unwrap_or(3);
-    let (hq, hk, d) = (9, 3, 64);
-    let w = (hq + 2 * hk) * d;
-    let qkv = Tensor::randn(0f32, 1.0, (1, t, w), &Device::Cpu)?;
-    let rope = Rope::new(RopeConfig::new(100000.0, d)?)?.with_layout(HeadLayout::Bthd);
+    let (hq, hk, d) = common::HEADS;
+    let (qkv, rope) = common::packed_qkv(t)?;
     let hooks = AttentionHooks {
         query_key: Some(&rope),
         ..Default::default()

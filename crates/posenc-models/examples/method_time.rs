@@ -8,12 +8,11 @@
 
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
 use posenc::extend::{ContextMethod, ModelLengths};
-use posenc::rope::RopeConfig;
 use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
 use posenc::tensor::extend::MethodAttention;
-use posenc::tensor::rope::{HeadLayout, Rope};
+
+mod common;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -34,10 +33,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|s| s.to_string())
         .collect()
     };
-    let (hq, hk, d) = (9, 3, 64);
-    let w = (hq + 2 * hk) * d;
-    let qkv = Tensor::randn(0f32, 1.0, (1, t, w), &Device::Cpu)?;
-    let rope = Rope::new(RopeConfig::new(100000.0, d)?)?.with_layout(HeadLayout::Bthd);
+    let (hq, hk, _) = common::HEADS;
+    let (qkv, rope) = common::packed_qkv(t)?;
     let hooks = AttentionHooks {
         query_key: Some(&rope),
         ..Default::default()

@@ -766,18 +766,26 @@ mod tests {
     use super::*;
     use crate::weights::Safetensors;
 
+    /// The tiny decoders of `tests/fixtures`.
+    const FIXTURES: [&str; 2] = ["tiny-qwen25", "tiny-llama31"];
+
+    /// The config and the weights of the fixture `name`.
+    fn fixture(name: &str) -> (DecoderConfig, Safetensors) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let cfg = DecoderConfig::from_hf_json_str(&text).unwrap();
+        (cfg, Safetensors::open_dir(&dir).unwrap())
+    }
+
     /// `named_weights` gives back every tensor of the file, split out of
     /// the stacked buffers, under its own name and shape (Qwen2.5: q/k/v
     /// biases and a tied head; Llama 3.1: an untied head).
     #[test]
     fn named_weights_are_the_files_tensors() {
-        for name in ["tiny-qwen25", "tiny-llama31"] {
-            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures")
-                .join(name);
-            let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
-            let cfg = DecoderConfig::from_hf_json_str(&text).unwrap();
-            let mut st = Safetensors::open_dir(&dir).unwrap();
+        for name in FIXTURES {
+            let (cfg, mut st) = fixture(name);
             let decoder = Decoder::load(cfg.clone(), &mut st).unwrap();
             let named = decoder.named_weights();
             let expected: Vec<(String, Vec<usize>)> = cfg
@@ -800,14 +808,9 @@ mod tests {
     /// sizes and non-finite values without changing anything.
     #[test]
     fn set_weight_replaces_one_parameter() {
-        for name in ["tiny-qwen25", "tiny-llama31"] {
-            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures")
-                .join(name);
-            let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
-            let cfg = DecoderConfig::from_hf_json_str(&text).unwrap();
-            let mut decoder =
-                Decoder::load(cfg, &mut Safetensors::open_dir(&dir).unwrap()).unwrap();
+        for name in FIXTURES {
+            let (cfg, mut st) = fixture(name);
+            let mut decoder = Decoder::load(cfg, &mut st).unwrap();
             let before: Vec<(String, Vec<f32>)> = decoder
                 .named_weights()
                 .iter()

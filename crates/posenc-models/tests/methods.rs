@@ -18,8 +18,6 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::{fixture, floats, ids, max_abs_diff};
 use posenc_models::passkey::{self, Haystack, PromptBuilder};
 use posenc_models::perplexity::{losses_from_hidden, rope_of};
@@ -179,15 +177,11 @@ use common::model_path;
 /// nats of the authors' code at 4,096 tokens.
 #[test]
 fn smollm2_bands_match_the_authors_code() {
-    let Some(path) = model_path("smollm2_bands_match_the_authors_code") else {
+    let Some(m) = common::smollm2("smollm2_bands_match_the_authors_code") else {
         return;
     };
     let r = common::reference("methods/smollm2-methods-4k.json");
-    let m = PretrainedModel::load(&path, None).unwrap();
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/corpus/pride-and-prejudice.txt"),
-    )
-    .unwrap();
+    let text = common::pride_and_prejudice();
     let all = m.tokenizer.encode(&text).unwrap();
     let tokens = &all[..2049];
     for method in [

@@ -14,8 +14,6 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::{floats, ids};
 use posenc_models::generate::{generate, Sampling};
 use posenc_models::gguf::GgufFile;
@@ -65,11 +63,10 @@ fn gguf_tokenizer_matches_transformers() {
 /// shows that the right scaling ran.
 #[test]
 fn smollm2_losses_logits_and_generation_match_transformers() {
-    let Some(path) = model_path("smollm2_losses_logits_and_generation_match_transformers") else {
+    let Some(m) = common::smollm2("smollm2_losses_logits_and_generation_match_transformers") else {
         return;
     };
     let r = common::reference("smollm2-reference.json");
-    let m = PretrainedModel::load(&path, None).unwrap();
     let model = &m.decoder;
     assert_eq!(model.config().trained_length(), 8192);
     let w = &r["window"];
@@ -91,11 +88,7 @@ fn smollm2_losses_logits_and_generation_match_transformers() {
         let loss = loss_per_position(model, &tokens, &rope).unwrap();
         let want = floats(&s["loss"]);
         assert_eq!(loss.len(), want.len());
-        let worst = loss
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
+        let worst = common::max_abs_diff(&loss, &want);
         let mean_got = loss.iter().sum::<f64>() / loss.len() as f64;
         let mean_want = want.iter().sum::<f64>() / want.len() as f64;
         eprintln!("{name}: worst |Δloss| {worst:.2e}, mean {mean_got:.5} vs {mean_want:.5}");
@@ -180,10 +173,7 @@ fn bf16_products_keep_the_losses_of_the_long_window() {
     }
     let r = common::reference("smollm2-long-reference.json");
     let mut m = PretrainedModel::load(&path, None).unwrap();
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/corpus/pride-and-prejudice.txt"),
-    )
-    .unwrap();
+    let text = common::pride_and_prejudice();
     let all = m.tokenizer.encode(&text).unwrap();
     let first = ids(&r["first_ids"]);
     assert_eq!(&all[..first.len()], &first[..]);

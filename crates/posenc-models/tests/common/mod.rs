@@ -36,6 +36,15 @@ pub fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// The report's default text, Pride and Prejudice, from the workspace's
+/// assets.
+pub fn pride_and_prejudice() -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/corpus/pride-and-prejudice.txt"),
+    )
+    .unwrap()
+}
+
 /// The largest `|a_i − b_i|` (the lengths must agree).
 pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len(), "lengths differ");
@@ -72,4 +81,9 @@ pub fn model_path(test: &str) -> Option<PathBuf> {
     }
     eprintln!("{why}");
     None
+}
+
+/// The model at [`model_path`], loaded; `None` (skipped) as there.
+pub fn smollm2(test: &str) -> Option<posenc_models::PretrainedModel> {
+    model_path(test).map(|path| posenc_models::PretrainedModel::load(&path, None).unwrap())
 }
