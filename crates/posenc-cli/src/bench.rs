@@ -66,7 +66,7 @@ struct TrainCase {
 }
 
 fn bench_train(a: BenchTrainArgs) -> CliResult {
-    use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
+    use posenc_lab::config::{Mode, PeConfig, TrainConfig};
     use posenc_lab::tasks::{Task, TaskKind};
     if a.steps == 0 {
         return Err(crate::CliError("--steps must be at least 1".into()));
@@ -98,17 +98,8 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
     let mut cases: Vec<TrainCase> = Vec::new();
     for name in &names {
         let task = Task::new(TaskKind::Copy, 16)?;
-        let model = ModelConfig {
-            mode: Mode::Decoder,
-            vocab_size: task.vocab_size(),
-            num_outputs: task.num_outputs(),
-            d_model: d,
-            n_layers: layers,
-            n_heads: heads,
-            d_ff: 4 * d,
-            tied: true,
-            pe: PeConfig::parse(name, len, 16)?,
-        };
+        let pe = PeConfig::parse(name, len, 16)?;
+        let model = task.model_config(Mode::Decoder, d, layers, heads, pe);
         let train = TrainConfig {
             task: TaskKind::Copy,
             n_symbols: 16,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use posenc_lab::bpe::Tokenization;
-use posenc_lab::config::{ModelConfig, PeConfig, TrainConfig};
+use posenc_lab::config::{PeConfig, TrainConfig};
 use posenc_lab::finetune::{self, scaling_at, FinetuneOptions};
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::TaskKind;
@@ -310,17 +310,8 @@ pub fn train(a: TrainArgs) -> CliResult {
             corpus: a.corpus.clone(),
         };
         let task = train::load_task_in(&train, tokens, None)?;
-        let model = ModelConfig {
-            mode: task_kind.mode(),
-            vocab_size: task.vocab_size(),
-            num_outputs: task.num_outputs(),
-            d_model: a.d_model,
-            n_layers: a.layers,
-            n_heads: a.heads,
-            d_ff: 4 * a.d_model,
-            tied: true,
-            pe: PeConfig::parse(&a.pe, max_len, a.shaw_k)?,
-        };
+        let pe = PeConfig::parse(&a.pe, max_len, a.shaw_k)?;
+        let model = task.model_config(task_kind.mode(), a.d_model, a.layers, a.heads, pe);
         let lab = Lab::new(model, train, task)?;
         let opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
         (lab, opt)

@@ -154,21 +154,11 @@ impl PeConfig {
         match self {
             PeConfig::Nope => "nope".into(),
             PeConfig::Sinusoidal { concatenated } => {
-                if *concatenated {
-                    "sinusoidal-concat".into()
-                } else {
-                    "sinusoidal".into()
-                }
+                with_suffix("sinusoidal", *concatenated, "-concat")
             }
             PeConfig::Learned { .. } => "learned".into(),
             PeConfig::Floater => "floater".into(),
-            PeConfig::Rope { interleaved, .. } => {
-                if *interleaved {
-                    "rope-interleaved".into()
-                } else {
-                    "rope".into()
-                }
-            }
+            PeConfig::Rope { interleaved, .. } => with_suffix("rope", *interleaved, "-interleaved"),
             PeConfig::Xpos { .. } => "xpos".into(),
             PeConfig::Alibi => "alibi".into(),
             PeConfig::T5 { .. } => "t5".into(),
@@ -431,6 +421,15 @@ impl TrainConfig {
         let t = ((step - self.warmup) as f64 / span).min(1.0);
         let min = self.lr * self.min_lr_frac;
         min + 0.5 * (self.lr - min) * (1.0 + (std::f64::consts::PI * t).cos())
+    }
+}
+
+/// `name`, with `suffix` after it when `flag` is set.
+fn with_suffix(name: &str, flag: bool, suffix: &str) -> String {
+    if flag {
+        format!("{name}{suffix}")
+    } else {
+        name.into()
     }
 }
 

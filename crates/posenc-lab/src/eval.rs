@@ -70,18 +70,25 @@ impl PositionLoss {
     /// is empty or past the window.
     pub fn mean_over(&self, range: Range<usize>) -> f64 {
         let end = range.end.min(self.length);
-        let (mut sum, mut n) = (0.0, 0usize);
-        for p in range.start.min(end)..end {
-            if self.count[p] > 0 {
-                sum += self.loss[p] * self.count[p] as f64;
-                n += self.count[p];
-            }
-        }
+        let (sum, n) = self.scored_nats(range.start.min(end)..end, |p| self.count[p] as u64);
         if n == 0 {
             f64::NAN
         } else {
             sum / n as f64
         }
+    }
+
+    /// The total nats of the scored targets at `positions` (in order), and
+    /// the sum of `weight` over the positions that scored any.
+    fn scored_nats(&self, positions: Range<usize>, weight: impl Fn(usize) -> u64) -> (f64, u64) {
+        let (mut nats, mut total) = (0.0, 0u64);
+        for p in positions {
+            if self.count[p] > 0 {
+                nats += self.loss[p] * self.count[p] as f64;
+                total += weight(p);
+            }
+        }
+        (nats, total)
     }
 
     /// The mean loss over every scored target of the window.
@@ -94,13 +101,7 @@ impl PositionLoss {
     /// where no character was scored (or none was counted).
     pub fn bits_per_char_over(&self, range: Range<usize>) -> f64 {
         let end = range.end.min(self.length).min(self.chars.len());
-        let (mut nats, mut chars) = (0.0, 0u64);
-        for p in range.start.min(end)..end {
-            if self.count[p] > 0 {
-                nats += self.loss[p] * self.count[p] as f64;
-                chars += self.chars[p];
-            }
-        }
+        let (nats, chars) = self.scored_nats(range.start.min(end)..end, |p| self.chars[p]);
         if chars == 0 {
             f64::NAN
         } else {

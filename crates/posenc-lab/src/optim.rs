@@ -61,13 +61,29 @@ impl AdamW {
         })
     }
 
+    /// Counts a step and returns its bias corrections, `1 − β₁ᵗ` and
+    /// `1 − β₂ᵗ`.
+    fn next_step(&mut self) -> (f64, f64) {
+        self.t += 1;
+        let bc1 = 1.0 - self.beta1.powi(self.t as i32);
+        let bc2 = 1.0 - self.beta2.powi(self.t as i32);
+        (bc1, bc2)
+    }
+
+    /// The weight decay of the parameter `theta`: matrices only.
+    fn decay_of(&self, theta: &Tensor) -> f64 {
+        if theta.rank() >= 2 {
+            self.weight_decay
+        } else {
+            0.0
+        }
+    }
+
     /// One update with learning rate `lr` (the composed reference: candle
     /// ops on the moments as tensors). Parameters without a gradient are
     /// left unchanged.
     pub fn step(&mut self, grads: &GradStore, lr: f64) -> Result<(), LabError> {
-        self.t += 1;
-        let bc1 = 1.0 - self.beta1.powi(self.t as i32);
-        let bc2 = 1.0 - self.beta2.powi(self.t as i32);
+        let (bc1, bc2) = self.next_step();
         for (name, var) in &self.params {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
@@ -82,11 +98,7 @@ impl AdamW {
             let vhat = v.affine(1.0 / bc2, 0.0)?;
             let update = mhat.div(&(vhat.sqrt()? + self.eps)?)?;
             let theta = var.as_tensor();
-            let decay = if theta.rank() >= 2 {
-                self.weight_decay
-            } else {
-                0.0
-            };
+            let decay = self.decay_of(theta);
             let next = (theta.affine(1.0 - lr * decay, 0.0)? - update.affine(lr, 0.0)?)?;
             var.set(&next)?;
             self.m
@@ -125,9 +137,7 @@ impl AdamW {
         } else {
             1.0
         };
-        self.t += 1;
-        let bc1 = 1.0 - self.beta1.powi(self.t as i32);
-        let bc2 = 1.0 - self.beta2.powi(self.t as i32);
+        let (bc1, bc2) = self.next_step();
         for (name, var) in &self.params {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
@@ -139,11 +149,7 @@ impl AdamW {
                     theta.dtype()
                 )));
             }
-            let decay = if theta.rank() >= 2 {
-                self.weight_decay
-            } else {
-                0.0
-            };
+            let decay = self.decay_of(theta);
             let m = self.m.get_mut(name).expect("moments of every parameter");
             let v = self.v.get_mut(name).expect("moments of every parameter");
             let op = AdamWUpdate {

@@ -70,6 +70,7 @@ use std::sync::Arc;
 pub use crate::bpe::MAX_VOCAB;
 use crate::bpe::{Bpe, Tokenization};
 pub use crate::config::TaskKind;
+use crate::config::{Mode, ModelConfig, PeConfig};
 use crate::LabError;
 
 /// Padding; never predicted.
@@ -132,6 +133,30 @@ pub struct Task {
 }
 
 impl Task {
+    /// A `mode` lab transformer for this task's vocabulary and outputs:
+    /// `n_layers` blocks of width `d_model` with `n_heads` heads, an MLP of
+    /// 4 × `d_model`, and the output head tied to the token embedding.
+    pub fn model_config(
+        &self,
+        mode: Mode,
+        d_model: usize,
+        n_layers: usize,
+        n_heads: usize,
+        pe: PeConfig,
+    ) -> ModelConfig {
+        ModelConfig {
+            mode,
+            vocab_size: self.vocab_size(),
+            num_outputs: self.num_outputs(),
+            d_model,
+            n_layers,
+            n_heads,
+            d_ff: 4 * d_model,
+            tied: true,
+            pe,
+        }
+    }
+
     /// A synthetic task with `n_symbols` content symbols (≥ 3).
     pub fn new(kind: TaskKind, n_symbols: u32) -> Result<Self, LabError> {
         if n_symbols < 3 {
@@ -854,13 +879,23 @@ mod tests {
         }
     }
 
+    /// One example of `kind` over 4 symbols at each length of `lens`, drawn
+    /// in turn from seed `seed`, with its length (checked).
+    fn examples(kind: TaskKind, seed: u64, lens: &[usize]) -> Vec<(usize, Example)> {
+        let mut rng = SplitMix64::new(seed);
+        let t = Task::new(kind, 4).unwrap();
+        lens.iter()
+            .map(|&len| {
+                let e = t.sample(&mut rng, len).unwrap();
+                assert_eq!(e.input.len(), len);
+                (len, e)
+            })
+            .collect()
+    }
+
     #[test]
     fn count_answer_is_the_count() {
-        let mut rng = SplitMix64::new(2);
-        let t = Task::new(TaskKind::Count, 4).unwrap();
-        for len in [7usize, 8, 20, 100, 300] {
-            let e = t.sample(&mut rng, len).unwrap();
-            assert_eq!(e.input.len(), len);
+        for (_, e) in examples(TaskKind::Count, 2, &[7, 8, 20, 100, 300]) {
             let qpos = e.input.iter().position(|&t| t == QUERY).unwrap();
             let q = e.input[qpos + 1];
             let c = e.input[1..qpos].iter().filter(|&&t| t == q).count();
@@ -874,11 +909,7 @@ mod tests {
 
     #[test]
     fn addition_answer_is_the_sum() {
-        let mut rng = SplitMix64::new(3);
-        let t = Task::new(TaskKind::Addition, 4).unwrap();
-        for len in [7usize, 10, 13, 31, 64] {
-            let e = t.sample(&mut rng, len).unwrap();
-            assert_eq!(e.input.len(), len);
+        for (len, e) in examples(TaskKind::Addition, 3, &[7, 10, 13, 31, 64]) {
             let full: Vec<u32> = e.input.iter().copied().chain(std::iter::once(0)).collect();
             let plus = full.iter().position(|&t| t == PLUS).unwrap();
             let eq = full.iter().position(|&t| t == EQ).unwrap();

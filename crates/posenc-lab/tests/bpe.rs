@@ -7,13 +7,12 @@ mod common;
 
 use std::sync::Arc;
 
-use posenc::analysis::SplitMix64;
 use posenc_lab::bpe::{Bpe, Tokenization};
 use posenc_lab::checkpoint::batch_seed;
 use posenc_lab::config::{Mode, PeConfig};
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::{Corpus, Split, Task, TaskKind};
-use posenc_lab::train::{self, make_batch, Lab};
+use posenc_lab::train::{self, Lab};
 use posenc_lab::LabError;
 use proptest::prelude::*;
 
@@ -191,27 +190,11 @@ fn train_bits(tokens: Tokenization, threads: usize) -> (Vec<u32>, Vec<u32>) {
         let lab = Lab::new(m, common::run(TaskKind::Lm, 6, 32, 5), task).unwrap();
         let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
         let losses = (0..6)
-            .map(|s| {
-                let mut rng = SplitMix64::new(batch_seed(5, s, 0));
-                let b = make_batch(&lab.task, &mut rng, 16, 32, &candle_core::Device::Cpu).unwrap();
-                let (loss, _) = lab.batch_loss(&b, None).unwrap();
-                let l = loss.to_scalar::<f32>().unwrap();
-                let mut g = loss.backward().unwrap();
-                lab.optimizer_step(&mut opt, &mut g, 3e-3).unwrap();
-                l.to_bits()
-            })
+            .map(|s| common::train_step(&lab, &mut opt, batch_seed(5, s, 0), 16, 32).to_bits())
             .collect();
-        let mut names: Vec<_> = lab.params().into_iter().collect();
-        names.sort_by(|a, b| a.0.cmp(&b.0));
-        let w = names
-            .iter()
-            .flat_map(|(_, v)| {
-                v.as_tensor()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            })
+        let w = common::sorted_params(&lab)
+            .into_iter()
+            .flat_map(|(_, v)| v)
             .map(f32::to_bits)
             .collect();
         (losses, w)

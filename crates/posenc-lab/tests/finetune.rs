@@ -44,25 +44,6 @@ fn base(dir: &Path, pe: PeConfig, steps: usize) -> Lab {
     l
 }
 
-fn params(l: &Lab) -> Vec<(String, Vec<f32>)> {
-    let mut v: Vec<(String, Vec<f32>)> = l
-        .params()
-        .into_iter()
-        .map(|(n, v)| {
-            (
-                n,
-                v.as_tensor()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap(),
-            )
-        })
-        .collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
-}
-
 fn loss_at(l: &Lab, len: usize, scaling: Option<&ScalingSpec>) -> f64 {
     let s = scaling.map(|s| s.build(&l.meta.model).unwrap());
     train::evaluate(l, &[len], 4, 16, s.as_ref()).unwrap().loss[0]
@@ -249,7 +230,7 @@ fn an_interrupted_finetune_resumes_exactly() {
     assert_eq!(b.meta.step, 3);
     let s = train::train(&mut b, &mut opt, &TrainOptions::quiet(&b_dir)).unwrap();
     assert_eq!(s.steps, 6);
-    assert_eq!(params(&a), params(&b));
+    assert_eq!(common::sorted_params(&a), common::sorted_params(&b));
 }
 
 /// The report's fine-tune before it moved into the lab: a plain AdamW loop
@@ -323,7 +304,11 @@ fn in_memory_finetune_matches_a_plain_adamw_loop() {
                 opt.step(&grads, lr).unwrap();
             }
         }
-        assert_eq!(params(&a), params(&b), "fused {fused}");
+        assert_eq!(
+            common::sorted_params(&a),
+            common::sorted_params(&b),
+            "fused {fused}"
+        );
     }
 }
 
@@ -367,8 +352,7 @@ fn what_cannot_be_finetuned_is_a_typed_error() {
     o.batch = Some(0);
     assert!(finetune(&mut l, &o).is_err());
     // The output cannot be the base.
-    let d = tmp("same");
-    std::fs::create_dir_all(&d).unwrap();
+    let d = common::fresh_dir("posenc-ft", "same");
     let mut o = FinetuneOptions::new(16, 1, 1e-3);
     o.base = Some(&d);
     let same = d.join(".");

@@ -10,7 +10,7 @@ use posenc_lab::config::{Mode, PeConfig};
 use posenc_lab::ops;
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::{Task, TaskKind, IGNORE};
-use posenc_lab::train::{batch_seed, make_batch, Lab};
+use posenc_lab::train::{batch_seed, Lab};
 
 const DEV: Device = Device::Cpu;
 
@@ -79,6 +79,41 @@ fn same_bits(one: Tensor, other: Tensor, vars: &[&Var], seed: u64, what: &str) {
 }
 
 const SIZES: [usize; 6] = [1, 2, 3, 127, 128, 129];
+
+/// `f(n, d_in, d_out)` at each size of [`SIZES`] and each pair of widths the
+/// fused layers are checked at.
+fn at_widths(mut f: impl FnMut(usize, usize, usize)) {
+    for &n in &SIZES {
+        for (d_in, d_out) in [(1, 1), (3, 5), (32, 129), (129, 7)] {
+            f(n, d_in, d_out);
+        }
+    }
+}
+
+/// A linear layer's weight `(d_out, d_in)` and bias `(d_out,)`, seeds `seed`
+/// and `seed + 1`, scale 0.5.
+fn linear_params(d_in: usize, d_out: usize, seed: u64) -> (Var, Var) {
+    (var(&[d_out, d_in], seed, 0.5), var(&[d_out], seed + 1, 0.5))
+}
+
+/// A LayerNorm's input `(2, n, d)` (seed `seed`) and its weight and bias
+/// (seeds `seed + 1`, `seed + 2`, scale 0.5).
+fn ln_inputs(n: usize, d: usize, seed: u64) -> (Var, Var, Var) {
+    let (g, be) = (var(&[d], seed + 1, 0.5), var(&[d], seed + 2, 0.5));
+    (var(&[2, n, d], seed, 1.0), g, be)
+}
+
+/// An input `(2, 3, 4)`, a `(4,)` vector, and a `(5, 3)` weight with a `(5,)`
+/// bias that do not fit it.
+fn misfits() -> (Var, Var, Var, Var) {
+    let x = var(&[2, 3, 4], 1, 1.0);
+    (
+        x,
+        var(&[4], 2, 1.0),
+        var(&[5, 3], 3, 1.0),
+        var(&[5], 4, 1.0),
+    )
+}
 
 /// The fused linear layer at every SIMD level this CPU has (posenc's
 /// AVX-512 tiles, the gemm crate below) against candle-nn's, across the
@@ -181,25 +216,22 @@ fn gelu_matches_candle() {
 /// model's path before the two were one op).
 #[test]
 fn linear_gelu_matches_linear_then_gelu() {
-    for &n in &SIZES {
-        for (d_in, d_out) in [(1, 1), (3, 5), (32, 129), (129, 7)] {
-            let x = var(&[2, n, d_in], 11, 1.0);
-            let w = var(&[d_out, d_in], 12, 0.5);
-            let b = var(&[d_out], 13, 0.5);
-            for bias in [Some(&b), None] {
-                let bt = bias.map(|b| b.as_tensor());
-                let what = format!("linear+gelu {n}×{d_in}→{d_out}, bias {}", bias.is_some());
-                let mut vars = vec![&x, &w];
-                vars.extend(bias);
-                compare(&vars, 1e-5, &what, |fused| {
-                    ops::linear_gelu(&x, &w, bt, fused).unwrap()
-                });
-                let one = ops::linear_gelu(&x, &w, bt, true).unwrap();
-                let two = ops::gelu(&ops::linear(&x, &w, bt, true).unwrap(), true).unwrap();
-                same_bits(one, two, &vars, 98, &what);
-            }
+    at_widths(|n, d_in, d_out| {
+        let x = var(&[2, n, d_in], 11, 1.0);
+        let (w, b) = linear_params(d_in, d_out, 12);
+        for bias in [Some(&b), None] {
+            let bt = bias.map(|b| b.as_tensor());
+            let what = format!("linear+gelu {n}×{d_in}→{d_out}, bias {}", bias.is_some());
+            let mut vars = vec![&x, &w];
+            vars.extend(bias);
+            compare(&vars, 1e-5, &what, |fused| {
+                ops::linear_gelu(&x, &w, bt, fused).unwrap()
+            });
+            let one = ops::linear_gelu(&x, &w, bt, true).unwrap();
+            let two = ops::gelu(&ops::linear(&x, &w, bt, true).unwrap(), true).unwrap();
+            same_bits(one, two, &vars, 98, &what);
         }
-    }
+    });
 }
 
 /// A linear layer and a residual addition in one op: against its reference
@@ -207,22 +239,19 @@ fn linear_gelu_matches_linear_then_gelu() {
 /// fused linear layer then the addition.
 #[test]
 fn linear_residual_matches_linear_then_add() {
-    for &n in &SIZES {
-        for (d_in, d_out) in [(1, 1), (3, 5), (32, 129), (129, 7)] {
-            let x = var(&[2, n, d_in], 31, 1.0);
-            let w = var(&[d_out, d_in], 32, 0.5);
-            let b = var(&[d_out], 33, 0.5);
-            let r = var(&[2, n, d_out], 34, 1.0);
-            let vars = [&x, &w, &b, &r];
-            let what = format!("linear+residual {n}×{d_in}→{d_out}");
-            compare(&vars, 1e-5, &what, |fused| {
-                ops::linear_residual(&x, &w, &b, &r, fused).unwrap()
-            });
-            let one = ops::linear_residual(&x, &w, &b, &r, true).unwrap();
-            let two = (r.as_tensor() + ops::linear(&x, &w, Some(&b), true).unwrap()).unwrap();
-            same_bits(one, two, &vars, 96, &what);
-        }
-    }
+    at_widths(|n, d_in, d_out| {
+        let x = var(&[2, n, d_in], 31, 1.0);
+        let (w, b) = linear_params(d_in, d_out, 32);
+        let r = var(&[2, n, d_out], 34, 1.0);
+        let vars = [&x, &w, &b, &r];
+        let what = format!("linear+residual {n}×{d_in}→{d_out}");
+        compare(&vars, 1e-5, &what, |fused| {
+            ops::linear_residual(&x, &w, &b, &r, fused).unwrap()
+        });
+        let one = ops::linear_residual(&x, &w, &b, &r, true).unwrap();
+        let two = (r.as_tensor() + ops::linear(&x, &w, Some(&b), true).unwrap()).unwrap();
+        same_bits(one, two, &vars, 96, &what);
+    });
     // A residual of another shape is refused, fused or not.
     let x = var(&[2, 3, 4], 1, 1.0);
     let w = var(&[5, 4], 2, 1.0);
@@ -239,29 +268,21 @@ fn linear_residual_matches_linear_then_add() {
 /// `gemm` crate's product with the bias added after it).
 #[test]
 fn ln_linear_matches_layer_norm_then_linear() {
-    for &n in &SIZES {
-        for (d, d_out) in [(1, 1), (3, 5), (32, 129), (129, 7)] {
-            let x = var(&[2, n, d], 41, 1.0);
-            let g = var(&[d], 42, 0.5);
-            let be = var(&[d], 43, 0.5);
-            let w = var(&[d_out, d], 44, 0.5);
-            let b = var(&[d_out], 45, 0.5);
-            let vars = [&x, &g, &be, &w, &b];
-            let what = format!("ln+linear {n}×{d}→{d_out}");
-            let f = |fused: bool| ops::ln_linear(&x, &g, &be, 1e-5, (&w, &b), fused).unwrap();
-            compare(&vars, 1e-4, &what, f);
-            let two = {
-                let ln = ops::layer_norm(&x, &g, &be, 1e-5, true).unwrap();
-                ops::linear(&ln, &w, Some(&b), true).unwrap()
-            };
-            same_bits(f(true), two, &vars, 98, &what);
-        }
-    }
+    at_widths(|n, d, d_out| {
+        let (x, g, be) = ln_inputs(n, d, 41);
+        let (w, b) = linear_params(d, d_out, 44);
+        let vars = [&x, &g, &be, &w, &b];
+        let what = format!("ln+linear {n}×{d}→{d_out}");
+        let f = |fused: bool| ops::ln_linear(&x, &g, &be, 1e-5, (&w, &b), fused).unwrap();
+        compare(&vars, 1e-4, &what, f);
+        let two = {
+            let ln = ops::layer_norm(&x, &g, &be, 1e-5, true).unwrap();
+            ops::linear(&ln, &w, Some(&b), true).unwrap()
+        };
+        same_bits(f(true), two, &vars, 98, &what);
+    });
     // Parameters of the wrong shapes are refused, fused or not.
-    let x = var(&[2, 3, 4], 1, 1.0);
-    let v4 = var(&[4], 2, 1.0);
-    let w = var(&[5, 3], 3, 1.0);
-    let b5 = var(&[5], 4, 1.0);
+    let (x, v4, w, b5) = misfits();
     for fused in [true, false] {
         assert!(ops::ln_linear(&x, &v4, &v4, 1e-5, (&w, &b5), fused).is_err());
     }
@@ -272,35 +293,26 @@ fn ln_linear_matches_layer_norm_then_linear() {
 /// four fused ops it replaces (LayerNorm, linear + GELU, linear, addition).
 #[test]
 fn mlp_residual_matches_the_four_ops() {
-    for &n in &SIZES {
-        for (d, d_ff) in [(1, 1), (3, 5), (32, 129), (129, 7)] {
-            let x = var(&[2, n, d], 21, 1.0);
-            let g = var(&[d], 22, 0.5);
-            let be = var(&[d], 23, 0.5);
-            let w1 = var(&[d_ff, d], 24, 0.5);
-            let b1 = var(&[d_ff], 25, 0.5);
-            let w2 = var(&[d, d_ff], 26, 0.5);
-            let b2 = var(&[d], 27, 0.5);
-            let vars = [&x, &g, &be, &w1, &b1, &w2, &b2];
-            let what = format!("mlp {n}×{d}, d_ff {d_ff}");
-            let mlp = |fused: bool| {
-                ops::mlp_residual(&x, &g, &be, 1e-5, (&w1, &b1), (&w2, &b2), fused).unwrap()
-            };
-            compare(&vars, 1e-4, &what, mlp);
-            let one = mlp(true);
-            let four = {
-                let ln = ops::layer_norm(&x, &g, &be, 1e-5, true).unwrap();
-                let h = ops::linear_gelu(&ln, &w1, Some(&b1), true).unwrap();
-                (x.as_tensor() + ops::linear(&h, &w2, Some(&b2), true).unwrap()).unwrap()
-            };
-            same_bits(one, four, &vars, 97, &what);
-        }
-    }
+    at_widths(|n, d, d_ff| {
+        let (x, g, be) = ln_inputs(n, d, 21);
+        let (w1, b1) = linear_params(d, d_ff, 24);
+        let (w2, b2) = linear_params(d_ff, d, 26);
+        let vars = [&x, &g, &be, &w1, &b1, &w2, &b2];
+        let what = format!("mlp {n}×{d}, d_ff {d_ff}");
+        let mlp = |fused: bool| {
+            ops::mlp_residual(&x, &g, &be, 1e-5, (&w1, &b1), (&w2, &b2), fused).unwrap()
+        };
+        compare(&vars, 1e-4, &what, mlp);
+        let one = mlp(true);
+        let four = {
+            let ln = ops::layer_norm(&x, &g, &be, 1e-5, true).unwrap();
+            let h = ops::linear_gelu(&ln, &w1, Some(&b1), true).unwrap();
+            (x.as_tensor() + ops::linear(&h, &w2, Some(&b2), true).unwrap()).unwrap()
+        };
+        same_bits(one, four, &vars, 97, &what);
+    });
     // Parameters of the wrong shapes are refused, fused or not.
-    let x = var(&[2, 3, 4], 1, 1.0);
-    let v4 = var(&[4], 2, 1.0);
-    let w = var(&[5, 3], 3, 1.0);
-    let b5 = var(&[5], 4, 1.0);
+    let (x, v4, w, b5) = misfits();
     for fused in [true, false] {
         assert!(ops::mlp_residual(&x, &v4, &v4, 1e-5, (&w, &b5), (&w, &v4), fused).is_err());
     }
@@ -339,22 +351,12 @@ fn cross_entropy_matches_the_composed_ops() {
 #[test]
 fn fifty_steps_fused_and_composed_agree() {
     let task = Task::new(TaskKind::Copy, 8).unwrap();
-    let pes = [
-        PeConfig::Nope,
-        PeConfig::parse("sinusoidal", 24, 4).unwrap(),
-        PeConfig::parse("learned", 24, 4).unwrap(),
-        PeConfig::parse("floater", 24, 4).unwrap(),
-        PeConfig::parse("rope", 24, 4).unwrap(),
-        PeConfig::parse("rope-interleaved", 24, 4).unwrap(),
-        PeConfig::parse("xpos", 24, 4).unwrap(),
-        PeConfig::parse("alibi", 24, 4).unwrap(),
-        PeConfig::parse("t5", 24, 4).unwrap(),
-        PeConfig::parse("shaw", 24, 4).unwrap(),
-        PeConfig::parse("irope", 24, 4).unwrap(),
-        PeConfig::parse("fire", 24, 4).unwrap(),
-        PeConfig::parse("cope", 24, 4).unwrap(),
-        PeConfig::parse("fox", 24, 4).unwrap(),
-    ];
+    // Every encoding of the command line but the concatenated sinusoidal
+    // layout (the same table as the interleaved one, permuted).
+    let pes = PeConfig::NAMES
+        .iter()
+        .filter(|&&n| n != "sinusoidal-concat")
+        .map(|n| PeConfig::parse(n, 24, 4).unwrap());
     for pe in pes {
         let label = pe.label();
         let losses = |fused: bool| -> Vec<f64> {
@@ -364,15 +366,7 @@ fn fifty_steps_fused_and_composed_agree() {
             lab.model.set_fused(fused);
             let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
             (0..50)
-                .map(|s| {
-                    let mut rng = SplitMix64::new(batch_seed(7, s, 0));
-                    let b = make_batch(&lab.task, &mut rng, 16, 24, &DEV).unwrap();
-                    let (loss, _) = lab.batch_loss(&b, None).unwrap();
-                    let l = loss.to_scalar::<f32>().unwrap() as f64;
-                    let mut g = loss.backward().unwrap();
-                    lab.optimizer_step(&mut opt, &mut g, 3e-3).unwrap();
-                    l
-                })
+                .map(|s| common::train_step(&lab, &mut opt, batch_seed(7, s, 0), 16, 24) as f64)
                 .collect()
         };
         let (a, b) = (losses(true), losses(false));
@@ -413,15 +407,7 @@ fn training_does_not_depend_on_the_thread_count() {
             let lab = Lab::new(m, common::run(TaskKind::Copy, 8, 96, 3), task.clone()).unwrap();
             let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
             (0..8)
-                .map(|s| {
-                    let mut rng = SplitMix64::new(batch_seed(3, s, 0));
-                    let b = make_batch(&lab.task, &mut rng, 32, 96, &DEV).unwrap();
-                    let (loss, _) = lab.batch_loss(&b, None).unwrap();
-                    let l = loss.to_scalar::<f32>().unwrap();
-                    let mut g = loss.backward().unwrap();
-                    lab.optimizer_step(&mut opt, &mut g, 3e-3).unwrap();
-                    l.to_bits()
-                })
+                .map(|s| common::train_step(&lab, &mut opt, batch_seed(3, s, 0), 32, 96).to_bits())
                 .collect()
         })
     };

@@ -320,8 +320,7 @@ fn trains_saves_loads_and_learns() {
 
 #[test]
 fn a_corpus_file_builds_an_mlm_task() {
-    let dir = tmp("corpus");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::fresh_dir("posenc-mlm", "corpus");
     let path = dir.join("text.txt");
     let text = "abracadabra, the magic word. ".repeat(20);
     std::fs::write(&path, &text).unwrap();

@@ -178,15 +178,16 @@ pub(super) fn layer_norm_bwd(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let level = SimdLevel::detect();
     let block = CHUNK * d;
-    let (dx, dw) = norm_backward(xv.len(), d, |bi, dxr, pr| {
-        let n = dxr.len();
+    let (dx, dw) = norm_backward(xv, dyv, d, |bi, x, dy, dxr, pr| {
+        let n = x.len();
+        let res = res.map_or(&[][..], |r| &r[bi * block..][..n]);
         ln_bwd(
             level,
-            &xv[bi * block..][..n],
+            x,
             wv,
-            &dyv[bi * block..][..n],
+            dy,
             &stats[bi * CHUNK..][..n / d],
-            res.map_or(&[][..], |r| &r[bi * block..][..n]),
+            res,
             dxr,
             pr,
         )

@@ -117,18 +117,8 @@ posenc::multiversion!(fn rms_bwd => rms_bwd_body(
 fn rms_norm_bwd(xv: &[f32], wv: &[f32], dyv: &[f32], inv: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let d = wv.len();
     let level = SimdLevel::detect();
-    let block = CHUNK * d;
-    norm_backward(xv.len(), d, |bi, dxr, pr| {
-        let n = dxr.len();
-        rms_bwd(
-            level,
-            &xv[bi * block..][..n],
-            wv,
-            &dyv[bi * block..][..n],
-            &inv[bi * CHUNK..][..n / d],
-            dxr,
-            pr,
-        )
+    norm_backward(xv, dyv, d, |bi, x, dy, dxr, pr| {
+        rms_bwd(level, x, wv, dy, &inv[bi * CHUNK..][..x.len() / d], dxr, pr)
     })
 }
 

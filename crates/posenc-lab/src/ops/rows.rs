@@ -109,20 +109,27 @@ pub(super) fn add_into(y: &mut [f32], x: &[f32]) {
     });
 }
 
-/// A norm's backward pass over blocks of [`CHUNK`] rows of width `d`:
-/// `f(block, dx, prod)` fills the block's input gradient and the products
-/// `dy·x̂` (block `b` covers rows `b·CHUNK ..`); returns `dx` and the column
-/// sums of the products (the weight's gradient).
+/// A norm's backward pass on the input `xv` and the output's gradient
+/// `dyv`, over blocks of [`CHUNK`] rows of width `d`: `f(block, x, dy, dx,
+/// prod)` fills the block's input gradient and the products `dy·x̂` from
+/// the block's rows of `xv` and `dyv` (block `b` covers rows `b·CHUNK ..`);
+/// returns `dx` and the column sums of the products (the weight's
+/// gradient).
 pub(super) fn norm_backward(
-    len: usize,
+    xv: &[f32],
+    dyv: &[f32],
     d: usize,
-    f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
+    f: impl Fn(usize, &[f32], &[f32], &mut [f32], &mut [f32]) + Sync + Send,
 ) -> (Vec<f32>, Vec<f32>) {
+    let len = xv.len();
     // SAFETY: `f` writes every element of each block of dx and prod.
     let mut dx = unsafe { tile::vec_for_overwrite(len) };
     let mut prod = unsafe { tile::vec_for_overwrite(len) };
     let block = CHUNK * d;
-    for_chunk_pairs((&mut dx, block), (&mut prod, block), f);
+    for_chunk_pairs((&mut dx, block), (&mut prod, block), |bi, dxr, pr| {
+        let n = dxr.len();
+        f(bi, &xv[bi * block..][..n], &dyv[bi * block..][..n], dxr, pr)
+    });
     let dw = column_sums(&prod, len / d, d);
     (dx, dw)
 }

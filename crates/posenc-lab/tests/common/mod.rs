@@ -4,13 +4,22 @@
 use std::path::PathBuf;
 
 use posenc_lab::config::{Mode, ModelConfig, PeConfig, TrainConfig};
+use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::{Task, TaskKind};
+use posenc_lab::train::Lab;
 
 /// A fresh (removed) scratch directory `PREFIX-NAME-PID` under the system's
 /// temporary directory.
 pub fn tmp_dir(prefix: &str, name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("{prefix}-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// [`tmp_dir`], created (empty).
+pub fn fresh_dir(prefix: &str, name: &str) -> PathBuf {
+    let d = tmp_dir(prefix, name);
+    std::fs::create_dir_all(&d).unwrap();
     d
 }
 
@@ -56,4 +65,38 @@ pub fn new_lab(mode: Mode, task: Task, pe: PeConfig, run: TrainConfig) -> posenc
 /// The encoding `name` at up to 64 positions with 4 heads.
 pub fn pe(name: &str) -> PeConfig {
     PeConfig::parse(name, 64, 4).unwrap()
+}
+
+/// One step of `lab` at learning rate 3e-3 on a batch of `batch` windows of
+/// `len` tokens drawn from `seed`: the loss before it.
+pub fn train_step(lab: &Lab, opt: &mut AdamW, seed: u64, batch: usize, len: usize) -> f32 {
+    let mut rng = posenc::analysis::SplitMix64::new(seed);
+    let b =
+        posenc_lab::train::make_batch(&lab.task, &mut rng, batch, len, &candle_core::Device::Cpu)
+            .unwrap();
+    let (loss, _) = lab.batch_loss(&b, None).unwrap();
+    let l = loss.to_scalar::<f32>().unwrap();
+    let mut g = loss.backward().unwrap();
+    lab.optimizer_step(opt, &mut g, 3e-3).unwrap();
+    l
+}
+
+/// The parameters of `lab` by name, in name order, as `f32` values.
+pub fn sorted_params(lab: &Lab) -> Vec<(String, Vec<f32>)> {
+    let mut v: Vec<(String, Vec<f32>)> = lab
+        .params()
+        .into_iter()
+        .map(|(n, v)| {
+            (
+                n,
+                v.as_tensor()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use posenc_lab::bpe::Tokenization;
-use posenc_lab::config::{ModelConfig, PeConfig, TrainConfig};
+use posenc_lab::config::{PeConfig, TrainConfig};
 use posenc_lab::model::EvalScaling;
 use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::TaskKind;
@@ -563,17 +563,8 @@ impl RunSpec {
             Tokenization::Chars
         };
         let task = train::load_task_in(&tc, tokens, None)?;
-        let model = ModelConfig {
-            mode: kind.mode(),
-            vocab_size: task.vocab_size(),
-            num_outputs: task.num_outputs(),
-            d_model: s.d_model,
-            n_layers: s.layers,
-            n_heads: s.heads,
-            d_ff: 4 * s.d_model,
-            tied: true,
-            pe: PeConfig::parse(&self.pe, self.table_len, self.shaw_k)?,
-        };
+        let pe = PeConfig::parse(&self.pe, self.table_len, self.shaw_k)?;
+        let model = task.model_config(kind.mode(), s.d_model, s.layers, s.heads, pe);
         Ok(Lab::new(model, tc, task)?)
     }
 
