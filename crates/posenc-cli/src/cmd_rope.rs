@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 use posenc::rope::layers::{LayerRope, ModelRope};
 use posenc::rope::limits::MAX_TABLE_VALUES;
 use posenc::rope::{HfRopeConfig, MropeLayout, RopeFrequencies};
-use posenc_viz::json::{inspect_json, vision_json};
+use posenc_viz::json::{insert_mrope, inspect_json, vision_json};
 use posenc_viz::model::layer_ranges as ranges;
 use serde_json::{json, Map, Value};
 
@@ -291,13 +291,7 @@ fn rope_table(a: RopeTableArgs) -> CliResult {
         if thw {
             let rows: Vec<&[u64]> = positions.chunks(3).collect();
             v.insert("positions_thw".into(), json!(rows));
-            if let Some((section, layout)) = model.mrope_section() {
-                v.insert("mrope_section".into(), json!(section));
-                v.insert(
-                    "mrope_interleaved".into(),
-                    json!(layout == MropeLayout::Interleaved),
-                );
-            }
+            insert_mrope(&mut v, &model);
         } else {
             let p: Vec<u64> = positions.chunks(na).map(|p| p[0]).collect();
             v.insert("positions".into(), json!(p));

@@ -44,6 +44,19 @@ pub fn vision_json(hf: &HfRopeConfig) -> Result<Option<Value>> {
     }))
 }
 
+/// Adds `mrope_section` and `mrope_interleaved` (whether the sections
+/// interleave) to `v` for a model with M-RoPE, as `posenc rope inspect
+/// --json` and `posenc rope table --json` print them; nothing otherwise.
+pub fn insert_mrope(v: &mut Map<String, Value>, model: &ModelRope) {
+    if let Some((section, layout)) = model.mrope_section() {
+        v.insert("mrope_section".into(), json!(section));
+        v.insert(
+            "mrope_interleaved".into(),
+            json!(layout == MropeLayout::Interleaved),
+        );
+    }
+}
+
 /// `posenc rope inspect --json` of a parsed config at `seq_len`: the keys of
 /// [`rope_json`] for a model with one RoPE, `seq_len`, `layer_types` and
 /// `layers` when the layers differ, `mrope_section` and `mrope_interleaved`
@@ -74,13 +87,7 @@ pub fn inspect_json(hf: &HfRopeConfig, seq_len: Option<usize>) -> Result<Value> 
         let layers: Vec<&str> = model.layers().iter().map(LayerRope::name).collect();
         v.insert("layers".into(), json!(layers));
     }
-    if let Some((section, layout)) = model.mrope_section() {
-        v.insert("mrope_section".into(), json!(section));
-        v.insert(
-            "mrope_interleaved".into(),
-            json!(layout == MropeLayout::Interleaved),
-        );
-    }
+    insert_mrope(&mut v, &model);
     if let Some(t) = model.attn_temperature() {
         v.insert(
             "nope_attn_temperature".into(),

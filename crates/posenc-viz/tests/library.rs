@@ -5,13 +5,17 @@ use posenc_viz::{
     VizError,
 };
 
-#[test]
-fn sinusoidal_picture_holds_the_table() {
-    let pic = picture(&ShowOptions {
-        encoding: "sinusoidal".into(),
+/// `posenc show ENCODING` with every option at its default.
+fn picture_of(encoding: &str) -> Result<posenc_viz::Picture, VizError> {
+    picture(&ShowOptions {
+        encoding: encoding.into(),
         ..Default::default()
     })
-    .unwrap();
+}
+
+#[test]
+fn sinusoidal_picture_holds_the_table() {
+    let pic = picture_of("sinusoidal").unwrap();
     assert_eq!(pic.panels.len(), 1);
     let d = &pic.panels[0].data;
     // show's defaults: 32 positions × 16 dimensions, interleaved sin/cos.
@@ -87,11 +91,7 @@ fn alibi_slopes_are_geometric() {
 
 #[test]
 fn bad_input_is_a_typed_error() {
-    let err = picture(&ShowOptions {
-        encoding: "nope".into(),
-        ..Default::default()
-    })
-    .unwrap_err();
+    let err = picture_of("nope").unwrap_err();
     assert!(matches!(err, VizError::Invalid(_)));
     assert!(err
         .to_string()

@@ -10,6 +10,13 @@ fn s(mean: f64, sd: f64) -> Stat {
     Stat { mean, sd, n: 3 }
 }
 
+/// `rule` at each `(x, verdict)` of `cases`.
+fn check<A: Copy + std::fmt::Debug>(rule: impl Fn(A) -> Verdict, cases: &[(A, Verdict)]) {
+    for &(x, want) in cases {
+        assert_eq!(rule(x), want, "{x:?}");
+    }
+}
+
 #[test]
 fn ids_are_unique_stable_and_ruled() {
     let mut ids: Vec<&str> = ALL.iter().map(|c| c.id).collect();
@@ -60,11 +67,16 @@ fn e1_permutation_invariance() {
 
 #[test]
 fn e1_nope_near_chance() {
-    assert_eq!(nope_near_chance(0.60), Reproduced);
-    assert_eq!(nope_near_chance(0.601), Partly);
-    assert_eq!(nope_near_chance(0.70), Partly);
-    assert_eq!(nope_near_chance(0.701), NotReproduced);
-    assert_eq!(nope_near_chance(NAN), Nan);
+    check(
+        nope_near_chance,
+        &[
+            (0.60, Reproduced),
+            (0.601, Partly),
+            (0.70, Partly),
+            (0.701, NotReproduced),
+            (NAN, Nan),
+        ],
+    );
 }
 
 #[test]
@@ -162,20 +174,30 @@ fn e2_probe_and_shuffle() {
     assert_eq!(probe(0.89, 0.1), NotReproduced);
     assert_eq!(probe(NAN, 0.1), Nan);
     assert_eq!(probe(0.95, NAN), Nan);
-    assert_eq!(shuffle(0.5), Reproduced);
-    assert_eq!(shuffle(0.49), Partly);
-    assert_eq!(shuffle(0.1), Partly);
-    assert_eq!(shuffle(0.099), NotReproduced);
-    assert_eq!(shuffle(NAN), Nan);
+    check(
+        shuffle,
+        &[
+            (0.5, Reproduced),
+            (0.49, Partly),
+            (0.1, Partly),
+            (0.099, NotReproduced),
+            (NAN, Nan),
+        ],
+    );
 }
 
 #[test]
 fn e2_quiz_decoder_works() {
-    assert_eq!(quiz_decoder_works(0.9), Reproduced);
-    assert_eq!(quiz_decoder_works(0.899), Partly);
-    assert_eq!(quiz_decoder_works(0.75), Partly);
-    assert_eq!(quiz_decoder_works(0.749), NotReproduced);
-    assert_eq!(quiz_decoder_works(NAN), Nan);
+    check(
+        quiz_decoder_works,
+        &[
+            (0.9, Reproduced),
+            (0.899, Partly),
+            (0.75, Partly),
+            (0.749, NotReproduced),
+            (NAN, Nan),
+        ],
+    );
 }
 
 #[test]
@@ -221,64 +243,43 @@ fn e3_pi_finetune_recovers() {
 #[test]
 fn e3_dynamic_yarn_best() {
     let (pi, none) = (s(2.0, 0.1), s(3.0, 0.1));
-    assert_eq!(
-        dynamic_yarn_best(s(1.0, 0.1), s(1.2, 0.1), pi, none),
-        Reproduced
-    );
-    // Only one of the two beats both: partly (the old rule said reproduced).
-    assert_eq!(
-        dynamic_yarn_best(s(1.0, 0.1), s(2.5, 0.1), pi, none),
-        Partly
-    );
-    assert_eq!(
-        dynamic_yarn_best(s(2.0, 0.1), s(1.0, 0.1), pi, none),
-        Partly
-    );
-    // Within the spread of PI, better than none: tie.
-    assert_eq!(dynamic_yarn_best(s(1.9, 0.1), s(2.05, 0.1), pi, none), Tie);
-    // Worse than PI beyond the spread: not reproduced.
-    assert_eq!(
-        dynamic_yarn_best(s(2.5, 0.1), s(1.8, 0.5), pi, none),
-        NotReproduced
-    );
-    assert_eq!(dynamic_yarn_best(s(NAN, 0.1), s(1.0, 0.1), pi, none), Nan);
-    assert_eq!(
-        dynamic_yarn_best(s(1.0, 0.1), s(1.0, 0.1), pi, s(NAN, NAN)),
-        Nan
-    );
+    for (dynamic, yarn, pi, none, want) in [
+        (s(1.0, 0.1), s(1.2, 0.1), pi, none, Reproduced),
+        // Only one of the two beats both: partly (the old rule said reproduced).
+        (s(1.0, 0.1), s(2.5, 0.1), pi, none, Partly),
+        (s(2.0, 0.1), s(1.0, 0.1), pi, none, Partly),
+        // Within the spread of PI, better than none: tie.
+        (s(1.9, 0.1), s(2.05, 0.1), pi, none, Tie),
+        // Worse than PI beyond the spread: not reproduced.
+        (s(2.5, 0.1), s(1.8, 0.5), pi, none, NotReproduced),
+        (s(NAN, 0.1), s(1.0, 0.1), pi, none, Nan),
+        (s(1.0, 0.1), s(1.0, 0.1), pi, s(NAN, NAN), Nan),
+    ] {
+        assert_eq!(
+            dynamic_yarn_best(dynamic, yarn, pi, none),
+            want,
+            "{dynamic:?} {yarn:?} {pi:?} {none:?}"
+        );
+    }
 }
 
 #[test]
 fn e3_quiz_rope_needs_interpolation() {
-    let at_l = 1.0;
-    assert_eq!(
-        quiz_rope_needs_interpolation(s(2.0, 0.1), s(1.05, 0.01), at_l),
-        Reproduced
-    );
-    assert_eq!(
-        quiz_rope_needs_interpolation(s(1.99, 0.1), s(1.05, 0.01), at_l),
-        Partly
-    );
-    assert_eq!(
-        quiz_rope_needs_interpolation(s(2.0, 0.1), s(1.06, 0.01), at_l),
-        Partly
-    );
-    assert_eq!(
-        quiz_rope_needs_interpolation(s(1.1, 0.1), s(1.06, 0.1), at_l),
-        Tie
-    );
-    assert_eq!(
-        quiz_rope_needs_interpolation(s(1.1, 0.01), s(1.5, 0.01), at_l),
-        NotReproduced
-    );
-    assert_eq!(
-        quiz_rope_needs_interpolation(s(NAN, NAN), s(1.0, 0.01), at_l),
-        Nan
-    );
-    assert_eq!(
-        quiz_rope_needs_interpolation(s(2.0, 0.1), s(1.0, 0.01), NAN),
-        Nan
-    );
+    for (none, pi, at_l, want) in [
+        (s(2.0, 0.1), s(1.05, 0.01), 1.0, Reproduced),
+        (s(1.99, 0.1), s(1.05, 0.01), 1.0, Partly),
+        (s(2.0, 0.1), s(1.06, 0.01), 1.0, Partly),
+        (s(1.1, 0.1), s(1.06, 0.1), 1.0, Tie),
+        (s(1.1, 0.01), s(1.5, 0.01), 1.0, NotReproduced),
+        (s(NAN, NAN), s(1.0, 0.01), 1.0, Nan),
+        (s(2.0, 0.1), s(1.0, 0.01), NAN, Nan),
+    ] {
+        assert_eq!(
+            quiz_rope_needs_interpolation(none, pi, at_l),
+            want,
+            "{none:?} {pi:?} {at_l}"
+        );
+    }
 }
 
 #[test]
