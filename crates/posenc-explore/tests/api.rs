@@ -40,6 +40,29 @@ async fn call_json(method: &str, uri: &str, body: Option<Value>) -> (StatusCode,
     (s, v)
 }
 
+/// The JSON answer to `GET uri`, which must be 200.
+async fn get_ok(uri: &str) -> Value {
+    let (s, v) = call_json("GET", uri, None).await;
+    assert_eq!(s, StatusCode::OK, "{uri}: {v}");
+    v
+}
+
+/// The one-line error message of a request that must be answered `status`.
+async fn refused(method: &str, uri: &str, body: Option<Value>, status: StatusCode) -> String {
+    let (s, v) = call_json(method, uri, body).await;
+    assert_eq!(s, status, "{method} {uri}: {v}");
+    assert_error(&v).to_string()
+}
+
+/// The `/api/model` answer for `config` (its text or its object) at
+/// `target_len`, which must be 200.
+async fn model_at(config: impl Into<Value>, target_len: usize) -> Value {
+    let body = json!({"config": config.into(), "target_len": target_len});
+    let (s, v) = call_json("POST", "/api/model", Some(body)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    v
+}
+
 /// `v` as a client reads it: serde_json's default parser may land one ulp
 /// off a printed `f64`, the same way for the same text, so an answer parsed
 /// from the wire is compared with the expected value printed and parsed
@@ -86,18 +109,20 @@ async fn the_page_and_its_assets_are_served() {
 
 #[tokio::test]
 async fn unknown_routes_and_configs_are_404_json() {
-    let (s, v) = call_json("GET", "/api/nothing", None).await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
-    assert_error(&v);
-    let (s, v) = call_json("GET", "/api/configs/no-such-model", None).await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
-    assert!(assert_error(&v).contains("no-such-model"));
+    refused("GET", "/api/nothing", None, StatusCode::NOT_FOUND).await;
+    assert!(refused(
+        "GET",
+        "/api/configs/no-such-model",
+        None,
+        StatusCode::NOT_FOUND
+    )
+    .await
+    .contains("no-such-model"));
 }
 
 #[tokio::test]
 async fn every_bundled_config_inspects_as_the_library_does() {
-    let (s, list) = call_json("GET", "/api/configs", None).await;
-    assert_eq!(s, StatusCode::OK);
+    let list = get_ok("/api/configs").await;
     let names: Vec<&str> = list["configs"]
         .as_array()
         .unwrap()
@@ -122,13 +147,7 @@ async fn every_bundled_config_inspects_as_the_library_does() {
             "{name}"
         );
         // the model view carries the same document and one row per pair
-        let (s, m) = call_json(
-            "POST",
-            "/api/model",
-            Some(json!({"config": text, "target_len": 131072})),
-        )
-        .await;
-        assert_eq!(s, StatusCode::OK, "{name}: {m}");
+        let m = model_at(*text, 131072).await;
         assert_eq!(m["inspect"], reparse(&expected), "{name}");
         for t in m["layer_types"].as_array().unwrap() {
             let ins = match expected.get("layer_types") {
@@ -165,13 +184,7 @@ async fn the_config_may_be_sent_as_an_object() {
 #[tokio::test]
 async fn llama3_pairs_are_labelled_by_band_and_unseen_angles_found() {
     let text = posenc_explore::configs::config("llama-3.1-8b").unwrap();
-    let (s, m) = call_json(
-        "POST",
-        "/api/model",
-        Some(json!({"config": text, "target_len": 131072})),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
+    let m = model_at(text, 131072).await;
     let t = &m["layer_types"][0];
     let sc = &t["scaling"];
     let (hi_wl, lo_wl) = (
@@ -235,51 +248,59 @@ async fn bad_requests_get_json_errors_with_their_status() {
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_error(&serde_json::from_slice(&b).unwrap());
     // no config
-    let (s, v) = call_json("POST", "/api/model", Some(json!({"seq_len": 3}))).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert!(assert_error(&v).contains("config"));
+    assert!(refused(
+        "POST",
+        "/api/model",
+        Some(json!({"seq_len": 3})),
+        StatusCode::BAD_REQUEST
+    )
+    .await
+    .contains("config"));
     // a config that is not JSON: the library's message
-    let (s, v) = call_json(
+    let got = refused(
         "POST",
         "/api/model",
         Some(json!({"config": "{\"rope_theta\": "})),
+        StatusCode::UNPROCESSABLE_ENTITY,
     )
     .await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
     let lib = HfRopeConfig::from_json_str("{\"rope_theta\": ")
         .unwrap_err()
         .to_string();
-    assert_eq!(assert_error(&v), lib);
+    assert_eq!(got, lib);
     // a config the library rejects
     let bad = json!({"hidden_size": 64, "num_attention_heads": 2, "rope_theta": -5.0});
-    let (s, v) = call_json("POST", "/api/model", Some(json!({"config": bad}))).await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    let got = refused(
+        "POST",
+        "/api/model",
+        Some(json!({"config": bad})),
+        StatusCode::UNPROCESSABLE_ENTITY,
+    )
+    .await;
     let lib = inspect_json(
         &HfRopeConfig::from_json_str(&bad.to_string()).unwrap(),
         None,
     )
     .unwrap_err()
     .to_string();
-    assert_eq!(assert_error(&v), lib);
+    assert_eq!(got, lib);
     // lengths
     for len in [json!(0), json!(-1), json!(1.5), json!("x")] {
-        let (s, v) = call_json(
+        refused(
             "POST",
             "/api/model",
             Some(json!({"config": "{}", "seq_len": len})),
+            StatusCode::BAD_REQUEST,
         )
         .await;
-        assert_eq!(s, StatusCode::BAD_REQUEST, "{len}");
-        assert_error(&v);
     }
-    let (s, v) = call_json(
+    refused(
         "POST",
         "/api/model",
         Some(json!({"config": "{}", "target_len": 1u64 << 50})),
+        StatusCode::UNPROCESSABLE_ENTITY,
     )
     .await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_error(&v);
     // query parameters
     for uri in [
         "/api/sinusoidal?dim=abc",
@@ -287,9 +308,7 @@ async fn bad_requests_get_json_errors_with_their_status() {
         "/api/rope?position=-1",
         "/api/bias/t5?bidirectional=maybe",
     ] {
-        let (s, v) = call_json("GET", uri, None).await;
-        assert_eq!(s, StatusCode::BAD_REQUEST, "{uri}");
-        assert_error(&v);
+        refused("GET", uri, None, StatusCode::BAD_REQUEST).await;
     }
     // sizes past the views' bounds and the library's own errors
     for uri in [
@@ -307,9 +326,7 @@ async fn bad_requests_get_json_errors_with_their_status() {
         "/api/bias/t5?lo=5&hi=-5",
         "/api/bias/shaw?max_relative=1000000000000",
     ] {
-        let (s, v) = call_json("GET", uri, None).await;
-        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{uri}: {v}");
-        assert_error(&v);
+        refused("GET", uri, None, StatusCode::UNPROCESSABLE_ENTITY).await;
     }
 }
 
@@ -331,13 +348,7 @@ async fn bodies_over_the_bound_are_413() {
 
 #[tokio::test]
 async fn the_teaching_views_give_the_library_s_numbers() {
-    let (s, v) = call_json(
-        "GET",
-        "/api/sinusoidal?positions=32&dim=16&base=10000&layout=concatenated&k=3",
-        None,
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
+    let v = get_ok("/api/sinusoidal?positions=32&dim=16&base=10000&layout=concatenated&k=3").await;
     let p = SinusoidalParams {
         positions: 32,
         dim: 16,
@@ -352,17 +363,10 @@ async fn the_teaching_views_give_the_library_s_numbers() {
     // cosine of PE(p) with itself
     assert!((v["similarity"]["cosine"][0].as_f64().unwrap() - 1.0).abs() < 1e-15);
     // an odd interleaved dimension has no M_k: said, not an error
-    let (s, v) = call_json("GET", "/api/sinusoidal?dim=7", None).await;
-    assert_eq!(s, StatusCode::OK);
+    let v = get_ok("/api/sinusoidal?dim=7").await;
     assert!(v["linear_map"]["error"].as_str().is_some());
 
-    let (s, v) = call_json(
-        "GET",
-        "/api/rope?dim=128&base=10000&max_distance=100&points=101",
-        None,
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
+    let v = get_ok("/api/rope?dim=128&base=10000&max_distance=100&points=101").await;
     let bound = v["decay"]["bound"].as_array().unwrap();
     // RoFormer's bound: (d/2 + 1)/2 at distance 0
     assert_eq!(bound[0].as_f64().unwrap(), 32.5);
@@ -373,19 +377,12 @@ async fn the_teaching_views_give_the_library_s_numbers() {
         ))
     );
 
-    let (s, v) = call_json("GET", "/api/bias/alibi?heads=12", None).await;
-    assert_eq!(s, StatusCode::OK);
+    let v = get_ok("/api/bias/alibi?heads=12").await;
     assert_eq!(v["slopes"], reparse(&alibi_json(12).unwrap()["slopes"]));
-    let (s, v) = call_json(
-        "GET",
-        "/api/bias/t5?buckets=32&max_distance=128&bidirectional=false&lo=-200&hi=20",
-        None,
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
+    let v =
+        get_ok("/api/bias/t5?buckets=32&max_distance=128&bidirectional=false&lo=-200&hi=20").await;
     assert_eq!(v, reparse(&t5_json(32, 128, false, -200, 20).unwrap()));
-    let (s, v) = call_json("GET", "/api/bias/shaw?max_relative=4&lo=-6&hi=6", None).await;
-    assert_eq!(s, StatusCode::OK);
+    let v = get_ok("/api/bias/shaw?max_relative=4&lo=-6&hi=6").await;
     assert_eq!(
         v["clipped"],
         json!([-4, -4, -4, -3, -2, -1, 0, 1, 2, 3, 4, 4, 4])
@@ -582,20 +579,11 @@ async fn mutated_real_configs_get_typed_errors_or_finite_numbers() {
 #[tokio::test]
 async fn defaults_the_config_does_not_name_are_warned_and_unknown_stays_unknown() {
     // no RoPE key at all: the base is a default, and the page says so
-    let (s, v) = call_json(
-        "POST",
-        "/api/model",
-        Some(json!({"config": {"hidden_size": 64, "num_attention_heads": 4}, "target_len": 8192})),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
-    let defaulted: Vec<&str> = v["defaulted"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_str().unwrap())
-        .collect();
-    assert_eq!(defaulted, ["rope_theta", "max_position_embeddings"]);
+    let v = model_at(json!({"hidden_size": 64, "num_attention_heads": 4}), 8192).await;
+    assert_eq!(
+        v["defaulted"],
+        json!(["rope_theta", "max_position_embeddings"])
+    );
     let w = v["warnings"].as_array().unwrap();
     assert!(w[0].as_str().unwrap().contains("no rope_theta"), "{w:?}");
     assert!(w[0].as_str().unwrap().contains("10000"), "{w:?}");
@@ -611,26 +599,14 @@ async fn defaults_the_config_does_not_name_are_warned_and_unknown_stays_unknown(
     // Gemma 3 4B's config names neither (transformers' config class holds
     // them): warned, not guessed
     let gemma = posenc_explore::configs::config("gemma-3-4b-it").expect("bundled");
-    let (s, v) = call_json(
-        "POST",
-        "/api/model",
-        Some(json!({"config": gemma, "target_len": 131072})),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
+    let v = model_at(gemma, 131072).await;
     assert_eq!(
         v["defaulted"],
         json!(["rope_theta", "max_position_embeddings"])
     );
     // a config that names both: no warning, and every pair judged
     let llama = posenc_explore::configs::config("llama-3.1-8b").unwrap();
-    let (s, v) = call_json(
-        "POST",
-        "/api/model",
-        Some(json!({"config": llama, "target_len": 131072})),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
+    let v = model_at(llama, 131072).await;
     assert_eq!(v["warnings"], json!([]));
     assert_eq!(v["defaulted"], json!([]));
     let pairs = v["layer_types"][0]["pairs"].as_array().unwrap();
@@ -642,13 +618,7 @@ async fn longrope_names_the_factor_set_of_each_column() {
     let phi = posenc_explore::configs::config("phi-3-mini-128k-instruct").expect("bundled");
     // no seq_len: the frequency columns use the short factors; at N past the
     // original 4096 positions the model uses the long ones
-    let (s, v) = call_json(
-        "POST",
-        "/api/model",
-        Some(json!({"config": phi, "target_len": 131072})),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
+    let v = model_at(phi, 131072).await;
     let t = &v["layer_types"][0];
     assert_eq!(t["scaling"]["uses_long_factor"], json!(false));
     assert_eq!(t["scaling"]["target_uses_long_factor"], json!(true));
@@ -667,12 +637,7 @@ async fn longrope_names_the_factor_set_of_each_column() {
         w0 / long[20].as_f64().unwrap()
     ));
     // at N within the original length both are the short set
-    let (_, v) = call_json(
-        "POST",
-        "/api/model",
-        Some(json!({"config": phi, "target_len": 2048})),
-    )
-    .await;
+    let v = model_at(phi, 2048).await;
     assert_eq!(
         v["layer_types"][0]["scaling"]["target_uses_long_factor"],
         json!(false)
