@@ -140,6 +140,20 @@ fn judged(
     }
 }
 
+/// A property row with no expected value: reproduced if `holds`, by `rule`.
+fn holds(
+    id: &str,
+    claim: &str,
+    source: &str,
+    metric: &str,
+    value: serde_json::Value,
+    rule: &str,
+    holds: bool,
+) -> Property {
+    let verdict = Judged::new(rule, Verdict::from_bool(holds));
+    judged(id, claim, source, metric, value, None, verdict)
+}
+
 fn sci(v: f64) -> String {
     format!("{v:.2e}")
 }
@@ -225,29 +239,23 @@ fn nope() -> Result<Family> {
         formula: "attention(x_1..x_T) with no position term: Attn(P X) = P Attn(X) for every permutation P (bidirectional)".into(),
         body,
         properties: vec![
-            judged(
+            holds(
                 "nope.encoder-permutation-equivariant",
                 "An encoder without positions cannot see order",
                 "seed 000/001; Haviv et al. 2022 §1",
                 "max |Attn(PX) − P·Attn(X)|, bidirectional, 20 random layers",
                 json!(enc_gap),
-                None,
-                Judged::new(
-                    "reproduced if ≤ 1e-12 (equal up to rounding)",
-                    Verdict::from_bool(enc_gap <= 1e-12),
-                ),
+                "reproduced if ≤ 1e-12 (equal up to rounding)",
+                enc_gap <= 1e-12,
             ),
-            judged(
+            holds(
                 "nope.causal-mask-breaks-symmetry",
                 "The causal mask alone carries order",
                 "Haviv et al. 2022 §5",
                 "max |Attn(PX) − P·Attn(X)|, causal, 20 random layers",
                 json!(dec_gap),
-                None,
-                Judged::new(
-                    "reproduced if ≥ 1e-3 (order changes the output)",
-                    Verdict::from_bool(dec_gap >= 1e-3),
-                ),
+                "reproduced if ≥ 1e-3 (order changes the output)",
+                dec_gap >= 1e-3,
             ),
         ],
     })
@@ -456,29 +464,23 @@ fn learned() -> Result<Family> {
         formula: "PE(pos) = W[pos],  W ∈ R^(max_positions × D) trained with the model; pos ≥ max_positions is undefined".into(),
         body,
         properties: vec![
-            judged(
+            holds(
                 "learned.no-extrapolation",
                 "A learned table cannot encode positions past its last row",
                 "Vaswani et al. 2017 §3.5 (why they chose sinusoids)",
                 "encode(64) on a 64-row table",
                 json!({"is_error": past_is_error}),
-                None,
-                Judged::new(
-                    "reproduced if it is a PositionOutOfRange error",
-                    Verdict::from_bool(past_is_error),
-                ),
+                "reproduced if it is a PositionOutOfRange error",
+                past_is_error,
             ),
-            judged(
+            holds(
                 "learned.distinct-at-init",
                 "Random rows are distinct positions from the start",
                 "posenc",
                 "min ‖PE(k) − PE(0)‖, k < 64, seed 7",
                 json!(distinct.min_distance),
-                None,
-                Judged::new(
-                    "reproduced if > 0.01",
-                    Verdict::from_bool(distinct.min_distance > 0.01),
-                ),
+                "reproduced if > 0.01",
+                distinct.min_distance > 0.01,
             ),
         ],
     })
@@ -583,17 +585,14 @@ fn shaw() -> Result<Family> {
         hooks: hooks_of(&sh),
         formula: "e_ij = q_i·(k_j + a^K_ij)/√d,  z_i = Σ_j α_ij (v_j + a^V_ij)\na^K_ij = w^K[clip(j − i, −k, k)],  a^V_ij = w^V[clip(j − i, −k, k)]".into(),
         body,
-        properties: vec![judged(
+        properties: vec![holds(
             "shaw.relative-clipped",
             "The representation depends on clip(j − i) only",
             "Shaw et al. 2018 §3.2",
             "index matrix at offset 0 vs 1000, and its range (k = 2, 7 tokens)",
             json!({"shift_invariant": relative_only, "within_clip": clipped}),
-            None,
-            Judged::new(
-                "reproduced if both hold",
-                Verdict::from_bool(relative_only && clipped),
-            ),
+            "reproduced if both hold",
+            relative_only && clipped,
         )],
     })
 }
@@ -735,17 +734,14 @@ fn t5() -> Result<Family> {
         hooks: vec!["attention logits".into()],
         formula: "logit_h(i, j) = q_i·k_j + b_h[bucket(j − i)]\nbucket(r): exact for |r| < B/2 (of the half used), then B/2 + log(|r|/(B/2)) / log(max_distance/(B/2)) · (B/2), capped".into(),
         body,
-        properties: vec![judged(
+        properties: vec![holds(
             "t5.monotone",
             "Buckets grow with |distance| and stay below num_buckets",
             "transformers T5Attention._relative_position_bucket",
             "bucket(±d) for d ≤ 1000, both modes (causal: keys after the query all share bucket 0)",
             json!({"monotone": mono, "bounded": bounded}),
-            None,
-            Judged::new(
-                "reproduced if monotone non-decreasing in |distance| for each sign, and < 32",
-                Verdict::from_bool(mono && bounded),
-            ),
+            "reproduced if monotone non-decreasing in |distance| for each sign, and < 32",
+            mono && bounded,
         )],
     })
 }
@@ -859,17 +855,14 @@ fn rope() -> Result<Family> {
                 Some(json!([32.5, 10.2, 6.6])),
                 rules::roformer_decay([decay[0], decay[1], decay[2]]),
             ),
-            judged(
+            holds(
                 "rope.precision",
                 "f32 tables are exact at long context when angles are computed in f64",
                 "posenc; transformers float32 path for comparison",
                 "max |cos error| of posenc's f32 table at positions 4095, 10^6, 10^7 (Llama 3.1 8B); transformers' f32 angle error at 10^6",
                 json!({"posenc": ours_err, "f32_angle_at_1e6": f32_err}),
-                None,
-                Judged::new(
-                    "reproduced if posenc ≤ 2e-7",
-                    Verdict::from_bool(ours_err <= 2e-7),
-                ),
+                "reproduced if posenc ≤ 2e-7",
+                ours_err <= 2e-7,
             ),
         ],
     })
