@@ -17,38 +17,32 @@ impl Rgb {
     }
 }
 
+/// The colours `0xRRGGBB` of `v`.
+const fn hexes<const N: usize>(v: [u32; N]) -> [Rgb; N] {
+    let mut out = [Rgb(0, 0, 0); N];
+    let mut i = 0;
+    while i < N {
+        out[i] = Rgb::hex(v[i]);
+        i += 1;
+    }
+    out
+}
+
 /// ColorBrewer RdBu, 11 classes, red (low) → white → blue (high), as in
 /// matplotlib's `RdBu`.
-const RDBU: [Rgb; 11] = [
-    Rgb::hex(0x67001f),
-    Rgb::hex(0xb2182b),
-    Rgb::hex(0xd6604d),
-    Rgb::hex(0xf4a582),
-    Rgb::hex(0xfddbc7),
-    Rgb::hex(0xf7f7f7),
-    Rgb::hex(0xd1e5f0),
-    Rgb::hex(0x92c5de),
-    Rgb::hex(0x4393c3),
-    Rgb::hex(0x2166ac),
-    Rgb::hex(0x053061),
-];
+const RDBU: [Rgb; 11] = hexes([
+    0x67001f, 0xb2182b, 0xd6604d, 0xf4a582, 0xfddbc7, 0xf7f7f7, 0xd1e5f0, 0x92c5de, 0x4393c3,
+    0x2166ac, 0x053061,
+]);
 
 /// matplotlib's viridis sampled at 0, 1/9, …, 1.
-const VIRIDIS: [Rgb; 10] = [
-    Rgb::hex(0x440154),
-    Rgb::hex(0x482878),
-    Rgb::hex(0x3e4989),
-    Rgb::hex(0x31688e),
-    Rgb::hex(0x26828e),
-    Rgb::hex(0x1f9e89),
-    Rgb::hex(0x35b779),
-    Rgb::hex(0x6dcd59),
-    Rgb::hex(0xb4de2c),
-    Rgb::hex(0xfde725),
-];
+const VIRIDIS: [Rgb; 10] = hexes([
+    0x440154, 0x482878, 0x3e4989, 0x31688e, 0x26828e, 0x1f9e89, 0x35b779, 0x6dcd59, 0xb4de2c,
+    0xfde725,
+]);
 
 /// White (low) → black (high).
-const GREYS: [Rgb; 2] = [Rgb::hex(0xffffff), Rgb::hex(0x000000)];
+const GREYS: [Rgb; 2] = hexes([0xffffff, 0x000000]);
 
 /// How values become colours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
