@@ -202,14 +202,19 @@ fn e2_quiz_decoder_works() {
 
 #[test]
 fn e3_no_scaling_blows_up() {
-    // at L 1.0, unigram 3.0.
-    assert_eq!(no_scaling_blows_up(3.0, 1.0, 3.0), Reproduced);
-    assert_eq!(no_scaling_blows_up(2.99, 1.0, 3.0), Partly);
-    assert_eq!(no_scaling_blows_up(2.0, 1.0, 3.0), Partly);
-    assert_eq!(no_scaling_blows_up(1.99, 1.0, 3.0), NotReproduced);
-    // The old rule's 1.25× is no longer enough.
-    assert_eq!(no_scaling_blows_up(1.25, 1.0, 3.0), NotReproduced);
-    assert_eq!(no_scaling_blows_up(NAN, 1.0, 3.0), Nan);
+    // The loss past L, with the loss at L 1.0 and the unigram 3.0.
+    check(
+        |past_l| no_scaling_blows_up(past_l, 1.0, 3.0),
+        &[
+            (3.0, Reproduced),
+            (2.99, Partly),
+            (2.0, Partly),
+            (1.99, NotReproduced),
+            // The old rule's 1.25× is no longer enough.
+            (1.25, NotReproduced),
+            (NAN, Nan),
+        ],
+    );
     assert_eq!(no_scaling_blows_up(4.0, NAN, 3.0), Nan);
     assert_eq!(no_scaling_blows_up(4.0, 1.0, NAN), Nan);
 }
