@@ -7,9 +7,8 @@
 
 use std::sync::Mutex;
 
-use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Tensor,
-};
+use candle_core::{CpuStorage, DType, Device, Layout, Shape, Tensor};
+use posenc::tensor::custom::{apply_slice_op, CpuOutput, SliceGrads, SliceOp};
 
 use crate::LabError;
 
@@ -61,19 +60,15 @@ pub(super) fn apply<K: Kernel>(kernel: K, inputs: &[&Tensor]) -> Result<Tensor, 
         .iter()
         .map(|t| t.contiguous())
         .collect::<candle_core::Result<Vec<_>>>()?;
-    let op = Op(kernel);
-    Ok(match &x[..] {
-        [a] => a.apply_op1(op)?,
-        [a, b] => a.apply_op2(b, op)?,
-        [a, b, c] => a.apply_op3(b, c, op)?,
-        _ => {
-            return Err(LabError::Invalid(format!(
-                "{}: a candle op takes 1 to 3 tensors, not {}",
-                op.0.name(),
-                x.len()
-            )))
-        }
-    })
+    if !(1..=3).contains(&x.len()) {
+        return Err(LabError::Invalid(format!(
+            "{}: a candle op takes 1 to 3 tensors, not {}",
+            kernel.name(),
+            x.len()
+        )));
+    }
+    let refs: Vec<&Tensor> = x.iter().collect();
+    Ok(apply_slice_op(Op(kernel), &refs)?)
 }
 
 /// What a kernel's forward pass keeps for its backward pass.
@@ -155,8 +150,12 @@ pub(super) fn pack<const N: usize>(parts: [Vec<f32>; N]) -> Grad {
 /// A [`Kernel`] as a candle custom op.
 struct Op<K>(K);
 
-impl<K: Kernel> Op<K> {
-    fn fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> candle_core::Result<(CpuStorage, Shape)> {
+impl<K: Kernel> SliceOp for Op<K> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> CpuOutput {
         let name = self.0.name();
         let data = inputs
             .iter()
@@ -173,11 +172,7 @@ impl<K: Kernel> Op<K> {
     }
 
     /// The gradients of `inputs`, as the kernel gives them.
-    fn bwd(
-        &self,
-        inputs: &[&Tensor],
-        dy: &Tensor,
-    ) -> candle_core::Result<std::vec::IntoIter<Option<Tensor>>> {
+    fn bwd(&self, inputs: &[&Tensor], _res: &Tensor, dy: &Tensor) -> SliceGrads {
         let mut all = inputs.to_vec();
         all.push(dy);
         let grads = with_f32s(&all, |v| {
@@ -202,56 +197,9 @@ impl<K: Kernel> Op<K> {
                 }))
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        Ok(out.into_iter())
+        Ok(out)
     }
 }
-
-/// The gradient of the next input: the next one the kernel gave.
-fn next(grads: &mut std::vec::IntoIter<Option<Tensor>>, _input: &Tensor) -> Option<Tensor> {
-    grads.next().flatten()
-}
-
-/// Implements candle's custom-op trait of one arity for [`Op`], naming
-/// each input's storage, layout and tensor.
-macro_rules! custom_op {
-    ($trait:ident, $out:ty, $(($s:ident, $l:ident, $x:ident)),+) => {
-        impl<K: Kernel> $trait for Op<K> {
-            fn name(&self) -> &'static str {
-                self.0.name()
-            }
-            fn cpu_fwd(
-                &self,
-                $($s: &CpuStorage, $l: &Layout),+
-            ) -> candle_core::Result<(CpuStorage, Shape)> {
-                self.fwd(&[$(($s, $l)),+])
-            }
-            fn bwd(
-                &self,
-                $($x: &Tensor,)+
-                _res: &Tensor,
-                dy: &Tensor,
-            ) -> candle_core::Result<$out> {
-                let mut g = Op::bwd(self, &[$($x),+], dy)?;
-                Ok(($(next(&mut g, $x)),+))
-            }
-        }
-    };
-}
-
-custom_op!(CustomOp1, Option<Tensor>, (s1, l1, x1));
-custom_op!(
-    CustomOp2,
-    (Option<Tensor>, Option<Tensor>),
-    (s1, l1, x1),
-    (s2, l2, x2)
-);
-custom_op!(
-    CustomOp3,
-    (Option<Tensor>, Option<Tensor>, Option<Tensor>),
-    (s1, l1, x1),
-    (s2, l2, x2),
-    (s3, l3, x3)
-);
 
 /// Runs `f` on the tensors' `f32` elements in row-major order, each read
 /// in place when it is a contiguous `f32` CPU tensor, copied otherwise.

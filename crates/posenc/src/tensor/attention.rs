@@ -62,10 +62,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Storage, Tensor,
-};
+use candle_core::{CpuStorage, DType, Device, Layout, Shape, Storage, Tensor};
 
+use super::custom::{AsCustomOp, CpuOutput, SliceGrads, SliceOp};
 use super::hooks::{
     BiasContext, CallPositions, LogitsBias, LogitsHook, QueryKeyHook, Rotation, ValueTerms,
     ValuesHook,
@@ -1006,17 +1005,17 @@ fn apply(shared: Arc<Shared>) -> Result<Tensor> {
         last: n <= 3 || index == (n - 3).div_ceil(2),
     };
     let mut out = match n {
-        1 => inputs[0].apply_op1(stage(0))?,
-        2 => inputs[0].apply_op2(&inputs[1], stage(0))?,
-        _ => inputs[0].apply_op3(&inputs[1], &inputs[2], stage(0))?,
+        1 => inputs[0].apply_op1(AsCustomOp(stage(0)))?,
+        2 => inputs[0].apply_op2(&inputs[1], AsCustomOp(stage(0)))?,
+        _ => inputs[0].apply_op3(&inputs[1], &inputs[2], AsCustomOp(stage(0)))?,
     };
     let mut next = 3;
     let mut s = 1;
     while next < n {
         out = if next + 1 < n {
-            out.apply_op3(&inputs[next], &inputs[next + 1], stage(s))?
+            out.apply_op3(&inputs[next], &inputs[next + 1], AsCustomOp(stage(s)))?
         } else {
-            out.apply_op2(&inputs[next], stage(s))?
+            out.apply_op2(&inputs[next], AsCustomOp(stage(s)))?
         };
         next += 2;
         s += 1;
@@ -1031,8 +1030,12 @@ struct Stage {
     last: bool,
 }
 
-impl Stage {
-    fn fwd(&self, args: &[(&CpuStorage, &Layout)]) -> candle_core::Result<(CpuStorage, Shape)> {
+impl SliceOp for Stage {
+    fn name(&self) -> &'static str {
+        "posenc-attention"
+    }
+
+    fn cpu_fwd(&self, args: &[(&CpuStorage, &Layout)]) -> CpuOutput {
         let sh = &self.shared;
         if self.index > 0 {
             // Pass the output through.
@@ -1060,7 +1063,7 @@ impl Stage {
     }
 
     /// Gradients of this stage's arguments.
-    fn bwd(&self, res: &Tensor, grad: &Tensor) -> candle_core::Result<Vec<Option<Tensor>>> {
+    fn bwd(&self, _args: &[&Tensor], res: &Tensor, grad: &Tensor) -> SliceGrads {
         let sh = &self.shared;
         let mut guard = sh.grads.lock().expect("grads lock");
         if guard.is_none() {
@@ -1079,76 +1082,6 @@ impl Stage {
             v.extend(all[start..(start + 2).min(n)].iter().cloned());
             v
         })
-    }
-}
-
-impl CustomOp1 for Stage {
-    fn name(&self) -> &'static str {
-        "posenc-attention"
-    }
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.fwd(&[(s, l)])
-    }
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        Ok(Stage::bwd(self, res, grad)?.into_iter().next().flatten())
-    }
-}
-
-impl CustomOp2 for Stage {
-    fn name(&self) -> &'static str {
-        "posenc-attention"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.fwd(&[(s1, l1), (s2, l2)])
-    }
-    fn bwd(
-        &self,
-        _a: &Tensor,
-        _b: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let mut g = Stage::bwd(self, res, grad)?.into_iter();
-        Ok((g.next().flatten(), g.next().flatten()))
-    }
-}
-
-impl CustomOp3 for Stage {
-    fn name(&self) -> &'static str {
-        "posenc-attention"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.fwd(&[(s1, l1), (s2, l2), (s3, l3)])
-    }
-    fn bwd(
-        &self,
-        _a: &Tensor,
-        _b: &Tensor,
-        _c: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut g = Stage::bwd(self, res, grad)?.into_iter();
-        Ok((g.next().flatten(), g.next().flatten(), g.next().flatten()))
     }
 }
 

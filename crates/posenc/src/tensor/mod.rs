@@ -21,6 +21,7 @@ pub mod attention;
 pub mod axial;
 pub mod bias;
 pub mod cope;
+pub mod custom;
 pub mod extend;
 pub mod fire;
 pub mod forgetting;

@@ -73,9 +73,9 @@
 
 use std::sync::{Arc, RwLock};
 
-use candle_core::{
-    CpuStorage, CustomOp1, DType, Device, InplaceOp1, Layout, Shape, Storage, Tensor,
-};
+use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Shape, Storage, Tensor};
+
+use super::custom::{AsCustomOp, CpuOutput, SliceGrads, SliceOp};
 
 use crate::error::{check_positive, Error, Result};
 use crate::kernels::rope::{rope_inplace, rope_out_uninit};
@@ -945,8 +945,8 @@ impl FusedRope {
         let qo = self.op(tables.clone(), rows.clone(), Role::Query, &gq);
         let ko = self.op(tables, rows, Role::Key, &gk);
         Ok((
-            q.contiguous()?.apply_op1(qo)?,
-            k.contiguous()?.apply_op1(ko)?,
+            q.contiguous()?.apply_op1(AsCustomOp(qo))?,
+            k.contiguous()?.apply_op1(AsCustomOp(ko))?,
         ))
     }
 
@@ -960,7 +960,7 @@ impl FusedRope {
         let g = self.checks.fused(x, "input")?;
         let (tables, rows) = resolve(g.batch, g.seq_len)?;
         let op = self.op(tables, Arc::new(rows), role, &g);
-        Ok(x.contiguous()?.apply_op1(op)?)
+        Ok(x.contiguous()?.apply_op1(AsCustomOp(op))?)
     }
 
     /// Queries and keys in place (the contract of [`Rope::apply_inplace`]);
@@ -1149,13 +1149,14 @@ impl RopeOp {
     }
 }
 
-impl CustomOp1 for RopeOp {
+impl SliceOp for RopeOp {
     fn name(&self) -> &'static str {
         "posenc-rope"
     }
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, args: &[(&CpuStorage, &Layout)]) -> CpuOutput {
         use candle_core::backend::BackendStorage;
+        let (s, l) = args[0];
         match s {
             CpuStorage::F32(v) => self.out(v, l),
             CpuStorage::F16(v) => self.out(v, l),
@@ -1169,15 +1170,10 @@ impl CustomOp1 for RopeOp {
 
     /// `y = S·R(θ)·x` per pair (S the xPos scale, 1 without xPos), so
     /// `∂L/∂x = S·R(−θ)·∂L/∂y`: the same kernel with the sine negated.
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        _res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
+    fn bwd(&self, _args: &[&Tensor], _res: &Tensor, grad_res: &Tensor) -> SliceGrads {
         let mut t = self.clone();
         t.inverse = !t.inverse;
-        Ok(Some(grad_res.contiguous()?.apply_op1(t)?))
+        Ok(vec![Some(grad_res.contiguous()?.apply_op1(AsCustomOp(t))?)])
     }
 }
 

@@ -20,7 +20,9 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, DType, Layout, Shape, Tensor};
+
+use super::custom::{AsCustomOp, CpuOutput, SliceGrads, SliceOp};
 
 use crate::error::Result;
 
@@ -78,7 +80,7 @@ pub(crate) fn float_op(
     Ok((out, l.shape().clone()))
 }
 
-impl CustomOp1 for Scan {
+impl SliceOp for Scan {
     fn name(&self) -> &'static str {
         if self.reverse {
             "posenc-reverse-cumsum"
@@ -87,7 +89,8 @@ impl CustomOp1 for Scan {
         }
     }
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, args: &[(&CpuStorage, &Layout)]) -> CpuOutput {
+        let (s, l) = args[0];
         let n = l.dims().last().copied().unwrap_or(1);
         float_op(
             "cumsum",
@@ -98,16 +101,11 @@ impl CustomOp1 for Scan {
         )
     }
 
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        _res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        let op = Scan {
+    fn bwd(&self, _args: &[&Tensor], _res: &Tensor, grad_res: &Tensor) -> SliceGrads {
+        let op = AsCustomOp(Scan {
             reverse: !self.reverse,
-        };
-        Ok(Some(grad_res.contiguous()?.apply_op1(op)?))
+        });
+        Ok(vec![Some(grad_res.contiguous()?.apply_op1(op)?)])
     }
 }
 
@@ -119,11 +117,11 @@ fn scan(x: &Tensor, reverse: bool) -> Result<Tensor> {
         return cumsum_last_matmul(x, reverse);
     }
     match x.dtype() {
-        DType::F32 | DType::F64 => Ok(x.contiguous()?.apply_op1(Scan { reverse })?),
+        DType::F32 | DType::F64 => Ok(x.contiguous()?.apply_op1(AsCustomOp(Scan { reverse }))?),
         other => Ok(x
             .to_dtype(DType::F32)?
             .contiguous()?
-            .apply_op1(Scan { reverse })?
+            .apply_op1(AsCustomOp(Scan { reverse }))?
             .to_dtype(other)?),
     }
 }
