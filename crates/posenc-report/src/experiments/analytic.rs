@@ -16,6 +16,7 @@ pub const EXPERIMENT: Experiment = Experiment {
     slug: "analytic",
     source: include_str!("analytic.rs"),
     config: |p| json!(p.analytic),
+    runs: |_| Vec::new(),
     run,
 };
 

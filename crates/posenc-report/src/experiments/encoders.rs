@@ -18,8 +18,35 @@ pub const EXPERIMENT: Experiment = Experiment {
     slug: "encoders",
     source: include_str!("encoders.rs"),
     config: |p| json!({"encoders": p.encoders, "seeds": p.seeds}),
+    runs,
     run,
 };
+
+/// The order task's run of `pe` at the preset's first seed.
+fn order_spec(p: &crate::preset::Encoders, pe: &str, seed: u64) -> RunSpec {
+    RunSpec::new("order", pe, &p.run, seed)
+}
+
+/// Every run this experiment trains: the order task per encoding, then the
+/// masked language models per encoding and seed.
+fn runs(preset: &crate::preset::Preset) -> Vec<RunSpec> {
+    let p = &preset.encoders;
+    let seed = preset.seeds[0];
+    let mut v: Vec<RunSpec> = p.encodings.iter().map(|pe| order_spec(p, pe, seed)).collect();
+    if let Some(m) = &p.mlm {
+        for pe in &m.encodings {
+            for &s in &preset.first_seeds(m.n_seeds) {
+                v.push(mlm_spec(m, pe, s));
+            }
+        }
+    }
+    v
+}
+
+/// A masked language model's run.
+fn mlm_spec(m: &EncodersMlm, pe: &str, seed: u64) -> RunSpec {
+    RunSpec::new("mlm", pe, &m.run, seed)
+}
 
 /// How the tokens of each sequence are rearranged.
 #[derive(Clone, Copy)]
@@ -111,11 +138,11 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let specs: Vec<RunSpec> = p
         .encodings
         .iter()
-        .map(|pe| RunSpec::new("order", pe, &p.run, seed))
+        .map(|pe| order_spec(&p, pe, seed))
         .collect();
     super::train_runs(ctx, &specs)?;
     for pe in &p.encodings {
-        let spec = RunSpec::new("order", pe, &p.run, seed);
+        let spec = order_spec(&p, pe, seed);
         let (r, _) = super::train_run(ctx, &spec)?;
         let a = r.acc(l);
         rows.push(vec![pe.clone(), pct(a), f4(r.loss(l))]);
@@ -271,9 +298,7 @@ fn masked_lm(
         unigram.exp()
     ));
     let mut stats: Vec<MlmRow> = Vec::new();
-    let grid = super::train_grid(ctx, &m.encodings, seeds, |pe, seed| {
-        RunSpec::new("mlm", pe, r, seed)
-    })?;
+    let grid = super::train_grid(ctx, &m.encodings, seeds, |pe, seed| mlm_spec(m, pe, seed))?;
     for (pe, recs) in grid {
         let losses: Vec<f64> = recs.iter().map(|rec| rec.loss(l)).collect();
         let accs: Vec<f64> = recs.iter().map(|rec| rec.acc(l)).collect();

@@ -15,8 +15,20 @@ pub const EXPERIMENT: Experiment = Experiment {
     slug: "learned-vs-sinusoidal",
     source: include_str!("learned_sin.rs"),
     config: |p| json!({"lm": p.lm.run, "seeds": p.seeds}),
+    runs,
     run,
 };
+
+/// The encodings this experiment reads (experiment 2's runs of them).
+const ENCODINGS: [&str; 2] = ["learned", "sinusoidal"];
+
+/// Experiment 2's language models of [`ENCODINGS`].
+fn runs(p: &crate::preset::Preset) -> Vec<super::RunSpec> {
+    ENCODINGS
+        .iter()
+        .flat_map(|pe| p.seeds.iter().map(move |&s| super::lm::lm_spec(p, pe, s)))
+        .collect()
+}
 
 fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let p = ctx.preset.clone();
@@ -38,11 +50,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         2 * l,
         tokens.label()
     );
-    let runs = super::lm::lm_runs(
-        ctx,
-        &["learned".to_string(), "sinusoidal".to_string()],
-        true,
-    )?;
+    let runs = super::lm::lm_runs(ctx, &ENCODINGS.map(String::from), true)?;
     let st = |i: usize, f: &dyn Fn(&super::RunRecord) -> f64| {
         Stat::of(&runs[i].1.iter().map(f).collect::<Vec<_>>())
     };

@@ -13,8 +13,25 @@ pub const EXPERIMENT: Experiment = Experiment {
     slug: "length-generalisation",
     source: include_str!("lengthgen.rs"),
     config: |p| json!({"lengthgen": p.lengthgen, "seed": p.seeds[0]}),
+    runs,
     run,
 };
+
+/// A task's run of `pe`, evaluated at every length.
+fn task_spec(p: &crate::preset::LengthGen, task: &str, pe: &str, seed: u64) -> RunSpec {
+    let mut spec = RunSpec::new(task, pe, &p.run, seed);
+    spec.eval_lengths = p.eval_lengths.clone();
+    spec
+}
+
+/// Every (task, encoding) run at the preset's first seed.
+fn runs(preset: &crate::preset::Preset) -> Vec<RunSpec> {
+    let p = &preset.lengthgen;
+    p.tasks
+        .iter()
+        .flat_map(|t| p.encodings.iter().map(move |pe| task_spec(p, t, pe, preset.seeds[0])))
+        .collect()
+}
 
 /// Kazemnejad et al. 2023, Fig. 1: mean reciprocal rank over tasks (APE is
 /// the absolute sinusoidal encoding of the original transformer).
@@ -63,21 +80,11 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     // acc[task][enc] = (at L, mean beyond L)
     let mut acc: Vec<Vec<(f64, f64)>> = Vec::new();
     let mut records = Vec::new();
-    let mut specs: Vec<RunSpec> = Vec::new();
-    for task in &p.tasks {
-        for pe in &p.encodings {
-            let mut spec = RunSpec::new(task, pe, &p.run, seed);
-            spec.eval_lengths = p.eval_lengths.clone();
-            specs.push(spec);
-        }
-    }
-    super::train_runs(ctx, &specs)?;
+    super::train_runs(ctx, &runs(ctx.preset))?;
     for task in &p.tasks {
         let mut row = Vec::new();
         for pe in &p.encodings {
-            let mut spec = RunSpec::new(task, pe, &p.run, seed);
-            spec.eval_lengths = p.eval_lengths.clone();
-            let (r, _) = super::train_run(ctx, &spec)?;
+            let (r, _) = super::train_run(ctx, &task_spec(&p, task, pe, seed))?;
             // Lengths a model cannot run at (a learned table's) are left
             // out; a diverged run's NaN stays in.
             let b: Vec<f64> = beyond

@@ -17,8 +17,42 @@ pub const EXPERIMENT: Experiment = Experiment {
     slug: "lm",
     source: include_str!("lm.rs"),
     config: |p| json!({"lm": p.lm, "seeds": p.seeds}),
+    runs,
     run,
 };
+
+/// Every run this experiment trains: each encoding at the preset's size,
+/// the trend's smaller sizes, the second tokenization.
+fn runs(p: &Preset) -> Vec<RunSpec> {
+    let mut v: Vec<RunSpec> = p
+        .lm
+        .encodings
+        .iter()
+        .flat_map(|pe| p.seeds.iter().map(move |&s| lm_spec(p, pe, s)))
+        .collect();
+    let mut extra = |stage: &Stage, encodings: &[String]| {
+        for pe in encodings {
+            for &s in &p.seeds {
+                v.push(size_spec(stage, pe, s));
+            }
+        }
+    };
+    if let Some(t) = &p.lm.trend {
+        for st in &t.sizes {
+            extra(st, &t.encodings);
+        }
+    }
+    if let Some(sec) = &p.lm.second {
+        extra(&sec.run, &sec.encodings);
+    }
+    v
+}
+
+/// A run of the trend or of the second tokenization: evaluated at its L
+/// only.
+fn size_spec(stage: &Stage, pe: &str, seed: u64) -> RunSpec {
+    RunSpec::new("lm", pe, stage, seed)
+}
 
 /// The language-model run shared by experiments 2 and 4 (same spec, so the
 /// run cache trains it once): evaluated at L and 2L, the loss per position
@@ -55,9 +89,7 @@ fn trend_runs(
     encodings: &[String],
 ) -> Result<Vec<(String, Vec<RunRecord>)>> {
     let seeds = ctx.preset.seeds.clone();
-    super::train_grid(ctx, encodings, &seeds, |pe, seed| {
-        RunSpec::new("lm", pe, stage, seed)
-    })
+    super::train_grid(ctx, encodings, &seeds, |pe, seed| size_spec(stage, pe, seed))
 }
 
 /// Parameters of a model's blocks (attention and MLP, 12·d² per layer),

@@ -188,6 +188,12 @@ pub struct Experiment {
     pub source: &'static str,
     /// The part of the preset it reads.
     pub config: fn(&Preset) -> serde_json::Value,
+    /// The training runs it makes, known from the preset alone: the
+    /// report trains those of every experiment in one pool first (longest
+    /// first), so that no core waits at the end of an experiment; the
+    /// experiment then reads them from the run cache (and trains any it
+    /// did not list itself).
+    pub runs: fn(&Preset) -> Vec<RunSpec>,
     /// Runs it.
     pub run: fn(&mut Ctx) -> Result<ExpOutput>,
 }
@@ -224,6 +230,8 @@ pub struct Ctx<'a> {
 
 struct Progress {
     start: Instant,
+    /// Seconds left in the training pool, while it runs.
+    eta: Option<u64>,
     tty: bool,
     exp: usize,
     n_exp: usize,
@@ -244,18 +252,39 @@ impl Progress {
             / self.n_exp.max(1) as f64;
         let filled = ((frac * width as f64).round() as usize).min(width);
         let t = self.start.elapsed().as_secs();
-        let line = format!(
-            "[{}{}] experiment {}/{} {} · run {}/{} {what} · {}:{:02}",
-            "#".repeat(filled),
-            ".".repeat(width - filled),
-            self.exp,
-            self.n_exp,
-            self.slug,
-            self.runs_done,
-            self.runs_total,
-            t / 60,
-            t % 60
-        );
+        let line = match self.eta {
+            // The training pool, before the experiments: its own bar.
+            Some(eta) => {
+                let frac = self.runs_done as f64 / self.runs_total.max(1) as f64;
+                let filled = ((frac * width as f64).round() as usize).min(width);
+                let left = if self.runs_done == 0 {
+                    "time left known after the first run".to_string()
+                } else {
+                    format!("about {}:{:02} left", eta / 60, eta % 60)
+                };
+                format!(
+                    "[{}{}] training run {}/{} {what} · {}:{:02} · {left}",
+                    "#".repeat(filled),
+                    ".".repeat(width - filled),
+                    self.runs_done,
+                    self.runs_total,
+                    t / 60,
+                    t % 60,
+                )
+            }
+            None => format!(
+                "[{}{}] experiment {}/{} {} · run {}/{} {what} · {}:{:02}",
+                "#".repeat(filled),
+                ".".repeat(width - filled),
+                self.exp,
+                self.n_exp,
+                self.slug,
+                self.runs_done,
+                self.runs_total,
+                t / 60,
+                t % 60
+            ),
+        };
         if self.tty {
             eprint!("\r\x1b[2K{line}");
             let _ = std::io::stderr().flush();
@@ -274,6 +303,7 @@ impl<'a> Ctx<'a> {
             cache,
             progress: Progress {
                 start: Instant::now(),
+                eta: None,
                 tty: std::io::stderr().is_terminal(),
                 exp: 0,
                 n_exp: 0,
@@ -338,6 +368,13 @@ pub fn run_all(ctx: &mut Ctx, only: Option<usize>) -> Result<Vec<ExpOutput>> {
         .filter(|e| only.is_none_or(|n| e.id == n))
         .collect();
     ctx.progress.n_exp = chosen.len();
+    // The experiments not in the cache train their runs in one pool first.
+    let pending: Vec<RunSpec> = chosen
+        .iter()
+        .filter(|e| !cache_path(&ctx.cache, ctx.preset, &ctx.corpus, e).exists())
+        .flat_map(|e| (e.runs)(ctx.preset))
+        .collect();
+    train_pool(ctx, &pending)?;
     let mut out = Vec::new();
     for (i, e) in chosen.into_iter().enumerate() {
         ctx.progress.exp = i + 1;
@@ -697,6 +734,78 @@ pub fn train_runs(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
         Ok(())
     })?;
     Ok(())
+}
+
+/// A run's cost for scheduling and the time estimate, in multiply-adds of
+/// its training (forward and backward: 3 × the forward's), roughly:
+/// per token, 12·d² per layer, 2·T·d per layer for attention, and d·V for
+/// the head (V: the BPE vocabulary, or 128 for characters and the
+/// synthetic tasks' symbols).
+pub fn run_cost(spec: &RunSpec) -> f64 {
+    let s = &spec.stage;
+    let (d, t, layers) = (s.d_model as f64, s.train_len as f64, s.layers as f64);
+    let vocab = match s.tokens {
+        Tokenization::Bpe { vocab } => vocab as f64,
+        Tokenization::Chars => 128.0,
+    };
+    let per_token = layers * (12.0 * d * d + 2.0 * t * d) + d * vocab;
+    3.0 * per_token * t * s.batch as f64 * s.steps as f64
+}
+
+/// Trains every run of `specs` not in the cache yet in one pool, one run
+/// per core at a time on one thread each (as [`train_runs`]), the longest
+/// first (by [`run_cost`]), with a progress line and an estimate of the
+/// time left (the seconds per unit of cost of the runs finished so far).
+/// The experiments then read the runs from the cache.
+pub fn train_pool(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
+    let mut todo: Vec<(RunSpec, PathBuf, f64)> = Vec::new();
+    for s in specs {
+        let spec = ctx.resolve(s)?;
+        let dir = run_dir(&ctx.cache, &spec);
+        if cached_record(&dir, &spec).is_none() && !todo.iter().any(|t| t.0.key() == spec.key()) {
+            let cost = run_cost(&spec);
+            todo.push((spec, dir, cost));
+        }
+    }
+    if todo.is_empty() {
+        return Ok(());
+    }
+    // Longest first: the short runs fill the cores at the end.
+    todo.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let workers = ctx.workers(todo.len());
+    let total: f64 = todo.iter().map(|t| t.2).sum();
+    ctx.progress.runs_total = todo.len();
+    ctx.progress.runs_done = 0;
+    // (cost done, seconds they took, cost started)
+    let state = std::sync::Mutex::new((&mut ctx.progress, 0.0f64, 0.0f64, 0.0f64));
+    {
+        let mut g = state.lock().expect("lock");
+        g.0.eta = Some(0);
+        g.0.draw("");
+    }
+    let result = par_map_on(workers, &todo, |(spec, dir, cost)| {
+        state.lock().expect("lock").3 += cost;
+        let start = Instant::now();
+        train_uncached(dir, spec)?;
+        let secs = start.elapsed().as_secs_f64();
+        let mut g = state.lock().expect("lock");
+        g.1 += cost;
+        g.2 += secs;
+        let rate = g.2 / g.1.max(f64::MIN_POSITIVE);
+        // What is left, spread over the workers (the runs under way
+        // counted whole).
+        let left = (total - g.1) * rate / workers as f64;
+        g.0.eta = Some(left.round() as u64);
+        g.0.runs_done += 1;
+        g.0.draw(&spec.label());
+        Ok(())
+    });
+    let g = state.into_inner().expect("lock");
+    g.0.eta = None;
+    if g.0.tty {
+        eprintln!();
+    }
+    result.map(|_| ())
 }
 
 /// `f` applied to each of `items`, in order, on up to `ctx.jobs` threads

@@ -20,8 +20,23 @@ pub const EXPERIMENT: Experiment = Experiment {
     slug: "rope-length",
     source: include_str!("rope.rs"),
     config: |p| json!({"rope": p.rope, "seeds": p.first_seeds(p.rope.n_seeds)}),
+    runs,
     run,
 };
+
+/// The RoPE language models, one per seed, evaluated at L.
+fn runs(preset: &crate::preset::Preset) -> Vec<RunSpec> {
+    let p = &preset.rope;
+    preset
+        .first_seeds(p.n_seeds)
+        .iter()
+        .map(|&seed| {
+            let mut spec = RunSpec::new("lm", "rope", &p.run, seed);
+            spec.eval_lengths = vec![p.run.train_len];
+            spec
+        })
+        .collect()
+}
 
 /// The zero-shot scalings, in table order: name and family (`None`: no
 /// scaling).
@@ -155,14 +170,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         .map(|(n, _)| n.to_string())
         .chain([pi_ft_name.clone(), plain_ft_name.clone()])
         .collect();
-    let specs: Vec<RunSpec> = seeds
-        .iter()
-        .map(|&seed| {
-            let mut spec = RunSpec::new("lm", "rope", &p.run, seed);
-            spec.eval_lengths = vec![l];
-            spec
-        })
-        .collect();
+    let specs: Vec<RunSpec> = runs(ctx.preset);
     super::train_runs(ctx, &specs)?;
     let mut trained = Vec::new();
     for spec in &specs {

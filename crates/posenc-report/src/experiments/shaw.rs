@@ -14,8 +14,25 @@ pub const EXPERIMENT: Experiment = Experiment {
     slug: "shaw-clipping",
     source: include_str!("shaw.rs"),
     config: |p| json!({"shaw": p.shaw, "seeds": p.first_seeds(p.shaw.n_seeds)}),
+    runs,
     run,
 };
+
+/// Shaw's encoder on the order task with clipping distance `k`.
+fn k_spec(p: &crate::preset::ShawExp, k: usize, seed: u64) -> RunSpec {
+    let mut spec = RunSpec::new("order", "shaw", &p.run, seed);
+    spec.shaw_k = k;
+    spec
+}
+
+/// Every (k, seed) run.
+fn runs(preset: &crate::preset::Preset) -> Vec<RunSpec> {
+    let p = &preset.shaw;
+    let seeds = preset.first_seeds(p.n_seeds);
+    p.ks.iter()
+        .flat_map(|&k| seeds.iter().map(move |&s| k_spec(p, k, s)))
+        .collect()
+}
 
 fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let p = ctx.preset.shaw.clone();
@@ -34,21 +51,11 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     // (k, mean accuracy, sd, per-seed accuracies)
     let mut rows: Vec<(usize, f64, f64, Vec<f64>)> = Vec::new();
     let mut records = Vec::new();
-    let mut specs: Vec<RunSpec> = Vec::new();
-    for &k in &p.ks {
-        for &seed in &seeds {
-            let mut spec = RunSpec::new("order", "shaw", &p.run, seed);
-            spec.shaw_k = k;
-            specs.push(spec);
-        }
-    }
-    super::train_runs(ctx, &specs)?;
+    super::train_runs(ctx, &runs(ctx.preset))?;
     for &k in &p.ks {
         let mut accs = Vec::new();
         for &seed in &seeds {
-            let mut spec = RunSpec::new("order", "shaw", &p.run, seed);
-            spec.shaw_k = k;
-            let (r, _) = super::train_run(ctx, &spec)?;
+            let (r, _) = super::train_run(ctx, &k_spec(&p, k, seed))?;
             accs.push(r.acc(l));
             records.push(r);
         }
