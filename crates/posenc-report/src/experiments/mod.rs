@@ -226,6 +226,9 @@ pub struct Ctx<'a> {
     fresh: std::collections::HashSet<u64>,
     /// Training runs at a time ([`train_runs`]; `None`: one per core).
     pub jobs: Option<usize>,
+    /// Runs an experiment trained itself, after the pool: those missing
+    /// from its [`Experiment::runs`] (none, in the built-in presets).
+    trained_late: usize,
 }
 
 struct Progress {
@@ -313,6 +316,7 @@ impl<'a> Ctx<'a> {
             },
             fresh: Default::default(),
             jobs: None,
+            trained_late: 0,
         }
     }
 
@@ -673,6 +677,7 @@ pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> Result<(RunRecord, PathBuf)> 
         return Ok((r, dir));
     }
     let rec = train_uncached(&dir, &spec)?;
+    ctx.trained_late += 1;
     ctx.tick(&spec.label());
     Ok((rec, dir))
 }
@@ -723,6 +728,7 @@ pub fn train_runs(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
     if todo.is_empty() {
         return Ok(());
     }
+    ctx.trained_late += todo.len();
     let workers = ctx.workers(todo.len());
     let progress = std::sync::Mutex::new((&mut ctx.progress, &mut ctx.fresh));
     par_map_on(workers, &todo, |(spec, dir)| {
@@ -1075,5 +1081,35 @@ mod tests {
         }
         assert_eq!(TRAINING_SOURCE.len(), 16);
         assert!(TRAINING_SOURCE.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::*;
+
+    /// Every run an experiment trains is in its [`Experiment::runs`], so
+    /// the pool trains them all: on the smoke preset (the quick and full
+    /// presets' experiments build their runs with the same functions), no
+    /// experiment trains one itself.
+    #[test]
+    fn the_pool_trains_every_run_of_the_smoke_preset() {
+        let preset = Preset::load("smoke").unwrap();
+        let dir = std::env::temp_dir().join(format!("posenc-pool-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let corpus = TextCorpus::resolve(&preset.corpus, None, &dir).unwrap();
+        let mut ctx = Ctx::new(&preset, corpus, dir.clone());
+        ctx.jobs = Some(2);
+        let outs = run_all(&mut ctx, None).unwrap();
+        assert_eq!(outs.len(), all().len());
+        assert_eq!(ctx.trained_late, 0, "runs trained outside the pool");
+        let listed: std::collections::HashSet<u64> = all()
+            .iter()
+            .flat_map(|e| (e.runs)(&preset))
+            .map(|s| ctx.resolve(&s).unwrap().key())
+            .collect();
+        let on_disk = std::fs::read_dir(dir.join("runs")).unwrap().count();
+        assert_eq!(on_disk, listed.len(), "runs in the cache against runs listed");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
