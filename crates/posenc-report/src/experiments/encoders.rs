@@ -32,7 +32,11 @@ fn order_spec(p: &crate::preset::Encoders, pe: &str, seed: u64) -> RunSpec {
 fn runs(preset: &crate::preset::Preset) -> Vec<RunSpec> {
     let p = &preset.encoders;
     let seed = preset.seeds[0];
-    let mut v: Vec<RunSpec> = p.encodings.iter().map(|pe| order_spec(p, pe, seed)).collect();
+    let mut v: Vec<RunSpec> = p
+        .encodings
+        .iter()
+        .map(|pe| order_spec(p, pe, seed))
+        .collect();
     if let Some(m) = &p.mlm {
         for pe in &m.encodings {
             for &s in &preset.first_seeds(m.n_seeds) {

@@ -29,7 +29,11 @@ fn runs(preset: &crate::preset::Preset) -> Vec<RunSpec> {
     let p = &preset.lengthgen;
     p.tasks
         .iter()
-        .flat_map(|t| p.encodings.iter().map(move |pe| task_spec(p, t, pe, preset.seeds[0])))
+        .flat_map(|t| {
+            p.encodings
+                .iter()
+                .map(move |pe| task_spec(p, t, pe, preset.seeds[0]))
+        })
         .collect()
 }
 

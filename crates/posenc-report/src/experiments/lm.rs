@@ -24,12 +24,11 @@ pub const EXPERIMENT: Experiment = Experiment {
 /// Every run this experiment trains: each encoding at the preset's size,
 /// the trend's smaller sizes, the second tokenization.
 fn runs(p: &Preset) -> Vec<RunSpec> {
-    let mut v: Vec<RunSpec> = p
-        .lm
-        .encodings
-        .iter()
-        .flat_map(|pe| p.seeds.iter().map(move |&s| lm_spec(p, pe, s)))
-        .collect();
+    let mut v: Vec<RunSpec> =
+        p.lm.encodings
+            .iter()
+            .flat_map(|pe| p.seeds.iter().map(move |&s| lm_spec(p, pe, s)))
+            .collect();
     let mut extra = |stage: &Stage, encodings: &[String]| {
         for pe in encodings {
             for &s in &p.seeds {
@@ -89,7 +88,9 @@ fn trend_runs(
     encodings: &[String],
 ) -> Result<Vec<(String, Vec<RunRecord>)>> {
     let seeds = ctx.preset.seeds.clone();
-    super::train_grid(ctx, encodings, &seeds, |pe, seed| size_spec(stage, pe, seed))
+    super::train_grid(ctx, encodings, &seeds, |pe, seed| {
+        size_spec(stage, pe, seed)
+    })
 }
 
 /// Parameters of a model's blocks (attention and MLP, 12·d² per layer),

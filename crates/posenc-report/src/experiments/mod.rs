@@ -1109,7 +1109,11 @@ mod pool_tests {
             .map(|s| ctx.resolve(&s).unwrap().key())
             .collect();
         let on_disk = std::fs::read_dir(dir.join("runs")).unwrap().count();
-        assert_eq!(on_disk, listed.len(), "runs in the cache against runs listed");
+        assert_eq!(
+            on_disk,
+            listed.len(),
+            "runs in the cache against runs listed"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
