@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
-use posenc::rope::{PairLayout, RopeConfig, RopeScaling};
+use posenc::rope::{PairLayout, RopeConfig, RopeScaling, YarnParams};
 
 use crate::config::{Arch, DecoderConfig, HfDecoderConfig, TokenIds};
 use crate::error::{ModelError, Result};
@@ -348,20 +348,15 @@ impl GgufFile {
                 let original = original.or(hf.max_position_embeddings).ok_or_else(|| {
                     ModelError::bad_file(&self.path, "yarn rope scaling without a length")
                 })?;
-                rope = rope.with_scaling(RopeScaling::Yarn {
-                    factor,
-                    original_max_position_embeddings: original,
-                    attention_factor: None,
+                rope = rope.with_scaling(RopeScaling::Yarn(YarnParams {
                     beta_fast: self
                         .float(&key("rope.scaling.yarn_beta_fast"))?
                         .unwrap_or(32.0),
                     beta_slow: self
                         .float(&key("rope.scaling.yarn_beta_slow"))?
                         .unwrap_or(1.0),
-                    mscale: None,
-                    mscale_all_dim: None,
-                    truncate: true,
-                })?;
+                    ..YarnParams::new(factor, original)
+                }))?;
             }
             Some(other) => {
                 return Err(ModelError::bad_file(
@@ -971,11 +966,11 @@ pub fn write_gguf(
             meta.push((k("rope.scaling.type"), Value::String("linear".into())));
             meta.push((k("rope.scaling.factor"), Value::F32(*factor as f32)));
         }
-        RopeScaling::Yarn {
+        RopeScaling::Yarn(YarnParams {
             factor,
             original_max_position_embeddings,
             ..
-        } => {
+        }) => {
             meta.push((k("rope.scaling.type"), Value::String("yarn".into())));
             meta.push((k("rope.scaling.factor"), Value::F32(*factor as f32)));
             meta.push((

@@ -103,8 +103,7 @@ fn rope_keys(cfg: &DecoderConfig, rope: &RopeConfig, base_max: usize) -> Result<
             },
             *max_position_embeddings,
         ),
-        s @ RopeScaling::Yarn { .. } => {
-            let y = s.yarn().expect("a YaRN scaling has YaRN parameters");
+        RopeScaling::Yarn(y) => {
             let max = if y.original_max_position_embeddings == l {
                 stretched(y.factor)
             } else {

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use posenc::absolute::{Floater, FloaterConfig, LearnedTable, Sinusoidal, SinusoidalLayout};
 use posenc::relative::{Alibi, AlibiMode, Shaw, T5Bias, T5Buckets};
-use posenc::rope::{PairLayout, Rope, RopeConfig, RopeFrequencies, RopeScaling, ScalingKind, XPos};
+use posenc::rope::{
+    PairLayout, Rope, RopeConfig, RopeFrequencies, RopeScaling, ScalingKind, XPos, YarnParams,
+};
 use posenc::{AbsoluteEncoding, AttentionBias};
 use posenc_plot::{Colormap, Orientation, ValueRange};
 
@@ -619,7 +621,7 @@ pub fn scaling_factor(s: &RopeScaling) -> Option<f64> {
     match s {
         RopeScaling::Linear { factor }
         | RopeScaling::Dynamic { factor, .. }
-        | RopeScaling::Yarn { factor, .. }
+        | RopeScaling::Yarn(YarnParams { factor, .. })
         | RopeScaling::LongRope { factor, .. }
         | RopeScaling::Llama3 { factor, .. }
         | RopeScaling::Proportional { factor, .. } => Some(*factor),

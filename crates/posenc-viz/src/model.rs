@@ -60,8 +60,7 @@ fn scaling_json(cfg: &RopeConfig, seq_len: Option<usize>) -> (Value, Option<f64>
             json!({"factor": factor, "max_position_embeddings": max_position_embeddings}),
             None,
         ),
-        s @ RopeScaling::Yarn { .. } => {
-            let y = s.yarn().expect("a YaRN scaling has YaRN parameters");
+        RopeScaling::Yarn(y) => {
             let (low, high) = y.correction_range(d, theta);
             (
                 json!({

@@ -11,7 +11,7 @@
 //! - head dimensions at the edges: 2, 4, 126, 128, 130, and rotary parts of
 //!   1, 2, 3 pairs in wider heads.
 
-use posenc::rope::{xpos::XPos, PairLayout, Rope, RopeConfig, RopeScaling};
+use posenc::rope::{xpos::XPos, PairLayout, Rope, RopeConfig, RopeScaling, YarnParams};
 use posenc::RotaryEncoding;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -50,16 +50,10 @@ fn scalings(d: usize) -> Vec<RopeScaling> {
             max_position_embeddings: 512,
         },
         RopeScaling::Ntk { alpha: 8.0 },
-        RopeScaling::Yarn {
-            factor: 16.0,
-            original_max_position_embeddings: 4096,
-            attention_factor: None,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            mscale: None,
-            mscale_all_dim: None,
+        RopeScaling::Yarn(YarnParams {
             truncate: false,
-        },
+            ..YarnParams::new(16.0, 4096)
+        }),
         RopeScaling::LongRope {
             short_factor: (0..d / 2).map(|i| 1.0 + i as f64 * 0.1).collect(),
             long_factor: (0..d / 2).map(|i| 1.0 + i as f64).collect(),

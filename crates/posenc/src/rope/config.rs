@@ -60,7 +60,7 @@ use serde::{Deserialize, Serialize};
 
 use super::frequencies::{PairLayout, RopeFrequencies};
 use super::limits::{MAX_CONFIG_BYTES, MAX_HEAD_DIM};
-use super::scaling::{RopeScaling, KNOWN_ROPE_TYPES};
+use super::scaling::{RopeScaling, YarnParams, KNOWN_ROPE_TYPES};
 use crate::error::{check_dim, check_size, Error, Result};
 
 /// `model_type`s whose rotary pairs are interleaved `(x[2i], x[2i+1])`
@@ -621,10 +621,10 @@ impl RopeConfig {
     /// yarn, longrope) or the config gave it.
     pub fn original_max_position_embeddings(&self) -> Option<usize> {
         match &self.scaling {
-            RopeScaling::Yarn {
+            RopeScaling::Yarn(YarnParams {
                 original_max_position_embeddings,
                 ..
-            }
+            })
             | RopeScaling::LongRope {
                 original_max_position_embeddings,
                 ..
@@ -849,7 +849,7 @@ impl RopeConfig {
                     .max_position_embeddings
                     .ok_or_else(|| Error::missing("max_position_embeddings", Some(&ctx)))?,
             },
-            "yarn" => RopeScaling::Yarn {
+            "yarn" => RopeScaling::Yarn(YarnParams {
                 factor: need_f(p.factor, "factor")?,
                 original_max_position_embeddings: original()?,
                 attention_factor: p.attention_factor,
@@ -858,7 +858,7 @@ impl RopeConfig {
                 mscale: p.mscale,
                 mscale_all_dim: p.mscale_all_dim,
                 truncate: p.truncate.unwrap_or(true),
-            },
+            }),
             "longrope" => {
                 let original = original()?;
                 let factor = match p.factor {

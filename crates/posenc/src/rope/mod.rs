@@ -45,5 +45,5 @@ pub use layers::{irope_layers, AttnTemperature, LayerRope, ModelRope};
 pub use mrope::{Mrope, MropeLayout};
 pub use rotary::Rope;
 pub use scaling::named::{FactorScaling, NamedScaling, ScalingKind, ScalingNameError};
-pub use scaling::{RopeScaling, FACTOR_SCALINGS, KNOWN_ROPE_TYPES};
+pub use scaling::{RopeScaling, YarnParams, FACTOR_SCALINGS, KNOWN_ROPE_TYPES};
 pub use xpos::XPos;

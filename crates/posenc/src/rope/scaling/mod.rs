@@ -41,6 +41,8 @@ pub mod ntk_alpha;
 pub mod proportional;
 pub mod yarn;
 
+pub use yarn::YarnParams;
+
 use crate::error::{check_dim, check_positive, Error, Result};
 
 /// Every `rope_type` posenc understands (the error for an unknown type lists
@@ -85,27 +87,9 @@ pub enum RopeScaling {
         max_position_embeddings: usize,
     },
     /// YaRN (Peng et al. 2023): NTK-by-parts interpolation plus an attention
-    /// factor. See [`yarn`].
-    Yarn {
-        /// Context extension factor `s` (> 0).
-        factor: f64,
-        /// Pre-training context length `L`.
-        original_max_position_embeddings: usize,
-        /// Explicit attention factor; `None` derives it from `factor`,
-        /// `mscale` and `mscale_all_dim`.
-        attention_factor: Option<f64>,
-        /// Number of rotations above which a dimension is extrapolated (default 32).
-        beta_fast: f64,
-        /// Number of rotations below which a dimension is interpolated (default 1).
-        beta_slow: f64,
-        /// DeepSeek's `mscale` (numerator of the attention factor).
-        mscale: Option<f64>,
-        /// DeepSeek's `mscale_all_dim` (denominator of the attention factor).
-        mscale_all_dim: Option<f64>,
-        /// Round the correction range outwards to whole dimensions (default `true`;
-        /// gpt-oss uses `false`).
-        truncate: bool,
-    },
+    /// factor, with its parameters ([`YarnParams::new`] gives transformers'
+    /// defaults). See [`yarn`].
+    Yarn(YarnParams),
     /// LongRoPE (Ding et al. 2024): one rescale factor per frequency, a short
     /// set up to the pre-training length and a long set beyond. See [`longrope`].
     LongRope {
@@ -218,7 +202,7 @@ impl RopeScaling {
             RopeScaling::Default => "default",
             RopeScaling::Linear { .. } => "linear",
             RopeScaling::Dynamic { .. } => "dynamic",
-            RopeScaling::Yarn { .. } => "yarn",
+            RopeScaling::Yarn(_) => "yarn",
             RopeScaling::LongRope { .. } => "longrope",
             RopeScaling::Llama3 { .. } => "llama3",
             RopeScaling::Proportional { .. } => "proportional",
@@ -253,7 +237,7 @@ impl RopeScaling {
                 factor,
                 max_position_embeddings,
             } => dynamic::validate(*factor, *max_position_embeddings, rotary_dim),
-            RopeScaling::Yarn { .. } => yarn::validate(self, theta, rotary_dim),
+            RopeScaling::Yarn(_) => yarn::validate(self, theta, rotary_dim),
             RopeScaling::LongRope { .. } => longrope::validate(self, rotary_dim),
             RopeScaling::Llama3 { .. } => llama3::validate(self),
             RopeScaling::Proportional {
@@ -297,7 +281,7 @@ impl RopeScaling {
                 ),
                 1.0,
             ),
-            RopeScaling::Yarn { .. } => yarn::inv_freq(self, theta, rotary_dim),
+            RopeScaling::Yarn(_) => yarn::inv_freq(self, theta, rotary_dim),
             RopeScaling::LongRope { .. } => longrope::inv_freq(self, theta, rotary_dim, seq_len),
             RopeScaling::Llama3 { .. } => (llama3::inv_freq(self, theta, rotary_dim), 1.0),
             RopeScaling::Proportional {

@@ -30,7 +30,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::RopeScaling;
+use super::{RopeScaling, YarnParams};
 use crate::error::{Error, Result};
 use crate::extend::{self, ContextMethod};
 use crate::rope::RopeConfig;
@@ -178,16 +178,7 @@ impl FactorScaling {
                 max_position_embeddings: trained_len,
             },
             FactorScaling::Ntk => RopeScaling::Ntk { alpha: factor },
-            FactorScaling::Yarn => RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings: trained_len,
-                attention_factor: None,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-                mscale: None,
-                mscale_all_dim: None,
-                truncate: true,
-            },
+            FactorScaling::Yarn => RopeScaling::Yarn(YarnParams::new(factor, trained_len)),
         }
     }
 }

@@ -129,29 +129,53 @@ pub fn linear_ramp_factor(min: f64, mut max: f64, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The parameters of a [`RopeScaling::Yarn`], as one value (see
-/// [`RopeScaling::yarn`]); each field is the variant's field of that name.
+/// The parameters of a [`RopeScaling::Yarn`], as transformers'
+/// `rope_parameters` name them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct YarnParams {
-    /// The extension factor `s`.
+    /// The extension factor `s` (> 0).
     pub factor: f64,
     /// The pre-training context length `L`.
     pub original_max_position_embeddings: usize,
-    /// The explicit attention factor, if any.
+    /// The explicit attention factor; `None` derives it from `factor`,
+    /// `mscale` and `mscale_all_dim`.
     pub attention_factor: Option<f64>,
-    /// `β_fast`.
+    /// Number of rotations above which a dimension is extrapolated
+    /// (`β_fast`, default 32).
     pub beta_fast: f64,
-    /// `β_slow`.
+    /// Number of rotations below which a dimension is interpolated
+    /// (`β_slow`, default 1).
     pub beta_slow: f64,
-    /// DeepSeek's `mscale`.
+    /// DeepSeek's `mscale` (numerator of the attention factor).
     pub mscale: Option<f64>,
-    /// DeepSeek's `mscale_all_dim`.
+    /// DeepSeek's `mscale_all_dim` (denominator of the attention factor).
     pub mscale_all_dim: Option<f64>,
-    /// Whether the correction range is rounded outwards.
+    /// Round the correction range outwards to whole dimensions (default
+    /// `true`; gpt-oss uses `false`).
     pub truncate: bool,
 }
 
 impl YarnParams {
+    /// YaRN ×`factor` over a pre-training length of `original` tokens with
+    /// the defaults transformers gives a config that states only the
+    /// factor: β_fast 32, β_slow 1, the attention factor derived from the
+    /// factor (`0.1·ln s + 1`), no DeepSeek `mscale`, the correction range
+    /// rounded outwards. Not validated yet:
+    /// [`RopeConfig::with_scaling`](crate::rope::RopeConfig::with_scaling)
+    /// checks it.
+    pub fn new(factor: f64, original: usize) -> YarnParams {
+        YarnParams {
+            factor,
+            original_max_position_embeddings: original,
+            attention_factor: None,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: None,
+            mscale_all_dim: None,
+            truncate: true,
+        }
+    }
+
     /// The correction range `(low, high)` over `dim` rotary dimensions with
     /// base `base`: [`find_correction_range`] with these β, `L` and
     /// rounding.
@@ -171,26 +195,8 @@ impl RopeScaling {
     /// The parameters of a [`RopeScaling::Yarn`] (`None` for another
     /// scaling).
     pub fn yarn(&self) -> Option<YarnParams> {
-        match *self {
-            RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings,
-                attention_factor,
-                beta_fast,
-                beta_slow,
-                mscale,
-                mscale_all_dim,
-                truncate,
-            } => Some(YarnParams {
-                factor,
-                original_max_position_embeddings,
-                attention_factor,
-                beta_fast,
-                beta_slow,
-                mscale,
-                mscale_all_dim,
-                truncate,
-            }),
+        match self {
+            RopeScaling::Yarn(y) => Some(*y),
             _ => None,
         }
     }
