@@ -38,11 +38,10 @@ fn runs(preset: &crate::preset::Preset) -> Vec<RunSpec> {
         .map(|pe| order_spec(p, pe, seed))
         .collect();
     if let Some(m) = &p.mlm {
-        for pe in &m.encodings {
-            for &s in &preset.first_seeds(m.n_seeds) {
-                v.push(mlm_spec(m, pe, s));
-            }
-        }
+        let seeds = preset.first_seeds(m.n_seeds);
+        v.extend(super::grid_specs(&m.encodings, &seeds, |pe, s| {
+            mlm_spec(m, pe, s)
+        }));
     }
     v
 }

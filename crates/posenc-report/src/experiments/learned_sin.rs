@@ -24,10 +24,9 @@ const ENCODINGS: [&str; 2] = ["learned", "sinusoidal"];
 
 /// Experiment 2's language models of [`ENCODINGS`].
 fn runs(p: &crate::preset::Preset) -> Vec<super::RunSpec> {
-    ENCODINGS
-        .iter()
-        .flat_map(|pe| p.seeds.iter().map(move |&s| super::lm::lm_spec(p, pe, s)))
-        .collect()
+    super::grid_specs(&ENCODINGS.map(String::from), &p.seeds, |pe, s| {
+        super::lm::lm_spec(p, pe, s)
+    })
 }
 
 fn run(ctx: &mut Ctx) -> Result<ExpOutput> {

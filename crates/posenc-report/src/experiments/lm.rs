@@ -24,25 +24,18 @@ pub const EXPERIMENT: Experiment = Experiment {
 /// Every run this experiment trains: each encoding at the preset's size,
 /// the trend's smaller sizes, the second tokenization.
 fn runs(p: &Preset) -> Vec<RunSpec> {
-    let mut v: Vec<RunSpec> =
-        p.lm.encodings
-            .iter()
-            .flat_map(|pe| p.seeds.iter().map(move |&s| lm_spec(p, pe, s)))
-            .collect();
-    let mut extra = |stage: &Stage, encodings: &[String]| {
-        for pe in encodings {
-            for &s in &p.seeds {
-                v.push(size_spec(stage, pe, s));
-            }
-        }
-    };
+    let mut v = super::grid_specs(&p.lm.encodings, &p.seeds, |pe, s| lm_spec(p, pe, s));
+    let mut sizes: Vec<(&Stage, &[String])> = Vec::new();
     if let Some(t) = &p.lm.trend {
-        for st in &t.sizes {
-            extra(st, &t.encodings);
-        }
+        sizes.extend(t.sizes.iter().map(|st| (st, &t.encodings[..])));
     }
     if let Some(sec) = &p.lm.second {
-        extra(&sec.run, &sec.encodings);
+        sizes.push((&sec.run, &sec.encodings[..]));
+    }
+    for (stage, encodings) in sizes {
+        v.extend(super::grid_specs(encodings, &p.seeds, |pe, s| {
+            size_spec(stage, pe, s)
+        }));
     }
     v
 }

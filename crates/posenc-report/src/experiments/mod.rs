@@ -246,29 +246,24 @@ struct Progress {
 impl Progress {
     fn draw(&self, what: &str) {
         let width = 20;
-        let frac = (self.exp as f64 - 1.0
-            + if self.runs_total > 0 {
-                self.runs_done as f64 / self.runs_total as f64
-            } else {
-                0.0
-            })
-            / self.n_exp.max(1) as f64;
+        let runs = self.runs_done as f64 / self.runs_total.max(1) as f64;
+        let frac = match self.eta {
+            // The training pool, before the experiments: its own bar.
+            Some(_) => runs,
+            None => (self.exp as f64 - 1.0 + runs) / self.n_exp.max(1) as f64,
+        };
         let filled = ((frac * width as f64).round() as usize).min(width);
+        let bar = format!("[{}{}]", "#".repeat(filled), ".".repeat(width - filled));
         let t = self.start.elapsed().as_secs();
         let line = match self.eta {
-            // The training pool, before the experiments: its own bar.
             Some(eta) => {
-                let frac = self.runs_done as f64 / self.runs_total.max(1) as f64;
-                let filled = ((frac * width as f64).round() as usize).min(width);
                 let left = if self.runs_done == 0 {
                     "time left known after the first run".to_string()
                 } else {
                     format!("about {}:{:02} left", eta / 60, eta % 60)
                 };
                 format!(
-                    "[{}{}] training run {}/{} {what} · {}:{:02} · {left}",
-                    "#".repeat(filled),
-                    ".".repeat(width - filled),
+                    "{bar} training run {}/{} {what} · {}:{:02} · {left}",
                     self.runs_done,
                     self.runs_total,
                     t / 60,
@@ -276,9 +271,7 @@ impl Progress {
                 )
             }
             None => format!(
-                "[{}{}] experiment {}/{} {} · run {}/{} {what} · {}:{:02}",
-                "#".repeat(filled),
-                ".".repeat(width - filled),
+                "{bar} experiment {}/{} {} · run {}/{} {what} · {}:{:02}",
                 self.exp,
                 self.n_exp,
                 self.slug,
@@ -682,6 +675,19 @@ pub fn train_run(ctx: &mut Ctx, spec: &RunSpec) -> Result<(RunRecord, PathBuf)> 
     Ok((rec, dir))
 }
 
+/// The run `spec(encoding, seed)` of every encoding and seed, encoding by
+/// encoding: the runs [`train_grid`] trains.
+pub(crate) fn grid_specs(
+    encodings: &[String],
+    seeds: &[u64],
+    spec: impl Fn(&str, u64) -> RunSpec,
+) -> Vec<RunSpec> {
+    encodings
+        .iter()
+        .flat_map(|pe| seeds.iter().map(|&seed| spec(pe, seed)))
+        .collect()
+}
+
 /// The run `spec(encoding, seed)` of every encoding and seed, trained
 /// first with [`train_runs`], then read back with [`train_run`]: each
 /// encoding's records in seed order.
@@ -691,11 +697,7 @@ pub(crate) fn train_grid(
     seeds: &[u64],
     spec: impl Fn(&str, u64) -> RunSpec,
 ) -> Result<Vec<(String, Vec<RunRecord>)>> {
-    let specs: Vec<RunSpec> = encodings
-        .iter()
-        .flat_map(|pe| seeds.iter().map(|&seed| spec(pe, seed)))
-        .collect();
-    train_runs(ctx, &specs)?;
+    train_runs(ctx, &grid_specs(encodings, seeds, &spec))?;
     let mut out = Vec::new();
     for pe in encodings {
         let mut v = Vec::new();
@@ -713,18 +715,7 @@ pub(crate) fn train_grid(
 /// their records to the cache; the experiment then reads them back in its
 /// own order with [`train_run`].
 pub fn train_runs(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
-    let mut todo = Vec::new();
-    for s in specs {
-        let spec = ctx.resolve(s)?;
-        let dir = run_dir(&ctx.cache, &spec);
-        if cached_record(&dir, &spec).is_none()
-            && !todo
-                .iter()
-                .any(|(t, _): &(RunSpec, PathBuf)| t.key() == spec.key())
-        {
-            todo.push((spec, dir));
-        }
-    }
+    let todo = untrained(ctx, specs)?;
     if todo.is_empty() {
         return Ok(());
     }
@@ -740,6 +731,20 @@ pub fn train_runs(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
         Ok(())
     })?;
     Ok(())
+}
+
+/// The runs of `specs` (resolved to this context's text) not in the cache
+/// yet, each once, in order, with their directories.
+fn untrained(ctx: &Ctx, specs: &[RunSpec]) -> Result<Vec<(RunSpec, PathBuf)>> {
+    let mut todo: Vec<(RunSpec, PathBuf)> = Vec::new();
+    for s in specs {
+        let spec = ctx.resolve(s)?;
+        let dir = run_dir(&ctx.cache, &spec);
+        if cached_record(&dir, &spec).is_none() && !todo.iter().any(|t| t.0.key() == spec.key()) {
+            todo.push((spec, dir));
+        }
+    }
+    Ok(todo)
 }
 
 /// A run's cost for scheduling and the time estimate, in multiply-adds of
@@ -764,15 +769,13 @@ pub fn run_cost(spec: &RunSpec) -> f64 {
 /// time left (the seconds per unit of cost of the runs finished so far).
 /// The experiments then read the runs from the cache.
 pub fn train_pool(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
-    let mut todo: Vec<(RunSpec, PathBuf, f64)> = Vec::new();
-    for s in specs {
-        let spec = ctx.resolve(s)?;
-        let dir = run_dir(&ctx.cache, &spec);
-        if cached_record(&dir, &spec).is_none() && !todo.iter().any(|t| t.0.key() == spec.key()) {
+    let mut todo: Vec<(RunSpec, PathBuf, f64)> = untrained(ctx, specs)?
+        .into_iter()
+        .map(|(spec, dir)| {
             let cost = run_cost(&spec);
-            todo.push((spec, dir, cost));
-        }
-    }
+            (spec, dir, cost)
+        })
+        .collect();
     if todo.is_empty() {
         return Ok(());
     }
@@ -782,15 +785,14 @@ pub fn train_pool(ctx: &mut Ctx, specs: &[RunSpec]) -> Result<()> {
     let total: f64 = todo.iter().map(|t| t.2).sum();
     ctx.progress.runs_total = todo.len();
     ctx.progress.runs_done = 0;
-    // (cost done, seconds they took, cost started)
-    let state = std::sync::Mutex::new((&mut ctx.progress, 0.0f64, 0.0f64, 0.0f64));
+    // (progress, cost done, seconds it took)
+    let state = std::sync::Mutex::new((&mut ctx.progress, 0.0f64, 0.0f64));
     {
         let mut g = state.lock().expect("lock");
         g.0.eta = Some(0);
         g.0.draw("");
     }
     let result = par_map_on(workers, &todo, |(spec, dir, cost)| {
-        state.lock().expect("lock").3 += cost;
         let start = Instant::now();
         train_uncached(dir, spec)?;
         let secs = start.elapsed().as_secs_f64();
