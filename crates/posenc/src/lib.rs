@@ -25,6 +25,7 @@
 
 pub mod absolute;
 pub mod analysis;
+pub mod buffers;
 pub mod encoding;
 pub mod error;
 pub mod extend;

@@ -144,6 +144,14 @@ impl XPos {
         self.layout
     }
 
+    /// The factor of each pair at `position`: `ζ_i^(m/scale_base)` for a
+    /// query (`key = false`), `ζ_i^(−n/scale_base)` for a key.
+    pub fn scales(&self, position: u64, key: bool) -> Vec<f64> {
+        let sign = if key { -1.0 } else { 1.0 };
+        let e = sign * position as f64 / self.scale_base;
+        self.zeta.iter().map(|z| z.powf(e)).collect()
+    }
+
     fn apply(&self, x: &mut [f64], position: u64, sign: f64) -> Result<()> {
         if x.len() != self.head_dim {
             return Err(Error::Shape {
@@ -153,10 +161,9 @@ impl XPos {
             });
         }
         let m = position as f64;
-        let e = sign * m / self.scale_base;
-        for i in 0..self.head_dim / 2 {
+        let scales = self.scales(position, sign < 0.0);
+        for (i, &z) in scales.iter().enumerate() {
             let (s, c) = (m * self.inv_freq[i]).sin_cos();
-            let z = self.zeta[i].powf(e);
             let (a, b) = self.layout.pair(i, self.head_dim);
             let (x0, x1) = (x[a], x[b]);
             x[a] = (x0 * c - x1 * s) * z;

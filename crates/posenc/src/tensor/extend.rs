@@ -37,7 +37,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::rope::Rope;
+use super::rope::{Rope, RotationTables};
 use super::Positions;
 use crate::error::{Error, Result};
 use crate::extend::{ContextMethod, ModelLengths, View};
@@ -299,6 +299,109 @@ impl<'r> MethodAttention<'r> {
         Some(q)
     }
 
+    /// The rotation tables of one range for `T_q` queries at the last
+    /// `T_q` of `T_k` keys at `0..T_k` (every batch entry alike).
+    fn view_tables(
+        &self,
+        view: &View,
+        batch: usize,
+        q_len: usize,
+        k_len: usize,
+    ) -> Result<RotationTables> {
+        let rope = if view.freq_divisor != 1.0 {
+            self.scaled.as_ref().unwrap_or(self.base)
+        } else {
+            self.base
+        };
+        let shift = k_len - q_len;
+        let q_ids: Vec<u32> = (0..batch)
+            .flat_map(|_| (0..q_len).map(|t| view.query.at(shift + t)))
+            .map(to_u32)
+            .collect::<Result<_>>()?;
+        let k_ids: Vec<u32> = (0..batch)
+            .flat_map(|_| (0..k_len).map(|j| view.key.at(j)))
+            .map(to_u32)
+            .collect::<Result<_>>()?;
+        let q_ids = Tensor::from_vec(q_ids, (batch, q_len), &Device::Cpu)?;
+        let k_ids = Tensor::from_vec(k_ids, (batch, k_len), &Device::Cpu)?;
+        rope.attention_tables(
+            Positions::Ids(&q_ids),
+            Positions::Ids(&k_ids),
+            batch,
+            q_len,
+            k_len,
+        )
+    }
+
+    /// The method as data, for an attention written elsewhere (the
+    /// PyTorch path of the Python package): for `T_q` queries at the last
+    /// `T_q` of `T_k` keys at `0..T_k`, each range's rotation tables and
+    /// the keys `lo..hi` each query sees in it, the factor of each query
+    /// (ReRoPE's log-n) and the factor of every logit (DCA's `mscale²`).
+    /// Attention over it: in each range, rotate with its tables, scale,
+    /// mask outside `lo..hi`, and take one softmax over all ranges.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for `T_q` of 0 or above `T_k`; the rope's errors.
+    pub fn plan(&self, q_len: usize, k_len: usize) -> Result<MethodPlan> {
+        if q_len == 0 || q_len > k_len {
+            return Err(Error::Shape {
+                what: "attention method",
+                expected: "1 ≤ T_q ≤ T_k".into(),
+                got: format!("T_q {q_len}, T_k {k_len}"),
+            });
+        }
+        let shift = k_len - q_len;
+        let mut views = Vec::with_capacity(self.views.len());
+        for view in &self.views {
+            let (lo, hi): (Vec<usize>, Vec<usize>) = (0..q_len)
+                .map(|t| {
+                    let (lo, hi) = view.keys.range(shift + t);
+                    (lo.min(hi), hi)
+                })
+                .unzip();
+            views.push(ViewPlan {
+                tables: self.view_tables(view, 1, q_len, k_len)?,
+                lo,
+                hi,
+            });
+        }
+        Ok(MethodPlan {
+            views,
+            query_scale: (0..q_len)
+                .map(|t| self.method.query_scale(shift + t, &self.lengths))
+                .collect(),
+            logit_scale: self.method.logit_scale(k_len, &self.lengths),
+        })
+    }
+
+    /// [`forward`](Self::forward) on contiguous `(B, H, T, D)` buffers
+    /// (queries `(B, H_q, T_q, D)`, keys and values `(B, H_k, T_k, D)`,
+    /// unrotated, keys at `0..T_k`); returns `(B, T_q, H_q, D)` row-major.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for buffers shorter than `dims`; as
+    /// [`forward`](Self::forward).
+    pub fn forward_buffers(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        dims: k::Dims,
+    ) -> Result<Vec<f32>> {
+        let d = dims.head_dim;
+        let call = Call {
+            dims,
+            q,
+            q_rows: k::Rows::bhtd(dims.q_heads, dims.q_len, d),
+            k,
+            k_rows: k::Rows::bhtd(dims.kv_heads, dims.k_len, d),
+            v,
+            v_rows: k::Rows::bhtd(dims.kv_heads, dims.k_len, d),
+        };
+        self.run(&call, false)
+    }
+
     /// Output `(B, T_q, H_q, D)` row-major.
     fn run(&self, c: &Call, reference: bool) -> Result<Vec<f32>> {
         let dm = c.dims;
@@ -335,28 +438,7 @@ impl<'r> MethodAttention<'r> {
         let out_rows = k::Rows::bthd(dm.q_heads, dm.q_len, dm.head_dim);
         let mut parts: Vec<(Vec<f32>, Vec<f32>)> = Vec::with_capacity(self.views.len());
         for view in &self.views {
-            let rope = if view.freq_divisor != 1.0 {
-                self.scaled.as_ref().unwrap_or(self.base)
-            } else {
-                self.base
-            };
-            let q_ids: Vec<u32> = (0..dm.batch)
-                .flat_map(|_| (0..dm.q_len).map(|t| view.query.at(shift + t)))
-                .map(to_u32)
-                .collect::<Result<_>>()?;
-            let k_ids: Vec<u32> = (0..dm.batch)
-                .flat_map(|_| (0..dm.k_len).map(|j| view.key.at(j)))
-                .map(to_u32)
-                .collect::<Result<_>>()?;
-            let q_ids = Tensor::from_vec(q_ids, (dm.batch, dm.q_len), &Device::Cpu)?;
-            let k_ids = Tensor::from_vec(k_ids, (dm.batch, dm.k_len), &Device::Cpu)?;
-            let tables = rope.attention_tables(
-                Positions::Ids(&q_ids),
-                Positions::Ids(&k_ids),
-                dm.batch,
-                dm.q_len,
-                dm.k_len,
-            )?;
+            let tables = self.view_tables(view, dm.batch, dm.q_len, dm.k_len)?;
             let rotation = k::Rotation {
                 rotary_dim: tables.rotary_dim,
                 pairs: tables.pairs,
@@ -465,6 +547,29 @@ impl<'r> MethodAttention<'r> {
         }
         Ok(out)
     }
+}
+
+/// One range of a [`MethodPlan`].
+#[derive(Debug, Clone)]
+pub struct ViewPlan {
+    /// Rotation tables of the queries and keys at this range's positions
+    /// (batch 1).
+    pub tables: RotationTables,
+    /// First key of the range, per query.
+    pub lo: Vec<usize>,
+    /// One past the last key of the range, per query (`lo == hi`: none).
+    pub hi: Vec<usize>,
+}
+
+/// A method as data ([`MethodAttention::plan`]).
+#[derive(Debug, Clone)]
+pub struct MethodPlan {
+    /// The ranges.
+    pub views: Vec<ViewPlan>,
+    /// Factor of each query before rotation.
+    pub query_scale: Vec<f32>,
+    /// Factor of every logit besides the `1/√D` scale.
+    pub logit_scale: f64,
 }
 
 /// Merges per-view outputs `(B, T_q, H_q, D)` and log-sum-exps `(B, H_q,

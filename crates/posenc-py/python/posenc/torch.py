@@ -1,0 +1,459 @@
+"""posenc's RoPE and attention as PyTorch autograd ops.
+
+``apply_rope(q, k, rope, offset=0, position_ids=None)`` rotates queries and
+keys; ``attention(q, k, v, *, causal=True, rope=None, alibi=None,
+method=None, offset=0, position_ids=None, scale=None)`` is scaled-dot-product
+attention with the position encoding inside, shaped as
+``torch.nn.functional.scaled_dot_product_attention``: ``q`` is ``(B, H, T,
+D)``, ``k`` and ``v`` are ``(B, H_kv, S, D)`` with ``H_kv`` dividing ``H``
+(grouped-query attention).
+
+Two paths compute the same numbers:
+
+- **fused** (CPU ``float32`` and ``bfloat16`` tensors): posenc's fused
+  kernels read and write the tensors' own memory through numpy views (no
+  copy of a contiguous input; a non-contiguous one is made contiguous once),
+  forward and backward, with the GIL released. The attention kernel
+  computes in ``float32``: ``bfloat16`` inputs to ``attention`` are widened
+  once (RoPE's ``bfloat16`` kernel reads them in place).
+- **torch** (any other device or dtype, or forced with ``backend="torch"``
+  or the environment variable ``POSENC_TORCH_PATH=1``): plain PyTorch ops on
+  the same cos/sin tables, which posenc's Rust library computes (angles in
+  ``float64``), so it runs on a GPU too. Attention runs in query blocks, so
+  no ``T × S`` matrix per head is held for long inputs.
+
+Positions: keys are at ``offset .. offset + S`` (or ``position_ids``, one
+row of ``S`` ids per batch entry, or one row shared); queries are at the last
+``T`` key positions, and the causal mask is aligned bottom-right (query
+``i`` sees keys ``j <= i + S - T``), as in a KV cache.
+
+Training-free methods (``method="self-extend:4:1024"``, ``"rerope:512"``,
+``"leaky-rerope:512:16"``, ``"dca:2048:256"``, ``"sinks:4:1024"``) remap
+the positions each query sees its keys at; they need ``rope``, are causal,
+number keys from 0 and take no ``alibi``, ``position_ids`` or ``scale``.
+Their fused path is forward-only in the kernels, so their gradient is the
+torch path's (recomputed in the backward pass).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from . import _posenc
+from ._posenc import PosencError, RopeConfig
+
+__all__ = ["apply_rope", "attention", "rotate", "fused_available"]
+
+#: Query rows per block of the torch path's attention.
+QUERY_BLOCK = 1024
+
+#: When a list, every fused call appends the data pointers of the buffers
+#: it hands to the kernels (a test checks they are the tensors' own).
+_TRACE: Optional[list] = None
+
+
+def _forced_torch(backend: Optional[str]) -> bool:
+    if backend is None:
+        return os.environ.get("POSENC_TORCH_PATH", "") not in ("", "0")
+    if backend == "torch":
+        return True
+    if backend in ("fused", "auto"):
+        return False
+    raise PosencError(f'backend {backend!r}: use "fused", "torch" or None')
+
+
+def fused_available(*tensors: torch.Tensor) -> bool:
+    """Whether the fused kernels can take these tensors: CPU, one dtype,
+    ``float32`` or ``bfloat16``."""
+    if not tensors:
+        return False
+    dt = tensors[0].dtype
+    return all(t.device.type == "cpu" and t.dtype == dt for t in tensors) and dt in (
+        torch.float32,
+        torch.bfloat16,
+    )
+
+
+def _view(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous CPU tensor's memory (no copy)."""
+    a = t.detach().view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.detach().numpy()
+    if _TRACE is not None:
+        _TRACE.append((t.data_ptr(), a.ctypes.data))
+    return a
+
+
+def _check4(name: str, t: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise PosencError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise PosencError(
+            f"{name}: expected a 4-d (batch, heads, seq_len, head_dim) tensor, got shape {tuple(t.shape)}"
+        )
+    if not t.is_floating_point():
+        raise PosencError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+
+
+def _check_rope(rope: Any) -> RopeConfig:
+    if not isinstance(rope, RopeConfig):
+        raise PosencError(f"rope: expected a posenc.RopeConfig, got {type(rope).__name__}")
+    return rope
+
+
+def _key_ids(
+    offset: int, position_ids: Any, batch: int, s: int, device: torch.device
+) -> Tuple[Optional[np.ndarray], torch.Tensor]:
+    """The keys' positions: the ids as a contiguous int64 (B, S) numpy array
+    (None with an offset) and as a (B, S) tensor on `device`."""
+    if position_ids is None:
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise PosencError(f"offset: expected an int >= 0, got {offset!r}")
+        pos = torch.arange(offset, offset + s, device=device, dtype=torch.int64)
+        return None, pos.unsqueeze(0).expand(batch, s)
+    if offset != 0:
+        raise PosencError("offset and position_ids: give one of them")
+    ids = torch.as_tensor(position_ids)
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+        raise PosencError(f"position_ids: expected integers, got {ids.dtype}")
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    if ids.dim() != 2 or ids.shape[1] != s or ids.shape[0] not in (1, batch):
+        raise PosencError(
+            f"position_ids: expected shape ({batch}, {s}) or ({s},), got {tuple(torch.as_tensor(position_ids).shape)}"
+        )
+    ids = ids.to(torch.int64).expand(batch, s)
+    host = ids.detach().cpu().contiguous().numpy()
+    if (host < 0).any():
+        raise PosencError(f"position ids must be >= 0, got {int(host.min())}")
+    return host, ids.to(device)
+
+
+# ---------------------------------------------------------------- RoPE
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """Rotates the first ``2·cos.shape[-1]`` entries of ``x`` (``(B, H, T,
+    D)``) by the half-width tables ``cos``, ``sin`` (``(B, T, D_r/2)``) with
+    pairs laid out ``half-split`` or ``interleaved``; the rest passes
+    through. Computed in float32 (float64 for float64 inputs)."""
+    nf = cos.shape[-1]
+    rd = 2 * nf
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xr = x[..., :rd].to(work)
+    c = cos.to(work).unsqueeze(1)
+    s = sin.to(work).unsqueeze(1)
+    if layout == "interleaved":
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        y = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :nf], xr[..., nf:]
+        y = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    y = y.to(x.dtype)
+    if rd == x.shape[-1]:
+        return y
+    return torch.cat((y, x[..., rd:]), dim=-1)
+
+
+def _tables(rope: RopeConfig, ids_host: np.ndarray, q_len: int, device: torch.device):
+    qc, qs, kc, ks = rope._tables(np.ascontiguousarray(ids_host, dtype=np.int64), q_len)
+    t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    return t(qc), t(qs), t(kc), t(ks)
+
+
+class _RopeFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, rope, offset, ids):  # type: ignore[override]
+        q, k = q.contiguous(), k.contiguous()
+        kernel = _posenc._rope_bf16 if q.dtype == torch.bfloat16 else _posenc._rope_f32
+        oq, ok = torch.empty_like(q), torch.empty_like(k)
+        kernel(rope, _view(q), _view(oq), offset, ids, False, False)
+        kernel(rope, _view(k), _view(ok), offset, ids, True, False)
+        ctx.rope, ctx.offset, ctx.ids, ctx.kernel = rope, offset, ids, kernel
+        return oq, ok
+
+    @staticmethod
+    def backward(ctx, gq, gk):  # type: ignore[override]
+        out = []
+        for g, key in ((gq, False), (gk, True)):
+            if g is None:
+                out.append(None)
+                continue
+            g = g.contiguous()
+            dx = torch.empty_like(g)
+            ctx.kernel(ctx.rope, _view(g), _view(dx), ctx.offset, ctx.ids, key, True)
+            out.append(dx)
+        return out[0], out[1], None, None, None
+
+
+def apply_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    rope: RopeConfig,
+    offset: int = 0,
+    position_ids: Any = None,
+    *,
+    backend: Optional[str] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rotates queries ``q`` ``(B, H, T, D)`` and keys ``k`` ``(B, H_kv, T,
+    D)`` with ``rope`` (its scaling included) at positions ``offset ..
+    offset + T``, or ``position_ids`` (``(B, T)`` or ``(T,)``). Returns new
+    tensors ``(q_rot, k_rot)``; differentiable. Equals transformers'
+    ``apply_rotary_pos_emb`` with the same config's ``cos`` and ``sin``.
+
+    ``backend``: ``None`` (fused on CPU float32/bfloat16, else torch),
+    ``"fused"`` or ``"torch"``."""
+    _check4("q", q)
+    _check4("k", k)
+    rope = _check_rope(rope)
+    if rope.method is not None:
+        raise PosencError(
+            f"apply_rope: the rope's scaling has the attention method {rope.method}, which "
+            "remaps positions inside attention: use posenc.torch.attention(..., rope=rope)"
+        )
+    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.shape[3] != k.shape[3]:
+        raise PosencError(
+            f"apply_rope: q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch, seq_len or head_dim"
+        )
+    if q.device != k.device:
+        raise PosencError(f"apply_rope: q is on {q.device}, k on {k.device}")
+    if rope.rotary_dim > q.shape[3]:
+        raise PosencError(
+            f"apply_rope: the rope rotates {rope.rotary_dim} entries, more than head_dim {q.shape[3]}"
+        )
+    b, t = q.shape[0], q.shape[2]
+    ids_host, ids = _key_ids(offset, position_ids, b, t, q.device)
+    if not _forced_torch(backend) and fused_available(q, k):
+        return _RopeFn.apply(q, k, rope, offset, ids_host)
+    if backend == "fused":
+        raise PosencError(
+            f"apply_rope: the fused kernels take CPU float32/bfloat16 tensors, got {q.dtype} on {q.device}"
+        )
+    host = ids.detach().cpu().numpy() if ids_host is None else ids_host
+    qc, qs, kc, ks = _tables(rope, host, t, q.device)
+    return rotate(q, qc, qs, rope.layout), rotate(k, kc, ks, rope.layout)
+
+
+# ---------------------------------------------------------------- attention
+
+
+def _alibi_slopes(alibi: Any, heads: int, device: torch.device) -> Optional[torch.Tensor]:
+    if alibi is None or alibi is False:
+        return None
+    if alibi is True:
+        return torch.from_numpy(_posenc._alibi_slopes_f32(heads)).to(device)
+    s = torch.as_tensor(alibi, dtype=torch.float32).flatten()
+    if s.numel() != heads:
+        raise PosencError(f"alibi: expected True or {heads} slopes (one per query head), got {s.numel()}")
+    if not torch.isfinite(s).all():
+        raise PosencError("alibi: every slope must be finite")
+    return s.to(device)
+
+
+def _torch_attention(
+    q, k, v, causal, scale, rope, slopes, q_pos, k_pos, ids_host, block=QUERY_BLOCK
+):
+    """The torch path: rotation by posenc's tables, one softmax per query
+    block (float32 arithmetic; float64 for float64 inputs)."""
+    b, h, t, d = q.shape
+    hk, s = k.shape[1], k.shape[2]
+    g = h // hk
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if rope is not None:
+        host = k_pos.detach().cpu().numpy() if ids_host is None else ids_host
+        qc, qs, kc, ks = _tables(rope, host, t, q.device)
+        q = rotate(q.to(work), qc, qs, rope.layout)
+        k = rotate(k.to(work), kc, ks, rope.layout)
+    q, k, v = q.to(work), k.to(work), v.to(work)
+    if g > 1:
+        k = k.repeat_interleave(g, dim=1)
+        v = v.repeat_interleave(g, dim=1)
+    outs = []
+    shift = s - t
+    kidx = torch.arange(s, device=q.device)
+    for a in range(0, t, block):
+        z = min(t, a + block)
+        logits = torch.matmul(q[:, :, a:z], k.transpose(-1, -2)) * scale
+        if slopes is not None:
+            r = (k_pos[:, None, :] - q_pos[:, a:z, None]).to(work)  # (B, blk, S)
+            if not causal:
+                r = -r.abs()
+            logits = logits + slopes.to(work)[None, :, None, None] * r[:, None]
+        if causal:
+            qi = torch.arange(a, z, device=q.device)
+            hide = kidx[None, :] > (qi[:, None] + shift)
+            logits = logits.masked_fill(hide, float("-inf"))
+        p = torch.softmax(logits, dim=-1)
+        outs.append(torch.matmul(p, v))
+    return torch.cat(outs, dim=2)
+
+
+def _torch_method_attention(q, k, v, rope, block=QUERY_BLOCK):
+    """A training-free method on the torch path: in each of its ranges,
+    queries and keys rotated by posenc's tables for that range; one softmax
+    over all ranges; keys outside every range hidden."""
+    b, h, t, d = q.shape
+    hk, s = k.shape[1], k.shape[2]
+    g = h // hk
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    views, qscale, logit_scale = rope._method_plan(t, s)
+    dev = q.device
+    scale = logit_scale / (d**0.5)
+    q = q.to(work) * torch.from_numpy(qscale).to(dev, work)[None, None, :, None]
+    k, v = k.to(work), v.to(work)
+    if g > 1:
+        k = k.repeat_interleave(g, dim=1)
+        v = v.repeat_interleave(g, dim=1)
+    rotated = []
+    for qc, qs, kc, ks, lo, hi in views:
+        t_ = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
+        qr = rotate(q, t_(qc), t_(qs), rope.layout)
+        kr = rotate(k, t_(kc), t_(ks), rope.layout)
+        rotated.append((qr, kr, t_(lo), t_(hi)))
+    kidx = torch.arange(s, device=dev)
+    outs = []
+    for a in range(0, t, block):
+        z = min(t, a + block)
+        logits = torch.full((b, h, z - a, s), float("-inf"), dtype=work, device=dev)
+        for qr, kr, lo, hi in rotated:
+            inside = (kidx[None, :] >= lo[a:z, None]) & (kidx[None, :] < hi[a:z, None])
+            lv = torch.matmul(qr[:, :, a:z], kr.transpose(-1, -2)) * scale
+            logits = torch.where(inside, lv, logits)
+        p = torch.softmax(logits, dim=-1)
+        p = torch.nan_to_num(p, nan=0.0)
+        outs.append(torch.matmul(p, v))
+    return torch.cat(outs, dim=2)
+
+
+class _AttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, rope, slopes, offset, ids):  # type: ignore[override]
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        b, h, t, _ = q.shape
+        out = torch.empty_like(q)
+        lse = torch.empty((b, h, t), dtype=torch.float32)
+        sl = None if slopes is None else _view(slopes.contiguous())
+        _posenc._attention_forward(
+            _view(q), _view(k), _view(v), _view(out), _view(lse), causal, scale, rope, sl, offset, ids
+        )
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (causal, scale, rope, sl, offset, ids)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        dout = dout.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        causal, scale, rope, sl, offset, ids = ctx.args
+        _posenc._attention_backward(
+            _view(q), _view(k), _view(v), _view(out), _view(lse), _view(dout),
+            _view(dq), _view(dk), _view(dv), causal, scale, rope, sl, offset, ids,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+class _MethodFn(torch.autograd.Function):
+    """A method's fused forward; its backward recomputes the torch path."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rope):  # type: ignore[override]
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out = torch.empty_like(q)
+        _posenc._method_forward(rope, _view(q), _view(k), _view(v), _view(out))
+        ctx.save_for_backward(q, k, v)
+        ctx.rope = rope
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        q, k, v = (x.detach().requires_grad_(True) for x in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = _torch_method_attention(q, k, v, ctx.rope)
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+        return dq, dk, dv, None
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    rope: Optional[RopeConfig] = None,
+    alibi: Union[None, bool, Sequence[float], torch.Tensor] = None,
+    method: Optional[str] = None,
+    offset: int = 0,
+    position_ids: Any = None,
+    scale: Optional[float] = None,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """Scaled-dot-product attention with posenc's position encodings inside.
+
+    ``q`` ``(B, H, T, D)``; ``k``, ``v`` ``(B, H_kv, S, D)`` (``H_kv``
+    divides ``H``; ``T <= S``). ``rope``: a ``RopeConfig`` (its scaling
+    included) rotating queries and keys at their positions inside the
+    kernel. ``alibi``: ``True`` for Press et al.'s slopes over ``H`` heads, or
+    ``H`` slopes (``m·(j − i)`` when causal, ``−m·|j − i|`` otherwise).
+    ``method``: a training-free method by name (or one set on ``rope`` by
+    ``with_scaling``). ``scale`` defaults to ``1/√D``. Returns ``(B, H, T,
+    D)`` in the dtype of ``q``; differentiable in ``q``, ``k``, ``v``.
+
+    ``backend``: ``None`` (fused on CPU float32/bfloat16, else torch),
+    ``"fused"`` or ``"torch"``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check4(name, t)
+    b, h, t, d = q.shape
+    if k.shape != v.shape:
+        raise PosencError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    bk, hk, s, dk = k.shape
+    if bk != b or dk != d:
+        raise PosencError(f"k: expected batch {b} and head_dim {d} as q {tuple(q.shape)}, got {tuple(k.shape)}")
+    if hk == 0 or h % hk != 0:
+        raise PosencError(f"attention: {hk} key/value heads do not divide {h} query heads")
+    if t > s:
+        raise PosencError(f"attention: {t} queries but only {s} keys (T <= S)")
+    if not (q.device == k.device == v.device):
+        raise PosencError(f"attention: q, k, v on {q.device}, {k.device}, {v.device}")
+    if scale is not None:
+        scale = float(scale)
+        if not np.isfinite(scale):
+            raise PosencError(f"scale must be finite, got {scale}")
+    if rope is not None:
+        rope = _check_rope(rope)
+        if rope.rotary_dim > d:
+            raise PosencError(f"attention: the rope rotates {rope.rotary_dim} entries, more than head_dim {d}")
+    if method is not None:
+        if rope is None:
+            raise PosencError(f"method {method!r} needs rope= (the model's RoPE it remaps)")
+        if rope.method is not None:
+            raise PosencError(f"method {method!r}: the rope already has the method {rope.method}")
+        rope = rope.with_scaling(method if rope.scaling in (None, "model") else f"{method}+{rope.scaling}")
+    forced = _forced_torch(backend)
+    fused = not forced and fused_available(q, k, v)
+    if backend == "fused" and not fused:
+        raise PosencError(
+            f"attention: the fused kernels take CPU float32/bfloat16 tensors, got {q.dtype} on {q.device}"
+        )
+
+    if rope is not None and rope.method is not None:
+        if not causal or alibi not in (None, False) or position_ids is not None or offset != 0 or scale is not None:
+            raise PosencError(
+                f"method {rope.method}: causal only, keys numbered from 0; no alibi, position_ids, offset or scale"
+            )
+        if fused:
+            out = _MethodFn.apply(q.float(), k.float(), v.float(), rope)
+            return out.to(q.dtype)
+        return _torch_method_attention(q, k, v, rope).to(q.dtype)
+
+    slopes = _alibi_slopes(alibi, h, q.device)
+    ids_host, k_pos = _key_ids(offset, position_ids, b, s, q.device)
+    if fused:
+        sc = scale
+        out = _AttentionFn.apply(q.float(), k.float(), v.float(), causal, sc, rope, slopes, offset, ids_host)
+        return out.to(q.dtype)
+    q_pos = k_pos[:, s - t :]
+    sc = scale if scale is not None else 1.0 / (d**0.5)
+    return _torch_attention(q, k, v, causal, sc, rope, slopes, q_pos, k_pos, ids_host).to(q.dtype)

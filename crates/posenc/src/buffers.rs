@@ -1,0 +1,488 @@
+//! RoPE and attention on caller-owned buffers: the fused kernels of
+//! [`crate::kernels`] reading and writing memory that another framework
+//! owns (a numpy array, a PyTorch tensor), with no candle tensor and no
+//! copy of the activations.
+//!
+//! Every buffer is contiguous `(B, H, T, D)` (the layout of
+//! `torch.nn.functional.scaled_dot_product_attention`). Positions are
+//! explicit ([`BufferPositions`]): keys at `offset..offset + T_k`, or one
+//! row of position ids per batch entry; the `T_q` queries are at the last
+//! `T_q` key positions (bottom-right aligned, as the causal mask).
+//!
+//! The tables (cos and sin with any attention factor, dynamic frequencies
+//! for the call's length) are those [`Rope`] builds for its candle ops, so
+//! these functions compute exactly what [`Rope::apply`] and
+//! [`crate::tensor::attention::Attention`] compute on the same values.
+//!
+//! ```
+//! use posenc::buffers::{AttentionShape, BufferAttention, BufferPositions};
+//! use posenc::rope::{PairLayout, RopeFrequencies};
+//! use posenc::tensor::rope::Rope;
+//!
+//! let rope = Rope::new(RopeFrequencies::plain(10_000.0, 8, PairLayout::HalfSplit)?)?;
+//! let shape = AttentionShape { batch: 1, q_heads: 2, kv_heads: 1, q_len: 5, k_len: 5, head_dim: 8 };
+//! let q: Vec<f32> = (0..80).map(|i| (i as f32 * 0.37).sin()).collect();
+//! let k: Vec<f32> = (0..40).map(|i| (i as f32 * 0.11).cos()).collect();
+//! let v = k.clone();
+//! let (mut out, mut lse) = (vec![0f32; 80], vec![0f32; 10]);
+//! let attn = BufferAttention { causal: true, scale: None, rope: Some(&rope), alibi: None };
+//! attn.forward(&q, &k, &v, shape, BufferPositions::Offset(0), &mut out, &mut lse)?;
+//! assert!(out.iter().all(|x| x.is_finite()));
+//! # Ok::<(), posenc::Error>(())
+//! ```
+
+use candle_core::{Device, Tensor};
+
+use crate::error::{Error, Result};
+use crate::extend::{ContextMethod, ModelLengths};
+use crate::kernels::attention::{self as k, Products};
+use crate::kernels::rope::{Element, HeadLayout, RopeGeometry};
+use crate::kernels::SimdLevel;
+use crate::relative::AlibiMode;
+use crate::tensor::extend::MethodAttention;
+use crate::tensor::rope::{Rope, RotationTables};
+use crate::tensor::Positions;
+
+/// Largest number of elements of one buffer (2^40).
+pub const MAX_ELEMENTS: usize = 1 << 40;
+
+/// Positions of the keys of one call; the queries are at the last `T_q`.
+#[derive(Debug, Clone, Copy)]
+pub enum BufferPositions<'a> {
+    /// Key `j` of every batch entry at `offset + j`.
+    Offset(usize),
+    /// Key `j` of batch entry `b` at `ids[b·T_k + j]` (non-negative).
+    Ids(&'a [i64]),
+}
+
+/// Sizes of an attention call on `(B, H, T, D)` buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// `B`.
+    pub batch: usize,
+    /// Query heads `H_q`.
+    pub q_heads: usize,
+    /// Key/value heads `H_k` (dividing `H_q`: grouped-query attention).
+    pub kv_heads: usize,
+    /// Queries `T_q` (at most `T_k`).
+    pub q_len: usize,
+    /// Keys `T_k`.
+    pub k_len: usize,
+    /// Head dimension `D`.
+    pub head_dim: usize,
+}
+
+impl AttentionShape {
+    /// Checks every size and that they group.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for zero sizes, heads that do not group, more
+    /// queries than keys, or a buffer past [`MAX_ELEMENTS`].
+    pub fn check(&self) -> Result<()> {
+        let s = *self;
+        let bad = |why: &str| Error::Shape {
+            what: "attention",
+            expected: why.to_string(),
+            got: format!(
+                "q (B={}, H={}, T={}, D={}), k/v (H={}, T={})",
+                s.batch, s.q_heads, s.q_len, s.head_dim, s.kv_heads, s.k_len
+            ),
+        };
+        if [s.batch, s.q_heads, s.kv_heads, s.q_len, s.k_len, s.head_dim].contains(&0) {
+            return Err(bad("non-zero sizes"));
+        }
+        if !s.q_heads.is_multiple_of(s.kv_heads) {
+            return Err(bad("key/value heads dividing the query heads"));
+        }
+        if s.q_len > s.k_len {
+            return Err(bad("at most as many queries as keys (T_q ≤ T_k)"));
+        }
+        for (h, t) in [(s.q_heads, s.q_len), (s.kv_heads, s.k_len)] {
+            let n = s
+                .batch
+                .checked_mul(h)
+                .and_then(|x| x.checked_mul(t))
+                .and_then(|x| x.checked_mul(s.head_dim));
+            if n.is_none_or(|n| n > MAX_ELEMENTS) {
+                return Err(bad("at most 2^40 elements per buffer"));
+            }
+        }
+        Ok(())
+    }
+
+    fn dims(&self) -> k::Dims {
+        k::Dims {
+            batch: self.batch,
+            q_heads: self.q_heads,
+            kv_heads: self.kv_heads,
+            q_len: self.q_len,
+            k_len: self.k_len,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// Elements of the query (and output) buffer.
+    pub fn q_elements(&self) -> usize {
+        self.batch * self.q_heads * self.q_len * self.head_dim
+    }
+
+    /// Elements of the key (and value) buffer.
+    pub fn kv_elements(&self) -> usize {
+        self.batch * self.kv_heads * self.k_len * self.head_dim
+    }
+
+    /// Elements of the log-sum-exp buffer `(B, H_q, T_q)`.
+    pub fn lse_elements(&self) -> usize {
+        self.batch * self.q_heads * self.q_len
+    }
+}
+
+fn check_len(what: &'static str, got: usize, need: usize) -> Result<()> {
+    if got != need {
+        return Err(Error::Shape {
+            what,
+            expected: format!("{need} elements"),
+            got: format!("{got}"),
+        });
+    }
+    Ok(())
+}
+
+/// The `(B, T)` position-id tensors of the keys and of the last `q_len`
+/// of them (the queries), checked non-negative.
+fn id_tensors(ids: &[i64], batch: usize, q_len: usize, k_len: usize) -> Result<(Tensor, Tensor)> {
+    check_len("position ids", ids.len(), batch * k_len)?;
+    if let Some(&p) = ids.iter().find(|&&p| p < 0) {
+        return Err(Error::NegativePosition(p));
+    }
+    let q: Vec<i64> = (0..batch)
+        .flat_map(|b| {
+            ids[b * k_len + k_len - q_len..(b + 1) * k_len]
+                .iter()
+                .copied()
+        })
+        .collect();
+    let kt = Tensor::from_slice(ids, (batch, k_len), &Device::Cpu)?;
+    let qt = Tensor::from_vec(q, (batch, q_len), &Device::Cpu)?;
+    Ok((qt, kt))
+}
+
+/// The rotation tables of queries and keys at `pos` (see the module docs).
+///
+/// # Errors
+/// As [`Rope::attention_tables`]; [`Error::Shape`] for ids of another
+/// length than `batch · k_len`.
+pub fn rotation_tables(
+    rope: &Rope,
+    pos: BufferPositions<'_>,
+    batch: usize,
+    q_len: usize,
+    k_len: usize,
+) -> Result<RotationTables> {
+    match pos {
+        BufferPositions::Offset(o) => {
+            let qo = o
+                .checked_add(k_len - q_len)
+                .ok_or(Error::PositionOutOfRange {
+                    position: o as u64,
+                    limit: usize::MAX as u64,
+                    what: "offset",
+                })?;
+            rope.attention_tables(
+                Positions::Offset(qo),
+                Positions::Offset(o),
+                batch,
+                q_len,
+                k_len,
+            )
+        }
+        BufferPositions::Ids(ids) => {
+            let (qt, kt) = id_tensors(ids, batch, q_len, k_len)?;
+            rope.attention_tables(
+                Positions::Ids(&qt),
+                Positions::Ids(&kt),
+                batch,
+                q_len,
+                k_len,
+            )
+        }
+    }
+}
+
+/// Rotates `x` (`(B, H, T, D)` contiguous) into `out` with `rope` at `pos`
+/// (`T_q = T_k = T`); `key` picks the key tables (they differ only with
+/// xPos); `inverse` applies the transpose (the backward pass).
+///
+/// # Errors
+/// [`Error::Shape`] / [`Error::InvalidDimension`] for buffers that do not
+/// hold `dims`, the rope's errors for the positions.
+pub fn rope_apply<T: Element>(
+    rope: &Rope,
+    x: &[T],
+    out: &mut [T],
+    dims: [usize; 4],
+    pos: BufferPositions<'_>,
+    key: bool,
+    inverse: bool,
+) -> Result<()> {
+    let [b, _, t, _] = dims;
+    let freqs = rope.frequencies();
+    let g = RopeGeometry::from_dims(dims, HeadLayout::Bhtd, freqs.rotary_dim, freqs.layout);
+    g.check()?;
+    if g.len() > MAX_ELEMENTS {
+        return Err(Error::invalid("rope buffer", "more than 2^40 elements"));
+    }
+    check_len("rope input", x.len(), g.len())?;
+    check_len("rope output", out.len(), g.len())?;
+    let tables = rotation_tables(rope, pos, b, t, t)?;
+    let (tab, rows) = if key {
+        (tables.tables.key(), tables.k_rows.map())
+    } else {
+        (tables.tables.query(), tables.q_rows.map())
+    };
+    crate::kernels::rope::rope_out(rope.simd_level(), x, out, &g, &tab, rows, inverse)
+}
+
+/// Fused attention on `(B, H, T, D)` buffers with optional RoPE inside and
+/// an ALiBi bias: [`crate::kernels::attention`]'s forward and backward.
+#[derive(Debug, Clone, Copy)]
+pub struct BufferAttention<'a> {
+    /// Hide keys after each query (bottom-right aligned).
+    pub causal: bool,
+    /// Multiplies `q·k` (default `1/√D`).
+    pub scale: Option<f64>,
+    /// Queries and keys rotated inside at their positions.
+    pub rope: Option<&'a Rope>,
+    /// ALiBi slopes, one per query head (`m·r` causal, `−m·|r|` otherwise).
+    pub alibi: Option<&'a [f32]>,
+}
+
+impl BufferAttention<'_> {
+    fn check(&self, s: &AttentionShape) -> Result<f32> {
+        s.check()?;
+        if let Some(sl) = self.alibi {
+            check_len("ALiBi slopes", sl.len(), s.q_heads)?;
+            if sl.iter().any(|m| !m.is_finite()) {
+                return Err(Error::NotFinite {
+                    name: "ALiBi slope",
+                    value: f64::NAN,
+                });
+            }
+        }
+        if let Some(r) = self.rope {
+            if r.rotary_dim() > s.head_dim {
+                return Err(Error::InvalidDimension {
+                    what: "rotary_dim",
+                    value: r.rotary_dim(),
+                    reason: "must be at most head_dim",
+                });
+            }
+        }
+        let scale = self.scale.unwrap_or(1.0 / (s.head_dim as f64).sqrt());
+        if !scale.is_finite() {
+            return Err(Error::NotFinite {
+                name: "attention scale",
+                value: scale,
+            });
+        }
+        Ok(scale as f32)
+    }
+
+    fn with_problem<R>(
+        &self,
+        [q, kk, v]: [&[f32]; 3],
+        s: AttentionShape,
+        pos: BufferPositions<'_>,
+        f: impl FnOnce(&k::Problem) -> R,
+    ) -> Result<R> {
+        let scale = self.check(&s)?;
+        check_len("queries", q.len(), s.q_elements())?;
+        check_len("keys", kk.len(), s.kv_elements())?;
+        check_len("values", v.len(), s.kv_elements())?;
+        let tables = match self.rope {
+            Some(r) => Some(rotation_tables(r, pos, s.batch, s.q_len, s.k_len)?),
+            None => None,
+        };
+        let rotation = tables.as_ref().map(|t| k::Rotation {
+            rotary_dim: t.rotary_dim,
+            pairs: t.pairs,
+            q: t.tables.query(),
+            k: t.tables.key(),
+            q_rows: t.q_rows.map(),
+            k_rows: t.k_rows.map(),
+        });
+        // Relative positions for ALiBi: ids (queries: the last T_q of each row).
+        let q_ids: Vec<i64>;
+        let (q_pos, k_pos) = match pos {
+            BufferPositions::Offset(o) => (
+                k::Pos::Offset((o + s.k_len - s.q_len) as i64),
+                k::Pos::Offset(o as i64),
+            ),
+            BufferPositions::Ids(ids) => {
+                check_len("position ids", ids.len(), s.batch * s.k_len)?;
+                q_ids = (0..s.batch)
+                    .flat_map(|b| ids[b * s.k_len + s.k_len - s.q_len..(b + 1) * s.k_len].to_vec())
+                    .collect();
+                (k::Pos::Ids(&q_ids), k::Pos::Ids(ids))
+            }
+        };
+        let prob = k::Problem {
+            dims: s.dims(),
+            scale,
+            causal: self.causal,
+            q,
+            q_rows: k::Rows::bhtd(s.q_heads, s.q_len, s.head_dim),
+            k: kk,
+            k_rows: k::Rows::bhtd(s.kv_heads, s.k_len, s.head_dim),
+            v,
+            v_rows: k::Rows::bhtd(s.kv_heads, s.k_len, s.head_dim),
+            rotation,
+            q_pos,
+            k_pos,
+            alibi: self.alibi.map(|slopes| k::AlibiBias {
+                slopes,
+                symmetric: !self.causal,
+            }),
+            scalar: None,
+            vector: None,
+            dense: None,
+            cumulative: None,
+            products: Products::F32,
+            window: None,
+        };
+        Ok(f(&prob))
+    }
+
+    /// Writes the output `(B, H_q, T_q, D)` and the log-sum-exp of each
+    /// row `(B, H_q, T_q)` (what [`backward`](Self::backward) reads).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for buffers that do not hold `s`, the rope's errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        q: &[f32],
+        kk: &[f32],
+        v: &[f32],
+        s: AttentionShape,
+        pos: BufferPositions<'_>,
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) -> Result<()> {
+        check_len("output", out.len(), s.q_elements())?;
+        check_len("log-sum-exp", lse.len(), s.lse_elements())?;
+        let level = SimdLevel::detect();
+        self.with_problem([q, kk, v], s, pos, |p| {
+            k::forward(
+                p,
+                out,
+                k::Rows::bhtd(s.q_heads, s.q_len, s.head_dim),
+                lse,
+                level,
+            )
+        })
+    }
+
+    /// The gradients of queries, keys and values from the forward's output
+    /// `o`, its log-sum-exp and the output's gradient `d_o`.
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        [q, kk, v]: [&[f32]; 3],
+        o: &[f32],
+        lse: &[f32],
+        d_o: &[f32],
+        s: AttentionShape,
+        pos: BufferPositions<'_>,
+        [dq, dk, dv]: [&mut [f32]; 3],
+    ) -> Result<()> {
+        check_len("output", o.len(), s.q_elements())?;
+        check_len("output gradient", d_o.len(), s.q_elements())?;
+        check_len("log-sum-exp", lse.len(), s.lse_elements())?;
+        check_len("query gradient", dq.len(), s.q_elements())?;
+        check_len("key gradient", dk.len(), s.kv_elements())?;
+        check_len("value gradient", dv.len(), s.kv_elements())?;
+        let level = SimdLevel::detect();
+        let qr = k::Rows::bhtd(s.q_heads, s.q_len, s.head_dim);
+        let kr = k::Rows::bhtd(s.kv_heads, s.k_len, s.head_dim);
+        self.with_problem([q, kk, v], s, pos, |p| {
+            let g = k::Grads {
+                dq: dq.as_mut_ptr(),
+                dq_rows: qr,
+                dk: dk.as_mut_ptr(),
+                dk_rows: kr,
+                dv: dv.as_mut_ptr(),
+                dv_rows: kr,
+                scalar: None,
+                keys: None,
+                values: None,
+                dense: None,
+                cumulative_q: None,
+                cumulative_k: None,
+            };
+            k::backward(p, o, qr, d_o, qr, lse, g, level)
+        })
+    }
+}
+
+/// ALiBi's slopes for `heads` heads as `f32` (Press et al.).
+///
+/// # Errors
+/// [`Error::ZeroHeads`].
+pub fn alibi_slopes_f32(heads: usize) -> Result<Vec<f32>> {
+    Ok(crate::relative::alibi_slopes(heads)?
+        .into_iter()
+        .map(|m| m as f32)
+        .collect())
+}
+
+/// The ALiBi mode [`BufferAttention`] uses for `causal`.
+pub fn alibi_mode(causal: bool) -> AlibiMode {
+    if causal {
+        AlibiMode::Causal
+    } else {
+        AlibiMode::Bidirectional
+    }
+}
+
+/// A training-free context method ([`crate::extend`]) on `(B, H, T, D)`
+/// buffers: causal, keys at `0..T_k`, queries at the last `T_q`; writes the
+/// output `(B, H_q, T_q, D)`. Forward only.
+///
+/// # Errors
+/// As [`MethodAttention::forward`], and [`Error::Shape`] for buffers that
+/// do not hold `s`.
+#[allow(clippy::too_many_arguments)]
+pub fn method_forward(
+    method: ContextMethod,
+    rope: &Rope,
+    lengths: ModelLengths,
+    q: &[f32],
+    kk: &[f32],
+    v: &[f32],
+    s: AttentionShape,
+    out: &mut [f32],
+) -> Result<()> {
+    s.check()?;
+    check_len("queries", q.len(), s.q_elements())?;
+    check_len("keys", kk.len(), s.kv_elements())?;
+    check_len("values", v.len(), s.kv_elements())?;
+    check_len("output", out.len(), s.q_elements())?;
+    let attn = MethodAttention::new(method, rope, lengths)?;
+    let bthd = attn.forward_buffers(q, kk, v, s.dims())?;
+    // (B, T, H, D) → (B, H, T, D)
+    let (h, t, d) = (s.q_heads, s.q_len, s.head_dim);
+    for b in 0..s.batch {
+        for ti in 0..t {
+            for hi in 0..h {
+                let src = ((b * t + ti) * h + hi) * d;
+                let dst = ((b * h + hi) * t + ti) * d;
+                out[dst..dst + d].copy_from_slice(&bthd[src..src + d]);
+            }
+        }
+    }
+    Ok(())
+}
