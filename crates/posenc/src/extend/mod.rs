@@ -344,9 +344,23 @@ impl FromStr for ContextMethod {
         let args: Vec<&str> = parts.map(str::trim).collect();
         let bad = |why: String| Error::invalid("attention method", format!("{s:?}: {why}"));
         let int = |i: usize, what: &str| -> Result<usize> {
-            args[i]
-                .parse::<usize>()
-                .map_err(|_| bad(format!("{what} {:?} is not a whole number", args[i])))
+            let arg = args[i];
+            arg.parse::<usize>().map_err(|_| {
+                // A number that is not a usize: say whether it is out of
+                // range or not whole, rather than only "not a whole number".
+                match arg.parse::<f64>() {
+                    Ok(v) if v.is_finite() && v.fract() == 0.0 => bad(format!(
+                        "{what} {arg:?} = {v} is out of range (1..={MAX_PARAM})"
+                    )),
+                    Ok(v) if v.is_finite() => bad(format!(
+                        "{what} {arg:?} is not a whole number (1..={MAX_PARAM} accepted)"
+                    )),
+                    Ok(_) => bad(format!("{what} {arg:?} is out of range (1..={MAX_PARAM})")),
+                    Err(_) => bad(format!(
+                        "{what} {arg:?} is not a whole number (1..={MAX_PARAM} accepted)"
+                    )),
+                }
+            })
         };
         let arity = |n: usize, syntax: &str| -> Result<()> {
             if args.len() != n {
@@ -441,6 +455,25 @@ mod tests {
             "rerope:1:2",
         ] {
             assert!(s.parse::<ContextMethod>().is_err(), "{s}");
+        }
+        // A number past MAX_PARAM is out of range, not "not a whole number".
+        let msg = |s: &str| s.parse::<ContextMethod>().unwrap_err().to_string();
+        for s in [
+            "self-extend:1e9:1024",
+            "rerope:99999999999999999999",
+            "dca:-5:1",
+        ] {
+            let e = msg(s);
+            assert!(
+                e.contains(&format!("is out of range (1..={MAX_PARAM})")),
+                "{s}: {e}"
+            );
+            assert!(!e.contains("not a whole number"), "{s}: {e}");
+        }
+        assert!(msg("self-extend:1e9:1024").contains("= 1000000000"));
+        for s in ["self-extend:2.5:1024", "rerope:x"] {
+            let e = msg(s);
+            assert!(e.contains("is not a whole number (1..="), "{s}: {e}");
         }
     }
 

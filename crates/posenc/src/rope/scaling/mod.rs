@@ -149,6 +149,61 @@ pub enum RopeScaling {
     },
 }
 
+/// Smallest attention factor accepted (explicit or computed): 0.1.
+/// Trained models use 1 (most), YaRN's `0.1·ln s + 1` (1.07 to 1.69 for
+/// factors 2 to 1024) or LongRoPE's `√(1 + ln s / ln L)` (about 1.2).
+pub const MIN_ATTENTION_FACTOR: f64 = 0.1;
+/// Largest attention factor accepted: 10 (it multiplies cos and sin, so
+/// every logit by its square).
+pub const MAX_ATTENTION_FACTOR: f64 = 10.0;
+
+/// Checks that a scaling factor (or LongRoPE entry) is finite, above 0
+/// and in `[MIN_FACTOR, MAX_FACTOR]` ([`named::MIN_FACTOR`],
+/// [`named::MAX_FACTOR`]: the range of the CLI's `--scaling` factors).
+/// Outside it the tables degenerate: `θ/s` overflows `f32` or every
+/// frequency collapses towards 0.
+///
+/// # Errors
+/// [`Error::InvalidFactor`] for a value that is not finite and > 0,
+/// [`Error::InvalidValue`] naming `name` and the range otherwise.
+pub fn check_factor(name: &'static str, value: f64) -> Result<f64> {
+    check_positive(name, value)?;
+    if !(named::MIN_FACTOR..=named::MAX_FACTOR).contains(&value) {
+        return Err(Error::invalid(
+            name,
+            format!(
+                "{value:e} is outside [{}, {}] (1/{} to {}), the scaling factors posenc accepts \
+                 (transformers warns below 1 and sets no bound; trained models use 1 to 64)",
+                named::MIN_FACTOR,
+                named::MAX_FACTOR,
+                named::MAX_FACTOR,
+                named::MAX_FACTOR
+            ),
+        ));
+    }
+    Ok(value)
+}
+
+/// Checks that an attention factor is finite, above 0 and in
+/// `[MIN_ATTENTION_FACTOR, MAX_ATTENTION_FACTOR]`.
+///
+/// # Errors
+/// [`Error::InvalidFactor`] for a value that is not finite and > 0,
+/// [`Error::InvalidValue`] naming `name` and the range otherwise.
+pub fn check_attention_factor(name: &'static str, value: f64) -> Result<f64> {
+    check_positive(name, value)?;
+    if !(MIN_ATTENTION_FACTOR..=MAX_ATTENTION_FACTOR).contains(&value) {
+        return Err(Error::invalid(
+            name,
+            format!(
+                "{value} is outside [{MIN_ATTENTION_FACTOR}, {MAX_ATTENTION_FACTOR}] \
+                 (trained models use 1 to about 1.7)"
+            ),
+        ));
+    }
+    Ok(value)
+}
+
 /// The names [`RopeScaling::from_factor`] understands.
 pub const FACTOR_SCALINGS: &[&str] = &[
     "none", "default", "linear", "pi", "dynamic", "ntk", "yarn", "llama3",
@@ -230,6 +285,53 @@ impl RopeScaling {
             return Err(Error::InvalidTheta(theta));
         }
         check_dim("rotary_dim", rotary_dim, true)?;
+        self.validate_fields(theta, rotary_dim)?;
+        // Then the ranges, once each value is known to be a positive number.
+        match self {
+            RopeScaling::Default => {}
+            RopeScaling::Linear { factor }
+            | RopeScaling::Dynamic { factor, .. }
+            | RopeScaling::Yarn(YarnParams { factor, .. })
+            | RopeScaling::Llama3 { factor, .. }
+            | RopeScaling::Proportional { factor, .. }
+            | RopeScaling::MixedNtk { factor, .. } => {
+                check_factor("factor", *factor)?;
+            }
+            RopeScaling::Ntk { alpha } => {
+                check_factor("factor", *alpha)?;
+            }
+            RopeScaling::NtkAlpha { alpha } => {
+                check_factor("alpha", *alpha)?;
+            }
+            RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                factor,
+                ..
+            } => {
+                for &v in short_factor {
+                    check_factor("short_factor", v)?;
+                }
+                for &v in long_factor {
+                    check_factor("long_factor", v)?;
+                }
+                check_factor("factor", *factor)?;
+            }
+        }
+        let explicit = match self {
+            RopeScaling::Yarn(y) => y.attention_factor,
+            RopeScaling::LongRope {
+                attention_factor, ..
+            } => *attention_factor,
+            _ => None,
+        };
+        if let Some(a) = explicit {
+            check_attention_factor("attention_factor", a)?;
+        }
+        Ok(())
+    }
+
+    fn validate_fields(&self, theta: f64, rotary_dim: usize) -> Result<()> {
         match self {
             RopeScaling::Default => Ok(()),
             RopeScaling::Linear { factor } => check_positive("factor", *factor).map(|_| ()),
@@ -304,8 +406,9 @@ impl RopeScaling {
     }
 }
 
-/// Every frequency finite and ≥ 0, the attention factor finite and > 0:
-/// what a computed table must satisfy for its cos/sin to be finite.
+/// Every frequency finite and ≥ 0, the attention factor finite and in
+/// `[MIN_ATTENTION_FACTOR, MAX_ATTENTION_FACTOR]`: what a computed table
+/// must satisfy for its cos/sin to be finite and its logits plausible.
 fn check_table(inv: &[f32], attention_factor: f64) -> Result<()> {
     if let Some(&bad) = inv.iter().find(|v| !(v.is_finite() && **v >= 0.0)) {
         return Err(Error::NotFinite {
@@ -313,12 +416,10 @@ fn check_table(inv: &[f32], attention_factor: f64) -> Result<()> {
             value: bad as f64,
         });
     }
-    if !(attention_factor.is_finite() && attention_factor > 0.0) {
-        return Err(Error::InvalidFactor {
-            name: "attention_factor (computed from the scaling parameters)",
-            value: attention_factor,
-        });
-    }
+    check_attention_factor(
+        "attention_factor (computed from the scaling parameters)",
+        attention_factor,
+    )?;
     Ok(())
 }
 

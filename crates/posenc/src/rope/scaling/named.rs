@@ -35,8 +35,17 @@ use crate::error::{Error, Result};
 use crate::extend::{self, ContextMethod};
 use crate::rope::RopeConfig;
 
-/// Largest factor a named scaling accepts.
+/// Largest factor a named scaling (and any scaling factor read from a
+/// model file) accepts: 1024, sixteen times the largest extension
+/// published (64).
 pub const MAX_FACTOR: f64 = 1024.0;
+
+/// Smallest factor accepted: 1/1024 (0.0009765625). transformers takes any
+/// float (it warns below 1); below this the tables degenerate — `θ/s`
+/// overflows `f32` with `linear:1e-300`, YaRN's interpolated frequencies
+/// reach 10^30 with `yarn:1e-30` — while factors from 1e-3 up (a
+/// compression, as in the lab's experiments) still give usable tables.
+pub const MIN_FACTOR: f64 = 1.0 / MAX_FACTOR;
 
 /// Why a scaling name does not parse (an attention method's own errors are
 /// [`Error::InvalidValue`], from [`ContextMethod`]'s parser).
@@ -72,8 +81,11 @@ pub enum ScalingNameError {
         /// The factor as written.
         factor: String,
     },
-    /// A factor that is not finite, ≤ 0 or above [`MAX_FACTOR`].
-    #[error("scaling {name:?}: the factor must be in (0, {MAX_FACTOR}]")]
+    /// A factor that is not finite or outside [`MIN_FACTOR`]..=[`MAX_FACTOR`].
+    #[error(
+        "scaling {name:?}: the factor must be in [{MIN_FACTOR}, {MAX_FACTOR}] (1/1024 to 1024; \
+         below 1/1024 the frequency tables degenerate)"
+    )]
     FactorOutOfRange {
         /// The scaling part of the name (`yarn:0`).
         name: String,
@@ -298,7 +310,8 @@ impl FromStr for ScalingKind {
     type Err = Error;
 
     /// Parses one frequency scaling: `model`, `none`, `linear:F`, `pi:F`,
-    /// `dynamic:F`, `ntk:F` or `yarn:F`, with `F` in (0, [`MAX_FACTOR`]].
+    /// `dynamic:F`, `ntk:F` or `yarn:F`, with `F` in
+    /// [[`MIN_FACTOR`], [`MAX_FACTOR`]].
     ///
     /// # Errors
     /// [`ScalingNameError::FactorNotANumber`],
@@ -315,7 +328,7 @@ impl FromStr for ScalingKind {
                             name: s.to_string(),
                             factor: f.to_string(),
                         })?;
-                if !(factor.is_finite() && factor > 0.0 && factor <= MAX_FACTOR) {
+                if !(factor.is_finite() && (MIN_FACTOR..=MAX_FACTOR).contains(&factor)) {
                     return Err(ScalingNameError::FactorOutOfRange {
                         name: s.to_string(),
                         factor,
@@ -663,8 +676,40 @@ mod tests {
         ));
         assert_eq!(
             err("yarn:0").to_string(),
-            "scaling \"yarn:0\": the factor must be in (0, 1024]"
+            "scaling \"yarn:0\": the factor must be in [0.0009765625, 1024] (1/1024 to 1024; \
+             below 1/1024 the frequency tables degenerate)"
         );
+        // Inside (0, 1024] but degenerate: refused, the range said.
+        for s in [
+            "yarn:1e-30",
+            "linear:1e-300",
+            "dynamic:0.0009",
+            "ntk:5e-324",
+        ] {
+            let e = name_err(s);
+            assert!(
+                matches!(e, ScalingNameError::FactorOutOfRange { .. }),
+                "{s}: {e}"
+            );
+            assert!(e.to_string().contains("1/1024 to 1024"), "{e}");
+        }
+        // Every factor from 1/1024 up is kept, and gives a finite table.
+        let own = RopeConfig::new(10000.0, 64).unwrap();
+        for s in [
+            "yarn:0.0009765625",
+            "linear:1e-3",
+            "ntk:0.001",
+            "dynamic:1e-3",
+            "yarn:1024",
+        ] {
+            let k: ScalingKind = s.parse().unwrap();
+            let f = k
+                .rope_config(&own, 2048)
+                .unwrap()
+                .frequencies(None)
+                .unwrap();
+            assert!(f.inv_freq.iter().all(|v| v.is_finite()), "{s}");
+        }
         // Syntax: empty, an empty part, three parts.
         for s in ["", "+", "yarn:2+", "rerope:8+yarn:2+none"] {
             assert_eq!(name_err(s), ScalingNameError::Syntax { name: s.into() });
