@@ -278,8 +278,10 @@ impl PyRopeConfig {
     /// rotary_dim)` in transformers' layout (`cat(c, c)` for half-split
     /// pairs, each value twice for interleaved ones), ready for
     /// `apply_rotary_pos_emb`; with `full=False`, `(len(positions),
-    /// rotary_dim/2)`. `dtype`: `float32` or `float64`. `seq_len` (for
-    /// the length-dependent scalings) defaults to `max(positions) + 1`.
+    /// rotary_dim/2)`. `dtype`: `float32` or `float64`. `seq_len` picks
+    /// the frequencies of the length-dependent scalings (dynamic NTK,
+    /// LongRoPE) as in `frequencies(seq_len)`; `None` is the load-time
+    /// table.
     #[pyo3(signature = (positions, dtype = "float32", seq_len = None, full = true))]
     fn cos_sin<'py>(
         &self,
@@ -299,8 +301,7 @@ impl PyRopeConfig {
             .iter()
             .map(|&p| u64::try_from(p).map_err(|_| err(format!("position {p} is negative"))))
             .collect::<PyResult<_>>()?;
-        let len = seq_len.or_else(|| pos.iter().max().map(|&m| m as usize + 1));
-        let f = self.config.frequencies(len).py()?;
+        let f = self.config.frequencies(seq_len).py()?;
         let nf = f.num_freqs();
         let n = pos.len();
         let (cos, sin) = py.detach(|| {

@@ -1,0 +1,353 @@
+"""posenc.torch against a plain-PyTorch reference (float64, transformers'
+`rotate_half` rotation with posenc's cos/sin tables, an explicit logits
+matrix and softmax), values and gradients, on the fused path and on the
+pure-PyTorch path; the training-free methods against their authors' code
+(the outputs of `scripts/methods/hf_methods.py attention`); no copy of
+contiguous CPU inputs; bad inputs raise PosencError."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import posenc  # noqa: E402
+import posenc.torch as pt  # noqa: E402
+from conftest import METHOD_FIXTURES, load  # noqa: E402
+
+SCALINGS = ["model", "none", "linear:2", "dynamic:2", "ntk:2", "yarn:2"]
+BACKENDS = ["fused", "torch"]
+
+
+def base_rope(layout="half-split", dim=16, mpe=16):
+    return posenc.RopeConfig.plain(10000.0, dim, layout=layout, max_position_embeddings=mpe)
+
+
+def rotate_ref(x, rope, pos):
+    """transformers' apply_rotary_pos_emb (float64) with the config's own
+    full-width tables at positions `pos` (B, T)."""
+    b, h, t, d = x.shape
+    seq = int(pos.max()) + 1
+    c, s = rope.cos_sin(pos.reshape(-1).tolist(), dtype="float64", seq_len=seq)
+    c = torch.from_numpy(c).view(b, 1, t, -1)
+    s = torch.from_numpy(s).view(b, 1, t, -1)
+    rd = c.shape[-1]
+    xr, rest = x[..., :rd].double(), x[..., rd:].double()
+    if rope.layout == "half-split":
+        x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
+        rot = torch.cat((-x2, x1), dim=-1)
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack((-x2, x1), dim=-1).flatten(-2)
+    return torch.cat((xr * c + rot * s, rest), dim=-1)
+
+
+def attention_ref(q, k, v, causal=True, rope=None, slopes=None, kpos=None, scale=None):
+    b, h, t, d = q.shape
+    hk, s = k.shape[1], k.shape[2]
+    if kpos is None:
+        kpos = torch.arange(s).expand(b, s)
+    qpos = kpos[:, s - t :]
+    q, k, v = q.double(), k.double(), v.double()
+    if rope is not None:
+        seq = int(kpos.max()) + 1
+        # one frequency table for the call's length (dynamic scalings)
+        q = rotate_ref_at(q, rope, qpos, seq)
+        k = rotate_ref_at(k, rope, kpos, seq)
+    g = h // hk
+    k = k.repeat_interleave(g, 1)
+    v = v.repeat_interleave(g, 1)
+    sc = (1.0 / math.sqrt(d)) if scale is None else scale
+    logits = q @ k.transpose(-1, -2) * sc
+    if slopes is not None:
+        r = (kpos[:, None, :] - qpos[:, :, None]).double()
+        if not causal:
+            r = -r.abs()
+        logits = logits + torch.as_tensor(slopes, dtype=torch.float64)[None, :, None, None] * r[:, None]
+    if causal:
+        i = torch.arange(t)[:, None]
+        j = torch.arange(s)[None, :]
+        logits = logits.masked_fill(j > i + (s - t), float("-inf"))
+    return torch.softmax(logits, -1) @ v
+
+
+def rotate_ref_at(x, rope, pos, seq):
+    b, h, t, d = x.shape
+    c, s = rope.cos_sin(pos.reshape(-1).tolist(), dtype="float64", seq_len=seq)
+    c = torch.from_numpy(c).view(b, 1, t, -1)
+    s = torch.from_numpy(s).view(b, 1, t, -1)
+    rd = c.shape[-1]
+    xr, rest = x[..., :rd], x[..., rd:]
+    if rope.layout == "half-split":
+        rot = torch.cat((-xr[..., rd // 2 :], xr[..., : rd // 2]), dim=-1)
+    else:
+        rot = torch.stack((-xr[..., 1::2], xr[..., 0::2]), dim=-1).flatten(-2)
+    return torch.cat((xr * c + rot * s, rest), dim=-1)
+
+
+def close(a, b, rel=1e-5):
+    a, b = a.double(), b.double()
+    scale = max(b.abs().max().item(), 1e-6)
+    err = (a - b).abs().max().item()
+    assert err <= rel * scale, f"max |diff| {err:.3g} > {rel} × {scale:.3g}"
+
+
+def inputs(b=2, h=4, hk=2, t=24, s=None, d=16, seed=0, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    s = t if s is None else s
+    q = torch.randn(b, h, t, d, generator=g)
+    k = torch.randn(b, hk, s, d, generator=g)
+    v = torch.randn(b, hk, s, d, generator=g)
+    return [x.requires_grad_(grad) for x in (q, k, v)]
+
+
+def grads(out, xs, seed=1):
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return torch.autograd.grad(out, xs, g.to(out.dtype))
+
+
+# ---------------------------------------------------------------- apply_rope
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_apply_rope_equals_reference_values_and_grads(scaling, backend):
+    rope = base_rope().with_scaling(scaling)
+    q, k, _ = inputs(t=40)
+    for offset in (0, 7):
+        qr, kr = pt.apply_rope(q, k, rope, offset=offset, backend=backend)
+        pos = torch.arange(offset, offset + 40).expand(2, 40)
+        seq = offset + 40
+        qw, kw = rotate_ref_at(q.double(), rope, pos, seq), rotate_ref_at(k.double(), rope, pos, seq)
+        close(qr, qw)
+        close(kr, kw)
+        gq, gk = grads(qr.sum() * 0 + (qr * qw.float().detach()).sum() + (kr * 2).sum(), (q, k))
+        gqw, gkw = grads((qw * qw.detach()).sum() + (kw * 2).sum(), (q, k))
+        close(gq, gqw)
+        close(gk, gkw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_apply_rope_position_ids_interleaved_partial(backend):
+    rope = posenc.RopeConfig.plain(500.0, 8, layout="interleaved", head_dim=12, max_position_embeddings=64)
+    q, k, _ = inputs(t=10, d=12)
+    ids = torch.tensor([[5, 3, 9, 0, 1, 2, 40, 41, 42, 7], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]])
+    qr, kr = pt.apply_rope(q, k, rope, position_ids=ids, backend=backend)
+    close(qr, rotate_ref_at(q.double(), rope, ids, 43))
+    close(kr, rotate_ref_at(k.double(), rope, ids, 43))
+    # the last 4 entries (past rotary_dim 8) pass through
+    assert torch.equal(qr[..., 8:], q[..., 8:])
+
+
+def test_apply_rope_bfloat16_fused_equals_torch_path():
+    rope = base_rope().with_scaling("yarn:2")
+    q, k, _ = inputs(t=33, grad=False)
+    qb, kb = q.bfloat16(), k.bfloat16()
+    a = pt.apply_rope(qb, kb, rope)
+    b = pt.apply_rope(qb, kb, rope, backend="torch")
+    assert a[0].dtype == torch.bfloat16
+    # both round one float32 rotation to bfloat16
+    assert (a[0].float() - b[0].float()).abs().max().item() <= 2 ** -7 * b[0].abs().max().item()
+
+
+def test_apply_rope_equals_transformers_formula_on_llama3():
+    """transformers' apply_rotary_pos_emb with the cos/sin of the same
+    config, in float32."""
+    rope = posenc.RopeConfig.from_hf(
+        {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 2048,
+         "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+         "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}
+    )
+    q, k, _ = inputs(t=64, d=64, grad=False)
+    c, s = (torch.from_numpy(x)[None, None] for x in rope.cos_sin(list(range(64))))
+
+    def rotate_half(x):
+        return torch.cat((-x[..., 32:], x[..., :32]), dim=-1)
+
+    close(pt.apply_rope(q, k, rope)[0], q * c + rotate_half(q) * s, rel=2e-6)
+
+
+# ---------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_attention_rope_each_scaling(scaling, backend):
+    rope = base_rope().with_scaling(scaling)
+    q, k, v = inputs(t=40)
+    out = pt.attention(q, k, v, rope=rope, backend=backend)
+    ref = attention_ref(q, k, v, rope=rope)
+    close(out, ref)
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+        close(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_alibi_gqa_offset_kv_cache(backend, causal):
+    q, k, v = inputs(b=2, h=6, hk=2, t=9, s=30)
+    slopes = posenc.alibi_slopes(6)
+    for offset in (0, 100):
+        out = pt.attention(q, k, v, causal=causal, alibi=True, offset=offset, backend=backend)
+        kpos = torch.arange(offset, offset + 30).expand(2, 30)
+        ref = attention_ref(q, k, v, causal=causal, slopes=slopes, kpos=kpos)
+        close(out, ref)
+        for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+            close(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_rope_alibi_position_ids_and_scale(backend):
+    rope = base_rope(mpe=64).with_scaling("dynamic:2")
+    q, k, v = inputs(b=2, h=4, hk=1, t=12, s=12)
+    ids = torch.stack([torch.arange(12) * 3, torch.arange(12) + 50])
+    out = pt.attention(q, k, v, rope=rope, alibi=[0.5, 0.25, 0.1, 0.0], position_ids=ids, scale=0.3, backend=backend)
+    ref = attention_ref(q, k, v, rope=rope, slopes=[0.5, 0.25, 0.1, 0.0], kpos=ids, scale=0.3)
+    close(out, ref)
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+        close(a, b)
+
+
+def test_attention_torch_path_blocks_equal_one_block():
+    rope = base_rope().with_scaling("yarn:2")
+    q, k, v = inputs(t=50, grad=False)
+    a = pt._torch_attention(q, k, v, True, 0.25, rope, None, torch.arange(50).expand(2, 50), torch.arange(50).expand(2, 50), None, block=7)
+    b = pt._torch_attention(q, k, v, True, 0.25, rope, None, torch.arange(50).expand(2, 50), torch.arange(50).expand(2, 50), None, block=1024)
+    close(a, b, rel=1e-6)
+
+
+METHODS = load(METHOD_FIXTURES / "attention.json")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("spec", [m for m in METHODS["methods"] if m != "plain"])
+def test_methods_equal_their_authors_code(spec, backend):
+    """The outputs of the authors' code ported in scripts/methods/hf_methods.py
+    (q/k/v and outputs in crates/posenc-models/tests/fixtures/methods/attention.json):
+    trained length 16 for ReRoPE's log-n, max_position_embeddings 32 for DCA."""
+    sh = METHODS["settings"]["shapes"]
+    t, h, hk, d = sh["T"], sh["heads"], sh["kv_heads"], sh["head_dim"]
+    q = torch.tensor(METHODS["q"]).view(1, h, t, d)
+    k = torch.tensor(METHODS["k"]).view(1, hk, t, d)
+    v = torch.tensor(METHODS["v"]).view(1, hk, t, d)
+    mpe = 32 if spec.startswith("dca") else 16
+    rope = posenc.RopeConfig.plain(10000.0, d, max_position_embeddings=mpe)
+    try:
+        m = rope.with_scaling(spec)
+    except posenc.PosencError as e:
+        # Self-Extend with a window its group does not divide: posenc
+        # refuses what the authors' code rounds (their float shift).
+        assert spec == "self-extend:3:10" and "divide" in str(e)
+        return
+    want = torch.tensor(METHODS["methods"][spec]["output"]).view(1, h, t, d)
+    out = pt.attention(q, k, v, rope=m, backend=backend)
+    close(out, want, rel=2e-5)
+    # the same through method=
+    close(pt.attention(q, k, v, rope=rope, method=spec, backend=backend), want, rel=2e-5)
+
+
+@pytest.mark.parametrize("spec", ["self-extend:4:8", "rerope:8", "leaky-rerope:8:2", "dca:12:4", "sinks:2:10"])
+def test_method_gradients(spec):
+    """The methods' gradient (the torch path's, also behind the fused
+    forward) is the true gradient of their forward: gradcheck in float64,
+    and the fused path's gradient equals it."""
+    rope = posenc.RopeConfig.plain(10000.0, 8, max_position_embeddings=8).with_scaling(spec)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 20, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    assert torch.autograd.gradcheck(lambda a, b, c: pt.attention(a, b, c, rope=rope, backend="torch"), (q, k, v))
+    q32, k32, v32 = (x.detach().float().requires_grad_(True) for x in (q, k, v))
+    out = pt.attention(q32, k32, v32, rope=rope)
+    ref = pt.attention(q, k, v, rope=rope, backend="torch")
+    close(out, ref)
+    for a, b in zip(grads(out, (q32, k32, v32)), grads(ref.float(), (q, k, v))):
+        close(a, b, rel=2e-5)
+
+
+def test_method_window_covering_input_is_plain_attention():
+    rope = base_rope(mpe=64)
+    q, k, v = inputs(t=30, grad=False)
+    plain = pt.attention(q, k, v, rope=rope)
+    for spec in ["self-extend:4:64", "rerope:64", "sinks:4:64"]:
+        close(pt.attention(q, k, v, rope=rope, method=spec), plain, rel=2e-6)
+
+
+# ---------------------------------------------------------------- no copy
+
+
+def test_fused_ops_read_and_write_the_tensors_memory():
+    rope = base_rope()
+    q, k, v = inputs(grad=False)
+    pt._TRACE = []
+    try:
+        qr, kr = pt.apply_rope(q, k, rope)
+        tr = list(pt._TRACE)
+        # q, its output, k, its output: each view's pointer is the tensor's
+        assert tr[0] == (q.data_ptr(), q.data_ptr())
+        assert tr[1] == (qr.data_ptr(), qr.data_ptr())
+        assert tr[2] == (k.data_ptr(), k.data_ptr())
+        pt._TRACE = []
+        out = pt.attention(q, k, v, rope=rope)
+        tr = list(pt._TRACE)
+        assert [p for p, _ in tr[:4]] == [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()]
+        assert all(a == b for a, b in tr)
+        pt._TRACE = []
+        qb, kb = q.bfloat16(), k.bfloat16()
+        pt.apply_rope(qb, kb, rope)
+        assert pt._TRACE[0] == (qb.data_ptr(), qb.data_ptr())
+    finally:
+        pt._TRACE = None
+
+
+def test_non_contiguous_inputs_are_made_contiguous_once():
+    rope = base_rope()
+    q, k, _ = inputs(grad=False)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, T, D) view of a (B, T, H, D) buffer
+    assert not qt.is_contiguous()
+    a = pt.apply_rope(qt, k, rope)[0]
+    b = pt.apply_rope(q, k, rope)[0]
+    assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda q, k, v, r: pt.apply_rope(q[0], k, r), "4-d"),
+        (lambda q, k, v, r: pt.apply_rope(q.long(), k, r), "floating-point"),
+        (lambda q, k, v, r: pt.apply_rope(q, k, "yarn:2"), "RopeConfig"),
+        (lambda q, k, v, r: pt.apply_rope(q, k[:, :, :5], r), "differ"),
+        (lambda q, k, v, r: pt.apply_rope(q, k, r, offset=-1), "offset"),
+        (lambda q, k, v, r: pt.apply_rope(q, k, r, position_ids=torch.zeros(3, 24, dtype=torch.long)), "position_ids"),
+        (lambda q, k, v, r: pt.apply_rope(q, k, r, position_ids=-torch.ones(24, dtype=torch.long)), ">= 0"),
+        (lambda q, k, v, r: pt.apply_rope(q, k, r.with_scaling("rerope:8")), "attention method"),
+        (lambda q, k, v, r: pt.apply_rope(q.double(), k.double(), r, backend="fused"), "fused kernels"),
+        (lambda q, k, v, r: pt.attention(q, k, v[:, :, :3]), "shape of k"),
+        (lambda q, k, v, r: pt.attention(q[:, :3], k, v), "do not divide"),
+        (lambda q, k, v, r: pt.attention(q, k[:, :, :4], v[:, :, :4]), "T <= S"),
+        (lambda q, k, v, r: pt.attention(q, k, v, method="self-extend:4:8"), "needs rope"),
+        (lambda q, k, v, r: pt.attention(q, k, v, rope=r, method="bogus:1"), "unknown"),
+        (lambda q, k, v, r: pt.attention(q, k, v, rope=r, method="rerope:8", causal=False), "causal only"),
+        (lambda q, k, v, r: pt.attention(q, k, v, alibi=[1.0]), "slopes"),
+        (lambda q, k, v, r: pt.attention(q, k, v, scale=float("nan")), "finite"),
+        (lambda q, k, v, r: pt.attention(q, k.to("meta"), v.to("meta")), "on cpu"),
+        (lambda q, k, v, r: pt.attention(q, k, v, backend="gpu"), "backend"),
+    ],
+)
+def test_bad_inputs_raise_posenc_error(call, words):
+    q, k, v = inputs(grad=False)
+    with pytest.raises(posenc.PosencError) as e:
+        call(q, k, v, base_rope())
+    assert words in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_kernel_errors_reach_python_with_the_library_words():
+    rope = posenc.RopeConfig.plain(10000.0, 32)
+    q, k, v = inputs(grad=False)  # head_dim 16 < rotary_dim 32
+    with pytest.raises(posenc.PosencError, match="rotates 32 entries"):
+        pt.apply_rope(q, k, rope)
+    with pytest.raises(posenc.PosencError, match="not contiguous|elements|shape"):
+        posenc._posenc._rope_f32(base_rope(), q.numpy()[:, :, ::2], np.empty((2, 4, 12, 16), np.float32), 0, None, False, False)
