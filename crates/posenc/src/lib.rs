@@ -66,6 +66,8 @@ pub mod docs_doctests {
     pub struct LongContext;
     #[doc = include_str!("../../../docs/models.md")]
     pub struct Models;
+    #[doc = include_str!("../../../docs/python.md")]
+    pub struct Python;
     #[doc = include_str!("../../../docs/report.md")]
     pub struct Report;
     #[doc = include_str!("../../../docs/speed.md")]
