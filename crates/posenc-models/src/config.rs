@@ -7,10 +7,13 @@
 //!
 //! Every size is bounded here, before any weight is read or allocated.
 
+use std::path::Path;
+
 use posenc::rope::{PairLayout, RopeConfig};
 use serde::Deserialize;
 
 use crate::error::{ModelError, Result, SUPPORTED};
+use crate::safe::{escape as esc, quote};
 
 /// Largest vocabulary accepted (Gemma's is 262,144; four times that).
 pub const MAX_VOCAB: usize = 1 << 20;
@@ -24,6 +27,111 @@ pub const MAX_LAYERS: usize = 1024;
 pub const MAX_HEADS: usize = 1024;
 /// Largest head dimension accepted.
 pub const MAX_HEAD_DIM: usize = 1024;
+/// Largest `max_position_embeddings` (and original context length)
+/// accepted: 2^24 tokens.
+pub const MAX_POSITIONS: usize = 1 << 24;
+/// Smallest RoPE base accepted (excluded): a base of 1 gives every pair
+/// the same frequency, below 1 the frequencies grow along the head.
+pub const MIN_ROPE_THETA: f64 = 1.0;
+/// Largest RoPE base accepted: 10^12. Published models use 10^4 (Llama 2)
+/// to 10^6 (Qwen2.5) and, stretched for million-token contexts, a few
+/// 10^9; past 10^12 every frequency but the first few is below f32's
+/// resolution of one turn over 2^24 positions.
+pub const MAX_ROPE_THETA: f64 = 1e12;
+/// Largest RMSNorm ε accepted: 0.1 (models use 10^-6 to 10^-5; an ε near
+/// the activations' mean square erases the normalisation).
+pub const MAX_RMS_NORM_EPS: f64 = 0.1;
+
+/// What a JSON value is, in words.
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// The key whose value is being read at byte `at` of `text`: the last
+/// `"key":` before it (a heuristic good for messages).
+fn key_before(text: &str, at: usize) -> Option<&str> {
+    let head = text.get(..at.min(text.len()))?;
+    let bytes = head.as_bytes();
+    let mut i = bytes.len();
+    while i > 0 {
+        i -= 1;
+        if bytes[i] != b':' {
+            continue;
+        }
+        let before = head[..i].trim_end();
+        if !before.ends_with('"') || before.len() < 2 {
+            continue;
+        }
+        let inner = &before[..before.len() - 1];
+        let start = inner.rfind('"')?;
+        return Some(&inner[start + 1..]);
+    }
+    None
+}
+
+/// A serde_json error on `text` (the file `file`) in words: what is wrong,
+/// at which key, line and column; a number out of range says what fits.
+pub(crate) fn json_error(file: &str, text: &str, e: &serde_json::Error) -> ModelError {
+    let (line, col) = (e.line(), e.column());
+    let full = e.to_string();
+    let what = full
+        .strip_suffix(&format!(" at line {line} column {col}"))
+        .unwrap_or(&full);
+    let at: usize = text
+        .split_inclusive('\n')
+        .take(line.saturating_sub(1))
+        .map(str::len)
+        .sum::<usize>()
+        + col;
+    let key = key_before(text, at)
+        .map(|k| format!(" at key {}", quote(k)))
+        .unwrap_or_default();
+    let hint = if what.contains("number out of range") {
+        " (a JSON number must fit a 64-bit float: |x| < 1.8e308)"
+    } else {
+        ""
+    };
+    let kind = match e.classify() {
+        serde_json::error::Category::Data => "a value of the wrong type",
+        serde_json::error::Category::Eof => "truncated JSON",
+        _ => "not valid JSON",
+    };
+    ModelError::Config(format!(
+        "{file}: {kind}{key} (line {line}, column {col}): {}{hint}",
+        esc(what)
+    ))
+}
+
+/// A posenc error on the RoPE keys of the config `file` (whose JSON is
+/// `value`), with the key's section named (`rope_scaling.factor`).
+fn rope_error(file: &str, text: &str, value: &serde_json::Value, e: posenc::Error) -> ModelError {
+    let key: Option<&str> = match &e {
+        posenc::Error::Json { source, .. } => return json_error(file, text, source),
+        posenc::Error::InvalidFactor { name, .. } | posenc::Error::NotFinite { name, .. } => {
+            Some(name)
+        }
+        posenc::Error::InvalidValue { key, .. } => Some(key.as_str()),
+        posenc::Error::InvalidTheta(_) => Some("rope_theta"),
+        _ => None,
+    };
+    let section = key.and_then(|k| {
+        ["rope_scaling", "rope_parameters"]
+            .into_iter()
+            .find(|s| value.get(s).and_then(|v| v.get(k)).is_some())
+            .map(|s| format!("{s}.{k}"))
+    });
+    match section {
+        Some(path) => ModelError::Config(format!("{file}: key {path}: {e}")),
+        None => ModelError::Config(format!("{file}: {e}")),
+    }
+}
 
 /// The architectures of [`SUPPORTED`], as a type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,15 +297,40 @@ impl DecoderConfig {
     /// range, [`ModelError::Unsupported`] for another architecture, and
     /// posenc's RoPE errors.
     pub fn from_hf_json_str(text: &str) -> Result<DecoderConfig> {
-        let hf: HfDecoderConfig = serde_json::from_str(text)
-            .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        Self::from_hf_json_named("config.json", text)
+    }
+
+    /// [`from_hf_json_str`](Self::from_hf_json_str) for the text of the
+    /// file `path`, which its messages name.
+    ///
+    /// # Errors
+    /// As [`from_hf_json_str`](Self::from_hf_json_str).
+    pub fn from_hf_json_file(path: &Path, text: &str) -> Result<DecoderConfig> {
+        Self::from_hf_json_named(&crate::safe::path(path), text)
+    }
+
+    fn from_hf_json_named(file: &str, text: &str) -> Result<DecoderConfig> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| json_error(file, text, &e))?;
+        if !value.is_object() {
+            return Err(ModelError::Config(format!(
+                "{file}: not a JSON object but {} (a config.json is an object of keys: {{\"model_type\": ..., \"hidden_size\": ...}})",
+                json_kind(&value)
+            )));
+        }
+        let hf: HfDecoderConfig =
+            serde_json::from_str(text).map_err(|e| json_error(file, text, &e))?;
         // The architecture first: another model's config fails on what it
         // is, not on a key it does not need.
         if let Some(name) = hf.model_type.as_deref() {
             Arch::parse(name)?;
         }
-        let rope = RopeConfig::from_hf_json_str(text)?;
-        DecoderConfig::from_hf(&hf, rope)
+        let rope =
+            RopeConfig::from_hf_json_str(text).map_err(|e| rope_error(file, text, &value, e))?;
+        DecoderConfig::from_hf(&hf, rope).map_err(|e| match e {
+            ModelError::Config(m) => ModelError::Config(format!("{file}: {m}")),
+            other => other,
+        })
     }
 
     /// Validates `hf` with transformers' defaults for its `model_type`;
@@ -264,16 +397,25 @@ impl DecoderConfig {
             return Err(ModelError::Config(format!("head_dim = {head_dim} is odd")));
         }
         let rms_norm_eps = hf.rms_norm_eps.unwrap_or(eps);
-        if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
+        if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0 && rms_norm_eps <= MAX_RMS_NORM_EPS) {
             return Err(ModelError::Config(format!(
-                "rms_norm_eps = {rms_norm_eps} must be finite and > 0"
+                "rms_norm_eps = {rms_norm_eps:e} is outside (0, {MAX_RMS_NORM_EPS}] (models use 1e-6 to 1e-5)"
             )));
         }
         let max_position_embeddings = bounded(
             "max_position_embeddings",
             hf.max_position_embeddings.unwrap_or(max_pos),
-            1 << 24,
+            MAX_POSITIONS,
         )?;
+        let theta = rope.theta();
+        if !(theta > MIN_ROPE_THETA && theta <= MAX_ROPE_THETA) {
+            return Err(ModelError::Config(format!(
+                "rope_theta = {theta:e} is outside ({MIN_ROPE_THETA}, {MAX_ROPE_THETA:e}] (published models use 1e4 to a few 1e9)"
+            )));
+        }
+        if let Some(o) = rope.original_max_position_embeddings() {
+            bounded("original_max_position_embeddings", o, MAX_POSITIONS)?;
+        }
         if let Some(act) = hf.hidden_act.as_deref() {
             if act != "silu" && act != "swish" {
                 return Err(ModelError::Config(format!(
@@ -299,6 +441,10 @@ impl DecoderConfig {
         }
         let rope = rope.with_head_dim(head_dim);
         rope.validate()?;
+        // The tables themselves: every frequency finite, the attention
+        // factor in posenc's range (a scaling whose parameters pass one by
+        // one can still make them degenerate).
+        rope.frequencies(None)?;
         Ok(DecoderConfig {
             arch,
             vocab_size,

@@ -12,7 +12,7 @@ pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum ModelError {
     /// A file could not be opened or read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {}: {source}", crate::safe::path(path))]
     Io {
         /// The file.
         path: PathBuf,
@@ -22,15 +22,16 @@ pub enum ModelError {
     },
     /// A model file is not what it claims to be (truncated, foreign, a
     /// tensor with the wrong shape or type).
-    #[error("{path}: {reason}")]
+    #[error("{}: {reason}", crate::safe::path(path))]
     BadFile {
         /// The file.
         path: PathBuf,
-        /// What is wrong with it.
+        /// What is wrong with it (strings from the file escaped with
+        /// [`crate::safe`]).
         reason: String,
     },
     /// The architecture is not one this crate runs.
-    #[error("unsupported architecture {name:?}: posenc runs {}", SUPPORTED.join(", "))]
+    #[error("unsupported architecture {}: posenc runs {}", crate::safe::quote(name), SUPPORTED.join(", "))]
     Unsupported {
         /// The architecture as the file names it.
         name: String,
@@ -38,7 +39,10 @@ pub enum ModelError {
     /// A path that is not a regular file (a FIFO, a character or block
     /// device, a socket, a directory where a file is expected), refused by
     /// its type before it is opened for reading.
-    #[error("{path}: a {kind}, not a regular file (refused without reading it)")]
+    #[error(
+        "{}: a {kind}, not a regular file (refused without reading it)",
+        crate::safe::path(path)
+    )]
     NotAFile {
         /// The path.
         path: PathBuf,

@@ -28,6 +28,7 @@ use posenc::rope::{PairLayout, RopeConfig, RopeScaling, YarnParams};
 
 use crate::config::{Arch, DecoderConfig, HfDecoderConfig, TokenIds};
 use crate::error::{ModelError, Result};
+use crate::safe::{escape as esc, quote};
 use crate::weights::WeightSource;
 
 /// Largest number of elements of one tensor accepted (2^34: 64 GB in f32).
@@ -100,13 +101,13 @@ impl GgufFile {
             .seek(SeekFrom::Start(0))
             .map_err(|e| ModelError::io(path, e))?;
         let content = Content::read(&mut reader).map_err(|e| {
-            let msg = e.to_string();
+            let msg = crate::weights::candle_reason(&e).1;
             if msg.contains("magic") {
                 ModelError::bad_file(path, "not a GGUF file (wrong magic number)")
             } else if msg.contains("failed to fill whole buffer") || msg.contains("UnexpectedEof") {
                 ModelError::bad_file(path, "GGUF header is truncated")
             } else {
-                ModelError::bad_file(path, format!("unreadable GGUF header: {msg}"))
+                ModelError::bad_file(path, format!("unreadable GGUF header: {}", esc(&msg)))
             }
         })?;
         if content.tensor_data_offset != scanned.data_offset
@@ -118,6 +119,7 @@ impl GgufFile {
             ));
         }
         for (name, info) in &content.tensor_infos {
+            let name = esc(name);
             let dims = info.shape.dims();
             let mut elems: u64 = 1;
             for &d in dims {
@@ -197,7 +199,11 @@ impl GgufFile {
             Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(v) => Err(ModelError::bad_file(
                 &self.path,
-                format!("metadata {key} is {:?}, expected a string", v.value_type()),
+                format!(
+                    "metadata {} is {:?}, expected a string",
+                    esc(key),
+                    v.value_type()
+                ),
             )),
         }
     }
@@ -212,7 +218,7 @@ impl GgufFile {
                 Value::U16(x) => Ok(Some(*x as u64)),
                 _ => Err(ModelError::bad_file(
                     &self.path,
-                    format!("metadata {key} is not a non-negative integer"),
+                    format!("metadata {} is not a non-negative integer", esc(key)),
                 )),
             }),
         }
@@ -233,7 +239,7 @@ impl GgufFile {
                 Ok(x) => Ok(Some(x as f64)),
                 Err(_) => Err(ModelError::bad_file(
                     &self.path,
-                    format!("metadata {key} is not a number"),
+                    format!("metadata {} is not a number", esc(key)),
                 )),
             },
         }
@@ -324,7 +330,19 @@ impl GgufFile {
             Arch::Llama | Arch::Mistral => PairLayout::Interleaved,
             Arch::Qwen2 => PairLayout::HalfSplit,
         };
-        let mut rope = RopeConfig::new(theta, rotary_dim)?
+        // A posenc error on the RoPE keys, named by the GGUF key(s) it
+        // comes from.
+        let path = self.path.clone();
+        let in_key = move |k: String| {
+            let path = path.clone();
+            move |e: posenc::Error| ModelError::bad_file(&path, format!("{k}: {e}"))
+        };
+        let mut rope = RopeConfig::new(theta, rotary_dim)
+            .map_err(in_key(format!(
+                "{} / {}",
+                key("rope.freq_base"),
+                key("rope.dimension_count")
+            )))?
             .with_head_dim(head_dim)
             .with_layout(layout);
         if let Some(ctx) = hf.max_position_embeddings {
@@ -339,7 +357,9 @@ impl GgufFile {
                 let factor = factor.ok_or_else(|| {
                     ModelError::bad_file(&self.path, "linear rope scaling without a factor")
                 })?;
-                rope = rope.with_scaling(RopeScaling::Linear { factor })?;
+                rope = rope
+                    .with_scaling(RopeScaling::Linear { factor })
+                    .map_err(in_key(key("rope.scaling.factor")))?;
             }
             Some("yarn") => {
                 let factor = factor.ok_or_else(|| {
@@ -348,20 +368,25 @@ impl GgufFile {
                 let original = original.or(hf.max_position_embeddings).ok_or_else(|| {
                     ModelError::bad_file(&self.path, "yarn rope scaling without a length")
                 })?;
-                rope = rope.with_scaling(RopeScaling::Yarn(YarnParams {
-                    beta_fast: self
-                        .float(&key("rope.scaling.yarn_beta_fast"))?
-                        .unwrap_or(32.0),
-                    beta_slow: self
-                        .float(&key("rope.scaling.yarn_beta_slow"))?
-                        .unwrap_or(1.0),
-                    ..YarnParams::new(factor, original)
-                }))?;
+                rope = rope
+                    .with_scaling(RopeScaling::Yarn(YarnParams {
+                        beta_fast: self
+                            .float(&key("rope.scaling.yarn_beta_fast"))?
+                            .unwrap_or(32.0),
+                        beta_slow: self
+                            .float(&key("rope.scaling.yarn_beta_slow"))?
+                            .unwrap_or(1.0),
+                        ..YarnParams::new(factor, original)
+                    }))
+                    .map_err(in_key(format!("{} (yarn)", key("rope.scaling.factor"))))?;
             }
             Some(other) => {
                 return Err(ModelError::bad_file(
                     &self.path,
-                    format!("rope scaling type {other:?} is not supported in GGUF files"),
+                    format!(
+                        "rope scaling type {} is not supported in GGUF files (linear, yarn)",
+                        quote(other)
+                    ),
                 ))
             }
         }
@@ -379,30 +404,65 @@ impl GgufFile {
             let factors: Vec<f64> = t.to_vec1::<f32>()?.into_iter().map(|v| v as f64).collect();
             // llama.cpp divides each frequency by its factor: LongRoPE's
             // formula with one factor list and no attention factor.
-            rope = rope.with_scaling(RopeScaling::LongRope {
-                short_factor: factors.clone(),
-                long_factor: factors,
-                original_max_position_embeddings: hf.max_position_embeddings.unwrap_or(1),
-                factor: 1.0,
-                attention_factor: Some(1.0),
-            })?;
+            rope = rope
+                .with_scaling(RopeScaling::LongRope {
+                    short_factor: factors.clone(),
+                    long_factor: factors,
+                    original_max_position_embeddings: hf.max_position_embeddings.unwrap_or(1),
+                    factor: 1.0,
+                    attention_factor: Some(1.0),
+                })
+                .map_err(in_key("tensor rope_freqs.weight".to_string()))?;
         }
-        let cfg = DecoderConfig::from_hf(&hf, rope)?;
+        let cfg = DecoderConfig::from_hf(&hf, rope).map_err(|e| self.gguf_keys(&arch_name, e))?;
         self.check_config(&cfg)?;
         Ok(cfg)
     }
 
+    /// A config error from [`DecoderConfig::from_hf`], the Hugging Face
+    /// keys it names replaced by the GGUF keys they were read from, with
+    /// the file's path.
+    fn gguf_keys(&self, arch: &str, e: ModelError) -> ModelError {
+        let msg = match e {
+            ModelError::Config(m) => m,
+            ModelError::Posenc(p) => format!("{arch}.rope.*: {p}"),
+            other => return other,
+        };
+        // Longest names first: `original_max_position_embeddings` holds
+        // `max_position_embeddings`.
+        let mut msg = msg;
+        for (hf, gguf) in [
+            (
+                "original_max_position_embeddings",
+                "rope.scaling.original_context_length",
+            ),
+            ("max_position_embeddings", "context_length"),
+            ("num_hidden_layers", "block_count"),
+            ("num_attention_heads", "attention.head_count"),
+            ("num_key_value_heads", "attention.head_count_kv"),
+            ("intermediate_size", "feed_forward_length"),
+            ("hidden_size", "embedding_length"),
+            ("vocab_size", "vocab_size"),
+            ("head_dim", "attention.key_length"),
+            ("rms_norm_eps", "attention.layer_norm_rms_epsilon"),
+            ("rope_theta", "rope.freq_base"),
+        ] {
+            msg = msg.replace(&format!("{hf} ="), &format!("{arch}.{gguf} ="));
+        }
+        ModelError::bad_file(&self.path, msg)
+    }
+
     fn read_f32(&mut self, name: &str) -> Result<Tensor> {
-        let info = self
-            .content
-            .tensor_infos
-            .get(name)
-            .ok_or_else(|| ModelError::bad_file(&self.path, format!("no tensor {name}")))?;
+        let info =
+            self.content.tensor_infos.get(name).ok_or_else(|| {
+                ModelError::bad_file(&self.path, format!("no tensor {}", esc(name)))
+            })?;
         if !SUPPORTED_TYPES.contains(&info.ggml_dtype) {
             return Err(ModelError::bad_file(
                 &self.path,
                 format!(
-                    "tensor {name} has type {:?}, not supported",
+                    "tensor {} has type {:?}, not supported",
+                    esc(name),
                     info.ggml_dtype
                 ),
             ));
@@ -410,9 +470,15 @@ impl GgufFile {
         let q = self
             .content
             .tensor(&mut self.reader, name, &Device::Cpu)
-            .map_err(|e| ModelError::bad_file(&self.path, format!("tensor {name}: {e}")))?;
+            .map_err(|e| {
+                let reason = crate::weights::candle_reason(&e).1;
+                ModelError::bad_file(
+                    &self.path,
+                    format!("tensor {}: {}", esc(name), esc(&reason)),
+                )
+            })?;
         let t = q.dequantize(&Device::Cpu)?;
-        crate::weights::check_finite(&t, name, &self.path)?;
+        crate::weights::check_values(&t, name, &self.path)?;
         Ok(t)
     }
 
@@ -724,11 +790,12 @@ pub fn scan_header<R: Read>(r: &mut R, file_size: u64) -> ScanResult<HeaderScan>
     let mut alignment: Option<u64> = None;
     for i in 0..kv_count {
         let key = s.name(&|| format!("the key of metadata entry {i}"))?;
+        let shown = esc(&key);
         if !keys.insert(key.clone()) {
-            return Err(format!("metadata {key} appears twice"));
+            return Err(format!("metadata {shown} appears twice"));
         }
-        let ty = s.u32(&|| format!("the value type of metadata {key}"))?;
-        let v = s.value(ty, &key, &mut elements)?;
+        let ty = s.u32(&|| format!("the value type of metadata {shown}"))?;
+        let v = s.value(ty, &shown, &mut elements)?;
         if key == "general.alignment" {
             // The integer types candle's reader takes the alignment from.
             let a = match (ty, v) {
@@ -754,8 +821,9 @@ pub fn scan_header<R: Read>(r: &mut R, file_size: u64) -> ScanResult<HeaderScan>
     let mut names = std::collections::HashSet::new();
     let mut entries: Vec<Entry> = Vec::with_capacity(tensor_count.min(1 << 16) as usize);
     for i in 0..tensor_count {
-        let name = s.name(&|| format!("the name of tensor {i}"))?;
-        if !names.insert(name.clone()) {
+        let raw = s.name(&|| format!("the name of tensor {i}"))?;
+        let name = esc(&raw);
+        if !names.insert(raw) {
             return Err(format!("tensor {name} appears twice"));
         }
         let nd = s.u32(&|| format!("the dimension count of tensor {name}"))?;

@@ -63,6 +63,7 @@ pub mod input;
 pub mod llama;
 pub mod passkey;
 pub mod perplexity;
+pub mod safe;
 pub mod scaling;
 pub mod tokenizer;
 pub mod weights;
@@ -145,7 +146,9 @@ impl ModelFiles {
     pub fn config(&mut self) -> Result<DecoderConfig> {
         match self {
             ModelFiles::Gguf(g) => g.config(),
-            ModelFiles::HuggingFace { config, .. } => DecoderConfig::from_hf_json_str(config),
+            ModelFiles::HuggingFace { dir, config } => {
+                DecoderConfig::from_hf_json_file(&dir.join("config.json"), config)
+            }
         }
     }
 
@@ -165,7 +168,7 @@ impl ModelFiles {
                 if !p.is_file() {
                     return Err(ModelError::Tokenizer(format!(
                         "{}: no tokenizer.json; pass --tokenizer FILE",
-                        dir.display()
+                        safe::path(dir)
                     )));
                 }
                 TextTokenizer::from_file(&p)
@@ -310,7 +313,7 @@ pub fn read_text(path: &Path) -> Result<String> {
     String::from_utf8(bytes).map_err(|e| {
         ModelError::Invalid(format!(
             "{}: not UTF-8 text (invalid byte at offset {})",
-            path.display(),
+            safe::path(path),
             e.utf8_error().valid_up_to()
         ))
     })

@@ -37,6 +37,7 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
+use crate::safe::{escape as esc, quote};
 
 /// Largest `tokenizer.json` read.
 pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
@@ -138,15 +139,17 @@ fn check_model_matches_vocabulary(model: &str, tokens: &[String], path: &Path) -
     };
     if wrong {
         return Err(ModelError::Tokenizer(format!(
-            "{}: tokenizer.ggml.model is {model:?}, but the vocabulary is spelled for the other model ({byte_level} tokens with the byte-level space U+0120, {sentencepiece} with SentencePiece's U+2581)",
-            path.display()
+            "{}: tokenizer.ggml.model is {}, but the vocabulary is spelled for the other model ({byte_level} tokens with the byte-level space U+0120, {sentencepiece} with SentencePiece's U+2581)",
+            crate::safe::path(path),
+            quote(model)
         )));
     }
     Ok(())
 }
 
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
-    ModelError::Tokenizer(e.to_string())
+    // The tokenizers crate quotes tokens from the file in its messages.
+    ModelError::Tokenizer(esc(&e.to_string()))
 }
 
 impl TextTokenizer {
@@ -163,7 +166,7 @@ impl TextTokenizer {
             _ => {
                 return Err(ModelError::Tokenizer(format!(
                     "{}: no tokenizer in the file (tokenizer.ggml.model); pass --tokenizer tokenizer.json",
-                    path.display()
+                    crate::safe::path(path)
                 )))
             }
         };
@@ -206,7 +209,12 @@ impl TextTokenizer {
                 .map(|s| {
                     s.split_once(' ')
                         .map(|(a, b)| (a.to_string(), b.to_string()))
-                        .ok_or_else(|| ModelError::Tokenizer(format!("merge {s:?} has no space")))
+                        .ok_or_else(|| {
+                            ModelError::Tokenizer(format!(
+                                "tokenizer.ggml.merges: merge {} has no space (a merge is two tokens joined by a space)",
+                                quote(s)
+                            ))
+                        })
                 })
                 .collect()
         };
@@ -277,7 +285,8 @@ impl TextTokenizer {
             }
             other => {
                 return Err(ModelError::Tokenizer(format!(
-                    "tokenizer model {other:?} in the GGUF is not supported (gpt2, llama); pass --tokenizer tokenizer.json"
+                    "tokenizer model {} in the GGUF is not supported (gpt2, llama); pass --tokenizer tokenizer.json",
+                    quote(other)
                 )))
             }
         };
@@ -311,7 +320,7 @@ impl TextTokenizer {
             eos,
             source: format!(
                 "GGUF ({model}{})",
-                pre.map(|p| format!(", pre-tokenizer {p}"))
+                pre.map(|p| format!(", pre-tokenizer {}", esc(&p)))
                     .unwrap_or_default()
             ),
         };
@@ -350,14 +359,19 @@ impl TextTokenizer {
     /// large or invalid file.
     pub fn from_file(path: &Path) -> Result<TextTokenizer> {
         let bytes = crate::input::read_bounded(path, MAX_TOKENIZER_BYTES)?;
-        let inner = Tokenizer::from_bytes(&bytes)
-            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner = Tokenizer::from_bytes(&bytes).map_err(|e| {
+            ModelError::Tokenizer(format!(
+                "{}: {}",
+                crate::safe::path(path),
+                esc(&e.to_string())
+            ))
+        })?;
         Ok(TextTokenizer {
             inner,
             bos: None,
             add_bos: false,
             eos: Vec::new(),
-            source: path.display().to_string(),
+            source: crate::safe::path(path),
         })
     }
 

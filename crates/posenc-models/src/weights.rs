@@ -12,6 +12,63 @@ use serde::Deserialize;
 
 use crate::config::DecoderConfig;
 use crate::error::{ModelError, Result};
+use crate::safe::{escape as esc, quote};
+
+/// Largest magnitude accepted in a weight, bias, norm weight or embedding
+/// read from a model file. Trained decoders' weights stay within a few
+/// hundred (their largest outliers, the "super weights" of Yu et al. 2024,
+/// and Qwen2's q/k biases, are tens to a few hundred; fp16 checkpoints
+/// cannot exceed 65,504); a value above 10^4 is a damaged or hostile file,
+/// whose finite but absurd values would give finite but meaningless losses.
+pub const MAX_WEIGHT: f32 = 1e4;
+
+/// What a parameter is, by its GGUF or Hugging Face name, and the largest
+/// magnitude accepted in it.
+pub fn weight_kind(name: &str) -> (&'static str, f32) {
+    if name == "rope_freqs.weight" {
+        // Frequency divisors: the bound of every RoPE scaling factor.
+        (
+            "RoPE frequency factor",
+            posenc::rope::scaling::named::MAX_FACTOR as f32,
+        )
+    } else if name.contains("norm") {
+        ("norm weight", MAX_WEIGHT)
+    } else if name.ends_with(".bias") {
+        ("bias", MAX_WEIGHT)
+    } else if name.contains("embd") || name.contains("embed_tokens") {
+        ("embedding", MAX_WEIGHT)
+    } else {
+        ("weight", MAX_WEIGHT)
+    }
+}
+
+/// `layer N ` of a per-layer parameter name (`blk.N.` or
+/// `model.layers.N.`), for messages.
+fn layer_of(name: &str) -> Option<usize> {
+    let rest = name
+        .strip_prefix("blk.")
+        .or_else(|| name.strip_prefix("model.layers."))?;
+    rest.split('.').next()?.parse().ok()
+}
+
+/// The message and the path of a candle error, without the repetitions
+/// candle adds: the path it wraps an error with (`path: "x" ...`), a
+/// backtrace, context lines (joined with `: `).
+pub fn candle_reason(e: &candle_core::Error) -> (Option<PathBuf>, String) {
+    use candle_core::Error as E;
+    match e {
+        E::WithPath { inner, path } => {
+            let (_, reason) = candle_reason(inner);
+            (Some(path.clone()), reason)
+        }
+        E::WithBacktrace { inner, .. } => candle_reason(inner),
+        E::Context { inner, context } => {
+            let (p, reason) = candle_reason(inner);
+            (p, format!("{context}: {reason}"))
+        }
+        other => (None, other.to_string()),
+    }
+}
 
 /// A store of named parameters.
 pub trait WeightSource {
@@ -45,7 +102,7 @@ pub fn check_tensor_set(
     path: &Path,
 ) -> Result<()> {
     let list = |names: &[String]| -> String {
-        let shown: Vec<&str> = names.iter().take(4).map(String::as_str).collect();
+        let shown: Vec<String> = names.iter().take(4).map(|n| esc(n)).collect();
         let more = names.len().saturating_sub(4);
         if more > 0 {
             format!("{} and {more} more", shown.join(", "))
@@ -61,7 +118,10 @@ pub fn check_tensor_set(
             Some(dims) if dims != &shape => {
                 return Err(ModelError::bad_file(
                     path,
-                    format!("tensor {name} has shape {dims:?}, the config expects {shape:?}"),
+                    format!(
+                        "tensor {} has shape {dims:?}, the config expects {shape:?}",
+                        esc(&name)
+                    ),
                 ))
             }
             Some(_) => {}
@@ -115,10 +175,49 @@ pub fn check_finite(t: &Tensor, name: &str, path: &Path) -> Result<()> {
     if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
         return Err(ModelError::bad_file(
             path,
-            format!("tensor {name} has the non-finite value {v} at index {i}"),
+            format!(
+                "tensor {} has the non-finite value {v} at index {i}",
+                esc(name)
+            ),
         ));
     }
     Ok(())
+}
+
+/// [`check_finite`], then the magnitude: every value at most the bound of
+/// the parameter's kind ([`weight_kind`]: [`MAX_WEIGHT`] for weights,
+/// biases, norms and embeddings), naming the tensor, its layer, the first
+/// value over the bound and the bound.
+///
+/// # Errors
+/// [`ModelError::BadFile`].
+pub fn check_values(t: &Tensor, name: &str, path: &Path) -> Result<()> {
+    check_finite(t, name, path)?;
+    let (kind, bound) = weight_kind(name);
+    let max = t
+        .abs()?
+        .max_all()?
+        .to_dtype(DType::F32)?
+        .to_scalar::<f32>()?;
+    if max <= bound {
+        return Ok(());
+    }
+    let values = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    let (i, v) = values
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.abs() > bound)
+        .map_or((0, max), |(i, v)| (i, *v));
+    let layer = layer_of(name)
+        .map(|l| format!(" in layer {l} of the model"))
+        .unwrap_or_default();
+    Err(ModelError::bad_file(
+        path,
+        format!(
+            "tensor {} ({kind}{layer}) holds {v:e} at index {i}, beyond the ±{bound:e} accepted for a {kind} (trained models stay far below it): a damaged file",
+            esc(name)
+        ),
+    ))
 }
 
 /// A Hugging Face checkpoint's safetensors files, memory-mapped.
@@ -164,7 +263,13 @@ impl Safetensors {
             let mut files = Vec::new();
             for s in shards {
                 if s.contains('/') || s.contains('\\') || s.starts_with('.') {
-                    return Err(ModelError::bad_file(&index, format!("shard name {s:?}")));
+                    return Err(ModelError::bad_file(
+                        &index,
+                        format!(
+                            "shard name {}: a file name beside the index is expected",
+                            quote(&s)
+                        ),
+                    ));
                 }
                 files.push(dir.join(s));
             }
@@ -172,14 +277,14 @@ impl Safetensors {
         } else {
             return Err(ModelError::Invalid(format!(
                 "{}: no model.safetensors or model.safetensors.index.json",
-                dir.display()
+                crate::safe::path(dir)
             )));
         };
         for f in &files {
             if !f.is_file() {
                 return Err(ModelError::Invalid(format!(
-                    "{}: missing shard",
-                    f.display()
+                    "{}: missing shard (listed in model.safetensors.index.json)",
+                    crate::safe::path(f)
                 )));
             }
         }
@@ -189,8 +294,14 @@ impl Safetensors {
         // SAFETY: the files are mapped read-only; posenc does not modify
         // them, and a checkpoint changed by another process while it is
         // read is outside what any loader can guard against.
-        let st = unsafe { MmapedSafetensors::multi(&files) }
-            .map_err(|e| ModelError::bad_file(&files[0], e.to_string()))?;
+        let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
+            // candle wraps the error with the path; the message names it once.
+            let (p, reason) = candle_reason(&e);
+            ModelError::bad_file(
+                p.as_deref().unwrap_or(&files[0]),
+                format!("not a valid safetensors file: {}", esc(&reason)),
+            )
+        })?;
         let st = Safetensors { files, st };
         // The checkpoint's own config.json, when it parses, must describe
         // these tensors (a bad config is reported by whoever reads it).
@@ -237,23 +348,27 @@ impl WeightSource for Safetensors {
 
     fn load(&mut self, hf_name: &str, shape: &[usize]) -> Result<Tensor> {
         let view = self.st.get(hf_name).map_err(|_| {
-            ModelError::bad_file(&self.files[0], format!("missing tensor {hf_name}"))
+            ModelError::bad_file(&self.files[0], format!("missing tensor {}", esc(hf_name)))
         })?;
         if view.shape() != shape {
             return Err(ModelError::bad_file(
                 &self.files[0],
                 format!(
-                    "tensor {hf_name} has shape {:?}, the config expects {shape:?}",
+                    "tensor {} has shape {:?}, the config expects {shape:?}",
+                    esc(hf_name),
                     view.shape()
                 ),
             ));
         }
-        let t = self
-            .st
-            .load(hf_name, &Device::Cpu)
-            .map_err(|e| ModelError::bad_file(&self.files[0], format!("{hf_name}: {e}")))?;
+        let t = self.st.load(hf_name, &Device::Cpu).map_err(|e| {
+            let (p, reason) = candle_reason(&e);
+            ModelError::bad_file(
+                p.as_deref().unwrap_or(&self.files[0]),
+                format!("{}: {}", esc(hf_name), esc(&reason)),
+            )
+        })?;
         let t = t.to_dtype(DType::F32)?;
-        check_finite(&t, hf_name, &self.files[0])?;
+        check_values(&t, hf_name, &self.files[0])?;
         Ok(t)
     }
 
