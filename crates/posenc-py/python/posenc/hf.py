@@ -1,0 +1,379 @@
+"""posenc on any Hugging Face transformers model, on any device.
+
+``posenc.hf.apply(model, name)`` puts a scaling or a training-free method
+(any name ``RopeConfig.with_scaling`` takes: ``"yarn:2"``,
+``"self-extend:4:1024"``, ``"rerope:1024"``, ``"leaky-rerope:1024:16"``,
+``"dca:6144:1024"``, ``"sinks:4:1024"``, ``"self-extend:4:1024+yarn:2"``)
+on a loaded model; ``posenc.hf.remove(model)`` restores it bit for bit.
+No modeling file and no class is edited:
+
+- a frequency scaling replaces each rotary embedding module's ``inv_freq``
+  buffer and ``attention_scaling`` with posenc's (``rope.frequencies()``),
+  the numbers transformers computes from the same ``rope_scaling`` entry;
+- a method registers an attention function with
+  ``transformers.AttentionInterface`` and switches the model to it. That
+  function receives queries and keys already rotated at their true
+  positions (keys ``0..S``, queries the last ``T``), undoes the rotation
+  with the model's own tables (posenc's ``cos_sin``), and runs
+  ``posenc.torch.attention`` with the method, which rotates at the method's
+  remapped positions: the fused CPU kernels on CPU float32/bfloat16, the
+  pure-PyTorch path elsewhere (GPU), or everywhere with ``backend="torch"``
+  or ``POSENC_TORCH_PATH=1``.
+
+Sliding-window layers (Gemma 2/3, Qwen2 with ``use_sliding_window``) keep
+the model's own attention: their window already holds every relative
+distance below the window, within the trained length. A model whose every
+layer slides is refused. Gemma 2's logit soft-capping is served on the
+PyTorch path (posenc's method ranges, ``tanh`` capping before the softmax).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ._posenc import PosencError, RopeConfig
+from . import torch as _pt
+
+__all__ = ["apply", "remove", "rope_of", "perplexity"]
+
+_METHODS = ("self-extend", "rerope", "leaky-rerope", "dca", "sinks")
+_COUNTER = itertools.count()
+_STATE = "_posenc_hf"
+
+
+def _transformers():
+    try:
+        import transformers  # noqa: F401
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise PosencError(f"posenc.hf needs transformers (pip install transformers): {e}") from None
+    return AttentionInterface, AttentionMaskInterface
+
+
+def _split(name: str):
+    """(method part or None, scaling part or None) of a name."""
+    if not isinstance(name, str) or not name:
+        raise PosencError(f"name: expected a scaling or method name such as 'yarn:2', got {name!r}")
+    parts = name.split("+")
+    method = [p for p in parts if p.split(":")[0] in _METHODS]
+    scaling = [p for p in parts if p.split(":")[0] not in _METHODS]
+    if len(method) > 1 or len(scaling) > 1:
+        raise PosencError(f"{name}: at most one method and one scaling, as METHOD+SCALING")
+    return (method[0] if method else None), (scaling[0] if scaling else None)
+
+
+def rope_of(model: Any) -> RopeConfig:
+    """The model's own RoPE, read from ``model.config`` (transformers 5's
+    ``rope_parameters``, ``partial_rotary_factor``, per-layer-type tables:
+    the full-attention one)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "to_dict"):
+        raise PosencError(f"{type(model).__name__}: not a transformers model (no config)")
+    d = cfg.to_dict()
+    if "text_config" in d and "rope_parameters" not in d and isinstance(d["text_config"], dict):
+        d = d["text_config"]
+    if d.get("rope_parameters") is None and d.get("rope_theta") is None and d.get("rope_scaling") is None:
+        raise PosencError(f"{d.get('model_type', type(model).__name__)}: the config states no RoPE (rope_parameters)")
+    return RopeConfig.from_hf(d)
+
+
+# ------------------------------------------------------------ rotary modules
+
+
+def _rotary_modules(model) -> List[Any]:
+    out = []
+    for m in model.modules():
+        bufs = getattr(m, "_buffers", {})
+        if "inv_freq" in bufs or "full_attention_inv_freq" in bufs:
+            out.append(m)
+    return out
+
+
+def _prefix(m) -> str:
+    return "full_attention_" if "full_attention_inv_freq" in m._buffers else ""
+
+
+def _rope_type(m) -> str:
+    t = getattr(m, "rope_type", "default")
+    if isinstance(t, dict):
+        t = t.get("full_attention", "default")
+    return str(t)
+
+
+def _set_tables(m, rope: RopeConfig, seq_len: Optional[int] = None) -> None:
+    p = _prefix(m)
+    f = rope.frequencies(seq_len)
+    old = m._buffers[p + "inv_freq"]
+    inv = torch.from_numpy(np.asarray(f.inv_freq, dtype=np.float32)).to(old.device)
+    if inv.shape != old.shape:
+        raise PosencError(
+            f"{type(m).__name__}: posenc's table has {inv.shape[0]} frequencies, the model's {old.shape[0]}"
+        )
+    m._buffers[p + "inv_freq"] = inv
+    setattr(m, p + "attention_scaling", float(f.attention_factor))
+
+
+def _dynamic_forward(m, rope: RopeConfig, orig_forward):
+    """transformers' dynamic_rope_update with posenc's tables: grow with the
+    longest sequence seen, back to the trained table below it."""
+    trained = rope.trained_length
+    state = {"cached": trained}
+
+    def forward(x, position_ids, *args, **kwargs):
+        seq_len = int(position_ids.max()) + 1
+        if seq_len > state["cached"]:
+            _set_tables(m, rope, seq_len)
+            state["cached"] = seq_len
+        elif seq_len < trained and state["cached"] > trained:
+            _set_tables(m, rope, None)
+            state["cached"] = trained
+        return orig_forward(x, position_ids, *args, **kwargs)
+
+    return forward
+
+
+# ------------------------------------------------------------ attention
+
+
+def _layer_mask_ok(mask, t: int, s: int) -> bool:
+    if mask is None:
+        return True
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+        return False
+    allowed = mask if mask.dtype == torch.bool else (mask == 0)
+    qi = torch.arange(t, device=mask.device)[:, None]
+    kj = torch.arange(s, device=mask.device)[None, :]
+    want = kj <= qi + (s - t)
+    if allowed.shape[-2:] != want.shape:
+        return False
+    return bool(torch.equal(allowed, want.expand_as(allowed)))
+
+
+def _unrotate(x: torch.Tensor, table: RopeConfig, pos: range, work) -> torch.Tensor:
+    """The inverse of the model's rotation at ``pos``: its tables (attention
+    factor included) are posenc's ``cos_sin``; ``(c, -s)/(c² + s²)``."""
+    c, s = table.cos_sin(list(pos), "float64", full=False)
+    n = c * c + s * s
+    ct = torch.from_numpy(c / n).to(x.device, work).unsqueeze(0)
+    st = torch.from_numpy(-s / n).to(x.device, work).unsqueeze(0)
+    return _pt.rotate(x.to(work), ct, st, table.layout)
+
+
+def _softcap_method_attention(q, k, v, rope: RopeConfig, softcap: float):
+    """posenc.torch's method path (its ranges from ``rope._method_plan``)
+    with Gemma 2's logit soft-capping before the one softmax."""
+    b, h, t, d = q.shape
+    hk, s = k.shape[1], k.shape[2]
+    views, qscale, logit_scale = rope._method_plan(t, s)
+    dev, work = q.device, q.dtype
+    scale = logit_scale / (d**0.5)
+    q = q * torch.from_numpy(qscale).to(dev, work)[None, None, :, None]
+    if h // hk > 1:
+        k = k.repeat_interleave(h // hk, dim=1)
+        v = v.repeat_interleave(h // hk, dim=1)
+    kidx = torch.arange(s, device=dev)
+    logits = torch.full((b, h, t, s), float("-inf"), dtype=work, device=dev)
+    for qc, qs, kc, ks, lo, hi in views:
+        tt = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
+        qr = _pt.rotate(q, tt(qc), tt(qs), rope.layout)
+        kr = _pt.rotate(k, tt(kc), tt(ks), rope.layout)
+        lv = torch.matmul(qr, kr.transpose(-1, -2)) * scale
+        lv = torch.tanh(lv / softcap) * softcap
+        inside = (kidx[None, :] >= tt(lo)[:, None]) & (kidx[None, :] < tt(hi)[:, None])
+        logits = torch.where(inside, lv, logits)
+    p = torch.nan_to_num(torch.softmax(logits, dim=-1), nan=0.0)
+    return torch.matmul(p, v)
+
+
+def _make_attention(st: Dict[str, Any]):
+    table: RopeConfig = st["table"]
+    method_rope: RopeConfig = st["method_rope"]
+    backend = st["backend"]
+
+    def posenc_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if kwargs.get("sliding_window") is not None:
+            return st["fallback"](module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        if dropout and module.training:
+            raise PosencError("posenc.hf: attention dropout in training mode is not served; call model.eval()")
+        b, h, t, d = query.shape
+        s = key.shape[2]
+        if t > s:
+            raise PosencError(f"posenc.hf: {t} queries but {s} keys")
+        pid = kwargs.get("position_ids")
+        if pid is not None:
+            want = torch.arange(s - t, s, device=pid.device)
+            if pid.shape[-1] != t or not bool((pid.reshape(-1, t) == want).all()):
+                raise PosencError(
+                    f"posenc.hf: the methods number keys 0..{s} with the {t} queries last; got position ids "
+                    f"{pid.reshape(-1, t)[0, :4].tolist()}... (a cache not contiguous from 0, padding or packed sequences)"
+                )
+        if not _layer_mask_ok(attention_mask, t, s):
+            raise PosencError(
+                "posenc.hf: the attention mask hides more than the causal keys (padding, packed sequences or a "
+                "static cache); the methods take one unpadded sequence per batch row"
+            )
+        work = torch.float64 if query.dtype == torch.float64 else torch.float32
+        q = _unrotate(query, table, range(s - t, s), work)
+        k = _unrotate(key, table, range(0, s), work)
+        v = value.to(work)
+        sc = module.scaling if scaling is None else scaling
+        q = q * (sc * d**0.5)  # the model's logit scale, through posenc's 1/sqrt(D)
+        softcap = kwargs.get("softcap")
+        if softcap is not None:
+            out = _softcap_method_attention(q, k, v, method_rope, float(softcap))
+        else:
+            out = _pt.attention(q, k, v, rope=method_rope, backend=backend)
+        return out.transpose(1, 2).contiguous().to(query.dtype), None
+
+    return posenc_attention
+
+
+def _fallback_for(orig_impl: str):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def get(module):
+        if orig_impl == "eager":
+            return sys.modules[type(module).__module__].eager_attention_forward
+        return ALL_ATTENTION_FUNCTIONS[orig_impl]
+
+    return get
+
+
+def _configs(model) -> List[Any]:
+    seen, out = set(), []
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if c is not None and hasattr(c, "_attn_implementation_internal") and id(c) not in seen:
+            seen.add(id(c))
+            out.append(c)
+            for key in getattr(c, "sub_configs", {}) or {}:
+                sc = getattr(c, key, None)
+                if sc is not None and id(sc) not in seen and hasattr(sc, "_attn_implementation_internal"):
+                    seen.add(id(sc))
+                    out.append(sc)
+    return out
+
+
+def _all_sliding(cfg) -> bool:
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return all("sliding" in str(x) or "chunked" in str(x) for x in types)
+    return getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True) is not False
+
+
+# ------------------------------------------------------------ apply / remove
+
+
+def apply(model: Any, name: str, *, backend: Optional[str] = None) -> RopeConfig:
+    """Puts the scaling or method ``name`` on ``model`` (in place) and
+    returns the ``RopeConfig`` it runs. A model already given one is first
+    restored. ``backend``: ``None`` (fused on CPU float32/bfloat16, the
+    PyTorch path elsewhere), ``"fused"`` or ``"torch"``."""
+    AttentionInterface, AttentionMaskInterface = _transformers()
+    if backend not in (None, "fused", "torch", "auto"):
+        raise PosencError(f'backend {backend!r}: use "fused", "torch" or None')
+    if getattr(model, _STATE, None) is not None:
+        remove(model)
+    base = rope_of(model)
+    method, scaling = _split(name)
+    table = base.with_scaling(scaling) if scaling is not None else base
+    full = base.with_scaling(name)
+    rotary = _rotary_modules(model)
+    if not rotary:
+        raise PosencError(f"{type(model).__name__}: no rotary embedding module (inv_freq): a model without RoPE")
+    model_type = _rope_type(rotary[0])
+    cfg = model.config
+    st: Dict[str, Any] = {"rotary": [], "configs": [], "name": name, "rope": full}
+    if method is not None:
+        if "dynamic" in model_type or model_type == "longrope" or (scaling or "").startswith("dynamic"):
+            raise PosencError(
+                f"{name}: the model's tables change with the length ({model_type if scaling is None else scaling}), "
+                "so cached keys were rotated by other tables; name a fixed scaling, as METHOD+yarn:F"
+            )
+        if table.layout != "half-split":
+            raise PosencError(f"{name}: the {table.layout} layout is not served by posenc.hf (half-split only)")
+        if _all_sliding(getattr(cfg, "text_config", None) or cfg):
+            raise PosencError(
+                f"{name}: every attention layer of this model slides over a window, which keeps positions within "
+                "it: a method has no full-attention layer to extend"
+            )
+        if not hasattr(model, "set_attn_implementation"):
+            raise PosencError(f"{type(model).__name__}: no set_attn_implementation (transformers >= 5 is needed)")
+        orig_impl = cfg._attn_implementation or "sdpa"
+        if orig_impl not in ("sdpa", "eager"):
+            orig_impl = "sdpa"
+    # the tables (frequency scaling)
+    if scaling is not None:
+        for m in rotary:
+            p = _prefix(m)
+            saved = {
+                "inv_freq": m._buffers[p + "inv_freq"],
+                "attention_scaling": m.__dict__.get(p + "attention_scaling"),
+                "rope_type": m.__dict__.get("rope_type"),
+                "forward": m.__dict__.get("forward"),
+            }
+            st["rotary"].append((m, p, saved))
+            _set_tables(m, table)
+            if not isinstance(m.rope_type, dict):
+                m.rope_type = "default"  # the decorator then leaves posenc's table alone
+            else:
+                m.rope_type = {**m.rope_type, "full_attention": "default"}
+            if scaling.startswith("dynamic"):
+                m.forward = _dynamic_forward(m, table, type(m).forward.__get__(m))
+    # the attention (method)
+    if method is not None:
+        impl = f"posenc_{next(_COUNTER)}"
+        st.update(table=table, method_rope=full, backend=backend, fallback=_fallback_for(orig_impl), impl=impl)
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+        AttentionInterface.register(impl, _make_attention(st))
+        AttentionMaskInterface.register(impl, ALL_MASK_ATTENTION_FUNCTIONS[orig_impl])
+        st["configs"] = [(c, c._attn_implementation_internal) for c in _configs(model)]
+        try:
+            model.set_attn_implementation(impl)
+        except Exception as e:  # pragma: no cover - depends on the model class
+            _restore(model, st)
+            raise PosencError(f"{type(model).__name__}: transformers refused the attention function: {e}") from None
+        if model.config._attn_implementation != impl:
+            _restore(model, st)
+            raise PosencError(
+                f"{type(model).__name__}: its attention does not go through transformers' AttentionInterface"
+            )
+    setattr(model, _STATE, st)
+    return full
+
+
+def _restore(model, st) -> None:
+    for m, p, saved in st["rotary"]:
+        m._buffers[p + "inv_freq"] = saved["inv_freq"]
+        for key, attr in (("attention_scaling", p + "attention_scaling"), ("rope_type", "rope_type"), ("forward", "forward")):
+            if saved[key] is None:
+                m.__dict__.pop(attr, None)
+            else:
+                m.__dict__[attr] = saved[key]
+    for c, impl in st["configs"]:
+        c._attn_implementation_internal = impl
+    if "impl" in st:
+        AttentionInterface, AttentionMaskInterface = _transformers()
+        AttentionInterface._global_mapping.pop(st["impl"], None)
+        AttentionMaskInterface._global_mapping.pop(st["impl"], None)
+
+
+def remove(model: Any) -> None:
+    """Restores a model given ``apply``: the original ``inv_freq`` tensors,
+    ``attention_scaling`` and attention implementation."""
+    st = getattr(model, _STATE, None)
+    if st is None:
+        raise PosencError(f"{type(model).__name__}: posenc.hf.apply was not called on this model")
+    _restore(model, st)
+    delattr(model, _STATE)
+
+
+def perplexity(*args, **kwargs):  # pragma: no cover - see docs/transformers.md
+    raise PosencError("posenc.hf.perplexity is not built yet")
