@@ -268,3 +268,31 @@ def test_refusals():
         with pytest.raises(posenc.PosencError, match="mask"):
             model(ids, attention_mask=mask)
     ph.remove(model)
+
+
+# ------------------------------------------------------------ perplexity
+
+
+def test_perplexity_has_the_cli_json_shape_and_restores_the_model():
+    model = build("llama", max_position_embeddings=16)
+    ids = tokens(40)
+
+    def tokenizer(text, add_special_tokens=False, return_tensors="pt"):
+        return {"input_ids": ids}
+
+    base = logits(model, ids)
+    r = ph.perplexity(model, tokenizer, "text", 24, "model,yarn:2,self-extend:2:4", band=8, per_position=True)
+    assert set(r) == {"model", "trained_length", "length", "band", "forward_seconds", "tokens_per_second", "scalings"}
+    assert (r["trained_length"], r["length"], r["band"]) == (16, 24, 8)
+    assert list(r["scalings"]) == ["model", "yarn:2", "self-extend:2:4"]
+    own = torch.nn.functional.cross_entropy(base[0, :23].double(), ids[0, 1:24], reduction="none")
+    run = r["scalings"]["model"]
+    assert max(abs(a - b) for a, b in zip(run["loss"], own.tolist())) < 1e-4
+    assert list(run["bands"]) == ["0-8", "8-16", "16-24"]
+    assert abs(run["mean_inside"] - own[:16].mean().item()) < 1e-4
+    assert abs(run["mean_beyond"] - own[16:].mean().item()) < 1e-4
+    assert r["scalings"]["yarn:2"]["rope_type"] == "yarn" and r["scalings"]["yarn:2"]["attention_factor"] > 1
+    assert r["scalings"]["self-extend:2:4"]["loss"] != run["loss"]
+    assert torch.equal(logits(model, ids), base)  # each applied and removed in turn
+    with pytest.raises(posenc.PosencError, match="fewer than the window"):
+        ph.perplexity(model, tokenizer, "text", 41, ["none"])

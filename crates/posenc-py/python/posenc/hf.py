@@ -375,5 +375,97 @@ def remove(model: Any) -> None:
     delattr(model, _STATE)
 
 
-def perplexity(*args, **kwargs):  # pragma: no cover - see docs/transformers.md
-    raise PosencError("posenc.hf.perplexity is not built yet")
+# ------------------------------------------------------------ perplexity
+
+DEFAULT_SCALINGS = ("none", "linear:2", "dynamic:2", "ntk:2", "yarn:2")
+
+
+def _mean(loss: List[float], a: int, b: int) -> Optional[float]:
+    part = loss[a : min(b, len(loss))]
+    return float(sum(part) / len(part)) if part else None
+
+
+def perplexity(
+    model: Any,
+    tokenizer: Any,
+    text: Any,
+    length: Optional[int] = None,
+    methods: Any = DEFAULT_SCALINGS,
+    *,
+    band: int = 1024,
+    per_position: bool = False,
+    backend: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The loss at every position of the first ``length`` tokens of
+    ``text`` (a ``str``, or a ``pathlib.Path`` to read) for each name of
+    ``methods`` (a list or a comma-separated string; ``"model"`` runs the
+    model as loaded), each applied and removed in turn: the dict ``posenc
+    perplexity --json`` prints (``"model"`` is the model's class here).
+    ``length`` defaults to twice the trained length."""
+    import os
+    import time
+
+    if isinstance(text, os.PathLike):
+        with open(text, encoding="utf-8") as f:
+            text = f.read()
+    if not isinstance(text, str):
+        raise PosencError(f"text: expected a str or a pathlib.Path, got {type(text).__name__}")
+    names = [m for m in methods.split(",")] if isinstance(methods, str) else list(methods)
+    if not names:
+        raise PosencError("methods: give at least one name")
+    if not isinstance(band, int) or band < 1:
+        raise PosencError("a band needs at least one position")
+    if getattr(model, _STATE, None) is not None:
+        raise PosencError("perplexity: the model already has posenc.hf.apply's change; call posenc.hf.remove first")
+    base = rope_of(model)
+    trained = base.trained_length
+    if length is None:
+        length = 2 * trained
+    if length < 2:
+        raise PosencError(f"a window of {length} tokens has no target to score: use a length of 2 or more")
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    if ids.shape[1] < length:
+        raise PosencError(f"the text has {ids.shape[1]} tokens, fewer than the window of {length}")
+    device = next(model.parameters()).device
+    ids = ids[:, :length].to(device)
+    runs: Dict[str, Any] = {}
+    total = 0.0
+    for name in names:
+        rope = base if name == "model" else base.with_scaling(name)
+        if name != "model":
+            apply(model, name, backend=backend)
+        try:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                lg = model(ids).logits[0, :-1].double()
+                loss = torch.nn.functional.cross_entropy(lg, ids[0, 1:], reduction="none").cpu().tolist()
+            secs = time.perf_counter() - t0
+        finally:
+            if name != "model":
+                remove(model)
+        f = rope.frequencies(length)
+        inv = np.asarray(f.inv_freq, dtype=np.float32)
+        o: Dict[str, Any] = {
+            "bands": {f"{a}-{a + band}": _mean(loss, a, a + band) for a in range(0, len(loss), band)},
+            "mean_inside": _mean(loss, 0, trained),
+            "mean_beyond": _mean(loss, trained, len(loss)),
+            "rope_type": rope.rope_type,
+            "attention_factor": float(f.attention_factor),
+            "inv_freq_first": float(inv[0]) if inv.size else 0.0,
+            "inv_freq_last": float(inv[-1]) if inv.size else 0.0,
+            "forward_seconds": secs,
+            "tokens_per_second": length / max(secs, 1e-9),
+        }
+        if per_position:
+            o["loss"] = loss
+        runs[name] = o
+        total += secs
+    return {
+        "model": type(model).__name__,
+        "trained_length": trained,
+        "length": length,
+        "band": band,
+        "forward_seconds": total,
+        "tokens_per_second": length * len(names) / max(total, 1e-9),
+        "scalings": runs,
+    }
