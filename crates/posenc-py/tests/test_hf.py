@@ -296,3 +296,46 @@ def test_perplexity_has_the_cli_json_shape_and_restores_the_model():
     assert torch.equal(logits(model, ids), base)  # each applied and removed in turn
     with pytest.raises(posenc.PosencError, match="fewer than the window"):
         ph.perplexity(model, tokenizer, "text", 41, ["none"])
+
+
+@pytest.mark.parametrize("kind", ["yarn", "llama3", "linear"])
+def test_a_model_with_its_own_scaling_is_unrotated_by_its_tables(kind):
+    extra = {"low_freq_factor": 1.0, "high_freq_factor": 4.0} if kind == "llama3" else {}
+    model = build("llama", max_position_embeddings=32, rope_parameters=_rope_params(kind, **extra))
+    ids = tokens(40)
+    base = logits(model, ids)
+    # the model's own scaling stays; the window covers the input, past the trained length (32) too
+    # (rerope's log-n query scaling and DCA's logit scale act past it: not a covering case)
+    for name in ("self-extend:2:64", "sinks:4:64"):
+        ph.apply(model, name)
+        assert (logits(model, ids) - base).abs().max().item() < 1e-5, name
+    ph.apply(model, "rerope:8")
+    assert (logits(model, ids) - base).abs().max().item() > 1e-4
+    ph.remove(model)
+
+
+def test_generate_batches_and_greedy_decoding():
+    model = build("qwen3")
+    ids = torch.cat([tokens(12, seed=1), tokens(12, seed=2)])
+    ph.apply(model, "self-extend:2:4")
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        again = model(out).logits
+    assert out.shape == (2, 20)
+    assert torch.equal(again[:, 11:-1].argmax(-1), out[:, 12:])  # each new token the prefill's argmax
+    ph.remove(model)
+
+
+def test_gemma3_scaling_sets_the_full_attention_tables():
+    model = build("gemma3", max_position_embeddings=32)
+    ids = tokens(40)
+    ph.apply(model, "yarn:2")
+    got = logits(model, ids)
+    full = {**_rope_params("yarn"), "rope_theta": 1000000.0}
+    theirs = build(
+        "gemma3",
+        max_position_embeddings=32,
+        rope_parameters={"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    )
+    assert (got - logits(theirs, ids)).abs().max().item() < 1e-5
+    ph.remove(model)

@@ -110,7 +110,9 @@ def _set_tables(m, rope: RopeConfig, seq_len: Optional[int] = None) -> None:
     p = _prefix(m)
     f = rope.frequencies(seq_len)
     old = m._buffers[p + "inv_freq"]
-    inv = torch.from_numpy(np.asarray(f.inv_freq, dtype=np.float32)).to(old.device)
+    # float32 as transformers computes it, then the buffer's own dtype (a model moved to bfloat16 has its
+    # inv_freq in bfloat16 too)
+    inv = torch.from_numpy(np.asarray(f.inv_freq, dtype=np.float32)).to(old.device, old.dtype)
     if inv.shape != old.shape:
         raise PosencError(
             f"{type(m).__name__}: posenc's table has {inv.shape[0]} frequencies, the model's {old.shape[0]}"
