@@ -14,6 +14,7 @@ use posenc_lab::tasks::TaskKind;
 use posenc_lab::train::{self, Lab, Summary, TrainOptions};
 use posenc_lab::LabError;
 
+use crate::cmd_finetune::FinetuneArgs;
 use crate::{CliError, CliResult};
 
 impl From<LabError> for CliError {
@@ -115,153 +116,6 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
-/// Arguments of `posenc finetune`: a lab checkpoint (`--checkpoint`, at a
-/// new `--len`) or a pretrained model (`--model`, LoRA at a new
-/// `--length`, posenc-tune). The flags after `--json` are the pretrained
-/// mode's.
-#[derive(Args, Debug)]
-pub struct FinetuneArgs {
-    /// The base checkpoint directory of a lab model (read, never written).
-    #[arg(
-        long,
-        required_unless_present_any = ["resume", "model"],
-        conflicts_with_all = ["resume", "model"]
-    )]
-    pub checkpoint: Option<PathBuf>,
-    /// The new training length (lab checkpoints).
-    #[arg(
-        long,
-        required_unless_present_any = ["resume", "model"],
-        conflicts_with_all = ["resume", "model"],
-        allow_hyphen_values = true
-    )]
-    pub len: Option<usize>,
-    /// Fine-tuning steps.
-    #[arg(
-        long,
-        required_unless_present = "resume",
-        conflicts_with = "resume",
-        allow_hyphen_values = true
-    )]
-    pub steps: Option<usize>,
-    /// RoPE scaling kept in the forward pass during fine-tuning. Lab
-    /// checkpoints: none, linear (Position Interpolation), ntk, dynamic,
-    /// yarn (factor = --len / the base's training length, at least 1), or
-    /// one with a fixed factor (yarn:2; F >= 1); default: the base's own
-    /// fine-tune scaling, if any, else none.
-    /// --model: none, model (the config's own), linear:F, dynamic:F, yarn:F
-    /// (factors relative to the model's trained length; default none),
-    /// written into the merged checkpoint's config.json.
-    #[arg(long, conflicts_with = "resume")]
-    pub scaling: Option<String>,
-    /// Learning rate (default: 1e-3, constant after the warm-up, for a lab
-    /// checkpoint; 2e-5, YaRN's, for --model).
-    #[arg(long, allow_hyphen_values = true, conflicts_with = "resume")]
-    pub lr: Option<f64>,
-    /// Linear warm-up steps (default: 0 for a lab checkpoint; for --model
-    /// YaRN's 20, at most a tenth of the steps).
-    #[arg(long, conflicts_with = "resume")]
-    pub warmup: Option<usize>,
-    /// Sequences (windows) per step (default: the base run's; 1 for
-    /// --model).
-    #[arg(long, conflicts_with = "resume", allow_hyphen_values = true)]
-    pub batch: Option<usize>,
-    /// Seed of the fine-tuning batches (default: the base run's for a lab
-    /// checkpoint, 0 for --model, where it also seeds the adapters).
-    #[arg(long, conflicts_with = "resume")]
-    pub seed: Option<u64>,
-    /// Checkpoint directory of the fine-tuned model (not --checkpoint or
-    /// --model). For --model: the adapter in PEFT's layout
-    /// (adapter_config.json, adapter_model.safetensors), the optimizer
-    /// state, metrics.jsonl and finetune.json.
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Continue the interrupted fine-tune saved in --out.
-    #[arg(long)]
-    pub resume: bool,
-    /// No progress output.
-    #[arg(long)]
-    pub quiet: bool,
-    /// Print the summary and the fine-tune record as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// A pretrained model to fine-tune with LoRA: a GGUF file or a Hugging
-    /// Face checkpoint directory (read, never written). With --resume: the
-    /// model to use instead of the one recorded (its weights are checked).
-    #[arg(long, value_name = "FILE", conflicts_with = "checkpoint")]
-    pub model: Option<PathBuf>,
-    /// UTF-8 text to train on (default: Pride and Prejudice, built in):
-    /// windows come from the first 90% of its tokens; the last 10% is never
-    /// read.
-    #[arg(long, value_name = "FILE", conflicts_with = "checkpoint")]
-    pub text: Option<PathBuf>,
-    /// A tokenizer.json to use instead of the model's own.
-    #[arg(long, value_name = "FILE", conflicts_with = "checkpoint")]
-    pub tokenizer: Option<PathBuf>,
-    /// The target context length N (--model): training windows of N tokens
-    /// at positions 0..N, or with --pose, shorter windows whose positions
-    /// cover 0..N.
-    #[arg(long, conflicts_with_all = ["checkpoint", "resume"], allow_hyphen_values = true)]
-    pub length: Option<usize>,
-    /// PoSE (Zhu et al. 2024): windows of WINDOW tokens (below --length)
-    /// with position ids spread over 0..--length as the authors' training
-    /// script draws them.
-    #[arg(
-        long,
-        value_name = "WINDOW",
-        conflicts_with_all = ["checkpoint", "resume"],
-        allow_hyphen_values = true
-    )]
-    pub pose: Option<usize>,
-    /// LoRA rank r (at least 1, at most the smaller side of every targeted
-    /// projection).
-    #[arg(
-        long,
-        default_value_t = 8,
-        conflicts_with_all = ["checkpoint", "resume"],
-        allow_hyphen_values = true
-    )]
-    pub lora: usize,
-    /// LoRA alpha (the update is scaled by alpha/r; PEFT's default 8).
-    #[arg(long, default_value_t = 8.0, conflicts_with_all = ["checkpoint", "resume"], allow_hyphen_values = true)]
-    pub alpha: f64,
-    /// Dropout on the adapters' inputs while training (PEFT's default 0).
-    #[arg(long, default_value_t = 0.0, conflicts_with_all = ["checkpoint", "resume"], allow_hyphen_values = true)]
-    pub dropout: f64,
-    /// The projections adapted in every layer (PEFT's target_modules):
-    /// q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
-    #[arg(long, default_value = "q_proj,v_proj", conflicts_with_all = ["checkpoint", "resume"])]
-    pub targets: String,
-    /// Base parameters trained beside the adapters, as LongLoRA: embed,
-    /// norm, or embed,norm (saved as PEFT's modules_to_save).
-    #[arg(long, conflicts_with_all = ["checkpoint", "resume"])]
-    pub train: Option<String>,
-    /// The learning rate's decay after the warm-up: linear (to 0, YaRN's
-    /// default), cosine, constant.
-    #[arg(long, default_value = "linear", conflicts_with_all = ["checkpoint", "resume"])]
-    pub schedule: String,
-    /// AdamW's weight decay, on matrices (torch's default 0.01).
-    #[arg(long = "weight-decay", default_value_t = 0.01, conflicts_with_all = ["checkpoint", "resume"], allow_hyphen_values = true)]
-    pub weight_decay: f64,
-    /// Clip the gradients' global norm to this (0: no clipping).
-    #[arg(long, default_value_t = 1.0, conflicts_with_all = ["checkpoint", "resume"], allow_hyphen_values = true)]
-    pub clip: f64,
-    /// Also checkpoint every K steps (0: at the end and on Ctrl-C only).
-    #[arg(long = "checkpoint-every", value_name = "K", default_value_t = 0, conflicts_with_all = ["checkpoint", "resume"])]
-    pub checkpoint_every: usize,
-    /// With --model: activation checkpointing per layer (only each layer's
-    /// input kept; every layer run again in the backward pass), so a long
-    /// window trains in a fraction of the memory for about a third more
-    /// time; the same gradients.
-    #[arg(long = "checkpoint-layers", requires = "model", conflicts_with_all = ["checkpoint", "resume"])]
-    pub checkpoint_layers: bool,
-    /// At the end, also write the adapter merged into the model as a
-    /// Hugging Face checkpoint in OUT/merged (config.json with the scaling
-    /// in rope_scaling, model.safetensors, the tokenizer).
-    #[arg(long, conflicts_with = "checkpoint")]
-    pub merge: bool,
-}
-
 /// Arguments of `posenc probe` and `posenc shuffle`.
 #[derive(Args, Debug)]
 pub struct ProbeArgs {
@@ -334,7 +188,7 @@ pub fn train(a: TrainArgs) -> CliResult {
 
 /// A flag that Ctrl-C sets: training finishes the step, writes a
 /// checkpoint and returns; the command then exits with 130.
-fn ctrl_c_flag() -> Arc<AtomicBool> {
+pub(crate) fn ctrl_c_flag() -> Arc<AtomicBool> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
@@ -399,8 +253,8 @@ fn exit_if_interrupted(summary: &Summary) {
 
 pub fn finetune(a: FinetuneArgs) -> CliResult {
     let stop = ctrl_c_flag();
-    if a.model.is_some() || (a.resume && crate::cmd_tune::is_model_finetune(&a.out)) {
-        return crate::cmd_tune::finetune(&a, &stop);
+    if a.model.is_some() || (a.resume && posenc_run::finetune::is_model_finetune(&a.out)) {
+        return crate::cmd_finetune::model_finetune(&a, &stop);
     }
     if a.text.is_some() || a.tokenizer.is_some() || a.merge {
         return Err(CliError(

@@ -5,18 +5,14 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use posenc_models::generate::{generate, Sampling};
-use posenc_models::input::{self, Prompt};
-use posenc_models::perplexity::{self, rope_of};
-use posenc_models::{
-    scaling, Decoder, DecoderConfig, ModelError, ModelFiles, Scaling, TextTokenizer,
-};
+use posenc_models::ModelError;
 use posenc_plot::Figure;
-use posenc_tune::peft::Adapter;
+use posenc_run::{
+    GenerateRequest, OpenOptions, PerplexityRequest, PromptSource, RunError, Session, Text,
+};
 
 use crate::output::{check_writable, num, table, write_atomic};
 use crate::{CliError, CliResult};
@@ -27,12 +23,14 @@ impl From<ModelError> for CliError {
     }
 }
 
-/// The scalings `posenc perplexity` compares by default.
-pub const DEFAULT_SCALINGS: &str = "none,linear:2,dynamic:2,ntk:2,yarn:2";
+impl From<RunError> for CliError {
+    fn from(e: RunError) -> Self {
+        CliError(e.to_string())
+    }
+}
 
-/// Largest window accepted before any estimate (the memory check comes
-/// next and is usually the tighter bound).
-pub const MAX_LENGTH: usize = 1 << 22;
+/// The scalings `posenc perplexity` compares by default.
+pub use posenc_run::perplexity::DEFAULT_SCALINGS;
 
 /// The precision of the attention's products on windows of more than
 /// 1,024 tokens.
@@ -70,32 +68,17 @@ pub struct ModelExtras {
 }
 
 impl ModelExtras {
-    /// Reads the adapter (if any) against the model's config, before the
-    /// weights.
-    pub fn read_adapter(&self, cfg: &DecoderConfig) -> CliResult<Option<Adapter>> {
-        crate::cmd_tune::read_adapter(self.adapter.as_deref(), cfg)
-    }
-
-    /// The tokenizer (--tokenizer, or the model's own) with the config's
-    /// special ids, checked against the model's vocabulary.
-    pub fn tokenizer(&self, files: &ModelFiles, cfg: &DecoderConfig) -> CliResult<TextTokenizer> {
-        Ok(files.tokenizer_for(self.tokenizer.as_deref(), cfg)?)
-    }
-
-    /// Loads the weights, merges `adapter` (from [`Self::read_adapter`])
-    /// and sets the products' precision: the model and its description.
-    pub fn load(
-        &self,
-        files: ModelFiles,
-        cfg: DecoderConfig,
-        adapter: Option<Adapter>,
-        products: ProductsArg,
-    ) -> CliResult<(Decoder, String)> {
-        let (mut model, source) = files.load(cfg)?;
-        crate::cmd_tune::merge_adapter(adapter.as_ref(), self.adapter.as_deref(), &mut model)?;
-        let source = with_adapter(source, self.adapter.as_deref());
-        model.set_products(products.into())?;
-        Ok((model, source))
+    /// Opens the model at `path` with these options (config, tokenizer and
+    /// adapter checked; no weight read).
+    pub fn open(&self, path: &Path, products: ProductsArg) -> CliResult<Session> {
+        Ok(Session::open(
+            path,
+            &OpenOptions {
+                tokenizer: self.tokenizer.clone(),
+                products: products.into(),
+                adapter: self.adapter.clone(),
+            },
+        )?)
     }
 }
 
@@ -216,69 +199,48 @@ pub fn progress_bar(total: u64, template: &str) -> ProgressBar {
 
 /// Runs `posenc perplexity`.
 pub fn perplexity(a: PerplexityArgs) -> CliResult {
-    let scalings = scaling::parse_list(&a.scaling)?;
+    let request = PerplexityRequest {
+        text: a.text.clone().map_or(Text::Default, Text::File),
+        length: a.length,
+        scalings: vec![a.scaling.clone()],
+        band: a.band,
+        held_out: a.held_out,
+        per_position: a.per_position,
+        adapter: None,
+    };
+    request.check()?;
     posenc_models::llama::check_products(a.products.into())?;
-    if a.band == 0 {
-        return Err(CliError("--band must be at least 1".into()));
-    }
     if let Some(out) = &a.out {
         figure_kind(out)?;
         check_writable(out, "--out")?;
     }
-    check_inputs(&a.model, a.extras.tokenizer.as_deref(), a.text.as_deref())?;
-    // Headers and config only: nothing large is read before the checks.
-    let mut files = ModelFiles::open(&a.model)?;
-    let cfg = files.config()?;
-    let adapter = a.extras.read_adapter(&cfg)?;
-    let length = a.length.unwrap_or(2 * cfg.trained_length());
-    if !(2..=MAX_LENGTH).contains(&length) {
-        return Err(CliError(format!("--length must be in 2..={MAX_LENGTH}")));
+    posenc_models::input::check_model_path(&a.model)?;
+    if let Some(t) = &a.extras.tokenizer {
+        posenc_models::input::check_regular(t)?;
     }
-    posenc_models::check_memory(&cfg, length, None)?;
-    let tk = a.extras.tokenizer(&files, &cfg)?;
-    // A text file is read and tokenized only as far as the window needs.
-    // (With --held-out the whole text: its tail is the window.)
-    let all = match &a.text {
-        Some(p) if a.held_out => tk.encode(&posenc_models::read_text(p)?)?,
-        Some(p) => input::text_tokens(p, &tk, length)?,
-        None => tk.encode(posenc_report::corpus::PRIDE_AND_PREJUDICE)?,
-    };
-    let all = if a.held_out {
-        let tail = posenc_tune::data::held_out_tokens(&all);
-        if tail.len() < length {
-            return Err(CliError(format!(
-                "--held-out: the text's last 10% is {} tokens, fewer than --length {length}",
-                tail.len()
-            )));
+    request.check_files()?;
+    let mut session = a.extras.open(&a.model, a.products)?;
+    let hidden = a.quiet || a.json && !stderr_is_tty();
+    let mut pb: Option<ProgressBar> = None;
+    let study = session.perplexity_study(&request, &mut |p| {
+        match &pb {
+            None => {
+                if !a.json {
+                    eprintln!("{}", p.what);
+                }
+                pb = Some(bar(p.total as u64, hidden));
+            }
+            Some(b) => {
+                b.set_message(p.what.to_string());
+                b.set_position(p.done as u64);
+            }
         }
-        tail.to_vec()
-    } else {
-        all
-    };
-    let tokens = perplexity::window(&all, length)?.to_vec();
-    drop(all);
-    let layers = cfg.num_layers;
-    let (model, source) = a.extras.load(files, cfg, adapter, a.products)?;
-    if let Some(first) = scalings.first() {
-        let rope = rope_of(first.rope_config(model.config())?)?;
-        input::check_first_forward(&model, &tokens, &rope, &mut |k| first_layers(&a.model, k))?;
-    }
-    if !a.json {
-        eprintln!(
-            "{source}; tokenizer: {}; window of {length} tokens, trained length {}",
-            tk.source(),
-            model.config().trained_length()
-        );
-    }
-    let pb = bar(
-        (layers * scalings.len()) as u64,
-        a.quiet || a.json && !stderr_is_tty(),
-    );
-    let study = perplexity::study(&model, &source, &tokens, &scalings, a.band, |s, _| {
-        pb.set_message(scalings[s].name.clone());
-        pb.inc(1);
+        true
     })?;
-    pb.finish_and_clear();
+    if let Some(b) = pb {
+        b.finish_and_clear();
+    }
+    let length = study.length;
     if let Some(out) = &a.out {
         let plot = posenc_report::pretrained::loss_plot(&study);
         let err = |e: posenc_plot::PlotError| CliError(format!("{}: {e}", out.display()));
@@ -326,34 +288,6 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
     Ok(())
 }
 
-/// The model's description with the adapter merged into it, if any.
-pub(crate) fn with_adapter(source: String, adapter: Option<&Path>) -> String {
-    match adapter {
-        Some(d) => format!("{source}; LoRA adapter {} merged", d.display()),
-        None => source,
-    }
-}
-
-/// Refuses, before anything is opened, a model path, tokenizer or text
-/// that is missing or not a regular file (a FIFO would block, a device
-/// never ends).
-fn check_inputs(model: &Path, tokenizer: Option<&Path>, text: Option<&Path>) -> CliResult {
-    input::check_model_path(model)?;
-    for p in [tokenizer, text].into_iter().flatten() {
-        input::check_regular(p)?;
-    }
-    Ok(())
-}
-
-/// The model at `path` with its first `layers` layers only (to find the
-/// first layer whose output is not finite).
-fn first_layers(path: &Path, layers: usize) -> posenc_models::Result<Decoder> {
-    let mut files = ModelFiles::open(path)?;
-    let mut cfg = files.config()?;
-    cfg.num_layers = layers;
-    Ok(files.load(cfg)?.0)
-}
-
 pub(crate) fn stderr_is_tty() -> bool {
     use std::io::IsTerminal;
     std::io::stderr().is_terminal()
@@ -382,94 +316,55 @@ pub(crate) fn figure_kind(out: &std::path::Path) -> CliResult<FigureKind> {
 
 /// Runs `posenc generate`.
 pub fn generate_cmd(a: GenerateArgs) -> CliResult {
-    let sc: Scaling = a.scaling.parse()?;
-    posenc_models::llama::check_products(a.products.into())?;
-    let sampling = if a.temperature == 0.0 {
-        Sampling::Greedy
-    } else {
-        Sampling::Sample {
-            temperature: a.temperature,
-            top_p: a.top_p,
-            seed: a.seed,
-        }
-    };
-    posenc_models::generate::check_sampling(sampling)?;
-    if a.max_tokens > MAX_LENGTH {
-        return Err(CliError(format!(
-            "--max-tokens must be at most {MAX_LENGTH}"
-        )));
-    }
     let prompt = match (&a.prompt, &a.prompt_file) {
-        (Some(p), None) => Prompt::Text(p),
-        (None, Some(f)) => Prompt::File(f),
-        _ => return Err(CliError("give --prompt TEXT or --prompt-file FILE".into())),
+        (Some(p), None) => PromptSource::String(p.clone()),
+        (None, Some(f)) => PromptSource::File(f.clone()),
+        _ => PromptSource::String(String::new()),
     };
-    if a.prompt_tokens == Some(0) {
-        return Err(CliError("--prompt-tokens must be at least 1".into()));
+    let request = GenerateRequest {
+        prompt,
+        prompt_tokens: a.prompt_tokens,
+        max_new_tokens: a.max_tokens,
+        scaling: a.scaling.clone(),
+        sampling: posenc_run::generate::sampling(a.temperature, a.top_p, a.seed),
+        adapter: None,
+        stream_text: !a.json,
+    };
+    // The checks that need no model, in the command's order.
+    request.scaling.parse::<posenc_models::Scaling>()?;
+    posenc_models::llama::check_products(a.products.into())?;
+    request.check()?;
+    if a.prompt.is_some() == a.prompt_file.is_some() {
+        return Err(CliError("give --prompt TEXT or --prompt-file FILE".into()));
     }
-    check_inputs(
-        &a.model,
-        a.extras.tokenizer.as_deref(),
-        a.prompt_file.as_deref(),
-    )?;
-    let mut files = ModelFiles::open(&a.model)?;
-    let cfg = files.config()?;
-    let adapter = a.extras.read_adapter(&cfg)?;
-    let tk = a.extras.tokenizer(&files, &cfg)?;
-    // At most MAX_PROMPT_TOKENS, refused before any prefill.
-    let ids = input::prompt_tokens(&tk, prompt, a.prompt_tokens)?;
-    if ids.is_empty() {
-        return Err(CliError("the prompt has no tokens".into()));
+    if let Some(f) = &a.prompt_file {
+        posenc_models::input::check_regular(f)?;
     }
-    let total = ids.len() + a.max_tokens;
-    if total > MAX_LENGTH {
-        return Err(CliError(format!(
-            "prompt and new tokens exceed {MAX_LENGTH}"
-        )));
-    }
-    posenc_models::check_memory(&cfg, total, None)?;
-    let rope = rope_of(sc.rope_config(&cfg)?)?;
-    let (mut model, source) = a.extras.load(files, cfg, adapter, a.products)?;
-    model.set_method(sc.method)?;
-    input::check_first_forward(&model, &ids, &rope, &mut |k| first_layers(&a.model, k))?;
-    if !a.json {
-        eprintln!("{source}; {} prompt tokens; scaling {}", ids.len(), sc.name);
-    }
-    let start = Instant::now();
+    let mut session = a.extras.open(&a.model, a.products)?;
     let mut shown = String::new();
-    let mut new_ids: Vec<u32> = Vec::new();
-    let stop = tk.eos().to_vec();
     let mut stdout = std::io::stdout();
-    let out = generate(&model, &ids, a.max_tokens, &rope, sampling, &stop, |t| {
+    let v = session.generate(&request, &mut |p| {
         if a.json {
-            return;
+            return true;
         }
-        new_ids.push(t);
-        if let Ok(text) = tk.decode(&new_ids) {
+        match (p.token, p.text) {
+            (None, _) => eprintln!("{}", p.what),
             // Print what the new token added once it decodes to whole
-            // characters (a byte-level token can end inside one).
-            if text.len() > shown.len() && text.starts_with(&shown) && !text.ends_with('\u{FFFD}') {
-                let _ = write!(stdout, "{}", &text[shown.len()..]);
+            // characters.
+            (Some(_), Some(piece)) if !piece.is_empty() => {
+                let _ = write!(stdout, "{piece}");
                 let _ = stdout.flush();
-                shown = text;
+                shown.push_str(piece);
             }
+            _ => {}
         }
+        true
     })?;
-    let secs = start.elapsed().as_secs_f64();
-    let text = tk.decode(&out)?;
+    let text = v["text"].as_str().unwrap_or_default().to_string();
+    let n = v["new_ids"].as_array().map_or(0, Vec::len);
+    let secs = v["seconds"].as_f64().unwrap_or(0.0);
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "model": source,
-                "scaling": sc.name,
-                "prompt_ids": ids,
-                "new_ids": out,
-                "text": text,
-                "seconds": secs,
-                "tokens_per_second": out.len() as f64 / secs.max(1e-9),
-            }))?
-        );
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         if text.len() > shown.len() && text.starts_with(&shown) {
             print!("{}", &text[shown.len()..]);
@@ -477,9 +372,9 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
         println!();
         eprintln!(
             "{} new tokens in {:.2} s ({:.1} tokens/s, prompt included)",
-            out.len(),
+            n,
             secs,
-            out.len() as f64 / secs.max(1e-9)
+            n as f64 / secs.max(1e-9)
         );
     }
     Ok(())

@@ -8,12 +8,12 @@ mod args;
 mod bench;
 mod cmd_bias;
 mod cmd_explore;
+mod cmd_finetune;
 mod cmd_lab;
 mod cmd_models;
 mod cmd_passkey;
 mod cmd_rope;
 mod cmd_table;
-mod cmd_tune;
 mod output;
 mod report;
 mod viz;
@@ -68,7 +68,7 @@ enum Command {
     /// keeping a RoPE scaling: --scaling linear is Position Interpolation),
     /// or a pretrained model with LoRA (--model, --length, --pose,
     /// --scaling yarn:2, ...), written as a PEFT adapter.
-    Finetune(cmd_lab::FinetuneArgs),
+    Finetune(cmd_finetune::FinetuneArgs),
     /// Evaluate a checkpoint at several lengths, optionally with a RoPE
     /// scaling chosen now.
     Eval(cmd_lab::EvalArgs),

@@ -16,40 +16,10 @@ fn parent_of(path: &Path) -> PathBuf {
 }
 
 /// Checks, before any work, that a result file `path` (given as `flag`)
-/// can be written: its directory exists and takes a new file (a probe file
-/// is created and removed), and `path` is not a directory. Errors name the
-/// flag and the path.
+/// can be written (`posenc_run::check_writable`). Errors name the flag and
+/// the path.
 pub fn check_writable(path: &Path, flag: &str) -> CliResult {
-    let dir = parent_of(path);
-    let fail = |why: String| CliError(format!("{flag} {}: {why}", path.display()));
-    match std::fs::metadata(&dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(fail(format!("{} is not a directory", dir.display()))),
-        Err(e) => {
-            return Err(fail(format!(
-                "the directory {} cannot be used: {e}",
-                dir.display()
-            )))
-        }
-    }
-    if path.is_dir() {
-        return Err(fail("is a directory".into()));
-    }
-    let probe = dir.join(format!(".posenc-probe-{}", std::process::id()));
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-    {
-        Ok(_) => {
-            let _ = std::fs::remove_file(&probe);
-            Ok(())
-        }
-        Err(e) => Err(fail(format!(
-            "cannot create a file in {}: {e}",
-            dir.display()
-        ))),
-    }
+    Ok(posenc_run::check_writable(path, flag)?)
 }
 
 /// Writes `bytes` to `path` atomically: into a temporary file beside it,

@@ -1,19 +1,32 @@
 //! The crates depend on each other only downwards, as `docs/layout.md`
-//! draws it: `posenc ← {posenc-lab, posenc-models} ← posenc-tune`,
-//! `{posenc-lab, posenc-models} ← posenc-viz ← {posenc-report,
-//! posenc-explore} ← posenc-cli`, with `posenc-plot` beside them. Each
-//! crate's `[dependencies]` may name only the crates listed for it here.
+//! draws it: `posenc ← {posenc-lab, posenc-models} ← posenc-tune ←
+//! posenc-run`, `{posenc-lab, posenc-models} ← posenc-viz ←
+//! {posenc-report, posenc-explore} ← posenc-cli`, posenc-run under
+//! posenc-report and posenc-cli, `posenc-py` over posenc-run and
+//! posenc-viz, with `posenc-plot` beside them. Each crate's
+//! `[dependencies]` may name only the crates listed for it here.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Each crate and the workspace crates it may depend on.
-const ALLOWED: [(&str, &[&str]); 9] = [
+const ALLOWED: [(&str, &[&str]); 11] = [
     ("posenc", &[]),
     ("posenc-plot", &[]),
     ("posenc-lab", &["posenc"]),
     ("posenc-models", &["posenc"]),
     ("posenc-tune", &["posenc", "posenc-lab", "posenc-models"]),
+    ("posenc-run", &["posenc", "posenc-models", "posenc-tune"]),
+    (
+        "posenc-py",
+        &[
+            "posenc",
+            "posenc-models",
+            "posenc-tune",
+            "posenc-viz",
+            "posenc-run",
+        ],
+    ),
     (
         "posenc-viz",
         &["posenc", "posenc-lab", "posenc-models", "posenc-plot"],
@@ -27,6 +40,7 @@ const ALLOWED: [(&str, &[&str]); 9] = [
             "posenc-plot",
             "posenc-viz",
             "posenc-tune",
+            "posenc-run",
         ],
     ),
     ("posenc-explore", &["posenc", "posenc-viz", "posenc-models"]),
@@ -41,6 +55,7 @@ const ALLOWED: [(&str, &[&str]); 9] = [
             "posenc-viz",
             "posenc-report",
             "posenc-explore",
+            "posenc-run",
         ],
     ),
 ];

@@ -13,9 +13,9 @@ use serde::Serialize;
 
 use crate::{ReportError, Result};
 
-/// *Pride and Prejudice*, the default text.
-pub const PRIDE_AND_PREJUDICE: &str =
-    include_str!("../../../assets/corpus/pride-and-prejudice.txt");
+/// *Pride and Prejudice*, the default text (posenc-run's, which the
+/// pretrained-model probes and fine-tuning read too).
+pub use posenc_run::PRIDE_AND_PREJUDICE;
 
 /// The preset name of the default text.
 pub const DEFAULT: &str = "pride-and-prejudice";

@@ -1,0 +1,161 @@
+//! `posenc perplexity` as a call: the loss at every position of a window
+//! for each RoPE scaling.
+
+use std::path::PathBuf;
+
+use posenc_models::perplexity::{self, Study};
+use posenc_models::{input, scaling, Scaling};
+use serde_json::Value;
+
+use crate::session::Session;
+use crate::{cancellable, report_or_stop, Progress, ProgressFn, Result, RunError, Text};
+
+/// The scalings `posenc perplexity` compares by default.
+pub const DEFAULT_SCALINGS: &str = "none,linear:2,dynamic:2,ntk:2,yarn:2";
+
+/// What to score and how (the options of `posenc perplexity`).
+#[derive(Debug, Clone)]
+pub struct PerplexityRequest {
+    /// The text: its first `length` tokens are the window (default: the
+    /// built-in *Pride and Prejudice*).
+    pub text: Text,
+    /// Window length in tokens (default: twice the trained length).
+    pub length: Option<usize>,
+    /// Scaling names, each as `posenc perplexity --scaling` takes them
+    /// (`none`, `yarn:2`, `self-extend:4:1024+yarn:2`, ...), in order.
+    pub scalings: Vec<String>,
+    /// Positions per band of the summary (at least 1).
+    pub band: usize,
+    /// Score the text's held-out part (its last 10% of tokens, which
+    /// fine-tuning never reads) instead of its start.
+    pub held_out: bool,
+    /// Include the loss at every position.
+    pub per_position: bool,
+    /// A LoRA adapter directory merged for this call only.
+    pub adapter: Option<PathBuf>,
+}
+
+impl Default for PerplexityRequest {
+    fn default() -> Self {
+        PerplexityRequest {
+            text: Text::Default,
+            length: None,
+            scalings: vec!["none".into()],
+            band: 1024,
+            held_out: false,
+            per_position: false,
+            adapter: None,
+        }
+    }
+}
+
+impl PerplexityRequest {
+    /// The scalings, parsed; every check that needs no model.
+    ///
+    /// # Errors
+    /// The command's messages for a bad scaling name, a band of 0.
+    pub fn check(&self) -> Result<Vec<Scaling>> {
+        let scalings = scaling::parse_list(&self.scalings.join(","))?;
+        if self.band == 0 {
+            return Err(RunError::Invalid("--band must be at least 1".into()));
+        }
+        Ok(scalings)
+    }
+
+    /// [`check`](Self::check), and the text file (if any) a regular file.
+    ///
+    /// # Errors
+    /// As [`check`](Self::check); the text file's.
+    pub fn check_files(&self) -> Result<Vec<Scaling>> {
+        let scalings = self.check()?;
+        if let Some(p) = self.text.path() {
+            input::check_regular(p)?;
+        }
+        Ok(scalings)
+    }
+}
+
+impl Session {
+    /// Scores the window: what `posenc perplexity --json` prints (with the
+    /// loss at every position when `per_position`).
+    ///
+    /// # Errors
+    /// As [`Session::perplexity_study`].
+    pub fn perplexity(
+        &mut self,
+        request: &PerplexityRequest,
+        progress: &mut ProgressFn<'_>,
+    ) -> Result<Value> {
+        Ok(self
+            .perplexity_study(request, progress)?
+            .to_json(request.per_position))
+    }
+
+    /// [`Session::perplexity`] as the study it is built from (the
+    /// command draws its table and figure from it). Every input is checked
+    /// (the text a regular file, the window within bounds and memory, the
+    /// adapter against the model) before the weights are read or a pass
+    /// runs; `progress` is called first with the run's description, then
+    /// after every layer of every scaling.
+    ///
+    /// # Errors
+    /// The command's messages; [`RunError::Cancelled`] when `progress`
+    /// answers `false`.
+    pub fn perplexity_study(
+        &mut self,
+        request: &PerplexityRequest,
+        progress: &mut ProgressFn<'_>,
+    ) -> Result<Study> {
+        let scalings = request.check_files()?;
+        let adapter = self.read_adapter(request.adapter.as_deref())?;
+        let length = self.window_length(request.length)?;
+        posenc_models::check_memory(self.config(), length, None)?;
+        // A text file is read and tokenized only as far as the window
+        // needs (with held_out the whole text: its tail is the window).
+        let all = self.text_tokens(&request.text, length, request.held_out)?;
+        let all = if request.held_out {
+            let tail = posenc_tune::data::held_out_tokens(&all);
+            if tail.len() < length {
+                return Err(RunError::Invalid(format!(
+                    "--held-out: the text's last 10% is {} tokens, fewer than --length {length}",
+                    tail.len()
+                )));
+            }
+            tail.to_vec()
+        } else {
+            all
+        };
+        let tokens = perplexity::window(&all, length)?.to_vec();
+        drop(all);
+        let layers = self.config().num_layers;
+        let path = self.path().to_path_buf();
+        let band = request.band;
+        self.with_model(adapter.as_ref(), |model, source, tk| {
+            let tk_source = tk.source();
+            if let Some(first) = scalings.first() {
+                Session::check_first_forward(&path, model, &tokens, first)?;
+            }
+            let total = layers * scalings.len();
+            let header = format!(
+                "{source}; tokenizer: {tk_source}; window of {length} tokens, trained length {}",
+                model.config().trained_length()
+            );
+            if !progress(Progress::new(0, total, &header)) {
+                return Err(RunError::Cancelled);
+            }
+            cancellable(|| {
+                Ok(perplexity::study(
+                    model,
+                    source,
+                    &tokens,
+                    &scalings,
+                    band,
+                    |s, l| {
+                        let p = Progress::new(s * layers + l + 1, total, &scalings[s].name);
+                        report_or_stop(progress, p);
+                    },
+                )?)
+            })
+        })
+    }
+}
