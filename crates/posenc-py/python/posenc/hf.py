@@ -75,9 +75,7 @@ def rope_of(model: Any) -> RopeConfig:
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(cfg, "to_dict"):
         raise PosencError(f"{type(model).__name__}: not a transformers model (no config)")
-    d = cfg.to_dict()
-    if "text_config" in d and "rope_parameters" not in d and isinstance(d["text_config"], dict):
-        d = d["text_config"]
+    d = _text_config(model).to_dict()
     if d.get("rope_parameters") is None and d.get("rope_theta") is None and d.get("rope_scaling") is None:
         raise PosencError(f"{d.get('model_type', type(model).__name__)}: the config states no RoPE (rope_parameters)")
     return RopeConfig.from_hf(d)
@@ -86,12 +84,22 @@ def rope_of(model: Any) -> RopeConfig:
 # ------------------------------------------------------------ rotary modules
 
 
+def _text_config(model):
+    cfg = model.config
+    get = getattr(cfg, "get_text_config", None)
+    return get() if callable(get) else cfg
+
+
 def _rotary_modules(model) -> List[Any]:
+    """The language model's rotary embedding modules (a vision tower's own
+    rotary table, with another config, is left alone)."""
+    text = _text_config(model)
     out = []
     for m in model.modules():
         bufs = getattr(m, "_buffers", {})
         if "inv_freq" in bufs or "full_attention_inv_freq" in bufs:
-            out.append(m)
+            if getattr(m, "config", text) is text:
+                out.append(m)
     return out
 
 
@@ -157,14 +165,25 @@ def _layer_mask_ok(mask, t: int, s: int) -> bool:
     return bool(torch.equal(allowed, want.expand_as(allowed)))
 
 
-def _unrotate(x: torch.Tensor, table: RopeConfig, pos: range, work) -> torch.Tensor:
-    """The inverse of the model's rotation at ``pos``: its tables (attention
-    factor included) are posenc's ``cos_sin``; ``(c, -s)/(c² + s²)``."""
-    c, s = table.cos_sin(list(pos), "float64", full=False)
-    n = c * c + s * s
-    ct = torch.from_numpy(c / n).to(x.device, work).unsqueeze(0)
-    st = torch.from_numpy(-s / n).to(x.device, work).unsqueeze(0)
-    return _pt.rotate(x.to(work), ct, st, table.layout)
+def _inverse_tables(cache: Dict[Any, Any], table: RopeConfig, n: int, device, work):
+    """The inverse of the model's rotation at positions ``0..n``: its tables
+    (attention factor included) are posenc's ``cos_sin``; the inverse is
+    ``(c, -s)/(c² + s²)``. Kept per device and dtype, grown by doubling, so a
+    decoding step computes none."""
+    key = (str(device), work)
+    have = cache.get(key)
+    if have is None or have[0].shape[0] < n:
+        m = max(n, 2 * have[0].shape[0]) if have is not None else n
+        c, s = table.cos_sin(list(range(m)), "float64", full=False)
+        norm = c * c + s * s
+        have = (torch.from_numpy(c / norm).to(device, work), torch.from_numpy(-s / norm).to(device, work))
+        cache[key] = have
+    return have
+
+
+def _unrotate(x: torch.Tensor, tables, lo: int, hi: int, layout: str, work) -> torch.Tensor:
+    ct, st = tables
+    return _pt.rotate(x.to(work), ct[lo:hi].unsqueeze(0), st[lo:hi].unsqueeze(0), layout)
 
 
 def _softcap_method_attention(q, k, v, rope: RopeConfig, softcap: float):
@@ -197,6 +216,7 @@ def _make_attention(st: Dict[str, Any]):
     table: RopeConfig = st["table"]
     method_rope: RopeConfig = st["method_rope"]
     backend = st["backend"]
+    tables: Dict[Any, Any] = {}
 
     def posenc_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         if kwargs.get("sliding_window") is not None:
@@ -221,8 +241,9 @@ def _make_attention(st: Dict[str, Any]):
                 "static cache); the methods take one unpadded sequence per batch row"
             )
         work = torch.float64 if query.dtype == torch.float64 else torch.float32
-        q = _unrotate(query, table, range(s - t, s), work)
-        k = _unrotate(key, table, range(0, s), work)
+        inv = _inverse_tables(tables, table, s, query.device, work)
+        q = _unrotate(query, inv, s - t, s, table.layout, work)
+        k = _unrotate(key, inv, 0, s, table.layout, work)
         v = value.to(work)
         sc = module.scaling if scaling is None else scaling
         q = q * (sc * d**0.5)  # the model's logit scale, through posenc's 1/sqrt(D)
@@ -300,7 +321,7 @@ def apply(model: Any, name: str, *, backend: Optional[str] = None) -> RopeConfig
             )
         if table.layout != "half-split":
             raise PosencError(f"{name}: the {table.layout} layout is not served by posenc.hf (half-split only)")
-        if _all_sliding(getattr(cfg, "text_config", None) or cfg):
+        if _all_sliding(_text_config(model)):
             raise PosencError(
                 f"{name}: every attention layer of this model slides over a window, which keeps positions within "
                 "it: a method has no full-attention layer to extend"
