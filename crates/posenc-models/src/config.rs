@@ -54,28 +54,6 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
     }
 }
 
-/// The key whose value is being read at byte `at` of `text`: the last
-/// `"key":` before it (a heuristic good for messages).
-fn key_before(text: &str, at: usize) -> Option<&str> {
-    let head = text.get(..at.min(text.len()))?;
-    let bytes = head.as_bytes();
-    let mut i = bytes.len();
-    while i > 0 {
-        i -= 1;
-        if bytes[i] != b':' {
-            continue;
-        }
-        let before = head[..i].trim_end();
-        if !before.ends_with('"') || before.len() < 2 {
-            continue;
-        }
-        let inner = &before[..before.len() - 1];
-        let start = inner.rfind('"')?;
-        return Some(&inner[start + 1..]);
-    }
-    None
-}
-
 /// A serde_json error on `text` (the file `file`) in words: what is wrong,
 /// at which key, line and column; a number out of range says what fits.
 pub(crate) fn json_error(file: &str, text: &str, e: &serde_json::Error) -> ModelError {
@@ -84,13 +62,7 @@ pub(crate) fn json_error(file: &str, text: &str, e: &serde_json::Error) -> Model
     let what = full
         .strip_suffix(&format!(" at line {line} column {col}"))
         .unwrap_or(&full);
-    let at: usize = text
-        .split_inclusive('\n')
-        .take(line.saturating_sub(1))
-        .map(str::len)
-        .sum::<usize>()
-        + col;
-    let key = key_before(text, at)
+    let key = posenc::rope::json_key_at(text, line, col)
         .map(|k| format!(" at key {}", quote(k)))
         .unwrap_or_default();
     let hint = if what.contains("number out of range") {

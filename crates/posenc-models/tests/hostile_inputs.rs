@@ -389,7 +389,10 @@ fn issue_37_variants(fixtures: &Path, dir: &Path) -> Vec<(String, PathBuf, &'sta
         }
         y
     };
-    let mut hf_cases: Vec<(&str, Option<String>, Option<Vec<u8>>, &'static str)> = vec![
+    /// A checkpoint case: name, config.json text, safetensors bytes (each
+    /// `None`: the fixture's), the words of its refusal.
+    type HfCase = (&'static str, Option<String>, Option<Vec<u8>>, &'static str);
+    let mut hf_cases: Vec<HfCase> = vec![
         (
             "config.json yarn factor 1e308",
             with("rope_scaling", yarn(serde_json::json!({"factor": 1e308}))),

@@ -288,19 +288,101 @@ impl HfRopeConfig {
             });
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
-        serde_json::from_str(&text).map_err(|source| Error::Json {
-            path: Some(path.to_path_buf()),
-            source,
-        })
+        Self::parse(&text, Some(path))
     }
 
     /// Parses the text of a `config.json`.
     ///
     /// # Errors
-    /// [`Error::Json`] (without a path).
+    /// [`Error::Json`] (without a path), [`Error::InvalidValue`] for JSON
+    /// that is not an object.
     pub fn from_json_str(s: &str) -> Result<Self> {
-        serde_json::from_str(s).map_err(|source| Error::Json { path: None, source })
+        Self::parse(s, None)
     }
+
+    /// Parses `text` (of the file `path`): a syntax or type error says the
+    /// key it was read at ([`json_key_at`]); valid JSON that is not an
+    /// object (`[]`, a number) is said to be so, rather than read as a
+    /// config with every key missing.
+    fn parse(text: &str, path: Option<&Path>) -> Result<Self> {
+        let json = |source: serde_json::Error| {
+            let (line, col) = (source.line(), source.column());
+            let source = match json_key_at(text, line, col) {
+                Some(key) => {
+                    let full = source.to_string();
+                    let what = full
+                        .strip_suffix(&format!(" at line {line} column {col}"))
+                        .unwrap_or(&full);
+                    let hint = if what.contains("number out of range") {
+                        " (a JSON number must fit a 64-bit float: |x| < 1.8e308)"
+                    } else {
+                        ""
+                    };
+                    <serde_json::Error as serde::de::Error>::custom(format!(
+                        "at key {key:?} (line {line}, column {col}): {what}{hint}"
+                    ))
+                }
+                None => source,
+            };
+            Error::Json {
+                path: path.map(Path::to_path_buf),
+                source,
+            }
+        };
+        let trimmed = text.trim_start();
+        if !trimmed.is_empty() && !trimmed.starts_with('{') {
+            // Valid JSON of another kind, or not JSON at all.
+            let v: serde_json::Value = serde_json::from_str(text).map_err(json)?;
+            let kind = match v {
+                serde_json::Value::Null => "null",
+                serde_json::Value::Bool(_) => "a boolean",
+                serde_json::Value::Number(_) => "a number",
+                serde_json::Value::String(_) => "a string",
+                serde_json::Value::Array(_) => "an array",
+                serde_json::Value::Object(_) => "an object",
+            };
+            return Err(Error::invalid(
+                path.map_or("config".to_string(), |p| p.display().to_string()),
+                format!("not a JSON object but {kind} (a config.json is an object of keys)"),
+            ));
+        }
+        serde_json::from_str(text).map_err(json)
+    }
+}
+
+/// The key whose value a JSON parser was reading at `line`, `column`
+/// (serde_json's, 1-based) of `text`: the last `"key":` before that point
+/// — a heuristic for error messages (a `":` inside a string value can
+/// mislead it).
+///
+/// ```
+/// let text = "{\"a\": 1,\n \"rope_theta\": 1e400}";
+/// assert_eq!(posenc::rope::json_key_at(text, 2, 20), Some("rope_theta"));
+/// assert_eq!(posenc::rope::json_key_at("[1, 2]", 1, 3), None);
+/// ```
+pub fn json_key_at(text: &str, line: usize, column: usize) -> Option<&str> {
+    let at: usize = text
+        .split_inclusive('\n')
+        .take(line.saturating_sub(1))
+        .map(str::len)
+        .sum::<usize>()
+        + column;
+    let mut end = at.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = &text[..end];
+    let mut search = head.len();
+    while let Some(i) = head[..search].rfind(':') {
+        search = i;
+        let before = head[..i].trim_end();
+        if let Some(inner) = before.strip_suffix('"') {
+            if let Some(start) = inner.rfind('"') {
+                return Some(&inner[start + 1..]);
+            }
+        }
+    }
+    None
 }
 
 /// `rope_scaling` / `rope_parameters`: one dict, or one per layer type.
@@ -934,4 +1016,48 @@ pub(crate) struct HfOverrides {
     pub theta: Option<f64>,
     /// Head dimension of this layer type.
     pub head_dim: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_that_are_not_objects_or_not_numbers_say_so() {
+        // Valid JSON of another kind: said to be so, not read as a config
+        // with every key missing.
+        for (text, kind) in [("[]", "an array"), ("3", "a number"), ("null", "null")] {
+            let e = HfRopeConfig::from_json_str(text).unwrap_err();
+            assert!(matches!(e, Error::InvalidValue { .. }), "{e}");
+            assert!(
+                e.to_string()
+                    .contains(&format!("not a JSON object but {kind}")),
+                "{e}"
+            );
+        }
+        // A number past f64: the key, line and column, and what fits.
+        let e = RopeConfig::from_hf_json_str("{\"head_dim\": 64,\n \"rope_theta\": 1e400}")
+            .unwrap_err();
+        assert!(matches!(e, Error::Json { path: None, .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("at key \"rope_theta\" (line 2, column 20): number out of range"),
+            "{msg}"
+        );
+        assert!(msg.contains("64-bit float"), "{msg}");
+        // A value of the wrong type, its key named.
+        let e = RopeConfig::from_hf_json_str(r#"{"head_dim": "sixty-four"}"#).unwrap_err();
+        assert!(e.to_string().contains("at key \"head_dim\""), "{e}");
+        // The file named.
+        let dir = std::env::temp_dir().join(format!("posenc-rope-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("config.json");
+        std::fs::write(&p, "[]").unwrap();
+        let e = RopeConfig::from_hf_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains(&p.display().to_string()) && e.contains("an array"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

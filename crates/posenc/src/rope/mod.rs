@@ -37,7 +37,7 @@ pub mod xpos;
 
 pub use axial::{AxialFrequencies, AxisSplit};
 pub use config::{
-    Flag, HfRopeConfig, HfRopeParameters, HfRopeParametersField, RopeConfig,
+    json_key_at, Flag, HfRopeConfig, HfRopeParameters, HfRopeParametersField, RopeConfig,
     INTERLEAVED_MODEL_TYPES,
 };
 pub use frequencies::{default_inv_freq, PairLayout, RopeFrequencies};
