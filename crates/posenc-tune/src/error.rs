@@ -24,6 +24,20 @@ pub enum TuneError {
     /// A LoRA alpha that is not a finite number above 0.
     #[error("LoRA alpha {0} must be a finite number above 0")]
     Alpha(f64),
+    /// A LoRA scale (`alpha/r`, `alpha/√r` with rsLoRA) outside
+    /// [[`crate::lora::MIN_SCALE`], [`crate::lora::MAX_SCALE`]].
+    #[error(
+        "LoRA scale {} = {scale:e} is outside [{}, {}] (published adapters use 1/4 to a few; lora_alpha or r is implausible)",
+        if *rslora { "lora_alpha/√r" } else { "lora_alpha/r" },
+        crate::lora::MIN_SCALE,
+        crate::lora::MAX_SCALE
+    )]
+    Scale {
+        /// The scale.
+        scale: f64,
+        /// Whether it is rsLoRA's `alpha/√r`.
+        rslora: bool,
+    },
     /// A LoRA dropout probability outside `[0, 1)`.
     #[error("LoRA dropout {0} must be in [0, 1)")]
     Dropout(f64),
@@ -34,11 +48,11 @@ pub enum TuneError {
     #[error("LoRA target {0} is given twice")]
     DuplicateTarget(&'static str),
     /// A LoRA target name that is not a projection of these decoders.
-    #[error("unknown LoRA target {0:?}: use q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj or down_proj")]
+    #[error("unknown LoRA target {}: use q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj or down_proj", posenc_models::safe::quote(.0))]
     UnknownTarget(String),
     /// A parameter name that is not one of the model's trainable
     /// parameters.
-    #[error("no trainable parameter named {0:?}")]
+    #[error("no trainable parameter named {}", posenc_models::safe::quote(.0))]
     UnknownParameter(String),
     /// Values of the wrong size for a parameter.
     #[error("parameter {name} holds {expected} values ({shape:?}), {got} given")]
@@ -87,7 +101,7 @@ pub enum TuneError {
     Config(String),
     /// An adapter (PEFT layout) whose configuration, tensor names or shapes
     /// do not fit the model, or that cannot be read.
-    #[error("adapter {path}: {reason}")]
+    #[error("adapter {}: {reason}", posenc_models::safe::path(path))]
     Adapter {
         /// The adapter's directory or file.
         path: std::path::PathBuf,
@@ -95,7 +109,7 @@ pub enum TuneError {
         reason: String,
     },
     /// A training checkpoint that is corrupt, torn, or of another run.
-    #[error("checkpoint {path}: {reason}")]
+    #[error("checkpoint {}: {reason}", posenc_models::safe::path(path))]
     Checkpoint {
         /// The checkpoint directory.
         path: std::path::PathBuf,
@@ -111,7 +125,7 @@ pub enum TuneError {
         loss: f64,
     },
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{}: {source}", posenc_models::safe::path(path))]
     Io {
         /// The file.
         path: std::path::PathBuf,

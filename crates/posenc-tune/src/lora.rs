@@ -170,6 +170,27 @@ pub fn adapter_name(layer: usize, target: Target, factor: Factor) -> String {
     )
 }
 
+/// Smallest adapter scale (`alpha/r`, or `alpha/√r` with rsLoRA)
+/// accepted: 1/1024. Below it an adapter changes nothing measurable.
+pub const MIN_SCALE: f64 = 1.0 / 1024.0;
+/// Largest adapter scale accepted: 256. Published adapters use 1/4 (QLoRA:
+/// r 64, alpha 16) to 2 (LongLoRA, alpha = 2r) or a few times that; a
+/// scale past 256 multiplies the update `B·A` beyond any trained model's
+/// weights, and one like `1e38/8` overflows `f32` outright.
+pub const MAX_SCALE: f64 = 256.0;
+
+/// Checks an adapter scale (`alpha/r`, or `alpha/√r` when `rslora`)
+/// against [`MIN_SCALE`] and [`MAX_SCALE`].
+///
+/// # Errors
+/// [`TuneError::Scale`].
+pub fn check_scale(scale: f64, rslora: bool) -> Result<()> {
+    if !(scale.is_finite() && (MIN_SCALE..=MAX_SCALE).contains(&scale)) {
+        return Err(TuneError::Scale { scale, rslora });
+    }
+    Ok(())
+}
+
 /// A LoRA configuration, with PEFT's `LoraConfig` defaults ([`Default`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoraConfig {
@@ -199,11 +220,13 @@ impl Default for LoraConfig {
 
 impl LoraConfig {
     /// The checks that need no model: rank at least 1, alpha finite and
-    /// above 0, dropout in `[0, 1)`, targets non-empty without repeats.
+    /// above 0, the scale `alpha/r` in [[`MIN_SCALE`], [`MAX_SCALE`]],
+    /// dropout in `[0, 1)`, targets non-empty without repeats.
     ///
     /// # Errors
-    /// [`TuneError::Rank`], [`TuneError::Alpha`], [`TuneError::Dropout`],
-    /// [`TuneError::NoTargets`], [`TuneError::DuplicateTarget`].
+    /// [`TuneError::Rank`], [`TuneError::Alpha`], [`TuneError::Scale`],
+    /// [`TuneError::Dropout`], [`TuneError::NoTargets`],
+    /// [`TuneError::DuplicateTarget`].
     pub fn validate(&self) -> Result<()> {
         if self.rank == 0 {
             return Err(TuneError::Rank {
@@ -215,6 +238,7 @@ impl LoraConfig {
         if !(self.alpha.is_finite() && self.alpha > 0.0) {
             return Err(TuneError::Alpha(self.alpha));
         }
+        check_scale(self.scaling(), false)?;
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(TuneError::Dropout(self.dropout));
         }
@@ -321,6 +345,17 @@ mod tests {
         ));
         assert!(matches!(bad(&|c| c.alpha = 0.0), TuneError::Alpha(_)));
         assert!(matches!(bad(&|c| c.alpha = f64::NAN), TuneError::Alpha(_)));
+        // Finite but implausible scales alpha/r.
+        for alpha in [1e38, 8.0 * 257.0, 1e-3] {
+            let e = bad(&|c| c.alpha = alpha);
+            assert!(matches!(e, TuneError::Scale { .. }), "{alpha}: {e}");
+            assert!(e.to_string().contains("[0.0009765625, 256]"), "{e}");
+        }
+        let mut ok = LoraConfig::default();
+        for alpha in [8.0 / 1024.0, 8.0 * 256.0, 16.0] {
+            ok.alpha = alpha;
+            ok.validate().unwrap();
+        }
         assert!(matches!(bad(&|c| c.dropout = 1.0), TuneError::Dropout(_)));
         assert!(matches!(bad(&|c| c.dropout = -0.1), TuneError::Dropout(_)));
         assert!(matches!(bad(&|c| c.targets.clear()), TuneError::NoTargets));

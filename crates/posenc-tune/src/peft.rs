@@ -35,15 +35,23 @@
 //! What is refused when read (one line each): a config that is not LoRA,
 //! DoRA, per-module ranks or alphas (`rank_pattern`, `alpha_pattern`),
 //! `fan_in_fan_out`, trained biases (`bias` other than `none`, `lora_bias`),
-//! `target_modules` given as a pattern, tensors with other names, and any
-//! shape that does not fit the model.
+//! `target_modules` given as a pattern, `exclude_modules`,
+//! `layer_replication`, a `layers_pattern` other than `layers`, a
+//! `layers_to_transform` index past the model's layers (the list is
+//! honoured: a factor of a layer it leaves out is refused), a scale
+//! `alpha/r` outside [[`crate::lora::MIN_SCALE`],
+//! [`crate::lora::MAX_SCALE`]], tensors with other names or a dtype other
+//! than F32, F16 or BF16, values above [`posenc_models::weights::MAX_WEIGHT`]
+//! in magnitude, and any shape that does not fit the model. Names and
+//! values from the files are shown escaped ([`posenc_models::safe`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use posenc::rope::PairLayout;
-use posenc_models::{Decoder, DecoderConfig};
+use posenc_models::safe::{escape as esc, quote};
+use posenc_models::{Decoder, DecoderConfig, ModelError};
 use serde_json::{json, Value};
 
 use crate::error::{Result, TuneError};
@@ -105,6 +113,9 @@ pub struct Adapter {
     pub saved: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
     /// The step of the posenc checkpoint it was written as, if any.
     pub step: Option<usize>,
+    /// PEFT's `layers_to_transform`: the only layers adapted (`None`:
+    /// every layer holding factors).
+    pub layers: Option<Vec<usize>>,
 }
 
 /// Rows of each head's half-split pairs moved to interleaved pairs (`to =
@@ -226,6 +237,7 @@ impl Adapter {
             factors,
             saved,
             step: None,
+            layers: None,
         })
     }
 
@@ -269,8 +281,8 @@ impl Adapter {
             "init_lora_weights": true,
             "kasa_config": null,
             "layer_replication": null,
-            "layers_pattern": null,
-            "layers_to_transform": null,
+            "layers_pattern": if self.layers.is_some() { json!("layers") } else { Value::Null },
+            "layers_to_transform": self.layers,
             "loftq_config": {},
             // An integer alpha as PEFT writes one given as an int.
             "lora_alpha": if self.lora.alpha.fract() == 0.0 && self.lora.alpha.abs() < 1e15 {
@@ -343,21 +355,55 @@ impl Adapter {
             path: dir.to_path_buf(),
             reason,
         };
+        let holds = format!(
+            "an adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE}, as PEFT's save_pretrained writes them"
+        );
+        match std::fs::metadata(dir) {
+            Ok(m) if !m.is_dir() => return Err(bad(format!("not a directory ({holds})"))),
+            _ => {}
+        }
         let config_path = dir.join(CONFIG_FILE);
         let weights_path = dir.join(WEIGHTS_FILE);
-        for p in [&config_path, &weights_path] {
-            if !p.is_file() {
-                return Err(bad(format!(
-                    "no {} (an adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE}, as PEFT's save_pretrained writes them)",
-                    p.file_name().and_then(|n| n.to_str()).unwrap_or("")
-                )));
+        for (p, file) in [(&config_path, CONFIG_FILE), (&weights_path, WEIGHTS_FILE)] {
+            // Said for what it is: missing, or a directory, FIFO or device
+            // (refused by type, never opened).
+            match posenc_models::input::check_regular(p) {
+                Ok(_) => {}
+                Err(ModelError::NotAFile { kind, .. }) => {
+                    return Err(bad(format!(
+                    "{file} is a {kind}, not a regular file (refused without reading it; {holds})"
+                )))
+                }
+                Err(ModelError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    return Err(bad(format!("no {file} ({holds})")))
+                }
+                Err(e) => return Err(e.into()),
             }
         }
         let text = posenc_models::input::read_bounded(&config_path, MAX_CONFIG_BYTES)?;
-        let c: Value = serde_json::from_slice(&text)
-            .map_err(|e| bad(format!("{CONFIG_FILE} is not JSON: {e}")))?;
+        let c: Value = serde_json::from_slice(&text).map_err(|e| {
+            bad(format!(
+                "{CONFIG_FILE} is not JSON: {}",
+                esc(&e.to_string())
+            ))
+        })?;
+        if !c.is_object() {
+            return Err(bad(format!(
+                "{CONFIG_FILE} is not a JSON object but {} (PEFT writes an object of LoraConfig's keys)",
+                json_kind(&c)
+            )));
+        }
         let (lora, rslora, base_model) = parse_config(&c).map_err(bad)?;
         lora.validate_for(cfg).map_err(|e| bad(e.to_string()))?;
+        let layers = parse_layers(&c, cfg.num_layers).map_err(bad)?;
+        let scale = if rslora {
+            lora.alpha / (lora.rank as f64).sqrt()
+        } else {
+            lora.scaling()
+        };
+        crate::lora::check_scale(scale, rslora).map_err(|e| bad(e.to_string()))?;
         let (bytes, meta, step) = read_stepped(&weights_path, cfg, 2, |e| {
             bad(format!("{WEIGHTS_FILE}: {e}"))
         })?;
@@ -369,15 +415,32 @@ impl Adapter {
         let mut seen: BTreeMap<(usize, Target), [bool; 2]> = BTreeMap::new();
         for name in &names {
             let shape = &infos[*name].shape;
+            let dtype = infos[*name].dtype;
+            if !matches!(
+                dtype,
+                safetensors::Dtype::F32 | safetensors::Dtype::F16 | safetensors::Dtype::BF16
+            ) {
+                return Err(bad(format!(
+                    "tensor {} has dtype {dtype:?}; an adapter's tensors are F32, F16 or BF16",
+                    esc(name)
+                )));
+            }
+            let name_shown = esc(name);
             if let Some((l, t, f)) = parse_factor_name(name) {
                 if l >= cfg.num_layers {
                     return Err(bad(format!(
-                        "{name}: layer {l}, the model has {}",
-                        cfg.num_layers
+                        "{name_shown}: layer {l}, the model has {} (layers 0..={})",
+                        cfg.num_layers,
+                        cfg.num_layers - 1
+                    )));
+                }
+                if let Some(list) = layers.as_ref().filter(|list| !list.contains(&l)) {
+                    return Err(bad(format!(
+                        "{name_shown}: layer {l}, which layers_to_transform {list:?} leaves out"
                     )));
                 }
                 if !lora.targets(t) {
-                    return Err(bad(format!("{name}: {t} is not in target_modules")));
+                    return Err(bad(format!("{name_shown}: {t} is not in target_modules")));
                 }
                 let (d_in, d_out) = t.dims(cfg);
                 let want = match f {
@@ -386,24 +449,24 @@ impl Adapter {
                 };
                 if *shape != want {
                     return Err(bad(format!(
-                        "{name} has shape {shape:?}, the model needs {want:?} (r = {r})"
+                        "{name_shown} has shape {shape:?}, the model needs {want:?} (r = {r})"
                     )));
                 }
                 seen.entry((l, t)).or_default()[matches!(f, Factor::B) as usize] = true;
             } else if let Some(hf) = name.strip_prefix(PREFIX) {
                 let want = saved_shape(cfg, hf).ok_or_else(|| {
                     bad(format!(
-                        "tensor {name} is neither a LoRA factor nor a parameter this model can take"
+                        "tensor {name_shown} is neither a LoRA factor nor a parameter this model can take"
                     ))
                 })?;
                 if *shape != want {
                     return Err(bad(format!(
-                        "{name} has shape {shape:?}, the model needs {want:?}"
+                        "{name_shown} has shape {shape:?}, the model needs {want:?}"
                     )));
                 }
             } else {
                 return Err(bad(format!(
-                    "tensor {name} is not named as PEFT names them"
+                    "tensor {name_shown} is not named as PEFT names them"
                 )));
             }
         }
@@ -417,14 +480,33 @@ impl Adapter {
         }
         // Then the values.
         let st = safetensors::SafeTensors::deserialize(&bytes)
-            .map_err(|e| bad(format!("{WEIGHTS_FILE}: {e}")))?;
+            .map_err(|e| bad(format!("{WEIGHTS_FILE}: {}", esc(&e.to_string()))))?;
         let load = |name: &str| -> Result<Vec<f32>> {
             use candle_core::safetensors::Load;
-            let view = st.tensor(name).map_err(|e| bad(format!("{name}: {e}")))?;
+            let view = st
+                .tensor(name)
+                .map_err(|e| bad(format!("{}: {}", esc(name), esc(&e.to_string()))))?;
             let t = view.load(&Device::Cpu)?.to_dtype(candle_core::DType::F32)?;
             let v = t.flatten_all()?.to_vec1::<f32>()?;
-            if v.iter().any(|x| !x.is_finite()) {
-                return Err(bad(format!("{name} holds values that are not finite")));
+            if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(bad(format!(
+                    "{} holds the non-finite value {x} at index {i}",
+                    esc(name)
+                )));
+            }
+            // LoRA factors and saved norms or embeddings alike: the bound
+            // of a model file's weights.
+            let (kind, bound) = match name.strip_prefix(PREFIX) {
+                Some(hf) if parse_factor_name(name).is_none() => {
+                    posenc_models::weights::weight_kind(hf)
+                }
+                _ => ("LoRA factor", posenc_models::weights::MAX_WEIGHT),
+            };
+            if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| x.abs() > bound) {
+                return Err(bad(format!(
+                    "{} holds {x:e} at index {i}, beyond the ±{bound:e} accepted for a {kind} (trained adapters stay far below it)",
+                    esc(name)
+                )));
             }
             Ok(v)
         };
@@ -448,6 +530,7 @@ impl Adapter {
             factors,
             saved,
             step,
+            layers,
         })
     }
 
@@ -491,7 +574,20 @@ impl Adapter {
                 let b = Tensor::from_slice(&b, (out, r), &Device::Cpu)?;
                 let delta = b.matmul(&a)?.affine(s, 0.0)?; // (out, in)
                 let merged = (Tensor::from_slice(w.data, (out, inp), &Device::Cpu)? + delta)?;
-                updates.push((name, merged.flatten_all()?.to_vec1::<f32>()?));
+                let merged = merged.flatten_all()?.to_vec1::<f32>()?;
+                // The product itself can overflow, or reach magnitudes no
+                // model has, though each factor and the scale pass.
+                let bound = posenc_models::weights::MAX_WEIGHT;
+                if let Some((i, v)) = merged
+                    .iter()
+                    .enumerate()
+                    .find(|(_, v)| !(v.is_finite() && v.abs() <= bound))
+                {
+                    return Err(bad(format!(
+                        "merging layer {l}'s {t} (W + {s}·B·A) gives {v:e} at index {i} of {name}, beyond the ±{bound:e} a model's weights stay within: the factors or lora_alpha are implausible"
+                    )));
+                }
+                updates.push((name, merged));
             }
         }
         for (name, (_, v)) in &self.saved {
@@ -562,7 +658,7 @@ fn parse_config(c: &Value) -> std::result::Result<(LoraConfig, bool, Option<Stri
     if peft_type != Some("LORA") {
         return Err(format!(
             "peft_type is {}, posenc applies LORA adapters only",
-            c.get("peft_type").unwrap_or(&Value::Null)
+            esc(&c.get("peft_type").unwrap_or(&Value::Null).to_string())
         ));
     }
     let flag = |k: &str| c.get(k).and_then(Value::as_bool).unwrap_or(false);
@@ -586,7 +682,8 @@ fn parse_config(c: &Value) -> std::result::Result<(LoraConfig, bool, Option<Stri
     if let Some(b) = c.get("bias").and_then(Value::as_str) {
         if b != "none" {
             return Err(format!(
-                "bias is {b:?}; posenc applies adapters without biases"
+                "bias is {}; posenc applies adapters without biases",
+                quote(b)
             ));
         }
     }
@@ -611,7 +708,8 @@ fn parse_config(c: &Value) -> std::result::Result<(LoraConfig, bool, Option<Stri
         }
         Some(Value::String(s)) => {
             return Err(format!(
-                "target_modules is the pattern {s:?}; posenc reads a list of module names"
+                "target_modules is the pattern {}; posenc reads a list of module names",
+                quote(s)
             ))
         }
         _ => return Err("no target_modules list".into()),
@@ -629,7 +727,8 @@ fn parse_config(c: &Value) -> std::result::Result<(LoraConfig, bool, Option<Stri
             .contains(&s)
             {
                 return Err(format!(
-                    "modules_to_save names {s:?}; posenc takes embed_tokens, norm, input_layernorm, post_attention_layernorm, lm_head"
+                    "modules_to_save names {}; posenc takes embed_tokens, norm, input_layernorm, post_attention_layernorm, lm_head",
+                    quote(s)
                 ));
             }
         }
@@ -646,6 +745,84 @@ fn parse_config(c: &Value) -> std::result::Result<(LoraConfig, bool, Option<Stri
         .and_then(Value::as_str)
         .map(str::to_string);
     Ok((lora, flag("use_rslora"), base))
+}
+
+/// What a JSON value is, in words.
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// PEFT's `layers_to_transform` (an index or a list; `None`: every layer),
+/// each index below `num_layers`, with `layers_pattern` absent or
+/// `layers` (the name of these decoders' layer list), and no
+/// `layer_replication` or `exclude_modules`.
+fn parse_layers(c: &Value, num_layers: usize) -> std::result::Result<Option<Vec<usize>>, String> {
+    let set = |k: &str| match c.get(k) {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(_) => true,
+    };
+    for k in ["layer_replication", "exclude_modules"] {
+        if set(k) {
+            return Err(format!(
+                "{k} is set; posenc applies target_modules in every layer of layers_to_transform"
+            ));
+        }
+    }
+    let index = |v: &Value| -> std::result::Result<usize, String> {
+        let i = v.as_u64().ok_or_else(|| {
+            format!(
+                "layers_to_transform holds {}, not a layer index",
+                esc(&v.to_string())
+            )
+        })?;
+        if i >= num_layers as u64 {
+            return Err(format!(
+                "layers_to_transform holds layer {i}; the model has {num_layers} layers (0..={})",
+                num_layers.saturating_sub(1)
+            ));
+        }
+        Ok(i as usize)
+    };
+    let layers = match c.get("layers_to_transform") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(a)) => {
+            let mut l = a
+                .iter()
+                .map(index)
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            l.sort_unstable();
+            l.dedup();
+            if l.is_empty() {
+                return Err(
+                    "layers_to_transform is an empty list: no layer would be adapted".into(),
+                );
+            }
+            l
+        }
+        Some(v) => vec![index(v)?],
+    };
+    let pattern_ok = match c.get("layers_pattern") {
+        None | Some(Value::Null) => true,
+        Some(Value::String(s)) => s == "layers",
+        Some(Value::Array(a)) => a.iter().all(|v| v.as_str() == Some("layers")) && !a.is_empty(),
+        Some(_) => false,
+    };
+    if !pattern_ok {
+        return Err(format!(
+            "layers_pattern is {}; these decoders' layers are model.layers.N (pattern \"layers\")",
+            esc(&c["layers_pattern"].to_string())
+        ));
+    }
+    Ok(Some(layers))
 }
 
 /// Writes `f32` tensors as a safetensors file with `meta`, through a
