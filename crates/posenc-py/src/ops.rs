@@ -58,64 +58,78 @@ fn positions(offset: usize, ids: &Option<Vec<i64>>) -> BufferPositions<'_> {
     }
 }
 
-/// Rotates `x` into `out` (float32, `(B, H, T, D)`), in the kernels of
-/// `posenc`; `key` selects the key tables, `inverse` the transpose.
+/// Rotates queries `q` into `oq` and keys `k` into `ok` (float32, `(B, H,
+/// T, D)` each) in one call, in the kernels of `posenc`; `inverse` applies
+/// the transpose (the backward pass).
 #[pyfunction]
-#[pyo3(signature = (rope, x, out, offset, ids, key, inverse))]
+#[pyo3(signature = (rope, q, oq, k, ok, offset, ids, inverse))]
 #[allow(clippy::too_many_arguments)]
 fn _rope_f32(
     py: Python<'_>,
     rope: &PyRopeConfig,
-    x: PyReadonlyArrayDyn<'_, f32>,
-    mut out: PyReadwriteArrayDyn<'_, f32>,
+    q: PyReadonlyArrayDyn<'_, f32>,
+    mut oq: PyReadwriteArrayDyn<'_, f32>,
+    k: PyReadonlyArrayDyn<'_, f32>,
+    mut ok: PyReadwriteArrayDyn<'_, f32>,
     offset: usize,
     ids: Option<PyReadonlyArray2<'_, i64>>,
-    key: bool,
     inverse: bool,
 ) -> PyResult<()> {
-    let dims = dims4("rope input", x.shape())?;
+    let (dq, dk) = (dims4("q", q.shape())?, dims4("k", k.shape())?);
     let ids = ids_of(&ids)?;
     let r = rope.rope()?;
-    let (src, dst) = (
-        slice("rope input", &x)?,
-        slice_mut("rope output", &mut out)?,
-    );
+    let (qs, oqs) = (slice("q", &q)?, slice_mut("q output", &mut oq)?);
+    let (ks, oks) = (slice("k", &k)?, slice_mut("k output", &mut ok)?);
     detached(py, || {
-        buffers::rope_apply(r, src, dst, dims, positions(offset, &ids), key, inverse).py()
+        let pos = positions(offset, &ids);
+        buffers::rope_apply(r, qs, oqs, dq, pos, false, inverse).py()?;
+        buffers::rope_apply(r, ks, oks, dk, pos, true, inverse).py()
     })
 }
 
 /// As [`_rope_f32`] on bfloat16 buffers (passed as int16 views of the
 /// same memory).
 #[pyfunction]
-#[pyo3(signature = (rope, x, out, offset, ids, key, inverse))]
+#[pyo3(signature = (rope, q, oq, k, ok, offset, ids, inverse))]
 #[allow(clippy::too_many_arguments)]
 fn _rope_bf16(
     py: Python<'_>,
     rope: &PyRopeConfig,
-    x: PyReadonlyArrayDyn<'_, i16>,
-    mut out: PyReadwriteArrayDyn<'_, i16>,
+    q: PyReadonlyArrayDyn<'_, i16>,
+    mut oq: PyReadwriteArrayDyn<'_, i16>,
+    k: PyReadonlyArrayDyn<'_, i16>,
+    mut ok: PyReadwriteArrayDyn<'_, i16>,
     offset: usize,
     ids: Option<PyReadonlyArray2<'_, i64>>,
-    key: bool,
     inverse: bool,
 ) -> PyResult<()> {
-    let dims = dims4("rope input", x.shape())?;
+    let (dq, dk) = (dims4("q", q.shape())?, dims4("k", k.shape())?);
     let ids = ids_of(&ids)?;
     let r = rope.rope()?;
-    let (src, dst) = (
-        slice("rope input", &x)?,
-        slice_mut("rope output", &mut out)?,
+    let (qs, oqs) = (
+        as_bf16(slice("q", &q)?),
+        as_bf16_mut(slice_mut("q output", &mut oq)?),
     );
+    let (ks, oks) = (
+        as_bf16(slice("k", &k)?),
+        as_bf16_mut(slice_mut("k output", &mut ok)?),
+    );
+    detached(py, || {
+        let pos = positions(offset, &ids);
+        buffers::rope_apply(r, qs, oqs, dq, pos, false, inverse).py()?;
+        buffers::rope_apply(r, ks, oks, dk, pos, true, inverse).py()
+    })
+}
+
+fn as_bf16(s: &[i16]) -> &[half::bf16] {
     // SAFETY: half::bf16 is a transparent wrapper of a u16: the same size
     // and alignment as i16, every bit pattern valid.
-    let src: &[half::bf16] =
-        unsafe { std::slice::from_raw_parts(src.as_ptr() as *const half::bf16, src.len()) };
-    let dst: &mut [half::bf16] =
-        unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut half::bf16, dst.len()) };
-    detached(py, || {
-        buffers::rope_apply(r, src, dst, dims, positions(offset, &ids), key, inverse).py()
-    })
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const half::bf16, s.len()) }
+}
+
+fn as_bf16_mut(s: &mut [i16]) -> &mut [half::bf16] {
+    // SAFETY: as `as_bf16`; the borrow is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut half::bf16, s.len()) }
 }
 
 /// The shape of an attention call from `q` and `k`, checked against `v`.

@@ -286,6 +286,7 @@ def test_fused_ops_read_and_write_the_tensors_memory():
         assert tr[0] == (q.data_ptr(), q.data_ptr())
         assert tr[1] == (qr.data_ptr(), qr.data_ptr())
         assert tr[2] == (k.data_ptr(), k.data_ptr())
+        assert tr[3] == (kr.data_ptr(), kr.data_ptr())
         pt._TRACE = []
         out = pt.attention(q, k, v, rope=rope)
         tr = list(pt._TRACE)
@@ -350,4 +351,4 @@ def test_kernel_errors_reach_python_with_the_library_words():
     with pytest.raises(posenc.PosencError, match="rotates 32 entries"):
         pt.apply_rope(q, k, rope)
     with pytest.raises(posenc.PosencError, match="not contiguous|elements|shape"):
-        posenc._posenc._rope_f32(base_rope(), q.numpy()[:, :, ::2], np.empty((2, 4, 12, 16), np.float32), 0, None, False, False)
+        posenc._posenc._rope_f32(base_rope(), q.numpy()[:, :, ::2], np.empty((2, 4, 12, 16), np.float32), k.numpy(), k.numpy().copy(), 0, None, False)

@@ -72,6 +72,8 @@ pub mod docs_doctests {
     pub struct Report;
     #[doc = include_str!("../../../docs/speed.md")]
     pub struct Speed;
+    #[doc = include_str!("../../../docs/transformers.md")]
+    pub struct Transformers;
     #[doc = include_str!("../../../docs/verdicts.md")]
     pub struct Verdicts;
 }

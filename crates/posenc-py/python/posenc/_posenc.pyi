@@ -174,8 +174,8 @@ def cope_positions(
 def simd_level() -> str:
     """The SIMD level posenc's kernels run at on this CPU."""
 
-def _rope_f32(rope: RopeConfig, x: Any, out: Any, offset: int, ids: Any, key: bool, inverse: bool) -> None: ...
-def _rope_bf16(rope: RopeConfig, x: Any, out: Any, offset: int, ids: Any, key: bool, inverse: bool) -> None: ...
+def _rope_f32(rope: RopeConfig, q: Any, oq: Any, k: Any, ok: Any, offset: int, ids: Any, inverse: bool) -> None: ...
+def _rope_bf16(rope: RopeConfig, q: Any, oq: Any, k: Any, ok: Any, offset: int, ids: Any, inverse: bool) -> None: ...
 def _attention_forward(
     q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: Optional[float],
     rope: Optional[RopeConfig], alibi: Any, offset: int, ids: Any,
@@ -186,3 +186,141 @@ def _attention_backward(
 ) -> None: ...
 def _method_forward(rope: RopeConfig, q: Any, k: Any, v: Any, out: Any) -> None: ...
 def _alibi_slopes_f32(heads: int) -> npt.NDArray[np.float32]: ...
+
+
+# --- Model and finetune (crates/posenc-py/src/model.rs) -------------------
+
+from typing import Callable
+
+_ModelPath = Union[str, "PathLike[str]"]
+_ModelText = Union[str, "PathLike[str]"]
+_Progress = Callable[[int, int, str], object]
+
+class Model:
+    """A pretrained decoder (GGUF file or Hugging Face checkpoint directory),
+    loaded once and probed as the ``posenc`` command probes it.
+
+    Every call that reads weights or runs the model releases the GIL, calls
+    ``progress(done, total, what)`` (if given) at least once per layer,
+    trial or step (first with ``done = 0`` and ``what`` a one-line
+    description of the run), and stops within about a second on Ctrl-C
+    (``KeyboardInterrupt``) or when ``progress`` raises (that exception is
+    raised). Bad inputs raise ``PosencError`` with the command's one-line
+    message.
+    """
+
+    @staticmethod
+    def load(path: _ModelPath, tokenizer: Optional[_ModelPath] = None, products: str = "f32") -> "Model":
+        """Open and load the model at ``path`` (a ``.gguf`` file, a checkpoint
+        directory or its ``config.json``), with ``tokenizer`` (a
+        ``tokenizer.json``) instead of its own, and the attention's
+        ``products`` (``"f32"`` or ``"bf16"``) past 1,024 tokens."""
+
+    def perplexity(
+        self,
+        text: Optional[_ModelText] = None,
+        length: Optional[int] = None,
+        scalings: Union[str, Sequence[str], None] = "none",
+        adapter: Optional[_ModelPath] = None,
+        band: int = 1024,
+        held_out: bool = False,
+        per_position: bool = False,
+        progress: Optional[_Progress] = None,
+    ) -> Dict[str, Any]:
+        """The loss at every position of a window, per scaling: the dict
+        ``posenc perplexity --json`` prints.
+
+        ``text``: a ``str`` is the text itself, a path a UTF-8 file (read only
+        as far as the window needs, unless ``held_out``); default: the
+        built-in *Pride and Prejudice*. ``length``: the window (default twice
+        the trained length). ``scalings``: one name (``"yarn:2"``,
+        ``"self-extend:4:1024+yarn:2"``; commas allowed) or a list.
+        ``adapter``: a LoRA adapter directory (PEFT layout) merged for this
+        call only (the loaded weights are restored after it). ``held_out``:
+        score the text's last 10% of tokens. ``per_position``: include
+        ``"loss"``, the loss at every position."""
+
+    def passkey(
+        self,
+        lengths: Sequence[int],
+        depths: Sequence[float],
+        trials: int = 1,
+        scalings: Union[str, Sequence[str], None] = "none",
+        haystack: Optional[_ModelText] = None,
+        seed: int = 0,
+        progress: Optional[_Progress] = None,
+    ) -> Dict[str, Any]:
+        """Passkey retrieval over prompt ``lengths`` × needle ``depths``
+        (``trials`` keys per cell) for each scaling: the dict ``posenc passkey
+        --json`` prints. ``haystack``: ``None`` (the landmark passkey
+        prompt), a ``str`` (RULER's needle hidden in that text) or a path to
+        such a text."""
+
+    def generate(
+        self,
+        prompt: _ModelText,
+        max_new_tokens: int = 32,
+        scaling: str = "none",
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> str:
+        """The text generated after ``prompt`` (a ``str``, or a path to a
+        UTF-8 file): at most ``max_new_tokens`` tokens with one ``scaling``,
+        greedy at ``temperature`` 0, else sampled (nucleus ``top_p``,
+        ``seed``); ``posenc generate --json``'s ``"text"``."""
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        """The model's configuration (architecture, sizes, heads, RoPE type,
+        trained length, special tokens)."""
+
+    @property
+    def trained_length(self) -> int:
+        """The context length the model was trained at (``L``)."""
+
+    @property
+    def source(self) -> str:
+        """One line on the model's files: format and tensor types."""
+
+    @property
+    def tokenizer(self) -> str:
+        """The tokenizer's description."""
+
+def finetune(
+    model: Optional[_ModelPath],
+    out: _ModelPath,
+    *,
+    length: Optional[int] = None,
+    steps: Optional[int] = None,
+    pose: Optional[int] = None,
+    text: Optional[_ModelPath] = None,
+    tokenizer: Optional[_ModelPath] = None,
+    scaling: Optional[str] = None,
+    lr: Optional[float] = None,
+    warmup: Optional[int] = None,
+    batch: Optional[int] = None,
+    seed: Optional[int] = None,
+    lora: int = 8,
+    alpha: float = 8.0,
+    dropout: float = 0.0,
+    targets: str = "q_proj,v_proj",
+    train: Optional[str] = None,
+    schedule: str = "linear",
+    weight_decay: float = 0.01,
+    clip: float = 1.0,
+    checkpoint_every: int = 0,
+    checkpoint_layers: bool = False,
+    merge: bool = False,
+    resume: bool = False,
+    progress: Optional[_Progress] = None,
+) -> Dict[str, Any]:
+    """LoRA fine-tuning of the pretrained ``model`` at a new context
+    ``length`` into the directory ``out``: what ``posenc finetune --model
+    MODEL --out OUT --json`` does and prints (the options are its flags,
+    ``_`` for ``-``; ``text`` and ``tokenizer`` are files; ``model`` may be
+    ``None`` with ``resume=True``). ``out`` is checked before any work. The
+    GIL is released; ``progress(done, total, what)`` is called at the start
+    and about every 200 ms. Ctrl-C (or ``progress`` raising) stops after
+    the step in progress with a checkpoint in ``out`` (continue it with
+    ``resume=True``) and raises that exception."""

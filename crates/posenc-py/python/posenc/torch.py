@@ -72,10 +72,9 @@ def fused_available(*tensors: torch.Tensor) -> bool:
     if not tensors:
         return False
     dt = tensors[0].dtype
-    return all(t.device.type == "cpu" and t.dtype == dt for t in tensors) and dt in (
-        torch.float32,
-        torch.bfloat16,
-    )
+    if dt is not torch.float32 and dt is not torch.bfloat16:
+        return False
+    return all(t.dtype is dt and t.device.type == "cpu" for t in tensors)
 
 
 def _view(t: torch.Tensor) -> np.ndarray:
@@ -163,29 +162,27 @@ def _tables(rope: RopeConfig, ids_host: np.ndarray, q_len: int, device: torch.de
     return t(qc), t(qs), t(kc), t(ks)
 
 
+def _rope_kernel(q, k, rope, offset, ids, inverse):
+    """Rotates contiguous q and k into new tensors with the fused kernel."""
+    kernel = _posenc._rope_bf16 if q.dtype == torch.bfloat16 else _posenc._rope_f32
+    oq, ok = torch.empty_like(q), torch.empty_like(k)
+    kernel(rope, _view(q), _view(oq), _view(k), _view(ok), offset, ids, inverse)
+    return oq, ok
+
+
 class _RopeFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, rope, offset, ids):  # type: ignore[override]
-        q, k = q.contiguous(), k.contiguous()
-        kernel = _posenc._rope_bf16 if q.dtype == torch.bfloat16 else _posenc._rope_f32
-        oq, ok = torch.empty_like(q), torch.empty_like(k)
-        kernel(rope, _view(q), _view(oq), offset, ids, False, False)
-        kernel(rope, _view(k), _view(ok), offset, ids, True, False)
-        ctx.rope, ctx.offset, ctx.ids, ctx.kernel = rope, offset, ids, kernel
-        return oq, ok
+        ctx.rope, ctx.offset, ctx.ids = rope, offset, ids
+        ctx.shapes = (q.shape, k.shape)
+        return _rope_kernel(q.contiguous(), k.contiguous(), rope, offset, ids, False)
 
     @staticmethod
     def backward(ctx, gq, gk):  # type: ignore[override]
-        out = []
-        for g, key in ((gq, False), (gk, True)):
-            if g is None:
-                out.append(None)
-                continue
-            g = g.contiguous()
-            dx = torch.empty_like(g)
-            ctx.kernel(ctx.rope, _view(g), _view(dx), ctx.offset, ctx.ids, key, True)
-            out.append(dx)
-        return out[0], out[1], None, None, None
+        gq = gk.new_zeros(ctx.shapes[0]) if gq is None else gq
+        gk = gq.new_zeros(ctx.shapes[1]) if gk is None else gk
+        dq, dk = _rope_kernel(gq.contiguous(), gk.contiguous(), ctx.rope, ctx.offset, ctx.ids, True)
+        return dq, dk, None, None, None
 
 
 def apply_rope(
@@ -207,33 +204,42 @@ def apply_rope(
     ``"fused"`` or ``"torch"``."""
     _check4("q", q)
     _check4("k", k)
-    rope = _check_rope(rope)
+    if type(rope) is not RopeConfig:
+        _check_rope(rope)
     if rope.method is not None:
         raise PosencError(
             f"apply_rope: the rope's scaling has the attention method {rope.method}, which "
             "remaps positions inside attention: use posenc.torch.attention(..., rope=rope)"
         )
-    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.shape[3] != k.shape[3]:
+    qs, ks = q.shape, k.shape
+    if qs[0] != ks[0] or qs[2] != ks[2] or qs[3] != ks[3]:
         raise PosencError(
-            f"apply_rope: q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch, seq_len or head_dim"
+            f"apply_rope: q {tuple(qs)} and k {tuple(ks)} differ in batch, seq_len or head_dim"
         )
     if q.device != k.device:
         raise PosencError(f"apply_rope: q is on {q.device}, k on {k.device}")
-    if rope.rotary_dim > q.shape[3]:
+    if rope.rotary_dim > qs[3]:
         raise PosencError(
-            f"apply_rope: the rope rotates {rope.rotary_dim} entries, more than head_dim {q.shape[3]}"
+            f"apply_rope: the rope rotates {rope.rotary_dim} entries, more than head_dim {qs[3]}"
         )
-    b, t = q.shape[0], q.shape[2]
-    ids_host, ids = _key_ids(offset, position_ids, b, t, q.device)
-    if not _forced_torch(backend) and fused_available(q, k):
-        return _RopeFn.apply(q, k, rope, offset, ids_host)
+    fused = not _forced_torch(backend) and fused_available(q, k)
+    if fused and position_ids is None:
+        if type(offset) is not int or offset < 0:
+            raise PosencError(f"offset: expected an int >= 0, got {offset!r}")
+        ids_host = None
+    else:
+        ids_host, ids = _key_ids(offset, position_ids, qs[0], qs[2], q.device)
+    if fused:
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+            return _RopeFn.apply(q, k, rope, offset, ids_host)
+        return _rope_kernel(q.contiguous(), k.contiguous(), rope, offset, ids_host, False)
     if backend == "fused":
         raise PosencError(
             f"apply_rope: the fused kernels take CPU float32/bfloat16 tensors, got {q.dtype} on {q.device}"
         )
     host = ids.detach().cpu().numpy() if ids_host is None else ids_host
-    qc, qs, kc, ks = _tables(rope, host, t, q.device)
-    return rotate(q, qc, qs, rope.layout), rotate(k, kc, ks, rope.layout)
+    qc, qs_, kc, ks_ = _tables(rope, host, qs[2], q.device)
+    return rotate(q, qc, qs_, rope.layout), rotate(k, kc, ks_, rope.layout)
 
 
 # ---------------------------------------------------------------- attention
@@ -327,17 +333,23 @@ def _torch_method_attention(q, k, v, rope, block=QUERY_BLOCK):
     return torch.cat(outs, dim=2)
 
 
+def _attention_kernel(q, k, v, causal, scale, rope, slopes, offset, ids):
+    """The fused forward on contiguous float32 q, k, v: (out, lse, slopes' view)."""
+    b, h, t, _ = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty((b, h, t), dtype=torch.float32)
+    sl = None if slopes is None else _view(slopes.contiguous())
+    _posenc._attention_forward(
+        _view(q), _view(k), _view(v), _view(out), _view(lse), causal, scale, rope, sl, offset, ids
+    )
+    return out, lse, sl
+
+
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, rope, slopes, offset, ids):  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        b, h, t, _ = q.shape
-        out = torch.empty_like(q)
-        lse = torch.empty((b, h, t), dtype=torch.float32)
-        sl = None if slopes is None else _view(slopes.contiguous())
-        _posenc._attention_forward(
-            _view(q), _view(k), _view(v), _view(out), _view(lse), causal, scale, rope, sl, offset, ids
-        )
+        out, lse, sl = _attention_kernel(q, k, v, causal, scale, rope, slopes, offset, ids)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (causal, scale, rope, sl, offset, ids)
         return out
@@ -449,11 +461,17 @@ def attention(
         return _torch_method_attention(q, k, v, rope).to(q.dtype)
 
     slopes = _alibi_slopes(alibi, h, q.device)
-    ids_host, k_pos = _key_ids(offset, position_ids, b, s, q.device)
+    if fused and position_ids is None:
+        if type(offset) is not int or offset < 0:
+            raise PosencError(f"offset: expected an int >= 0, got {offset!r}")
+        ids_host = None
+    else:
+        ids_host, k_pos = _key_ids(offset, position_ids, b, s, q.device)
     if fused:
-        sc = scale
-        out = _AttentionFn.apply(q.float(), k.float(), v.float(), causal, sc, rope, slopes, offset, ids_host)
-        return out.to(q.dtype)
+        args = (causal, scale, rope, slopes, offset, ids_host)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _AttentionFn.apply(q.float(), k.float(), v.float(), *args).to(q.dtype)
+        return _attention_kernel(q.float().contiguous(), k.float().contiguous(), v.float().contiguous(), *args)[0].to(q.dtype)
     q_pos = k_pos[:, s - t :]
     sc = scale if scale is not None else 1.0 / (d**0.5)
     return _torch_attention(q, k, v, causal, sc, rope, slopes, q_pos, k_pos, ids_host).to(q.dtype)
