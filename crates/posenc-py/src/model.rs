@@ -31,7 +31,7 @@ enum TextArg {
 
 fn text_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<TextArg> {
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(TextArg::String(s.to_str()?.to_owned()));
+        return Ok(TextArg::String(s.extract::<String>()?));
     }
     if obj.hasattr("__fspath__")? {
         return Ok(TextArg::File(obj.extract::<PathBuf>()?));
@@ -45,7 +45,7 @@ fn text_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<TextArg> {
 /// One scaling name or a list of them.
 fn names_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<String>> {
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(vec![s.to_str()?.to_owned()]);
+        return Ok(vec![s.extract::<String>()?]);
     }
     if let Ok(list) = obj.extract::<Vec<String>>() {
         return Ok(list);
@@ -223,6 +223,7 @@ impl Model {
     /// text as `posenc generate --json`'s "text".
     #[pyo3(signature = (prompt, max_new_tokens=32, scaling="none", temperature=0.0, top_p=1.0,
                         seed=0))]
+    #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
         py: Python<'_>,
@@ -246,7 +247,12 @@ impl Model {
             adapter: None,
             stream_text: false,
         };
-        let watch = Watch::new(None);
+        // Ctrl-C only: no progress display for a generation.
+        let quiet = pyo3::types::PyBool::new(py, false)
+            .to_owned()
+            .into_any()
+            .unbind();
+        let watch = Watch::new(Some(quiet));
         let r = detached(py, || {
             Ok(self
                 .session()
@@ -272,6 +278,9 @@ impl Model {
         d.set_item("num_kv_heads", c.num_kv_heads)?;
         d.set_item("head_dim", c.head_dim)?;
         d.set_item("rms_norm_eps", c.rms_norm_eps)?;
+        d.set_item("max_position_embeddings", c.max_position_embeddings)?;
+        d.set_item("tie_word_embeddings", c.tie_word_embeddings)?;
+        d.set_item("sliding_window", c.sliding_window)?;
         d.set_item("trained_length", c.trained_length())?;
         d.set_item("bos_token_id", c.bos_token_id)?;
         d.set_item("eos_token_ids", PyList::new(py, &c.eos_token_ids)?)?;
@@ -295,7 +304,9 @@ impl Model {
     /// The tokenizer's description.
     #[getter]
     fn tokenizer(&self) -> String {
-        self.session().tokenizer().source().to_owned()
+        self.session()
+            .tokenizer()
+            .map_or(String::new(), |t| t.source().to_owned())
     }
 
     fn __repr__(&self) -> String {
