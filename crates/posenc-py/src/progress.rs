@@ -13,6 +13,12 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
+/// The default display, or `None` (no tqdm, or the module is missing).
+fn default_display(py: Python<'_>) -> Option<Py<PyAny>> {
+    let f = py.import("posenc._progress").ok()?.call_method0("default").ok()?;
+    (!f.is_none()).then(|| f.unbind())
+}
+
 /// The user's progress callable and the first exception seen.
 pub struct Watch {
     callback: Option<Py<PyAny>>,
@@ -22,8 +28,21 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// A watch over `callback` (`None`: signals only).
+    /// A watch over `callback`: the user's callable; `None` for the
+    /// default display (`posenc._progress.default()`: a tqdm bar when tqdm
+    /// is installed); `False` for none (signals only).
     pub fn new(callback: Option<Py<PyAny>>) -> Watch {
+        let callback = Python::attach(|py| match callback {
+            Some(cb) if cb.bind(py).is_instance_of::<pyo3::types::PyBool>() => {
+                if cb.bind(py).is_truthy().unwrap_or(false) {
+                    default_display(py)
+                } else {
+                    None
+                }
+            }
+            Some(cb) => Some(cb),
+            None => default_display(py),
+        });
         Watch {
             callback,
             error: Mutex::new(None),
