@@ -269,7 +269,7 @@ fn hostile_configs_exit_2_with_one_line() {
         ),
         (
             r#"{"head_dim": 64, "rope_scaling": {"rope_type": "linear", "factor": 1e-300}}"#,
-            "inv_freq",
+            "`factor`: 1e-300 is outside [0.0009765625, 1024]",
         ),
         (
             r#"{"model_type": "qwen2_vl", "head_dim": 64, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}"#,

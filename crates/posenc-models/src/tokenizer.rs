@@ -175,7 +175,12 @@ impl TextTokenizer {
             "tokenizer.ggml.tokens",
             path,
         )?
-        .ok_or_else(|| ModelError::Tokenizer("no tokenizer.ggml.tokens".into()))?;
+        .ok_or_else(|| {
+            ModelError::Tokenizer(format!(
+                "{}: no tokenizer.ggml.tokens",
+                crate::safe::path(path)
+            ))
+        })?;
         let merges = strings(
             md.get("tokenizer.ggml.merges"),
             "tokenizer.ggml.merges",
@@ -211,7 +216,8 @@ impl TextTokenizer {
                         .map(|(a, b)| (a.to_string(), b.to_string()))
                         .ok_or_else(|| {
                             ModelError::Tokenizer(format!(
-                                "tokenizer.ggml.merges: merge {} has no space (a merge is two tokens joined by a space)",
+                                "{}: tokenizer.ggml.merges: merge {} has no space (a merge is two tokens joined by a space)",
+                                crate::safe::path(path),
                                 quote(s)
                             ))
                         })

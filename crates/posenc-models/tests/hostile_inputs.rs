@@ -289,6 +289,22 @@ fn issue_37_variants(fixtures: &Path, dir: &Path) -> Vec<(String, PathBuf, &'sta
             "tokenizer model && \\u{1b}[2J",
         );
     }
+    {
+        // A tokenizer piece: a merge without its space.
+        let mut g = base.clone();
+        set(
+            &mut g,
+            meta(
+                "tokenizer.ggml.merges",
+                Value::Array(vec![Value::String(format!("Ġ{CLEAR}t"))]),
+            ),
+        );
+        emit_gguf(
+            "escape in a tokenizer merge",
+            &g,
+            "tokenizer.ggml.merges: merge \"Ġ\\u{1b}[2Jt\" has no space",
+        );
+    }
     // 4. Scaling factors, bases, counts out of the CLI's ranges.
     let a = "qwen2";
     for (name, edits, needle) in [
