@@ -354,6 +354,9 @@ pub fn eval(a: EvalArgs) -> CliResult {
     };
     let mut used = Vec::new();
     for &len in &lengths {
+        // A length no evaluation budget holds is refused before its scaling
+        // (whose factor grows with the length) is built.
+        posenc_lab::eval::micro_batch(&lab.model, len, 1)?;
         let spec = scaling_at(&lab, a.scaling.as_deref(), len)?;
         let scaling = spec
             .as_ref()

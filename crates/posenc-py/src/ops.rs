@@ -121,6 +121,74 @@ fn _rope_bf16(
     })
 }
 
+/// The element count of a `(B, H, T, D)` shape, checked.
+fn elements(shape: [usize; 4]) -> PyResult<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .filter(|&n| n <= buffers::MAX_ELEMENTS)
+        .ok_or_else(|| err(format!("shape {shape:?}: too many elements")))
+}
+
+/// Rotates q and k given by address: the fast entry point of
+/// `posenc.torch.apply_rope` (a call costs a few microseconds; numpy views
+/// cost more than the kernel on small tensors).
+///
+/// Private: the caller guarantees that each address is that of a live,
+/// contiguous CPU buffer of its shape (float32 when `bf16` is false,
+/// bfloat16 otherwise), that outputs do not overlap inputs, and that no
+/// other code touches them during the call: `posenc.torch` passes
+/// `tensor.data_ptr()` of contiguous tensors it holds and outputs it has
+/// just allocated.
+#[pyfunction]
+#[pyo3(signature = (rope, bf16, q, oq, q_shape, k, ok, k_shape, offset, ids, inverse))]
+#[allow(clippy::too_many_arguments)]
+fn _rope_ptr(
+    py: Python<'_>,
+    rope: &PyRopeConfig,
+    bf16: bool,
+    q: usize,
+    oq: usize,
+    q_shape: [usize; 4],
+    k: usize,
+    ok: usize,
+    k_shape: [usize; 4],
+    offset: usize,
+    ids: Option<PyReadonlyArray2<'_, i64>>,
+    inverse: bool,
+) -> PyResult<()> {
+    let (nq, nk) = (elements(q_shape)?, elements(k_shape)?);
+    if [q, oq, k, ok].contains(&0) {
+        return Err(err("rope: a null buffer address"));
+    }
+    let ids = ids_of(&ids)?;
+    let r = rope.rope()?;
+    // Addresses cross the closure as integers (plain data).
+    detached(py, move || {
+        let pos = positions(offset, &ids);
+        // SAFETY: the caller's contract above (live, contiguous,
+        // non-overlapping buffers of these shapes and dtype).
+        unsafe {
+            if bf16 {
+                type B = half::bf16;
+                let qs = std::slice::from_raw_parts(q as *const B, nq);
+                let oqs = std::slice::from_raw_parts_mut(oq as *mut B, nq);
+                let ks = std::slice::from_raw_parts(k as *const B, nk);
+                let oks = std::slice::from_raw_parts_mut(ok as *mut B, nk);
+                buffers::rope_apply(r, qs, oqs, q_shape, pos, false, inverse).py()?;
+                buffers::rope_apply(r, ks, oks, k_shape, pos, true, inverse).py()
+            } else {
+                let qs = std::slice::from_raw_parts(q as *const f32, nq);
+                let oqs = std::slice::from_raw_parts_mut(oq as *mut f32, nq);
+                let ks = std::slice::from_raw_parts(k as *const f32, nk);
+                let oks = std::slice::from_raw_parts_mut(ok as *mut f32, nk);
+                buffers::rope_apply(r, qs, oqs, q_shape, pos, false, inverse).py()?;
+                buffers::rope_apply(r, ks, oks, k_shape, pos, true, inverse).py()
+            }
+        }
+    })
+}
+
 fn as_bf16(s: &[i16]) -> &[half::bf16] {
     // SAFETY: half::bf16 is a transparent wrapper of a u16: the same size
     // and alignment as i16, every bit pattern valid.
@@ -304,6 +372,7 @@ fn simd_level() -> &'static str {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_rope_f32, m)?)?;
     m.add_function(wrap_pyfunction!(_rope_bf16, m)?)?;
+    m.add_function(wrap_pyfunction!(_rope_ptr, m)?)?;
     m.add_function(wrap_pyfunction!(_attention_forward, m)?)?;
     m.add_function(wrap_pyfunction!(_attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(_method_forward, m)?)?;

@@ -17,7 +17,7 @@ Two paths compute the same numbers:
   computes in ``float32``: ``bfloat16`` inputs to ``attention`` are widened
   once (RoPE's ``bfloat16`` kernel reads them in place).
 - **torch** (any other device or dtype, or forced with ``backend="torch"``
-  or the environment variable ``POSENC_TORCH_PATH=1``): plain PyTorch ops on
+  or the environment variable ``POSENC_TORCH_PATH=1``, read at import): plain PyTorch ops on
   the same cos/sin tables, which posenc's Rust library computes (angles in
   ``float64``), so it runs on a GPU too. Attention runs in query blocks, so
   no ``T × S`` matrix per head is held for long inputs.
@@ -56,9 +56,14 @@ QUERY_BLOCK = 1024
 _TRACE: Optional[list] = None
 
 
+#: The environment's choice of path (``POSENC_TORCH_PATH=1``), read once at
+#: import; ``backend=`` chooses per call.
+_ENV_TORCH = os.environ.get("POSENC_TORCH_PATH", "") not in ("", "0")
+
+
 def _forced_torch(backend: Optional[str]) -> bool:
     if backend is None:
-        return os.environ.get("POSENC_TORCH_PATH", "") not in ("", "0")
+        return _ENV_TORCH
     if backend == "torch":
         return True
     if backend in ("fused", "auto"):
@@ -74,7 +79,7 @@ def fused_available(*tensors: torch.Tensor) -> bool:
     dt = tensors[0].dtype
     if dt is not torch.float32 and dt is not torch.bfloat16:
         return False
-    return all(t.dtype is dt and t.device.type == "cpu" for t in tensors)
+    return all(t.dtype is dt and t.is_cpu for t in tensors)
 
 
 def _view(t: torch.Tensor) -> np.ndarray:
@@ -163,10 +168,16 @@ def _tables(rope: RopeConfig, ids_host: np.ndarray, q_len: int, device: torch.de
 
 
 def _rope_kernel(q, k, rope, offset, ids, inverse):
-    """Rotates contiguous q and k into new tensors with the fused kernel."""
-    kernel = _posenc._rope_bf16 if q.dtype == torch.bfloat16 else _posenc._rope_f32
+    """Rotates contiguous q and k into new tensors with the fused kernel,
+    which reads and writes the tensors' memory by address (the tensors are
+    held here for the whole call)."""
     oq, ok = torch.empty_like(q), torch.empty_like(k)
-    kernel(rope, _view(q), _view(oq), _view(k), _view(ok), offset, ids, inverse)
+    if _TRACE is not None:
+        _TRACE.extend((t.data_ptr(), t.data_ptr()) for t in (q, oq, k, ok))
+    _posenc._rope_ptr(
+        rope, q.dtype is torch.bfloat16, q.data_ptr(), oq.data_ptr(), q.shape,
+        k.data_ptr(), ok.data_ptr(), k.shape, offset, ids, inverse,
+    )  # fmt: skip
     return oq, ok
 
 
