@@ -15,7 +15,11 @@ use pyo3::prelude::*;
 
 /// The default display, or `None` (no tqdm, or the module is missing).
 fn default_display(py: Python<'_>) -> Option<Py<PyAny>> {
-    let f = py.import("posenc._progress").ok()?.call_method0("default").ok()?;
+    let f = py
+        .import("posenc._progress")
+        .ok()?
+        .call_method0("default")
+        .ok()?;
     (!f.is_none()).then(|| f.unbind())
 }
 
