@@ -47,6 +47,11 @@ fn bad_methods_and_grids_are_refused_before_the_model() {
         fails_mentioning(&args, needle);
     }
     fails_mentioning(&["passkey", "--model", m, "--trials", "0"], "trials");
+    // Every count is capped (issue 37): no grid runs on without end.
+    fails_mentioning(
+        &["passkey", "--model", m, "--trials", "18446744073709551615"],
+        "1..=10000",
+    );
     fails_mentioning(
         &["passkey", "--model", m, "--lengths", "abc"],
         "not a number",

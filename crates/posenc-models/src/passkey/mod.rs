@@ -62,6 +62,12 @@ pub const QUESTION: &str = "What is the pass key? The pass key is";
 pub const RULER_INTRO: &str = "A special magic number is hidden within the following text. \
 Make sure to memorize it. I will quiz you about the number afterwards.";
 
+/// Most trials per (length, depth) cell of a grid.
+pub const MAX_TRIALS: usize = 10_000;
+
+/// Most lengths, and most depths, of a grid.
+pub const MAX_GRID_VALUES: usize = 1024;
+
 /// Smallest prompt a probe builds, in tokens.
 pub const MIN_LENGTH: usize = 64;
 
@@ -383,8 +389,20 @@ impl ProbeGrid {
         if let Some(d) = self.depths.iter().find(|d| !(0.0..=1.0).contains(*d)) {
             return Err(ModelError::Invalid(format!("depth {d} is outside [0, 1]")));
         }
-        if self.trials == 0 {
-            return Err(ModelError::Invalid("--trials must be at least 1".into()));
+        if self.trials == 0 || self.trials > MAX_TRIALS {
+            return Err(ModelError::Invalid(format!(
+                "--trials must be in 1..={MAX_TRIALS} (trials per length and depth)"
+            )));
+        }
+        for (what, n) in [
+            ("--lengths", self.lengths.len()),
+            ("--depths", self.depths.len()),
+        ] {
+            if n > MAX_GRID_VALUES {
+                return Err(ModelError::Invalid(format!(
+                    "{what}: {n} values, more than {MAX_GRID_VALUES}"
+                )));
+            }
         }
         Ok(())
     }
