@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """posenc.torch's ops beside PyTorch's, side by side in one run (issue 36).
 
-Three measurements, each the median of `--rounds` rounds, posenc and PyTorch
+Four measurements, each the median of `--rounds` rounds, posenc and PyTorch
 alternated inside every round, with `--threads` threads for both
 (`torch.set_num_threads`, and `RAYON_NUM_THREADS` for posenc's kernels, set
 before posenc is imported):
@@ -11,6 +11,7 @@ before posenc is imported):
    transformers' `apply_rotary_pos_emb` followed by
    `torch.nn.functional.scaled_dot_product_attention(is_causal=True)`
    (the rotation and the attention of a transformers Llama layer);
+   and the same forward alone (no gradient);
 2. the rotation alone, forward, same shape for q and k:
    `posenc.torch.apply_rope` against `apply_rotary_pos_emb` (with the
    cos/sin it needs computed once outside the timing, as a model caches
@@ -105,6 +106,15 @@ def main():
         out = F.scaled_dot_product_attention(qr, kr, vv, is_causal=True)
         out.backward(dout)
 
+    def posenc_attn_fwd():
+        with torch.no_grad():
+            pt.attention(q, k, v, rope=rope)
+
+    def torch_attn_fwd():
+        with torch.no_grad():
+            qr, kr = apply_rotary_pos_emb(q, k, c, s)
+            F.scaled_dot_product_attention(qr, kr, v, is_causal=True)
+
     def posenc_rope():
         pt.apply_rope(q, k, rope)
 
@@ -124,10 +134,17 @@ def main():
         attn_diff = (a - b).abs().max().item()
         rope_diff = (pt.apply_rope(q, k, rope)[0] - qr).abs().max().item()
 
-    rows = {"attention_fwd_bwd": ([], []), "apply_rope_fwd": ([], []), "call_overhead_1x1x1x64": ([], [])}
+    rows = {
+        "attention_fwd_bwd": ([], []),
+        "attention_fwd": ([], []),
+        "apply_rope_fwd": ([], []),
+        "call_overhead_1x1x1x64": ([], []),
+    }
     for _ in range(args.rounds):
         rows["attention_fwd_bwd"][0].append(timed(posenc_attn, 2))
         rows["attention_fwd_bwd"][1].append(timed(torch_attn, 2))
+        rows["attention_fwd"][0].append(timed(posenc_attn_fwd, 2))
+        rows["attention_fwd"][1].append(timed(torch_attn_fwd, 2))
         rows["apply_rope_fwd"][0].append(timed(posenc_rope, 20))
         rows["apply_rope_fwd"][1].append(timed(torch_rope, 20))
         rows["call_overhead_1x1x1x64"][0].append(timed(posenc_small, 2000))
