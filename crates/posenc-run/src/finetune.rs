@@ -430,9 +430,10 @@ pub fn finetune_run(
 }
 
 /// Runs `ft` to its step count on a worker thread while this thread
-/// reports to `progress` every [`TICK`] (posenc-tune's loop has no
-/// per-step callback; it checks its stop flag between steps, so a stop
-/// asked for ends the run after the step in progress, with a checkpoint).
+/// reports the steps done to `progress` every [`TICK`] (posenc-tune's loop
+/// counts them in `RunOptions::done` and checks its stop flag between
+/// steps, so a stop asked for ends the run after the step in progress,
+/// with a checkpoint).
 fn run_watched(
     ft: &mut Finetune,
     a: &FinetuneOptions,
@@ -442,17 +443,20 @@ fn run_watched(
     let steps = ft.record().config.steps;
     let start = ft.step();
     let stop = AtomicBool::new(!progress(Progress::new(start, steps, header)));
+    let done = std::sync::atomic::AtomicUsize::new(start);
     let options = RunOptions {
         out: Some(&a.out),
         progress: a.print_progress,
         stop: Some(&stop),
         pause_at: None,
+        done: Some(&done),
     };
     let summary = std::thread::scope(|s| {
         let worker = s.spawn(|| ft.run(&options));
         while !worker.is_finished() {
             std::thread::park_timeout(TICK);
-            if !stop.load(Ordering::SeqCst) && !progress(Progress::new(start, steps, "step")) {
+            let now = done.load(Ordering::SeqCst);
+            if !stop.load(Ordering::SeqCst) && !progress(Progress::new(now, steps, "step")) {
                 stop.store(true, Ordering::SeqCst);
             }
         }

@@ -333,6 +333,9 @@ pub struct RunOptions<'a> {
     /// Stop (with a checkpoint, as an interrupt) once this many steps are
     /// done.
     pub pause_at: Option<usize>,
+    /// Set to the step count after every step (for a watcher on another
+    /// thread: the Python package's progress).
+    pub done: Option<&'a std::sync::atomic::AtomicUsize>,
 }
 
 /// A rough upper estimate of a training step's peak bytes on `cfg`'s model
@@ -722,6 +725,9 @@ impl Finetune {
             let (loss, grad_norm, lr) = self.train_step()?;
             (last, sum, ran) = (loss, sum + loss, ran + 1);
             let done = self.record.step;
+            if let Some(d) = o.done {
+                d.store(done, Ordering::SeqCst);
+            }
             let elapsed = start.elapsed().as_secs_f64();
             let tps = tokens_per_step * (done - start_step) as f64 / elapsed.max(1e-9);
             self.metrics.push(Metrics {

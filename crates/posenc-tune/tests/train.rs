@@ -91,13 +91,17 @@ fn a_resumed_run_equals_an_uninterrupted_one_bit_for_bit() {
     let base = tiny();
     let (a, b) = (scratch("whole"), scratch("paused"));
     let mut whole = Finetune::new(&base, text(2000), config(7), tiny_sources()).unwrap();
+    let done = std::sync::atomic::AtomicUsize::new(0);
     let s = whole
         .run(&RunOptions {
             out: Some(&a),
+            done: Some(&done),
             ..Default::default()
         })
         .unwrap();
     assert_eq!((s.steps, s.interrupted), (7, false));
+    // The step counter a watcher thread reads.
+    assert_eq!(done.into_inner(), 7);
 
     let mut first = Finetune::new(&base, text(2000), config(7), tiny_sources()).unwrap();
     let s = first
