@@ -209,6 +209,26 @@ def test_ctrl_c_raises_keyboard_interrupt_promptly(model):
         timer.cancel()
 
 
+def test_ctrl_c_stops_a_passkey_trial_within_a_second(model):
+    """A 2,048-token trial's prefill takes seconds on two cores: the stop
+    comes between its layers (a layer is about 0.1-0.4 s here), not at the
+    trial's end."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    import time
+
+    sent = []
+    timer = threading.Timer(1.0, lambda: (sent.append(time.perf_counter()), os.kill(os.getpid(), signal.SIGINT)))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model.passkey([2048], [0.5], trials=3, scalings="none", progress=False)
+        assert sent, "the call ended before the signal"
+        assert time.perf_counter() - sent[0] < 1.0
+    finally:
+        timer.cancel()
+
+
 def test_finetune_checks_out_first(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")

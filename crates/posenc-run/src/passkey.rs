@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::files::check_writable;
 use crate::session::Session;
-use crate::{Progress, ProgressFn, Result, RunError};
+use crate::{cancellable, report_or_stop, Progress, ProgressFn, Result, RunError};
 
 /// Largest haystack file read (bytes).
 pub const MAX_HAYSTACK_BYTES: u64 = 64 << 20;
@@ -313,7 +313,12 @@ impl Session {
                             } else {
                                 let prompt =
                                     builder.prompt_within(length, sizes[li], depth, key, &word)?;
-                                let r = prober.trial(tk, &prompt, length, depth)?;
+                                // Stoppable between the prefill's layers.
+                                let r = cancellable(|| {
+                                    Ok(prober.trial_observed(tk, &prompt, length, depth, &mut |_| {
+                                        report_or_stop(progress, Progress::new(done, total, &what))
+                                    })?)
+                                })?;
                                 if let Some(l) = log.as_mut() {
                                     l.append(&sc.name, trial, &r)?;
                                 }

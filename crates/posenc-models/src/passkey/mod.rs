@@ -518,6 +518,22 @@ impl<'a> Prober<'a> {
         length: usize,
         depth: f64,
     ) -> Result<TrialResult> {
+        self.trial_observed(tokenizer, prompt, length, depth, &mut |_| {})
+    }
+
+    /// [`trial`](Self::trial), calling `on_layer` after each layer of the
+    /// prefill (the long part of a trial: progress, or a stop from inside).
+    ///
+    /// # Errors
+    /// As [`trial`](Self::trial).
+    pub fn trial_observed(
+        &mut self,
+        tokenizer: &TextTokenizer,
+        prompt: &Prompt,
+        length: usize,
+        depth: f64,
+        on_layer: &mut dyn FnMut(usize),
+    ) -> Result<TrialResult> {
         if prompt.ids.is_empty() || prompt.answer_ids.is_empty() {
             return Err(ModelError::Invalid("an empty prompt or answer".into()));
         }
@@ -541,7 +557,7 @@ impl<'a> Prober<'a> {
             &self.rope,
             self.method,
             Some(&mut self.cache),
-            &mut |_| {},
+            on_layer,
         )?;
         let prompt_last = hidden[(rest.len() - 1) * d..].to_vec();
         drop(hidden);
