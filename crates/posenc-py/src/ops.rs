@@ -12,6 +12,7 @@ use numpy::{
     PyUntypedArrayMethods,
 };
 use posenc::buffers::{self, AttentionShape, BufferAttention, BufferPositions};
+use posenc::tensor::rope::Rope;
 use pyo3::prelude::*;
 
 use crate::error::{detached, err, IntoPy};
@@ -56,69 +57,6 @@ fn positions(offset: usize, ids: &Option<Vec<i64>>) -> BufferPositions<'_> {
         Some(v) => BufferPositions::Ids(v),
         None => BufferPositions::Offset(offset),
     }
-}
-
-/// Rotates queries `q` into `oq` and keys `k` into `ok` (float32, `(B, H,
-/// T, D)` each) in one call, in the kernels of `posenc`; `inverse` applies
-/// the transpose (the backward pass).
-#[pyfunction]
-#[pyo3(signature = (rope, q, oq, k, ok, offset, ids, inverse))]
-#[allow(clippy::too_many_arguments)]
-fn _rope_f32(
-    py: Python<'_>,
-    rope: &PyRopeConfig,
-    q: PyReadonlyArrayDyn<'_, f32>,
-    mut oq: PyReadwriteArrayDyn<'_, f32>,
-    k: PyReadonlyArrayDyn<'_, f32>,
-    mut ok: PyReadwriteArrayDyn<'_, f32>,
-    offset: usize,
-    ids: Option<PyReadonlyArray2<'_, i64>>,
-    inverse: bool,
-) -> PyResult<()> {
-    let (dq, dk) = (dims4("q", q.shape())?, dims4("k", k.shape())?);
-    let ids = ids_of(&ids)?;
-    let r = rope.rope()?;
-    let (qs, oqs) = (slice("q", &q)?, slice_mut("q output", &mut oq)?);
-    let (ks, oks) = (slice("k", &k)?, slice_mut("k output", &mut ok)?);
-    detached(py, || {
-        let pos = positions(offset, &ids);
-        buffers::rope_apply(r, qs, oqs, dq, pos, false, inverse).py()?;
-        buffers::rope_apply(r, ks, oks, dk, pos, true, inverse).py()
-    })
-}
-
-/// As [`_rope_f32`] on bfloat16 buffers (passed as int16 views of the
-/// same memory).
-#[pyfunction]
-#[pyo3(signature = (rope, q, oq, k, ok, offset, ids, inverse))]
-#[allow(clippy::too_many_arguments)]
-fn _rope_bf16(
-    py: Python<'_>,
-    rope: &PyRopeConfig,
-    q: PyReadonlyArrayDyn<'_, i16>,
-    mut oq: PyReadwriteArrayDyn<'_, i16>,
-    k: PyReadonlyArrayDyn<'_, i16>,
-    mut ok: PyReadwriteArrayDyn<'_, i16>,
-    offset: usize,
-    ids: Option<PyReadonlyArray2<'_, i64>>,
-    inverse: bool,
-) -> PyResult<()> {
-    let (dq, dk) = (dims4("q", q.shape())?, dims4("k", k.shape())?);
-    let ids = ids_of(&ids)?;
-    let r = rope.rope()?;
-    let (qs, oqs) = (
-        as_bf16(slice("q", &q)?),
-        as_bf16_mut(slice_mut("q output", &mut oq)?),
-    );
-    let (ks, oks) = (
-        as_bf16(slice("k", &k)?),
-        as_bf16_mut(slice_mut("k output", &mut ok)?),
-    );
-    detached(py, || {
-        let pos = positions(offset, &ids);
-        buffers::rope_apply(r, qs, oqs, dq, pos, false, inverse).py()?;
-        buffers::rope_apply(r, ks, oks, dk, pos, true, inverse).py()
-    })
 }
 
 /// The element count of a `(B, H, T, D)` shape, checked.
@@ -189,17 +127,6 @@ fn _rope_ptr(
     })
 }
 
-fn as_bf16(s: &[i16]) -> &[half::bf16] {
-    // SAFETY: half::bf16 is a transparent wrapper of a u16: the same size
-    // and alignment as i16, every bit pattern valid.
-    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const half::bf16, s.len()) }
-}
-
-fn as_bf16_mut(s: &mut [i16]) -> &mut [half::bf16] {
-    // SAFETY: as `as_bf16`; the borrow is exclusive.
-    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut half::bf16, s.len()) }
-}
-
 /// The shape of an attention call from `q` and `k`, checked against `v`.
 fn shape_of(q: &[usize], k: &[usize], v: &[usize]) -> PyResult<AttentionShape> {
     let [b, hq, tq, d] = dims4("q", q)?;
@@ -222,6 +149,35 @@ fn shape_of(q: &[usize], k: &[usize], v: &[usize]) -> PyResult<AttentionShape> {
     })
 }
 
+/// What an attention call reads besides its buffers.
+type Setup<'a> = (
+    AttentionShape,
+    Option<Vec<i64>>,
+    Option<&'a Rope>,
+    Option<&'a [f32]>,
+);
+
+/// The shape, position ids, rope and ALiBi slopes of an attention call.
+fn attention_setup<'a>(
+    q: &PyReadonlyArrayDyn<'_, f32>,
+    k: &PyReadonlyArrayDyn<'_, f32>,
+    v: &PyReadonlyArrayDyn<'_, f32>,
+    rope: &'a Option<PyRef<'_, PyRopeConfig>>,
+    alibi: &'a Option<PyReadonlyArray1<'_, f32>>,
+    ids: &Option<PyReadonlyArray2<'_, i64>>,
+) -> PyResult<Setup<'a>> {
+    let s = shape_of(q.shape(), k.shape(), v.shape())?;
+    let rope = match rope {
+        Some(r) => Some(r.rope()?),
+        None => None,
+    };
+    let slopes = match alibi {
+        Some(a) => Some(a.as_slice().map_err(|_| err("alibi: not contiguous"))?),
+        None => None,
+    };
+    Ok((s, ids_of(ids)?, rope, slopes))
+}
+
 /// Fused attention forward: writes `out` `(B, H_q, T_q, D)` and `lse`
 /// `(B, H_q, T_q)`.
 #[pyfunction]
@@ -241,16 +197,7 @@ fn _attention_forward(
     offset: usize,
     ids: Option<PyReadonlyArray2<'_, i64>>,
 ) -> PyResult<()> {
-    let s = shape_of(q.shape(), k.shape(), v.shape())?;
-    let ids = ids_of(&ids)?;
-    let rope = match &rope {
-        Some(r) => Some(r.rope()?),
-        None => None,
-    };
-    let slopes = match &alibi {
-        Some(a) => Some(a.as_slice().map_err(|_| err("alibi: not contiguous"))?),
-        None => None,
-    };
+    let (s, ids, rope, slopes) = attention_setup(&q, &k, &v, &rope, &alibi, &ids)?;
     let attn = BufferAttention {
         causal,
         scale,
@@ -288,16 +235,7 @@ fn _attention_backward(
     offset: usize,
     ids: Option<PyReadonlyArray2<'_, i64>>,
 ) -> PyResult<()> {
-    let s = shape_of(q.shape(), k.shape(), v.shape())?;
-    let ids = ids_of(&ids)?;
-    let rope = match &rope {
-        Some(r) => Some(r.rope()?),
-        None => None,
-    };
-    let slopes = match &alibi {
-        Some(a) => Some(a.as_slice().map_err(|_| err("alibi: not contiguous"))?),
-        None => None,
-    };
+    let (s, ids, rope, slopes) = attention_setup(&q, &k, &v, &rope, &alibi, &ids)?;
     let attn = BufferAttention {
         causal,
         scale,
@@ -370,8 +308,6 @@ fn simd_level() -> &'static str {
 
 /// Adds the kernels' entry points.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_rope_f32, m)?)?;
-    m.add_function(wrap_pyfunction!(_rope_bf16, m)?)?;
     m.add_function(wrap_pyfunction!(_rope_ptr, m)?)?;
     m.add_function(wrap_pyfunction!(_attention_forward, m)?)?;
     m.add_function(wrap_pyfunction!(_attention_backward, m)?)?;

@@ -350,5 +350,13 @@ def test_kernel_errors_reach_python_with_the_library_words():
     q, k, v = inputs(grad=False)  # head_dim 16 < rotary_dim 32
     with pytest.raises(posenc.PosencError, match="rotates 32 entries"):
         pt.apply_rope(q, k, rope)
-    with pytest.raises(posenc.PosencError, match="not contiguous|elements|shape"):
-        posenc._posenc._rope_f32(base_rope(), q.numpy()[:, :, ::2], np.empty((2, 4, 12, 16), np.float32), k.numpy(), k.numpy().copy(), 0, None, False)
+    with pytest.raises(posenc.PosencError, match="null buffer"):
+        posenc._posenc._rope_ptr(base_rope(), False, 0, 0, (2, 4, 24, 16), 0, 0, (2, 2, 24, 16), 0, None, False)
+    with pytest.raises(posenc.PosencError, match="too many elements"):
+        big = (1 << 20, 1 << 20, 1 << 20, 16)
+        posenc._posenc._rope_ptr(base_rope(), False, 8, 8, big, 8, 8, big, 0, None, False)
+    with pytest.raises(posenc.PosencError, match="not contiguous"):
+        posenc._posenc._attention_forward(
+            q.numpy()[:, :, ::2], k.numpy()[:, :, ::2], v.numpy()[:, :, ::2], np.empty((2, 4, 12, 16), np.float32),
+            np.empty((2, 4, 12), np.float32), True, None, None, None, 0, None,
+        )

@@ -174,8 +174,10 @@ def cope_positions(
 def simd_level() -> str:
     """The SIMD level posenc's kernels run at on this CPU."""
 
-def _rope_f32(rope: RopeConfig, q: Any, oq: Any, k: Any, ok: Any, offset: int, ids: Any, inverse: bool) -> None: ...
-def _rope_bf16(rope: RopeConfig, q: Any, oq: Any, k: Any, ok: Any, offset: int, ids: Any, inverse: bool) -> None: ...
+def _rope_ptr(
+    rope: RopeConfig, bf16: bool, q: int, oq: int, q_shape: Tuple[int, int, int, int], k: int, ok: int,
+    k_shape: Tuple[int, int, int, int], offset: int, ids: Any, inverse: bool,
+) -> None: ...
 def _attention_forward(
     q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: Optional[float],
     rope: Optional[RopeConfig], alibi: Any, offset: int, ids: Any,
