@@ -43,12 +43,28 @@ fn grid<'py, T: numpy::Element + Copy>(
     PyArray1::from_vec(py, flat).reshape([n, width])
 }
 
-fn cube<'py>(
+/// Every head's (queries × keys) matrix of `bias`
+/// ([`AttentionBias::bias_matrix`]) for `q_len` queries from `q_start` and
+/// `k_len` keys from `k_start`, as `(heads, q_len, k_len)`.
+fn bias_cube<'py>(
     py: Python<'py>,
-    flat: Vec<f64>,
-    dims: [usize; 3],
+    bias: &(dyn AttentionBias + Sync),
+    heads: usize,
+    (q_start, q_len): (u64, usize),
+    (k_start, k_len): (u64, usize),
 ) -> PyResult<Bound<'py, PyArray3<f64>>> {
-    PyArray1::from_vec(py, flat).reshape(dims)
+    let queries: Vec<u64> = (0..q_len as u64).map(|i| q_start + i).collect();
+    let keys: Vec<u64> = (0..k_len as u64).map(|j| k_start + j).collect();
+    let flat = py
+        .detach(|| -> posenc::Result<Vec<f64>> {
+            let mut out = Vec::with_capacity(heads * q_len * k_len);
+            for h in 0..heads {
+                out.extend(bias.bias_matrix(h, &queries, &keys)?.into_iter().flatten());
+            }
+            Ok(out)
+        })
+        .py()?;
+    PyArray1::from_vec(py, flat).reshape([heads, q_len, k_len])
 }
 
 /// The sinusoidal encoding of Vaswani et al., "Attention Is All You Need"
@@ -128,18 +144,7 @@ fn alibi_bias<'py>(
     };
     let a = Alibi::new(heads, mode).py()?;
     let qo = q_offset.unwrap_or(k_offset + k_len.saturating_sub(q_len) as u64);
-    let flat = py.detach(|| -> posenc::Result<Vec<f64>> {
-        let mut out = Vec::with_capacity(heads * q_len * k_len);
-        for h in 0..heads {
-            for i in 0..q_len as u64 {
-                for j in 0..k_len as u64 {
-                    out.push(a.bias(h, qo + i, k_offset + j)?);
-                }
-            }
-        }
-        Ok(out)
-    });
-    cube(py, flat.py()?, [heads, q_len, k_len])
+    bias_cube(py, &a, heads, (qo, q_len), (k_offset, k_len))
 }
 
 /// T5's relative position buckets (Raffel et al., "Exploring the Limits of
@@ -194,18 +199,7 @@ fn t5_bias<'py>(
         .map(|r| r.to_vec())
         .collect();
     let bias = T5Bias::new(T5Buckets::new(nb, max_distance, bidirectional).py()?, rows).py()?;
-    let flat = py.detach(|| -> posenc::Result<Vec<f64>> {
-        let mut out = Vec::with_capacity(heads * q_len * k_len);
-        for h in 0..heads {
-            for i in 0..q_len as u64 {
-                for j in 0..k_len as u64 {
-                    out.push(bias.bias(h, i, j)?);
-                }
-            }
-        }
-        Ok(out)
-    });
-    cube(py, flat.py()?, [heads, q_len, k_len])
+    bias_cube(py, &bias, heads, (0, q_len), (0, k_len))
 }
 
 /// Shaw et al.'s clipped relative indices ("Self-Attention with Relative
