@@ -42,18 +42,6 @@ pub const MAX_ROPE_THETA: f64 = 1e12;
 /// the activations' mean square erases the normalisation).
 pub const MAX_RMS_NORM_EPS: f64 = 0.1;
 
-/// What a JSON value is, in words.
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
-}
-
 /// A serde_json error on `text` (the file `file`) in words: what is wrong,
 /// at which key, line and column; a number out of range says what fits.
 pub(crate) fn json_error(file: &str, text: &str, e: &serde_json::Error) -> ModelError {
@@ -287,7 +275,7 @@ impl DecoderConfig {
         if !value.is_object() {
             return Err(ModelError::Config(format!(
                 "{file}: not a JSON object but {} (a config.json is an object of keys: {{\"model_type\": ..., \"hidden_size\": ...}})",
-                json_kind(&value)
+                posenc::rope::json_kind(&value)
             )));
         }
         let hf: HfDecoderConfig =

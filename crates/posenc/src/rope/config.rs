@@ -333,20 +333,26 @@ impl HfRopeConfig {
         if !trimmed.is_empty() && !trimmed.starts_with('{') {
             // Valid JSON of another kind, or not JSON at all.
             let v: serde_json::Value = serde_json::from_str(text).map_err(json)?;
-            let kind = match v {
-                serde_json::Value::Null => "null",
-                serde_json::Value::Bool(_) => "a boolean",
-                serde_json::Value::Number(_) => "a number",
-                serde_json::Value::String(_) => "a string",
-                serde_json::Value::Array(_) => "an array",
-                serde_json::Value::Object(_) => "an object",
-            };
+            let kind = json_kind(&v);
             return Err(Error::invalid(
                 path.map_or("config".to_string(), |p| p.display().to_string()),
                 format!("not a JSON object but {kind} (a config.json is an object of keys)"),
             ));
         }
         serde_json::from_str(text).map_err(json)
+    }
+}
+
+/// What a JSON value is, in words ("null", "a number", "an array", ...),
+/// for messages about a file holding the wrong kind of value.
+pub fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
     }
 }
 

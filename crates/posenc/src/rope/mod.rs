@@ -37,8 +37,8 @@ pub mod xpos;
 
 pub use axial::{AxialFrequencies, AxisSplit};
 pub use config::{
-    json_key_at, Flag, HfRopeConfig, HfRopeParameters, HfRopeParametersField, RopeConfig,
-    INTERLEAVED_MODEL_TYPES,
+    json_key_at, json_kind, Flag, HfRopeConfig, HfRopeParameters, HfRopeParametersField,
+    RopeConfig, INTERLEAVED_MODEL_TYPES,
 };
 pub use frequencies::{default_inv_freq, PairLayout, RopeFrequencies};
 pub use layers::{irope_layers, AttnTemperature, LayerRope, ModelRope};
