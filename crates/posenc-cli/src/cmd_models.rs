@@ -348,6 +348,7 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
             return true;
         }
         match (p.token, p.text) {
+            (None, _) if p.what == posenc_run::generate::PREFILL => {}
             (None, _) => eprintln!("{}", p.what),
             // Print what the new token added once it decodes to whole
             // characters.

@@ -47,13 +47,42 @@ pub fn generate(
     stop: &[u32],
     on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>> {
+    generate_observed(
+        model,
+        prompt,
+        max_new,
+        rope,
+        sampling,
+        stop,
+        &mut |_| {},
+        on_token,
+    )
+}
+
+/// [`generate`], calling `on_layer(l)` after layer `l` of the prompt's
+/// pass (the prefill, which takes seconds for a long prompt), on the
+/// caller's thread: the place for progress and for a stop between layers.
+///
+/// # Errors
+/// As [`generate`].
+#[allow(clippy::too_many_arguments)]
+pub fn generate_observed(
+    model: &Decoder,
+    prompt: &[u32],
+    max_new: usize,
+    rope: &Rope,
+    sampling: Sampling,
+    stop: &[u32],
+    on_layer: &mut dyn FnMut(usize),
+    on_token: impl FnMut(u32),
+) -> Result<Vec<u32>> {
     if prompt.is_empty() {
         return Err(ModelError::Invalid("the prompt has no tokens".into()));
     }
     check_sampling(sampling)?;
     let d = model.config().hidden_size;
     let mut cache = KvCache::new(model.config());
-    let hidden = model.hidden_states(prompt, rope, Some(&mut cache))?;
+    let hidden = model.hidden_states_observed(prompt, rope, Some(&mut cache), on_layer)?;
     let last = hidden[(prompt.len() - 1) * d..].to_vec();
     continue_from(
         model, &mut cache, last, max_new, rope, sampling, stop, on_token,

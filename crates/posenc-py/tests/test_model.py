@@ -229,6 +229,26 @@ def test_ctrl_c_stops_a_passkey_trial_within_a_second(model):
         timer.cancel()
 
 
+def test_ctrl_c_stops_a_long_prefill_within_a_second(model):
+    """A 3,000-token prompt's pass takes seconds on two cores: generate
+    stops between its layers, before the first new token."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    import time
+
+    prompt = " ".join(["the river ran past the old mill"] * 400)
+    sent = []
+    timer = threading.Timer(1.0, lambda: (sent.append(time.perf_counter()), os.kill(os.getpid(), signal.SIGINT)))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model.generate(prompt, max_new_tokens=4)
+        assert sent, "the call ended before the signal"
+        assert time.perf_counter() - sent[0] < 1.0
+    finally:
+        timer.cancel()
+
+
 def test_finetune_checks_out_first(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use posenc_models::generate::{check_sampling, generate, Sampling};
+use std::cell::RefCell;
+
+use posenc_models::generate::{check_sampling, generate_observed, Sampling};
 use posenc_models::input::{self, Prompt};
 use posenc_models::perplexity::rope_of;
 use posenc_models::Scaling;
@@ -11,6 +13,10 @@ use serde_json::{json, Value};
 
 use crate::session::Session;
 use crate::{cancellable, Progress, ProgressFn, Result, RunError, MAX_LENGTH};
+
+/// The `what` of the reports made after each layer of the prompt's pass
+/// (`done` layers of `total`), before the first token.
+pub const PREFILL: &str = "prefill";
 
 /// Where the prompt comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,8 +100,9 @@ impl Session {
     /// Generates after the prompt: what `posenc generate --json` prints
     /// (`model`, `scaling`, `prompt_ids`, `new_ids`, `text`, `seconds`,
     /// `tokens_per_second`). `on_token` is called first with the run's
-    /// description (`done = 0`), then with every new token
-    /// ([`Progress::token`]).
+    /// description (`done = 0`), then after each layer of the prompt's pass
+    /// (`what` = [`PREFILL`], `done` layers of `total`: where a long
+    /// prefill stops), then with every new token ([`Progress::token`]).
     ///
     /// # Errors
     /// The command's messages; [`RunError::Cancelled`] when `on_token`
@@ -142,14 +149,22 @@ impl Session {
             let stop = tk.eos().to_vec();
             let mut new_ids: Vec<u32> = Vec::new();
             let mut shown = String::new();
+            // The prefill's layers and the new tokens report through the
+            // one callback, never at once (both on this thread).
+            let report = RefCell::new(on_token);
+            let layers = model.config().num_layers;
             let out = cancellable(|| {
-                Ok(generate(
+                Ok(generate_observed(
                     model,
                     &ids,
                     max_new,
                     &rope,
                     request.sampling,
                     &stop,
+                    &mut |l| {
+                        let p = Progress::new(l + 1, layers, PREFILL);
+                        crate::report_or_stop(&mut **report.borrow_mut(), p);
+                    },
                     |t| {
                         new_ids.push(t);
                         let mut piece = None;
@@ -172,7 +187,7 @@ impl Session {
                             text: Some(piece.as_deref().unwrap_or(""))
                                 .filter(|_| request.stream_text),
                         };
-                        crate::report_or_stop(on_token, p);
+                        crate::report_or_stop(&mut **report.borrow_mut(), p);
                     },
                 )?)
             })?;
