@@ -1,0 +1,511 @@
+//! The backward pass: the probabilities recomputed tile by tile from the
+//! forward pass's log-sum-exp, the gradients of queries, keys, values and
+//! every bias parameter.
+
+use super::*;
+
+crate::multiversion!(fn backward_dispatch => backward_task(
+    p: &Problem, task: usize, o: &[f32], o_rows: Rows, d_o: &[f32], do_rows: Rows,
+    lse: &[f32], g: GradRows, ptrs: &BwdPtrs, want: (bool, bool, bool), level: SimdLevel) -> Partial);
+
+/// Per-task partial gradients of the shared tables.
+#[derive(Default)]
+struct Partial {
+    scalar: Vec<f32>,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+/// The backward pass: from the output `o`, its gradient `d_o` (both laid out
+/// as their `Rows`) and the forward pass's `lse`, writes every gradient in
+/// `g`.
+///
+/// # Panics
+/// On buffers too short for their layouts (the tensor API checks them
+/// before calling).
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    p: &Problem,
+    o: &[f32],
+    o_rows: Rows,
+    d_o: &[f32],
+    do_rows: Rows,
+    lse: &[f32],
+    g: Grads,
+    level: SimdLevel,
+) {
+    let dm = p.dims;
+    assert!(
+        p.window.is_none(),
+        "the backward pass has no key windows (context methods are forward-only)"
+    );
+    assert!(o.len() >= o_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
+    assert!(d_o.len() >= do_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
+    assert!(lse.len() >= dm.batch * dm.q_heads * dm.q_len);
+    let nv = p.n_vec_rows();
+    let d = dm.head_dim;
+    let ns = p.scalar.map_or(0, |s| s.index.rows());
+    let mut g = g;
+    if let Some(dd) = g.dense.as_deref_mut() {
+        assert!(dd.len() >= dm.batch * dm.q_heads * dm.q_len * dm.k_len);
+        dd.fill(0.0);
+    }
+    if let Some(c) = g.cumulative_q.as_deref_mut() {
+        assert!(c.len() >= dm.batch * dm.q_heads * dm.q_len);
+        c.fill(0.0);
+    }
+    if let Some(c) = g.cumulative_k.as_deref_mut() {
+        assert!(c.len() >= dm.batch * dm.q_heads * dm.k_len);
+        c.fill(0.0);
+    }
+    let ptrs = BwdPtrs {
+        dq: SendPtr(g.dq),
+        dk: SendPtr(g.dk),
+        dv: SendPtr(g.dv),
+        dense: g.dense.as_ref().map(|x| SendPtr(x.as_ptr() as *mut f32)),
+        cq: g
+            .cumulative_q
+            .as_ref()
+            .map(|x| SendPtr(x.as_ptr() as *mut f32)),
+        ck: g
+            .cumulative_k
+            .as_ref()
+            .map(|x| SendPtr(x.as_ptr() as *mut f32)),
+    };
+    let want = (g.scalar.is_some(), g.keys.is_some(), g.values.is_some());
+    let parallel = p.work() >= PARALLEL_WORK / 2;
+    let rows = GradRows {
+        dq_rows: g.dq_rows,
+        dk_rows: g.dk_rows,
+        dv_rows: g.dv_rows,
+    };
+    let parts = run_tasks(dm.batch * dm.kv_heads, parallel, |task| {
+        let ptrs = &ptrs;
+        backward_dispatch(
+            level, p, task, o, o_rows, d_o, do_rows, lse, rows, ptrs, want, level,
+        )
+    });
+    // Shared tables: add the partial sums in task order.
+    let add = |dst: Option<&mut [f32]>, pick: fn(&Partial) -> &Vec<f32>, len: usize| {
+        if let Some(dst) = dst {
+            dst[..len].fill(0.0);
+            for part in &parts {
+                for (a, b) in dst.iter_mut().zip(pick(part)) {
+                    *a += b;
+                }
+            }
+        }
+    };
+    add(g.scalar, |x| &x.scalar, ns * dm.q_heads);
+    add(g.keys, |x| &x.keys, nv * d);
+    add(g.values, |x| &x.values, nv * d);
+}
+
+/// Layouts of the q, k, v gradients.
+#[derive(Clone, Copy)]
+struct GradRows {
+    dq_rows: Rows,
+    dk_rows: Rows,
+    dv_rows: Rows,
+}
+
+struct BwdPtrs {
+    dq: SendPtr,
+    dk: SendPtr,
+    dv: SendPtr,
+    dense: Option<SendPtr>,
+    cq: Option<SendPtr>,
+    ck: Option<SendPtr>,
+}
+
+/// Writes `scale·Rᵀ·src` (the adjoint of the rotation) into `dst`.
+#[inline(always)]
+fn unrotate(
+    rot: Option<&Rotation>,
+    tables: bool,
+    row: usize,
+    src: &[f32],
+    dst: &mut [f32],
+    scale: f32,
+) {
+    match rot {
+        Some(rot) => rot.row(tables, row, src, dst, true, scale),
+        None => {
+            for (o, i) in dst.iter_mut().zip(src) {
+                *o = i * scale;
+            }
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn backward_task(
+    p: &Problem,
+    task: usize,
+    o: &[f32],
+    o_rows: Rows,
+    d_o: &[f32],
+    do_rows: Rows,
+    lse: &[f32],
+    g: GradRows,
+    ptrs: &BwdPtrs,
+    want: (bool, bool, bool),
+    level: SimdLevel,
+) -> Partial {
+    let dm = p.dims;
+    let d = dm.head_dim;
+    let (tq, tk) = (dm.q_len, dm.k_len);
+    let (b, hk) = (task / dm.kv_heads, task % dm.kv_heads);
+    let nv = p.n_vec_rows();
+    let ns = p.scalar.map_or(0, |s| s.index.rows());
+    let mut part = Partial {
+        scalar: vec![0f32; if want.0 { ns * dm.q_heads } else { 0 }],
+        keys: vec![0f32; if want.1 { nv * d } else { 0 }],
+        values: vec![0f32; if want.2 { nv * d } else { 0 }],
+    };
+    let keys = p.vector.and_then(|v| v.keys);
+    let values = p.vector.and_then(|v| v.values);
+    let nk = if keys.is_some() { tq * nv } else { 0 };
+    let nvv = if values.is_some() { tq * nv } else { 0 };
+    let nakt = if keys.is_some() { d * nv } else { 0 };
+    let navt = if values.is_some() { d * nv } else { 0 };
+    let mut scratch = tile::Scratch::take();
+    let [kr, kt, vt, dkr, dv, qs, dqs, dvec, pm, dp, qa, doa, wk, wv, akt, avt] = scratch.split([
+        tk * d,      // kr: rotated keys (T_k, D)
+        d * tk,      // kt: their transpose
+        d * tk,      // vt: values transposed
+        tk * d,      // dkr
+        tk * d,      // dv
+        tq * d,      // qs: rotated, scaled queries
+        tq * d,      // dqs
+        tq,          // dvec
+        BQ_BWD * BK, // P
+        BQ_BWD * BK, // dP, then dS
+        nk,          // qa
+        nvv,         // doa
+        nk,          // wk
+        nvv,         // wv
+        nakt,        // a^K transposed
+        navt,        // a^V transposed
+    ]);
+    {
+        {
+            for t in 0..tk {
+                prefetch_kv(p, b, hk, t + PREFETCH_AHEAD);
+                load_k(p, b, hk, t, &mut kr[t * d..][..d]);
+            }
+            dkr.fill(0.0);
+            dv.fill(0.0);
+            unsafe {
+                tile::transpose(tk, d, kr.as_ptr(), d, kt.as_mut_ptr(), tk);
+                tile::transpose(
+                    tk,
+                    d,
+                    p.v.as_ptr().add(p.v_rows.at(b, hk, 0)),
+                    p.v_rows.st,
+                    vt.as_mut_ptr(),
+                    tk,
+                );
+            }
+            if let Some(ak) = keys {
+                unsafe { tile::transpose(nv, d, ak.as_ptr(), d, akt.as_mut_ptr(), nv) };
+            }
+            if let Some(av) = values {
+                unsafe { tile::transpose(nv, d, av.as_ptr(), d, avt.as_mut_ptr(), nv) };
+            }
+            for h in hk * p.group()..(hk + 1) * p.group() {
+                let bh = b * dm.q_heads + h;
+                let do0 = do_rows.at(b, h, 0);
+                for t in 0..tq {
+                    let ahead = t + PREFETCH_AHEAD;
+                    prefetch_q(p, b, h, ahead);
+                    if ahead < tq {
+                        prefetch(d_o, do_rows.at(b, h, ahead), d);
+                        prefetch(o, o_rows.at(b, h, ahead), d);
+                    }
+                    load_q(p, b, h, t, &mut qs[t * d..][..d]);
+                    let dor = &d_o[do_rows.at(b, h, t)..][..d];
+                    dvec[t] = tile::dot(dor, &o[o_rows.at(b, h, t)..][..d]);
+                }
+                dqs.fill(0.0);
+                if keys.is_some() {
+                    unsafe {
+                        tile::gemm_nn(
+                            level,
+                            tq,
+                            nv,
+                            d,
+                            qs.as_ptr(),
+                            d,
+                            akt.as_ptr(),
+                            nv,
+                            qa.as_mut_ptr(),
+                            nv,
+                            false,
+                        )
+                    };
+                    wk.fill(0.0);
+                }
+                if values.is_some() {
+                    unsafe {
+                        tile::gemm(
+                            level,
+                            tq,
+                            nv,
+                            d,
+                            d_o.as_ptr().add(do0),
+                            do_rows.st,
+                            1,
+                            avt.as_ptr(),
+                            nv,
+                            doa.as_mut_ptr(),
+                            nv,
+                            false,
+                        )
+                    };
+                    wv.fill(0.0);
+                }
+                let lse_h = &lse[bh * tq..][..tq];
+                let mut i0 = 0;
+                while i0 < tq {
+                    let rows = BQ_BWD.min(tq - i0);
+                    let k_end = p.visible(i0 + rows - 1);
+                    let mut j0 = 0;
+                    while j0 < k_end {
+                        let n = BK.min(k_end - j0);
+                        unsafe {
+                            // S (rows × n) = Q̃[i0..] · K̃ᵀ[:, j0..]
+                            tile::gemm_nn(
+                                level,
+                                rows,
+                                n,
+                                d,
+                                qs.as_ptr().add(i0 * d),
+                                d,
+                                kt.as_ptr().add(j0),
+                                tk,
+                                pm.as_mut_ptr(),
+                                BK,
+                                false,
+                            );
+                            // dP (rows × n) = dO[i0..] · Vᵀ[:, j0..]
+                            tile::gemm(
+                                level,
+                                rows,
+                                n,
+                                d,
+                                d_o.as_ptr().add(do0 + i0 * do_rows.st),
+                                do_rows.st,
+                                1,
+                                vt.as_ptr().add(j0),
+                                tk,
+                                dp.as_mut_ptr(),
+                                BK,
+                                false,
+                            );
+                        }
+                        for r in 0..rows {
+                            let i = i0 + r;
+                            let vis = p.visible(i).saturating_sub(j0).min(n);
+                            let pr = &mut pm[r * BK..][..n];
+                            let dpr = &mut dp[r * BK..][..n];
+                            if vis == 0 || lse_h[i] == f32::NEG_INFINITY {
+                                pr.fill(0.0);
+                                dpr.fill(0.0);
+                                continue;
+                            }
+                            let qar = if qa.is_empty() {
+                                &qa[..]
+                            } else {
+                                &qa[i * nv..][..nv]
+                            };
+                            p.add_bias(b, h, i, j0, &mut pr[..vis], qar);
+                            let li = lse_h[i];
+                            for v in pr[..vis].iter_mut() {
+                                *v = tile::exp(*v - li);
+                            }
+                            pr[vis..].fill(0.0);
+                            let qp = p.q_pos.at(b, i, tq);
+                            if let (Some(vt_), false) = (p.vector, doa.is_empty()) {
+                                let dar = &doa[i * nv..][..nv];
+                                let w = &mut wv[i * nv..][..nv];
+                                for c in 0..vis {
+                                    let idx = vt_.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
+                                    dpr[c] += dar[idx];
+                                    w[idx] += pr[c];
+                                }
+                            }
+                            // dS = P ∘ (dP − D_i), in place of dP.
+                            let di = dvec[i];
+                            for (dv_, pv) in dpr.iter_mut().zip(pr.iter()) {
+                                *dv_ = pv * (*dv_ - di);
+                            }
+                            let dsr = &dpr[..vis];
+                            if let (Some(t), true) = (p.scalar, want.0) {
+                                for (c, v) in dsr.iter().enumerate() {
+                                    let idx = t.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
+                                    part.scalar[idx * dm.q_heads + h] += v;
+                                }
+                            }
+                            if let (Some(vt_), false) = (p.vector, wk.is_empty()) {
+                                let w = &mut wk[i * nv..][..nv];
+                                for (c, v) in dsr.iter().enumerate() {
+                                    w[vt_.index.get(p.k_pos.at(b, j0 + c, tk) - qp)] += v;
+                                }
+                            }
+                            if let Some(ptr) = ptrs.dense {
+                                let base = ((bh * tq) + i) * tk + j0;
+                                for (c, v) in dpr.iter().enumerate() {
+                                    unsafe { *ptr.0.add(base + c) = *v };
+                                }
+                            }
+                            if let Some(ptr) = ptrs.cq {
+                                unsafe { *ptr.0.add(bh * tq + i) += tile::sum(dsr) };
+                            }
+                            if let Some(ptr) = ptrs.ck {
+                                for (c, v) in dsr.iter().enumerate() {
+                                    unsafe { *ptr.0.add(bh * tk + j0 + c) -= v };
+                                }
+                            }
+                        }
+                        unsafe {
+                            // dV[j0..] += Pᵀ · dO[i0..]
+                            tile::gemm(
+                                level,
+                                n,
+                                d,
+                                rows,
+                                pm.as_ptr(),
+                                1,
+                                BK,
+                                d_o.as_ptr().add(do0 + i0 * do_rows.st),
+                                do_rows.st,
+                                dv.as_mut_ptr().add(j0 * d),
+                                d,
+                                true,
+                            );
+                            // dK̃[j0..] += dSᵀ · Q̃[i0..]
+                            tile::gemm(
+                                level,
+                                n,
+                                d,
+                                rows,
+                                dp.as_ptr(),
+                                1,
+                                BK,
+                                qs.as_ptr().add(i0 * d),
+                                d,
+                                dkr.as_mut_ptr().add(j0 * d),
+                                d,
+                                true,
+                            );
+                            // dQ̃[i0..] += dS · K̃[j0..]
+                            tile::gemm_nn(
+                                level,
+                                rows,
+                                d,
+                                n,
+                                dp.as_ptr(),
+                                BK,
+                                kr.as_ptr().add(j0 * d),
+                                d,
+                                dqs.as_mut_ptr().add(i0 * d),
+                                d,
+                                true,
+                            );
+                        }
+                        j0 += n;
+                    }
+                    i0 += rows;
+                }
+                // Shaw's tables: dQ̃ += Wk·a^K, d a^K += Wkᵀ·Q̃, d a^V += Wvᵀ·dO.
+                if let Some(ak) = keys {
+                    unsafe {
+                        tile::gemm_nn(
+                            level,
+                            tq,
+                            d,
+                            nv,
+                            wk.as_ptr(),
+                            nv,
+                            ak.as_ptr(),
+                            d,
+                            dqs.as_mut_ptr(),
+                            d,
+                            true,
+                        );
+                        if want.1 {
+                            tile::gemm(
+                                level,
+                                nv,
+                                d,
+                                tq,
+                                wk.as_ptr(),
+                                1,
+                                nv,
+                                qs.as_ptr(),
+                                d,
+                                part.keys.as_mut_ptr(),
+                                d,
+                                true,
+                            );
+                        }
+                    }
+                }
+                if values.is_some() && want.2 {
+                    unsafe {
+                        tile::gemm(
+                            level,
+                            nv,
+                            d,
+                            tq,
+                            wv.as_ptr(),
+                            1,
+                            nv,
+                            d_o.as_ptr().add(do0),
+                            do_rows.st,
+                            part.values.as_mut_ptr(),
+                            d,
+                            true,
+                        )
+                    };
+                }
+                // dq = scale·Rᵀ·dQ̃.
+                for t in 0..tq {
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(ptrs.dq.0.add(g.dq_rows.at(b, h, t)), d)
+                    };
+                    let row = p.rotation.as_ref().map_or(0, |r| r.q_rows.row(b, t, tq));
+                    unrotate(
+                        p.rotation.as_ref(),
+                        true,
+                        row,
+                        &dqs[t * d..][..d],
+                        dst,
+                        p.scale,
+                    );
+                }
+            }
+            for t in 0..tk {
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(ptrs.dk.0.add(g.dk_rows.at(b, hk, t)), d)
+                };
+                let row = p.rotation.as_ref().map_or(0, |r| r.k_rows.row(b, t, tk));
+                unrotate(
+                    p.rotation.as_ref(),
+                    false,
+                    row,
+                    &dkr[t * d..][..d],
+                    dst,
+                    1.0,
+                );
+                let dvd = unsafe {
+                    std::slice::from_raw_parts_mut(ptrs.dv.0.add(g.dv_rows.at(b, hk, t)), d)
+                };
+                dvd.copy_from_slice(&dv[t * d..][..d]);
+            }
+        }
+    }
+    part
+}
