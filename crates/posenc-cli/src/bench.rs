@@ -118,7 +118,8 @@ fn bench_train(a: BenchTrainArgs) -> CliResult {
         let mut lab = posenc_lab::train::Lab::new(model, train, task)?;
         lab.model.set_fused(!a.reference);
         let params: usize = lab.params().values().map(|v| v.elem_count()).sum();
-        let mut opt = posenc_lab::optim::AdamW::new(lab.params(), 0.01)?;
+        let mut opt = posenc_lab::optim::AdamW::new(lab.params(), 0.01)
+            .map_err(posenc_lab::LabError::from)?;
         let mut times = posenc_lab::train::time_steps(&mut lab, &mut opt, a.steps + 1)?;
         times.remove(0); // warm-up
         times.sort_by(f64::total_cmp);

@@ -167,7 +167,7 @@ pub fn train(a: TrainArgs) -> CliResult {
         let pe = PeConfig::parse(&a.pe, max_len, a.shaw_k)?;
         let model = task.model_config(task_kind.mode(), a.d_model, a.layers, a.heads, pe);
         let lab = Lab::new(model, train, task)?;
-        let opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
+        let opt = AdamW::new(lab.params(), lab.meta.train.weight_decay).map_err(LabError::from)?;
         (lab, opt)
     };
     let summary = train_with_progress(&mut lab, &mut opt, &a.out, a.quiet, &stop)?;

@@ -1,6 +1,7 @@
 //! The crates depend on each other only downwards, as `docs/layout.md`
-//! draws it: `posenc ← {posenc-lab, posenc-models} ← posenc-tune ←
-//! posenc-run`, `{posenc-lab, posenc-models} ← posenc-viz ←
+//! draws it: `posenc ← posenc-nn ← {posenc-lab, posenc-models}`,
+//! `{posenc-nn, posenc-models} ← posenc-tune ← posenc-run` (the
+//! fine-tuner does not use the lab), `{posenc-lab, posenc-models} ← posenc-viz ←
 //! {posenc-report, posenc-explore} ← posenc-cli`, posenc-run under
 //! posenc-report and posenc-cli, `posenc-py` over posenc-run and
 //! posenc-viz, with `posenc-plot` beside them. Each crate's
@@ -10,12 +11,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Each crate and the workspace crates it may depend on.
-const ALLOWED: [(&str, &[&str]); 11] = [
+const ALLOWED: [(&str, &[&str]); 12] = [
     ("posenc", &[]),
     ("posenc-plot", &[]),
-    ("posenc-lab", &["posenc"]),
-    ("posenc-models", &["posenc"]),
-    ("posenc-tune", &["posenc", "posenc-lab", "posenc-models"]),
+    ("posenc-nn", &["posenc"]),
+    ("posenc-lab", &["posenc", "posenc-nn"]),
+    ("posenc-models", &["posenc", "posenc-nn"]),
+    ("posenc-tune", &["posenc", "posenc-nn", "posenc-models"]),
     ("posenc-run", &["posenc", "posenc-models", "posenc-tune"]),
     (
         "posenc-py",

@@ -5,7 +5,6 @@
 //! [`train`](crate::train) and [`finetune`](mod@crate::finetune) (neither depends
 //! on the other for it).
 
-use posenc::analysis::SplitMix64;
 use serde::{Deserialize, Serialize};
 
 use crate::bpe::Tokenization;
@@ -14,12 +13,7 @@ use crate::model::EvalScaling;
 use crate::LabError;
 
 pub use posenc::rope::FactorScaling;
-
-/// The seed of step `step`'s batch.
-pub fn batch_seed(seed: u64, step: u64, stream: u64) -> u64 {
-    let mut r = SplitMix64::new(seed ^ stream.wrapping_mul(0xA076_1D64_78BD_642F));
-    r.next_u64() ^ step.wrapping_mul(0xE703_7ED1_A0B4_28DB)
-}
+pub use posenc_nn::data::batch_seed;
 
 /// What a checkpoint's `config.json` holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -391,7 +391,7 @@ impl Lab {
     ) -> Result<f64, LabError> {
         let clip = self.meta.train.grad_clip;
         if self.model.is_fused() {
-            opt.step_clipped(grads, lr, clip)
+            Ok(opt.step_clipped(grads, lr, clip)?)
         } else {
             let vars: Vec<candle_core::Var> = {
                 let mut v: Vec<(String, candle_core::Var)> = self.params().into_iter().collect();

@@ -14,8 +14,8 @@
 //!
 //! 1. `fsio` (private: files written through a rename, safetensors read
 //!    with their path in the error), [`ops`] (fused CPU ops beside their
-//!    references), [`optim`] (AdamW, gradient clipping), [`config`] (model,
-//!    run and task kind);
+//!    references) and [`optim`] (AdamW, gradient clipping), both
+//!    re-exported from [`posenc_nn`], [`config`] (model, run and task kind);
 //! 2. [`bpe`] (subword tokens; the vocabulary limits);
 //! 3. [`tasks`] (the generators and corpora);
 //! 4. [`model`] (the transformer);
@@ -35,13 +35,16 @@ pub mod finetune;
 mod fsio;
 mod lab;
 pub mod model;
-pub mod ops;
-pub mod optim;
 pub mod tasks;
 pub mod train;
 
 pub use eval::{loss_per_position, PositionLoss};
 pub use finetune::{finetune, FactorScaling, FinetuneOptions, FinetuneRecord, ScalingSpec};
+/// The fused CPU ops beside their references (from posenc-nn, shared with
+/// the pretrained decoders and the fine-tuner).
+pub use posenc_nn::ops;
+/// AdamW and gradient clipping (from posenc-nn).
+pub use posenc_nn::optim;
 
 /// Errors of the lab: bad arguments, corrupt checkpoints, candle failures.
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +119,16 @@ pub enum LabError {
     },
 }
 
+impl From<posenc_nn::NnError> for LabError {
+    fn from(e: posenc_nn::NnError) -> Self {
+        match e {
+            posenc_nn::NnError::Invalid(m) => LabError::Invalid(m),
+            posenc_nn::NnError::Posenc(e) => LabError::Posenc(e),
+            posenc_nn::NnError::Candle(e) => LabError::Candle(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -151,18 +164,6 @@ mod tests {
         source!("fsio.rs"),
         source!("lab.rs"),
         source!("model.rs"),
-        source!("ops/cross_entropy.rs"),
-        source!("ops/fused.rs"),
-        source!("ops/gelu.rs"),
-        source!("ops/layer_norm.rs"),
-        source!("ops/linear.rs"),
-        source!("ops/matmul.rs"),
-        source!("ops/mlp.rs"),
-        source!("ops/mod.rs"),
-        source!("ops/rms_norm.rs"),
-        source!("ops/rows.rs"),
-        source!("ops/swiglu.rs"),
-        source!("optim.rs"),
         source!("tasks.rs"),
         source!("train.rs"),
     ];

@@ -190,7 +190,7 @@ impl Lin {
     }
 
     fn forward(&self, x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
-        ops::linear(x, &self.w, Some(&self.b), fused)
+        Ok(ops::linear(x, &self.w, Some(&self.b), fused)?)
     }
 }
 
@@ -285,7 +285,13 @@ impl Attention {
             self.attn
                 .forward_packed_reference(&qkv, self.n_heads, self.n_heads, &call, pos)?
         };
-        ops::linear_residual(&out, &self.proj.w, &self.proj.b, residual, fused)
+        Ok(ops::linear_residual(
+            &out,
+            &self.proj.w,
+            &self.proj.b,
+            residual,
+            fused,
+        )?)
     }
 }
 
@@ -306,7 +312,13 @@ fn layer_norm(d: usize, eps: f64, vb: VarBuilder) -> candle_core::Result<LayerNo
 
 impl LayerNorm {
     fn forward(&self, x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
-        ops::layer_norm(x, &self.weight, &self.bias, self.eps, fused)
+        Ok(ops::layer_norm(
+            x,
+            &self.weight,
+            &self.bias,
+            self.eps,
+            fused,
+        )?)
     }
 }
 
@@ -332,7 +344,7 @@ impl Block {
             .forward_residual(x, &self.ln1, offset, hooks, fused)?;
         // x = x + MLP(LN(x)): (B, T, D) → (B, T, d_ff) → (B, T, D), in one op
         // when fused.
-        ops::mlp_residual(
+        Ok(ops::mlp_residual(
             &x,
             &self.ln2.weight,
             &self.ln2.bias,
@@ -340,7 +352,7 @@ impl Block {
             (&self.fc1.w, &self.fc1.b),
             (&self.fc2.w, &self.fc2.b),
             fused,
-        )
+        )?)
     }
 }
 
@@ -655,7 +667,7 @@ impl Transformer {
         // (…, D) → (…, outputs); a tied head multiplies by the token table.
         match &self.head {
             Some(h) => h.forward(&x, self.fused),
-            None => ops::linear(&x, self.tok.embeddings(), None, self.fused),
+            None => Ok(ops::linear(&x, self.tok.embeddings(), None, self.fused)?),
         }
     }
 

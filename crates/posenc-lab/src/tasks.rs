@@ -72,6 +72,7 @@ use crate::bpe::{Bpe, Tokenization};
 pub use crate::config::TaskKind;
 use crate::config::{Mode, ModelConfig, PeConfig};
 use crate::LabError;
+pub use posenc_nn::data::{split_point, VALIDATION_FRACTION};
 
 /// Padding; never predicted.
 pub const PAD: u32 = 0;
@@ -94,8 +95,6 @@ pub const IGNORE: i64 = -100;
 /// Expected fraction of the positions of an `mlm` window that are masked
 /// (BERT's 15%).
 pub const MASK_RATE: f64 = 0.15;
-/// The fraction of a corpus, at its end, that is validation text.
-pub const VALIDATION_FRACTION: f64 = 0.1;
 
 /// The part of a corpus a task draws its windows from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -466,14 +465,6 @@ pub fn masked_positions(rng: &mut SplitMix64, n: usize) -> Vec<usize> {
     let mut chosen = idx[..k].to_vec();
     chosen.sort_unstable();
     chosen
-}
-
-/// The first validation token of a text of `n` tokens: the last
-/// [`VALIDATION_FRACTION`] (rounded up, at least one token) is validation.
-pub fn split_point(n: usize) -> usize {
-    let valid =
-        ((n as f64 * VALIDATION_FRACTION).ceil() as usize).clamp(1, n.saturating_sub(1).max(1));
-    n - valid
 }
 
 /// `width` decimal digit tokens of `v`, least-significant first.

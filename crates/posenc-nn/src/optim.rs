@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Storage, Tensor, Var};
 
-use crate::LabError;
+use crate::NnError;
 
 /// AdamW (Loshchilov & Hutter 2019) with decoupled weight decay.
 #[derive(Debug)]
@@ -41,7 +41,7 @@ pub struct AdamW {
 impl AdamW {
     /// An optimiser over named parameters (sorted by name, so the order of
     /// updates is deterministic).
-    pub fn new(params: HashMap<String, Var>, weight_decay: f64) -> Result<Self, LabError> {
+    pub fn new(params: HashMap<String, Var>, weight_decay: f64) -> Result<Self, NnError> {
         let params: BTreeMap<String, Var> = params.into_iter().collect();
         let mut m = HashMap::new();
         let mut v = HashMap::new();
@@ -82,7 +82,7 @@ impl AdamW {
     /// One update with learning rate `lr` (the composed reference: candle
     /// ops on the moments as tensors). Parameters without a gradient are
     /// left unchanged.
-    pub fn step(&mut self, grads: &GradStore, lr: f64) -> Result<(), LabError> {
+    pub fn step(&mut self, grads: &GradStore, lr: f64) -> Result<(), NnError> {
         let (bc1, bc2) = self.next_step();
         for (name, var) in &self.params {
             let Some(g) = grads.get(var.as_tensor()) else {
@@ -117,14 +117,14 @@ impl AdamW {
     /// left unchanged.
     ///
     /// # Errors
-    /// [`LabError::Invalid`] for parameters that are not contiguous `f32`
+    /// [`NnError::Invalid`] for parameters that are not contiguous `f32`
     /// CPU tensors; candle errors.
     pub fn step_clipped(
         &mut self,
         grads: &GradStore,
         lr: f64,
         max_norm: f64,
-    ) -> Result<f64, LabError> {
+    ) -> Result<f64, NnError> {
         let mut sq = 0.0f64;
         for (_, var) in &self.params {
             if let Some(g) = grads.get(var.as_tensor()) {
@@ -144,7 +144,7 @@ impl AdamW {
             };
             let theta = var.as_tensor();
             if theta.dtype() != DType::F32 || !theta.is_contiguous() {
-                return Err(LabError::Invalid(format!(
+                return Err(NnError::Invalid(format!(
                     "fused AdamW needs contiguous f32 parameters ({name}: {:?})",
                     theta.dtype()
                 )));
@@ -171,7 +171,7 @@ impl AdamW {
     }
 
     /// The optimiser state as named tensors (`m.NAME`, `v.NAME`, `t`).
-    pub fn state(&self) -> Result<HashMap<String, Tensor>, LabError> {
+    pub fn state(&self) -> Result<HashMap<String, Tensor>, NnError> {
         let mut out = HashMap::new();
         for (name, var) in &self.params {
             let (shape, dev) = (var.as_tensor().shape(), var.as_tensor().device());
@@ -192,15 +192,15 @@ impl AdamW {
     }
 
     /// Restores a state written by [`state`](Self::state).
-    pub fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<(), LabError> {
+    pub fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<(), NnError> {
         for (name, var) in &self.params {
             for (prefix, store) in [("m", &mut self.m), ("v", &mut self.v)] {
                 let key = format!("{prefix}.{name}");
                 let t = state.get(&key).ok_or_else(|| {
-                    LabError::Invalid(format!("checkpoint optimiser state lacks {key}"))
+                    NnError::Invalid(format!("checkpoint optimiser state lacks {key}"))
                 })?;
                 if t.shape() != var.as_tensor().shape() {
-                    return Err(LabError::Invalid(format!(
+                    return Err(NnError::Invalid(format!(
                         "checkpoint optimiser state {key} has shape {:?}, the model {:?}",
                         t.shape(),
                         var.as_tensor().shape()
@@ -214,14 +214,14 @@ impl AdamW {
         }
         let t = state
             .get("t")
-            .ok_or_else(|| LabError::Invalid("checkpoint optimiser state lacks t".into()))?;
+            .ok_or_else(|| NnError::Invalid("checkpoint optimiser state lacks t".into()))?;
         self.t = t.to_vec1::<u32>()?[0] as usize;
         Ok(())
     }
 }
 
 /// `Σ g²` of one gradient, accumulated in `f64` in a fixed order.
-fn sum_squares(g: &Tensor) -> Result<f64, LabError> {
+fn sum_squares(g: &Tensor) -> Result<f64, NnError> {
     if g.dtype() == DType::F32 && g.is_contiguous() {
         let (s, l) = g.storage_and_layout();
         if let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) = (&*s, l.contiguous_offsets()) {
@@ -306,7 +306,7 @@ impl InplaceOp2 for AdamWUpdate {
 
 /// Scales all gradients so that their global L2 norm is at most `max_norm`;
 /// returns the norm before clipping. `max_norm = 0` only measures.
-pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64, LabError> {
+pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64, NnError> {
     let mut sq = 0.0f64;
     for v in vars {
         if let Some(g) = grads.get(v.as_tensor()) {

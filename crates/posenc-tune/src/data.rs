@@ -1,7 +1,7 @@
 //! Training windows from a text's first 90%, seeded per step.
 //!
 //! [`TrainText`] splits a tokenized text as the lab splits its corpora
-//! ([`posenc_lab::tasks::split_point`]): the last 10% of the tokens
+//! ([`posenc_nn::data::split_point`]): the last 10% of the tokens
 //! (rounded up) is held out and dropped on construction, so no window can
 //! read it; `posenc perplexity` and `posenc passkey` may score it.
 //!
@@ -26,13 +26,13 @@
 //! `scripts/finetune/pose_reference.py` draws the same windows with
 //! Python's `random` module and the authors' function.
 
-use posenc_lab::checkpoint::batch_seed;
+use posenc_nn::data::batch_seed;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TuneError};
 use crate::pose::{PoseSampler, PyRandom};
 
-/// The stream of [`posenc_lab::checkpoint::batch_seed`] the windows come
+/// The stream of [`posenc_nn::data::batch_seed`] the windows come
 /// from (issue 27's number: distinct from the lab's streams 0 and 5).
 pub const WINDOW_STREAM: u64 = 27;
 
@@ -60,7 +60,7 @@ impl TrainText {
                 have: tokens.len(),
             });
         }
-        let split = posenc_lab::tasks::split_point(tokens.len());
+        let split = posenc_nn::data::split_point(tokens.len());
         let held_out = tokens.len() - split;
         tokens.truncate(split);
         tokens.shrink_to_fit();
@@ -95,7 +95,7 @@ impl TrainText {
 /// [`TrainText::new`] drops, never trained on (what `posenc perplexity
 /// --held-out` scores).
 pub fn held_out_tokens(tokens: &[u32]) -> &[u32] {
-    &tokens[posenc_lab::tasks::split_point(tokens.len())..]
+    &tokens[posenc_nn::data::split_point(tokens.len())..]
 }
 
 /// What a training window is.

@@ -133,9 +133,9 @@ pub enum TuneError {
         #[source]
         source: std::io::Error,
     },
-    /// An error from posenc-lab (its optimiser).
+    /// An error from the shared ops and optimiser (posenc-nn).
     #[error(transparent)]
-    Lab(#[from] posenc_lab::LabError),
+    Nn(#[from] posenc_nn::NnError),
     /// An error from posenc-models (loading, config, scaling).
     #[error(transparent)]
     Model(#[from] posenc_models::ModelError),

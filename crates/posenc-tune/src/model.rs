@@ -24,8 +24,8 @@
 //! [`Rope::apply`] (its backward is the inverse rotation), the attention
 //! posenc's fused [`Attention::forward`], whose backward recomputes the
 //! probabilities from the saved log-sum-exp and handles grouped-query heads;
-//! RMSNorm, SwiGLU's gate and the cross-entropy are the lab's fused ops
-//! ([`posenc_lab::ops`]); [`TrainableDecoder::set_reference`] swaps all of
+//! RMSNorm, SwiGLU's gate and the cross-entropy are the shared fused ops
+//! ([`posenc_nn::ops`]); [`TrainableDecoder::set_reference`] swaps all of
 //! them for their composed candle reference paths. Position ids are
 //! explicit, one per token, so a window may skip positions (PoSE); the
 //! causal mask follows the order of the tokens, not their ids.
@@ -624,15 +624,15 @@ impl TrainableDecoder {
         let h = self.rms_norm(&x, l.mlp_norm.tensor())?; // (T, D)
         let gate = self.linear(&l.gate, &h)?; // (T, I)
         let up = self.linear(&l.up, &h)?; // (T, I)
-        let m = posenc_lab::ops::swiglu(&gate, &up, !self.reference)?; // (T, I)
+        let m = posenc_nn::ops::swiglu(&gate, &up, !self.reference)?; // (T, I)
         Ok((x + self.linear(&l.down, &m)?)?) // (T, D)
     }
 
     /// `x / √(mean(x²) + ε) · w` over the last axis, as transformers'
-    /// `LlamaRMSNorm` in `f32`: the lab's fused op, or (reference) its
+    /// `LlamaRMSNorm` in `f32`: the shared fused op, or (reference) its
     /// composed candle ops.
     fn rms_norm(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        Ok(posenc_lab::ops::rms_norm(
+        Ok(posenc_nn::ops::rms_norm(
             x,
             w,
             self.cfg.rms_norm_eps,
@@ -692,9 +692,9 @@ fn next_token_loss(logits: &Tensor, tokens: &[u32], fused: bool) -> Result<Tenso
 }
 
 /// Mean `−log softmax(logits[c])[targets[c]]` over the rows of `logits`
-/// `(C, V)`, one target each: the lab's fused cross-entropy
-/// ([`posenc_lab::ops::cross_entropy`]), or its composed reference.
+/// `(C, V)`, one target each: the shared fused cross-entropy
+/// ([`posenc_nn::ops::cross_entropy`]), or its composed reference.
 fn mean_token_loss(logits: &Tensor, targets: &[u32], fused: bool) -> Result<Tensor> {
     let targets = Tensor::from_slice(targets, targets.len(), logits.device())?;
-    Ok(posenc_lab::ops::cross_entropy(logits, &targets, -1, fused)?)
+    Ok(posenc_nn::ops::cross_entropy(logits, &targets, -1, fused)?)
 }

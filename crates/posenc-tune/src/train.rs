@@ -6,7 +6,7 @@
 //! PoSE's skipped ids), runs them one after another (one window's
 //! activations alive at a time), averages the window losses' gradients,
 //! clips their global norm to [`FinetuneConfig::grad_clip`] (1.0) and takes
-//! one AdamW step (posenc-lab's [`AdamW`]: decoupled weight decay on
+//! one AdamW step (posenc-nn's [`AdamW`]: decoupled weight decay on
 //! matrices only, here with torch's default betas `(0.9, 0.999)` and
 //! `ε = 1e-8`, as `torch.optim.AdamW` in YaRN's `finetune.py`).
 //!
@@ -48,8 +48,8 @@ use std::time::Instant;
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
-use posenc_lab::optim::AdamW;
 use posenc_models::{Decoder, Scaling, ScalingKind};
+use posenc_nn::optim::AdamW;
 use serde::{Deserialize, Serialize};
 
 use crate::data::{step_seed, TrainText, WindowPlan, Windows};

@@ -259,11 +259,11 @@ fn fresh_adapters_leave_the_plain_forward_unchanged() {
     }
 }
 
-/// posenc-lab's AdamW with torch's betas (0.9, 0.999), ε 1e-8, no weight
+/// posenc-nn's AdamW with torch's betas (0.9, 0.999), ε 1e-8, no weight
 /// decay, fed torch's gradients, takes torch's first step: the optimiser
 /// the training loop will use is checked apart from the gradients.
 #[test]
-fn lab_adamw_takes_torchs_step() {
+fn shared_adamw_takes_torchs_step() {
     for short in ["llama31", "qwen25"] {
         let r = reference(short);
         let adamw = &r["adamw"];
@@ -289,7 +289,7 @@ fn lab_adamw_takes_torchs_step() {
                 loss = (loss + term).unwrap();
             }
             let store = loss.backward().unwrap();
-            let mut opt = posenc_lab::optim::AdamW::new(vars.clone(), 0.0).unwrap();
+            let mut opt = posenc_nn::optim::AdamW::new(vars.clone(), 0.0).unwrap();
             let betas = floats(&adamw["betas"]);
             opt.beta1 = betas[0] as f64;
             opt.beta2 = betas[1] as f64;

@@ -57,7 +57,7 @@ fn posenc_windows_are_the_reference_windows() {
         let train_len = num(&c["train_len"]);
         // A text of n tokens whose first 90% is 0..train_len.
         let n = (train_len..2 * train_len)
-            .find(|&n| posenc_lab::tasks::split_point(n) == train_len)
+            .find(|&n| posenc_nn::data::split_point(n) == train_len)
             .unwrap();
         let text = TrainText::new((0..n as u32).collect()).unwrap();
         assert_eq!(text.len(), train_len);

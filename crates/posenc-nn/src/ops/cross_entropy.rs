@@ -5,7 +5,7 @@ use candle_core::{DType, Shape, Tensor, D};
 use posenc::kernels::{tile, SimdLevel};
 
 use super::fused::{apply, take, use_fused, Grad, In, Kernel, Saved};
-use crate::LabError;
+use crate::NnError;
 
 /// Mean cross-entropy of `(N, V)` logits against `N` targets (`ignore`
 /// rows are not scored), saving the log-sum-exp of each row.
@@ -127,10 +127,10 @@ pub fn cross_entropy(
     targets: &Tensor,
     ignore: i64,
     fused: bool,
-) -> Result<Tensor, LabError> {
+) -> Result<Tensor, NnError> {
     let (n, _) = logits.dims2()?;
     if targets.dims() != [n] {
-        return Err(LabError::Invalid(format!(
+        return Err(NnError::Invalid(format!(
             "cross-entropy: {n} rows of logits, targets {:?}",
             targets.dims()
         )));

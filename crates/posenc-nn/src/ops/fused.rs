@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, DType, Device, Layout, Shape, Tensor};
 use posenc::tensor::custom::{apply_slice_op, CpuOutput, SliceGrads, SliceOp};
 
-use crate::LabError;
+use crate::NnError;
 
 /// An input of a [`Kernel`]: its elements in row-major order, and its
 /// shape.
@@ -55,13 +55,13 @@ pub(super) fn use_fused(fused: bool, tensors: &[&Tensor]) -> bool {
 ///
 /// # Errors
 /// Those of the kernel; more than three inputs.
-pub(super) fn apply<K: Kernel>(kernel: K, inputs: &[&Tensor]) -> Result<Tensor, LabError> {
+pub(super) fn apply<K: Kernel>(kernel: K, inputs: &[&Tensor]) -> Result<Tensor, NnError> {
     let x = inputs
         .iter()
         .map(|t| t.contiguous())
         .collect::<candle_core::Result<Vec<_>>>()?;
     if !(1..=3).contains(&x.len()) {
-        return Err(LabError::Invalid(format!(
+        return Err(NnError::Invalid(format!(
             "{}: a candle op takes 1 to 3 tensors, not {}",
             kernel.name(),
             x.len()

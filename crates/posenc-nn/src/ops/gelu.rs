@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use super::fused::{apply, take, use_fused, Grad, In, Kernel};
 use super::rows::{add_parts, add_rows, for_chunk_pairs, for_rows, parallel, CHUNK};
-use crate::LabError;
+use crate::NnError;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
@@ -134,7 +134,7 @@ pub(super) fn gelu_bwd_sums(pre: &[f32], dy: &[f32], cols: usize) -> (Vec<f32>, 
 ///
 /// # Errors
 /// Candle errors.
-pub fn gelu(x: &Tensor, fused: bool) -> Result<Tensor, LabError> {
+pub fn gelu(x: &Tensor, fused: bool) -> Result<Tensor, NnError> {
     if use_fused(fused, &[x]) {
         return apply(Gelu, &[x]);
     }

@@ -7,7 +7,7 @@ use posenc::kernels::{tile, SimdLevel};
 use super::fused::{apply, pack, take, unpack, use_fused, Grad, In, Kernel, Saved};
 use super::linear::{add_bias, linear, linear_bwd, linear_product};
 use super::rows::{column_sums, for_chunk_pairs, norm_backward, CHUNK};
-use crate::LabError;
+use crate::NnError;
 
 /// LayerNorm over the last axis (inputs `[x, γ, β]`), saving each row's
 /// mean and 1/σ.
@@ -207,7 +207,7 @@ pub fn layer_norm(
     bias: &Tensor,
     eps: f64,
     fused: bool,
-) -> Result<Tensor, LabError> {
+) -> Result<Tensor, NnError> {
     if use_fused(fused, &[x, weight, bias]) {
         let op = LayerNormOp {
             eps: eps as f32,
@@ -312,7 +312,7 @@ pub fn ln_linear(
     eps: f64,
     (w, b): (&Tensor, &Tensor),
     fused: bool,
-) -> Result<Tensor, LabError> {
+) -> Result<Tensor, NnError> {
     let d = x.dim(D::Minus1)?;
     let (d_out, d_in) = w.dims2()?;
     let shapes_fit = d_in == d && ln_w.dims1()? == d && ln_b.dims1()? == d && b.dims1()? == d_out;

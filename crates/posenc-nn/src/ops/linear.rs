@@ -10,7 +10,7 @@ use super::fused::{apply, pack, take, unpack, use_fused, Grad, In, Kernel, Saved
 use super::gelu::{gelu_after_bias, gelu_bwd};
 use super::matmul::{matmul, on_tiles, GEMM_ONE_PASS_K};
 use super::rows::{add_into, column_sums, for_rows};
-use crate::LabError;
+use crate::NnError;
 
 /// `y = x·Wᵀ (+ b)` for `x` `(…, in)`, `W` `(out, in)`, `b` `(out,)` (the
 /// inputs `[x, W]` or `[x, W, b]`), its products at `level`; with `gelu`,
@@ -216,7 +216,7 @@ fn linear_dims(x: &Shape, w: &Shape) -> candle_core::Result<(usize, usize, usize
 ///
 /// # Errors
 /// Shape mismatches; candle errors.
-pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, fused: bool) -> Result<Tensor, LabError> {
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, fused: bool) -> Result<Tensor, NnError> {
     linear_inner(x, w, b, fused.then(SimdLevel::detect), false)
 }
 
@@ -230,7 +230,7 @@ pub fn linear_at(
     w: &Tensor,
     b: Option<&Tensor>,
     level: SimdLevel,
-) -> Result<Tensor, LabError> {
+) -> Result<Tensor, NnError> {
     if !level.is_supported() {
         return Err(candle_core::Error::Msg(format!(
             "linear: SIMD level {level} is not supported by this CPU"
@@ -248,7 +248,7 @@ fn linear_inner(
     b: Option<&Tensor>,
     level: Option<SimdLevel>,
     gelu: bool,
-) -> Result<Tensor, LabError> {
+) -> Result<Tensor, NnError> {
     let mut all = vec![x, w];
     all.extend(b);
     if let (Some(level), true) = (level, use_fused(true, &all)) {
@@ -278,7 +278,7 @@ pub fn linear_gelu(
     w: &Tensor,
     b: Option<&Tensor>,
     fused: bool,
-) -> Result<Tensor, LabError> {
+) -> Result<Tensor, NnError> {
     linear_inner(x, w, b, fused.then(SimdLevel::detect), true)
 }
 
@@ -342,7 +342,7 @@ pub fn linear_residual(
     b: &Tensor,
     r: &Tensor,
     fused: bool,
-) -> Result<Tensor, LabError> {
+) -> Result<Tensor, NnError> {
     let (d_out, d_in) = w.dims2()?;
     // r: x's shape with d_out in place of d_in.
     let lead = x.rank().saturating_sub(1);

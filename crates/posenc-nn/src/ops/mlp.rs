@@ -9,7 +9,7 @@ use super::gelu::{gelu_after_bias, gelu_bwd_sums};
 use super::layer_norm::{layer_norm, layer_norm_bwd, ln_product};
 use super::linear::{add_bias, linear, linear_bwd, linear_gelu, linear_product};
 use super::rows::add_into;
-use crate::LabError;
+use crate::NnError;
 
 /// What [`MlpResidual`]'s forward pass keeps for its backward pass.
 struct MlpSaved {
@@ -110,7 +110,7 @@ pub fn mlp_residual(
     (w1, b1): (&Tensor, &Tensor),
     (w2, b2): (&Tensor, &Tensor),
     fused: bool,
-) -> Result<Tensor, LabError> {
+) -> Result<Tensor, NnError> {
     let all = [x, ln_w, ln_b, w1, b1, w2, b2];
     let d = x.dim(D::Minus1)?;
     let (d_ff, d_in) = w1.dims2()?;

@@ -1,4 +1,4 @@
-//! The lab's fused CPU ops, each a candle custom op with its backward pass,
+//! The fused CPU ops of the lab's models and the fine-tuner, each a candle custom op with its backward pass,
 //! beside the composed candle reference it is tested against:
 //!
 //! | op | fused | reference |
@@ -30,6 +30,8 @@
 //! [`linear_gelu`] and [`linear_residual`]), `layer_norm.rs` (also
 //! [`ln_linear`]), `gelu.rs`, `mlp.rs`, `cross_entropy.rs`, and the pretrained decoders'
 //! `rms_norm.rs` and `swiglu.rs` (used by posenc-tune).
+//! The lab's model runs the first ones (its `set_fused(false)` picks the
+//! references).
 
 mod cross_entropy;
 mod fused;

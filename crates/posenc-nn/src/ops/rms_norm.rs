@@ -6,7 +6,7 @@ use posenc::kernels::{tile, SimdLevel};
 
 use super::fused::{apply, take, use_fused, Grad, In, Kernel, Saved};
 use super::rows::{for_chunk_pairs, norm_backward, CHUNK};
-use crate::LabError;
+use crate::NnError;
 
 /// RMSNorm over the last axis (inputs `[x, w]`), saving each row's
 /// `1/√(mean(x²) + ε)`.
@@ -129,7 +129,7 @@ fn rms_norm_bwd(xv: &[f32], wv: &[f32], dyv: &[f32], inv: &[f32]) -> (Vec<f32>, 
 ///
 /// # Errors
 /// Shape mismatches; candle errors.
-pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, fused: bool) -> Result<Tensor, LabError> {
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, fused: bool) -> Result<Tensor, NnError> {
     if use_fused(fused, &[x, weight]) {
         let op = RmsNormOp {
             eps: eps as f32,

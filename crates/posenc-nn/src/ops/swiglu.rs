@@ -6,7 +6,7 @@ use posenc::kernels::{tile, SimdLevel};
 
 use super::fused::{apply, take, use_fused, Grad, In, Kernel};
 use super::rows::{for_chunk_pairs, for_rows};
-use crate::LabError;
+use crate::NnError;
 
 /// Elements per task of the row-parallel loops.
 const WIDTH: usize = 4096;
@@ -80,9 +80,9 @@ posenc::multiversion!(fn swiglu_bwd => swiglu_bwd_body(
 ///
 /// # Errors
 /// Shapes that differ; candle errors.
-pub fn swiglu(gate: &Tensor, up: &Tensor, fused: bool) -> Result<Tensor, LabError> {
+pub fn swiglu(gate: &Tensor, up: &Tensor, fused: bool) -> Result<Tensor, NnError> {
     if gate.dims() != up.dims() {
-        return Err(LabError::Invalid(format!(
+        return Err(NnError::Invalid(format!(
             "swiglu: gate {:?}, up {:?}",
             gate.dims(),
             up.dims()

@@ -921,7 +921,8 @@ fn cached_record(dir: &Path, spec: &RunSpec) -> Option<RunRecord> {
 fn train_uncached(dir: &Path, spec: &RunSpec) -> Result<RunRecord> {
     let rec_path = dir.join("record.json");
     let mut lab = spec.lab()?;
-    let mut opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)?;
+    let mut opt = AdamW::new(lab.params(), lab.meta.train.weight_decay)
+        .map_err(posenc_lab::LabError::from)?;
     // A stale checkpoint from an interrupted run must not be resumed.
     let _ = std::fs::remove_dir_all(dir);
     let s = &spec.stage;
