@@ -39,7 +39,7 @@ import torch
 from ._posenc import PosencError, RopeConfig
 from . import torch as _pt
 
-__all__ = ["apply", "remove", "rope_of", "perplexity"]
+__all__ = ["apply", "remove", "rope_of", "perplexity", "passkey"]
 
 _METHODS = ("self-extend", "rerope", "leaky-rerope", "dca", "sinks")
 _COUNTER = itertools.count()
@@ -212,6 +212,25 @@ def _softcap_method_attention(q, k, v, rope: RopeConfig, softcap: float):
     return torch.matmul(p, v)
 
 
+#: Bytes of one query block's logits on the PyTorch path (all heads of a
+#: batch): the block shrinks with the keys so that a long input's working
+#: set stays near the model's own (posenc.torch's 1,024-row blocks hold
+#: 1,024 × S logits per head, 0.6 GB for 9 heads at S = 16,384).
+BLOCK_BYTES = 32 << 20
+
+
+def _method_attention(q, k, v, rope: RopeConfig, backend):
+    """posenc.torch's method attention: the fused kernels where they serve
+    (CPU float32/bfloat16, not forced off), else its PyTorch path in query
+    blocks of at most ``BLOCK_BYTES`` of logits."""
+    if not _pt._forced_torch(backend) and _pt.fused_available(q, k, v):
+        return _pt.attention(q, k, v, rope=rope, backend=backend)
+    b, h, _, _ = q.shape
+    per_row = b * h * k.shape[2] * q.element_size()
+    block = int(max(16, min(_pt.QUERY_BLOCK, BLOCK_BYTES // max(per_row, 1))))
+    return _pt._torch_method_attention(q, k, v, rope, block=block)
+
+
 def _make_attention(st: Dict[str, Any]):
     table: RopeConfig = st["table"]
     method_rope: RopeConfig = st["method_rope"]
@@ -251,7 +270,7 @@ def _make_attention(st: Dict[str, Any]):
         if softcap is not None:
             out = _softcap_method_attention(q, k, v, method_rope, float(softcap))
         else:
-            out = _pt.attention(q, k, v, rope=method_rope, backend=backend)
+            out = _method_attention(q, k, v, method_rope, backend)
         return out.transpose(1, 2).contiguous().to(query.dtype), None
 
     return posenc_attention
@@ -446,7 +465,8 @@ def perplexity(
         length = 2 * trained
     if length < 2:
         raise PosencError(f"a window of {length} tokens has no target to score: use a length of 2 or more")
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    # the tokenizer's default encoding of the whole text, as the command's (a BOS where the tokenizer adds one)
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]
     if ids.shape[1] < length:
         raise PosencError(f"the text has {ids.shape[1]} tokens, fewer than the window of {length}")
     device = next(model.parameters()).device
@@ -492,3 +512,179 @@ def perplexity(
         "tokens_per_second": length * len(names) / max(total, 1e-9),
         "scalings": runs,
     }
+
+
+# ------------------------------------------------------------ passkey
+
+
+def _tokenizer_json(tokenizer) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    to_str = getattr(backend, "to_str", None)
+    if not callable(to_str):
+        raise PosencError(
+            f"{type(tokenizer).__name__}: passkey needs a fast tokenizer (one with a tokenizer.json, "
+            "AutoTokenizer's default)"
+        )
+    return to_str()
+
+
+def _eos_ids(model, tokenizer) -> List[int]:
+    for src in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
+        e = getattr(src, "eos_token_id", None)
+        if e is not None:
+            return [int(x) for x in (e if isinstance(e, (list, tuple)) else [e])]
+    return []
+
+
+def _new_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _trial(model, st: Dict[str, Any], ids: List[int], answer: List[int], reuse: bool, eos: List[int], max_new: int):
+    """One trial as the command's ``Prober::trial`` runs it: prefill from the
+    first token that differs from the cached prompt (where ``reuse``), the
+    teacher-forced log-probability of the answer, greedy generation of at
+    most ``max_new`` tokens. Returns (generated ids, logprob, prefilled)."""
+    device = next(model.parameters()).device
+    n = len(ids)
+    common = 0
+    if reuse and st.get("ids") is not None:
+        for a, b in zip(ids, st["ids"]):
+            if a != b:
+                break
+            common += 1
+        common = min(common, n - 1)
+    if common == 0 or st.get("cache") is None:
+        st["cache"] = _new_cache(model)
+        common = 0
+    cache = st["cache"]
+    cache.crop(common)
+    st["ids"] = None  # until this trial is done
+
+    def step(tokens):
+        x = torch.tensor([tokens], dtype=torch.long, device=device)
+        return model(input_ids=x, cache=cache, use_cache=True).logits[0].double()
+
+    def forward_last(tokens):
+        x = torch.tensor([tokens], dtype=torch.long, device=device)
+        return model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].double()
+
+    first = forward_last(ids[common:])
+    logprob = float(torch.log_softmax(first, -1)[answer[0]])
+    if len(answer) > 1:
+        lg = torch.log_softmax(step(answer[:-1]), -1)
+        logprob += float(sum(lg[r, t] for r, t in enumerate(answer[1:])))
+        cache.crop(n)
+    out: List[int] = []
+    logits = first
+    for i in range(max_new):
+        nxt = int(torch.argmax(logits))
+        out.append(nxt)
+        if nxt in eos or i + 1 == max_new:
+            break
+        logits = forward_last([nxt])
+    cache.crop(n)
+    st["ids"] = list(ids)
+    return out, logprob, n - common
+
+
+def passkey(
+    model: Any,
+    tokenizer: Any,
+    lengths: Any = (2048, 4096, 8192, 12288, 16384),
+    depths: Any = (0.0, 0.25, 0.5, 0.75, 1.0),
+    trials: int = 1,
+    methods: Any = ("none",),
+    haystack: Any = None,
+    seed: int = 0,
+    *,
+    backend: Optional[str] = None,
+    progress: Any = None,
+) -> Dict[str, Any]:
+    """Passkey retrieval over ``lengths`` × ``depths`` (``trials`` keys per
+    cell) for each name of ``methods`` (a list or a comma-separated string),
+    each applied and removed in turn: the dict ``posenc passkey --json``
+    prints (``"model"`` is the model's class here). ``haystack``: ``None``
+    (the landmark passkey prompt), a ``str`` (RULER's needle hidden in that
+    text) or a ``pathlib.Path`` to such a text. The prompts, keys, answer
+    reading and the document come from the Rust library (``PasskeyProbe``),
+    the prompts tokenized by ``tokenizer``'s own ``tokenizer.json``; only
+    the forward passes run here, as the command's trials run them (the KV
+    cache of the previous prompt of a length reused where that is exact).
+    ``progress``: ``None`` (a tqdm bar when tqdm is installed), ``False``
+    (none) or a callable ``(done, total, what)``. Ctrl-C raises
+    ``KeyboardInterrupt`` and leaves the model as loaded."""
+    import json
+    import os
+    import time
+
+    from ._posenc import PasskeyProbe
+    from . import _progress
+
+    _transformers()
+    names = [m for m in methods.split(",")] if isinstance(methods, str) else list(methods)
+    if isinstance(lengths, int) or isinstance(depths, (int, float)):
+        raise PosencError("lengths and depths: give lists (one value is a list of one)")
+    if isinstance(haystack, os.PathLike):
+        with open(haystack, encoding="utf-8") as f:
+            haystack = f.read()
+    if haystack is not None and not isinstance(haystack, str):
+        raise PosencError(f"haystack: give None, a str or a pathlib.Path, not {type(haystack).__name__}")
+    if getattr(model, _STATE, None) is not None:
+        raise PosencError("passkey: the model already has posenc.hf.apply's change; call posenc.hf.remove first")
+    trained = rope_of(model).trained_length
+    probe = PasskeyProbe(
+        _tokenizer_json(tokenizer), [int(x) for x in lengths], [float(x) for x in depths], int(trials), names,
+        haystack, int(seed),
+    )
+    if progress is None or progress is True:
+        tick = _progress.default()
+    elif progress is False:
+        tick = None
+    elif callable(progress):
+        tick = progress
+    else:
+        raise PosencError("progress: give None, False or a callable (done, total, what)")
+    eos = _eos_ids(model, tokenizer)
+    total = len(probe.methods) * len(probe.lengths) * len(probe.depths) * probe.trials
+    if tick is not None:
+        tick(0, total, f"{type(model).__name__}; {probe.format}; trained length {trained}; {total} trials")
+    t_all = time.perf_counter()
+    done = 0
+    for name in probe.methods:
+        t0 = time.perf_counter()
+        reuse = probe.reuses_cache(name)
+        results = []
+        apply(model, name, backend=backend)
+        try:
+            with torch.no_grad():
+                for length in probe.lengths:
+                    st: Dict[str, Any] = {}
+                    what = f"{name} @ {length}"
+                    for depth in probe.depths:
+                        for trial in range(probe.trials):
+                            t1 = time.perf_counter()
+                            ids, answer, key = probe.prompt(length, depth, trial)
+                            out, logprob, prefilled = _trial(model, st, ids, answer, reuse, eos, probe.max_new_tokens)
+                            text, read = probe.read(out)
+                            results.append({
+                                "length": length, "depth": depth, "key": key, "prompt_tokens": len(ids),
+                                "read": read, "correct": read == key, "logprob": logprob,
+                                "answer_tokens": len(answer), "generated": text, "prefilled": prefilled,
+                                "seconds": time.perf_counter() - t1,
+                            })
+                            done += 1
+                            if tick is not None:
+                                tick(done, total, what)
+        finally:
+            remove(model)
+        probe.add_method(name, json.dumps(results), time.perf_counter() - t0)
+    return probe.document(type(model).__name__, trained, time.perf_counter() - t_all)
+
+
+if __name__ == "__main__":  # python -m posenc.hf passkey|perplexity ...
+    from posenc._hf_cli import main as _main
+
+    sys.exit(_main())
