@@ -467,6 +467,14 @@ pub struct TrialResult {
     pub seconds: f64,
 }
 
+/// Whether the prompts of one length can share the KV cache of the one
+/// before under `scaling`: not where the keys' treatment depends on the
+/// whole length (dynamic NTK, dual chunk attention's `mscale`).
+pub fn reuses_cache(scaling: &Scaling) -> bool {
+    !matches!(scaling.kind, ScalingKind::Dynamic(_))
+        && !matches!(scaling.method, Some(ContextMethod::Dca { .. }))
+}
+
 /// Runs trials of one scaling (and method), reusing the KV cache of the
 /// previous prompt where that is exact.
 pub struct Prober<'a> {
@@ -487,13 +495,11 @@ impl<'a> Prober<'a> {
     pub fn new(model: &'a Decoder, scaling: &Scaling, eos: &[u32]) -> Result<Self> {
         let cfg = scaling.rope_config(model.config())?;
         let rope = crate::perplexity::rope_of(cfg)?;
-        let reuse = !matches!(scaling.kind, ScalingKind::Dynamic(_))
-            && !matches!(scaling.method, Some(ContextMethod::Dca { .. }));
         Ok(Prober {
             model,
             rope,
             method: scaling.method,
-            reuse,
+            reuse: reuses_cache(scaling),
             cache: KvCache::new(model.config()),
             cached_ids: Vec::new(),
             eos: eos.to_vec(),
