@@ -11,7 +11,6 @@ use posenc_models::passkey::{
 use posenc_models::{input, scaling, Scaling};
 use serde_json::{json, Value};
 
-use crate::files::check_writable;
 use crate::session::Session;
 use crate::{cancellable, report_or_stop, Progress, ProgressFn, Result, RunError};
 
@@ -53,6 +52,9 @@ pub struct PasskeyRequest {
     pub log: Option<PathBuf>,
     /// A LoRA adapter directory merged for this call only.
     pub adapter: Option<PathBuf>,
+    /// The memory the run may use, bytes (`--max-memory`; default: the
+    /// available memory and `RLIMIT_AS`, see [`crate::memory`]).
+    pub max_memory: Option<u64>,
 }
 
 impl Default for PasskeyRequest {
@@ -66,6 +68,7 @@ impl Default for PasskeyRequest {
             seed: 0,
             log: None,
             adapter: None,
+            max_memory: None,
         }
     }
 }
@@ -143,11 +146,7 @@ impl PasskeyRequest {
     pub fn plan(&self) -> Result<PasskeyPlan> {
         let (scalings, grid) = self.check()?;
         if let Some(p) = &self.log {
-            if std::fs::symlink_metadata(p).is_ok() {
-                input::check_regular(p)?;
-            } else {
-                check_writable(p, "--log")?;
-            }
+            crate::files::check_log(p, "--log")?;
         }
         let haystack = read_haystack(&self.haystack)?;
         Ok(PasskeyPlan {
@@ -177,6 +176,19 @@ fn read_haystack(source: &HaystackSource) -> Result<Haystack> {
             Haystack::ruler(&text)
                 .map_err(|e| RunError::Invalid(format!("--haystack {}: {e}", p.display())))
         }
+    }
+}
+
+/// Positions a trial holds past its prompt: the answer's tokens and the
+/// new tokens.
+const PASSKEY_EXTRA: usize = passkey::MAX_NEW_TOKENS + 16;
+
+/// The haystack's bytes (0 for the landmark prompt).
+fn haystack_bytes(source: &HaystackSource) -> u64 {
+    match source {
+        HaystackSource::Landmark => 0,
+        HaystackSource::String(s) => s.len() as u64,
+        HaystackSource::File(p) => std::fs::metadata(p).map_or(0, |m| m.len()),
     }
 }
 
@@ -243,7 +255,10 @@ impl Session {
         } = plan;
         let adapter = self.read_adapter(request.adapter.as_deref())?;
         let max_len = grid.lengths.iter().copied().max().unwrap_or(0);
-        posenc_models::check_memory(self.config(), max_len + passkey::MAX_NEW_TOKENS + 16, None)?;
+        let (loaded, hay) = (self.is_loaded(), haystack_bytes(&request.haystack));
+        self.check_plan(request.max_memory, max_len, 1, MAX_PROMPT_LENGTH, |l| {
+            crate::memory::passkey(self.config(), l, PASSKEY_EXTRA, hay, loaded)
+        })?;
         // Filler sizes per length (the haystack checked before any weight).
         let sizes: Vec<usize> = {
             let builder = PromptBuilder::new(self.read_tokenizer()?, &haystack);
@@ -332,70 +347,24 @@ impl Session {
                     }
                 }
                 let run_secs = t0.elapsed().as_secs_f64();
-                // The trials' own times, so that a grid resumed from a log
-                // counts every trial once.
-                let secs: f64 = results.iter().map(|r| r.seconds).sum();
-                let cells = passkey::cells(&grid, &results);
-                let prompt_tokens: usize = results.iter().map(|r| r.prompt_tokens).sum();
-                let prefilled: usize = results.iter().map(|r| r.prefilled).sum();
-                all_prompt_tokens += prompt_tokens;
-                all_secs += secs;
-                let mut acc: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-                let mut lp: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-                for c in &cells {
-                    acc.entry(c.length.to_string())
-                        .or_default()
-                        .insert(c.depth.to_string(), c.accuracy);
-                    lp.entry(c.length.to_string())
-                        .or_default()
-                        .insert(c.depth.to_string(), c.logprob);
-                }
-                let by_length: BTreeMap<String, f64> = grid
-                    .lengths
-                    .iter()
-                    .map(|&l| {
-                        let of: Vec<&TrialResult> =
-                            results.iter().filter(|r| r.length == l).collect();
-                        let n = of.len().max(1) as f64;
-                        (
-                            l.to_string(),
-                            of.iter().filter(|r| r.correct).count() as f64 / n,
-                        )
-                    })
-                    .collect();
-                methods.insert(
-                    sc.name.clone(),
-                    json!({
-                        "accuracy": acc,
-                        "logprob": lp,
-                        "accuracy_by_length": by_length,
-                        "trials": results.len(),
-                        "trials_per_cell": grid.trials,
-                        "seconds": secs,
-                        "seconds_this_run": run_secs,
-                        "prompt_tokens": prompt_tokens,
-                        "tokens_prefilled": prefilled,
-                        "reuses_cache": prober.reuses_cache(),
-                        "results": results,
-                    }),
-                );
+                let m = method_json(&grid, results, run_secs, prober.reuses_cache());
+                all_prompt_tokens += m.prompt_tokens;
+                all_secs += m.seconds;
+                methods.insert(sc.name.clone(), m.json);
+                let cells = m.cells;
                 summaries.push((sc.name.clone(), cells));
             }
             let run_secs = t_all.elapsed().as_secs_f64();
-            let json = json!({
-                "model": source,
-                "format": haystack.name(),
-                "trained_length": model.config().trained_length(),
-                "lengths": grid.lengths,
-                "depths": grid.depths,
-                "trials_per_cell": grid.trials,
-                "seed": grid.seed,
-                "max_new_tokens": passkey::MAX_NEW_TOKENS,
-                "seconds": all_secs,
-                "seconds_this_run": run_secs,
-                "tokens_per_second": all_prompt_tokens as f64 / all_secs.max(1e-9),
-                "methods": methods,
-            });
+            let json = run_json(
+                source,
+                &haystack,
+                model.config().trained_length(),
+                &grid,
+                methods,
+                all_secs,
+                run_secs,
+                all_prompt_tokens,
+            );
             Ok(PasskeyRun {
                 json,
                 grid: grid.clone(),
@@ -407,4 +376,105 @@ impl Session {
             })
         })
     }
+}
+
+/// One method's entry of `posenc passkey --json`, from its trials.
+#[derive(Debug, Clone)]
+pub struct MethodSummary {
+    /// The entry (`accuracy`, `logprob`, `accuracy_by_length`, `results`, ...).
+    pub json: Value,
+    /// Its cells, in the grid's order.
+    pub cells: Vec<Cell>,
+    /// Seconds of its trials (their own times).
+    pub seconds: f64,
+    /// Prompt tokens of its trials.
+    pub prompt_tokens: usize,
+}
+
+/// The entry of one method in `posenc passkey --json` from its `results`
+/// (in the grid's order), `run_secs` (seconds of this call) and whether
+/// its prober reused the KV cache: what the command and `posenc.hf.passkey`
+/// print.
+pub fn method_json(
+    grid: &ProbeGrid,
+    results: Vec<TrialResult>,
+    run_secs: f64,
+    reuses_cache: bool,
+) -> MethodSummary {
+    // The trials' own times, so that a grid resumed from a log counts
+    // every trial once.
+    let secs: f64 = results.iter().map(|r| r.seconds).sum();
+    let cells = passkey::cells(grid, &results);
+    let prompt_tokens: usize = results.iter().map(|r| r.prompt_tokens).sum();
+    let prefilled: usize = results.iter().map(|r| r.prefilled).sum();
+    let mut acc: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut lp: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    for c in &cells {
+        acc.entry(c.length.to_string())
+            .or_default()
+            .insert(c.depth.to_string(), c.accuracy);
+        lp.entry(c.length.to_string())
+            .or_default()
+            .insert(c.depth.to_string(), c.logprob);
+    }
+    let by_length: BTreeMap<String, f64> = grid
+        .lengths
+        .iter()
+        .map(|&l| {
+            let of: Vec<&TrialResult> = results.iter().filter(|r| r.length == l).collect();
+            let n = of.len().max(1) as f64;
+            (
+                l.to_string(),
+                of.iter().filter(|r| r.correct).count() as f64 / n,
+            )
+        })
+        .collect();
+    let json = json!({
+        "accuracy": acc,
+        "logprob": lp,
+        "accuracy_by_length": by_length,
+        "trials": results.len(),
+        "trials_per_cell": grid.trials,
+        "seconds": secs,
+        "seconds_this_run": run_secs,
+        "prompt_tokens": prompt_tokens,
+        "tokens_prefilled": prefilled,
+        "reuses_cache": reuses_cache,
+        "results": results,
+    });
+    MethodSummary {
+        json,
+        cells,
+        seconds: secs,
+        prompt_tokens,
+    }
+}
+
+/// The whole document of `posenc passkey --json`: the run's `source`,
+/// format, grid and the `methods` entries of [`method_json`].
+#[allow(clippy::too_many_arguments)]
+pub fn run_json(
+    source: &str,
+    haystack: &Haystack,
+    trained_length: usize,
+    grid: &ProbeGrid,
+    methods: serde_json::Map<String, Value>,
+    all_secs: f64,
+    run_secs: f64,
+    all_prompt_tokens: usize,
+) -> Value {
+    json!({
+        "model": source,
+        "format": haystack.name(),
+        "trained_length": trained_length,
+        "lengths": grid.lengths,
+        "depths": grid.depths,
+        "trials_per_cell": grid.trials,
+        "seed": grid.seed,
+        "max_new_tokens": passkey::MAX_NEW_TOKENS,
+        "seconds": all_secs,
+        "seconds_this_run": run_secs,
+        "tokens_per_second": all_prompt_tokens as f64 / all_secs.max(1e-9),
+        "methods": methods,
+    })
 }
