@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""posenc.hf on SmolLM2-135M (transformers, from the project's GGUF, float32)
+beside transformers' own unpatched ``sdpa`` model, on CPU.
+
+Two measurements (docs/speed.md, "posenc.hf beside transformers"):
+
+- ``memory``: the peak resident memory of one forward over ``--mem-length``
+  tokens (16,384), each configuration in a fresh subprocess: the model
+  loaded, the kernel's peak counter reset (``/proc/self/clear_refs`` ``5``,
+  so that loading's own peak is forgotten), the resident set read as the
+  baseline, one forward, the peak (``VmHWM``) minus the baseline. Configurations: ``sdpa`` (unpatched),
+  ``self-extend:4:1024`` on the forced PyTorch path (``backend="torch"``)
+  and on the fused path.
+- ``speed``: forward seconds at ``--lengths`` (4,096 and 16,384), 2 threads
+  (``torch.set_num_threads(2)``, ``RAYON_NUM_THREADS=2``), one process, the
+  configurations alternated inside each round (``--rounds``), median of
+  the rounds: unpatched ``sdpa``; posenc's fused path with
+  ``self-extend:4:1024``; posenc's fused path with no change to the logits
+  (``self-extend:2:65536``: a window covering the input, every pair at its
+  true position, the method's work done in posenc's kernels).
+
+Every forward is ``model(ids, logits_to_keep=1)``: the whole prompt through
+every layer and the last position's logits (a prefill), so that the
+``T × vocabulary`` logits (3.2 GB at 16,384 tokens, the same for every
+configuration) neither dominate the memory nor the time.
+
+    python scripts/bench/hf_models.py memory
+    python scripts/bench/hf_models.py speed --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GGUF = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+TEXT = ROOT / "assets" / "corpus" / "pride-and-prejudice.txt"
+COVER = "self-extend:2:65536"
+
+
+def setup_threads(n: int) -> None:
+    os.environ["RAYON_NUM_THREADS"] = str(n)
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def load(path: pathlib.Path):
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    if path.suffix == ".gguf":
+        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tok = transformers.AutoTokenizer.from_pretrained(path)
+    model.set_attn_implementation("sdpa")
+    return model.eval(), tok
+
+
+def tokens(tok, n: int):
+    import torch
+
+    ids = tok(TEXT.read_text(encoding="utf-8"))["input_ids"]
+    while len(ids) < n:  # the book has about 160k tokens; repeat it for longer windows
+        ids = ids + ids
+    return torch.tensor([ids[:n]])
+
+
+def configure(model, name: str):
+    import posenc.hf as ph
+
+    if name == "sdpa":
+        return
+    method, _, backend = name.partition("@")
+    ph.apply(model, method, backend=backend or None)
+
+
+def unconfigure(model, name: str):
+    import posenc.hf as ph
+
+    if name != "sdpa":
+        ph.remove(model)
+
+
+def forward(model, ids) -> float:
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model(ids, logits_to_keep=1)
+    return time.perf_counter() - t0
+
+
+def status_kb(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+# ------------------------------------------------------------ memory
+
+
+def load_model(path: pathlib.Path):
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model.set_attn_implementation("sdpa")
+    return model.eval()
+
+
+def memory_child(model_path: str, ids_path: str, name: str, threads: int) -> None:
+    setup_threads(threads)
+    import gc
+
+    import torch
+
+    model = load_model(pathlib.Path(model_path))
+    ids = torch.load(ids_path)
+    configure(model, name)
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the peak (VmHWM) to the current resident set: loading's own peak is forgotten
+    base = status_kb("VmRSS")
+    secs = forward(model, ids)
+    peak = status_kb("VmHWM")
+    unconfigure(model, name)
+    print(json.dumps({"config": name, "length": int(ids.shape[1]), "baseline_mb": base / 1024,
+                      "peak_mb": peak / 1024, "forward_peak_mb": (peak - base) / 1024, "seconds": secs}))
+
+
+def memory(a) -> None:
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    path = pathlib.Path(a.model)
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with tempfile.TemporaryDirectory() as d:
+        ids_path = os.path.join(d, "ids.pt")
+        torch.save(tokens(tok, a.mem_length), ids_path)
+        rows = []
+        for name in a.configs.split(","):
+            p = subprocess.run([sys.executable, __file__, "memory-child", str(path), ids_path, name, str(a.threads)],
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.exit(f"{name}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}")
+            rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
+            print(json.dumps(rows[-1]), flush=True)
+    ref = next((r for r in rows if r["config"] == "sdpa"), None)
+    print(f"\nforward peak over the loaded model, {a.mem_length} tokens:")
+    for r in rows:
+        ratio = f"{r['forward_peak_mb'] / ref['forward_peak_mb']:.2f} x sdpa" if ref else ""
+        print(f"  {r['config']:<34} {r['forward_peak_mb']:8.0f} MB  (baseline {r['baseline_mb']:.0f} MB, "
+              f"{r['seconds']:.1f} s)  {ratio}")
+
+
+# ------------------------------------------------------------ speed
+
+
+def speed(a) -> None:
+    setup_threads(a.threads)
+    model, tok = load(pathlib.Path(a.model))
+    configs = a.configs.split(",")
+    print(f"uptime: {open('/proc/loadavg').read().strip()}", flush=True)
+    for length in a.lengths:
+        ids = tokens(tok, length)
+        times = {c: [] for c in configs}
+        for r in range(a.rounds):
+            for c in configs:
+                configure(model, c)
+                try:
+                    times[c].append(forward(model, ids))
+                finally:
+                    unconfigure(model, c)
+                print(json.dumps({"length": length, "round": r, "config": c, "seconds": times[c][-1],
+                                  "load": open("/proc/loadavg").read().split()[0]}), flush=True)
+        base = statistics.median(times["sdpa"]) if "sdpa" in times else None
+        print(f"\n{length} tokens, median of {a.rounds} (forward seconds, tokens/s, sdpa / config):")
+        for c in configs:
+            m = statistics.median(times[c])
+            rel = f"{base / m:.2f}" if base else ""
+            print(f"  {c:<34} {m:8.2f} s  {length / m:8.1f} tok/s  {rel}", flush=True)
+    print(f"uptime: {open('/proc/loadavg').read().strip()}")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "memory-child":
+        memory_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["memory", "speed"])
+    p.add_argument("--model", default=str(GGUF))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--mem-length", type=int, default=16384)
+    p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 16384])
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--configs")
+    a = p.parse_args()
+    if a.configs is None:
+        a.configs = ("sdpa,self-extend:4:1024@torch,self-extend:4:1024@fused" if a.what == "memory"
+                     else f"sdpa,self-extend:4:1024@fused,{COVER}@fused")
+    memory(a) if a.what == "memory" else speed(a)
+
+
+if __name__ == "__main__":
+    main()
