@@ -165,12 +165,22 @@ pub struct FinetuneArgs {
     /// in rope_scaling, model.safetensors, the tokenizer).
     #[arg(long, conflicts_with = "checkpoint")]
     pub merge: bool,
+    /// With --model: the memory the run may use (900M, 2G, ...): the run
+    /// is refused before the text is tokenized or a weight read when its
+    /// estimate is over it. Default: the smaller of the available memory
+    /// (MemAvailable) and RLIMIT_AS less what the process maps.
+    #[arg(
+        long = "max-memory",
+        value_name = "SIZE",
+        conflicts_with = "checkpoint"
+    )]
+    pub max_memory: Option<String>,
 }
 
 impl FinetuneArgs {
     /// The pretrained mode's options (`--model`, `--resume` of such a run).
-    pub fn options(&self) -> FinetuneOptions {
-        FinetuneOptions {
+    pub fn options(&self) -> crate::CliResult<FinetuneOptions> {
+        Ok(FinetuneOptions {
             model: self.model.clone(),
             out: self.out.clone(),
             resume: self.resume,
@@ -196,7 +206,8 @@ impl FinetuneArgs {
             checkpoint_layers: self.checkpoint_layers,
             merge: self.merge,
             print_progress: !self.quiet,
-        }
+            max_memory: crate::cmd_models::max_memory(self.max_memory.as_deref())?,
+        })
     }
 }
 
@@ -204,7 +215,7 @@ impl FinetuneArgs {
 /// on a pretrained-model fine-tune; `stop` is set by Ctrl-C.
 pub fn model_finetune(a: &FinetuneArgs, stop: &AtomicBool) -> CliResult {
     let mut first = true;
-    let outcome = finetune_run(&a.options(), &mut |p| {
+    let outcome = finetune_run(&a.options()?, &mut |p| {
         if first {
             first = false;
             if !a.quiet {

@@ -131,6 +131,12 @@ pub struct PerplexityArgs {
     /// The precision of the attention's products past 1,024 tokens.
     #[arg(long, value_enum, default_value_t = ProductsArg::F32)]
     pub products: ProductsArg,
+    /// The memory the run may use (900M, 2G, ...): the run is refused
+    /// before anything large is allocated when its estimate is over it.
+    /// Default: the smaller of the available memory (MemAvailable) and
+    /// RLIMIT_AS less what the process maps.
+    #[arg(long = "max-memory", value_name = "SIZE")]
+    pub max_memory: Option<String>,
 }
 
 /// Arguments of `posenc generate`.
@@ -174,6 +180,12 @@ pub struct GenerateArgs {
     /// The precision of the attention's products past 1,024 tokens.
     #[arg(long, value_enum, default_value_t = ProductsArg::F32)]
     pub products: ProductsArg,
+    /// The memory the run may use (900M, 2G, ...): the run is refused
+    /// before anything large is allocated when its estimate is over it.
+    /// Default: the smaller of the available memory (MemAvailable) and
+    /// RLIMIT_AS less what the process maps.
+    #[arg(long = "max-memory", value_name = "SIZE")]
+    pub max_memory: Option<String>,
 }
 
 fn bar(total: u64, quiet: bool) -> ProgressBar {
@@ -207,6 +219,7 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
         held_out: a.held_out,
         per_position: a.per_position,
         adapter: None,
+        max_memory: max_memory(a.max_memory.as_deref())?,
     };
     request.check()?;
     posenc_models::llama::check_products(a.products.into())?;
@@ -241,6 +254,10 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
         b.finish_and_clear();
     }
     let length = study.length;
+    let warning = posenc_run::perplexity::uniform_warning(&study, session.config().vocab_size);
+    if let Some(w) = &warning {
+        eprintln!("posenc: warning: {w}");
+    }
     if let Some(out) = &a.out {
         let plot = posenc_report::pretrained::loss_plot(&study);
         let err = |e: posenc_plot::PlotError| CliError(format!("{}: {e}", out.display()));
@@ -251,10 +268,11 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
         write_atomic(out, &bytes)?;
     }
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&study.to_json(a.per_position))?
-        );
+        let mut json = study.to_json(a.per_position);
+        if let Some(w) = warning {
+            json["warning"] = w.into();
+        }
+        println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
     let names: Vec<String> = study.runs.iter().map(|r| r.name.clone()).collect();
@@ -286,6 +304,11 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
         println!("wrote {}", out.display());
     }
     Ok(())
+}
+
+/// `--max-memory SIZE` in bytes.
+pub(crate) fn max_memory(s: Option<&str>) -> CliResult<Option<u64>> {
+    Ok(s.map(posenc_run::memory::parse_size).transpose()?)
 }
 
 pub(crate) fn stderr_is_tty() -> bool {
@@ -329,6 +352,7 @@ pub fn generate_cmd(a: GenerateArgs) -> CliResult {
         sampling: posenc_run::generate::sampling(a.temperature, a.top_p, a.seed),
         adapter: None,
         stream_text: !a.json,
+        max_memory: max_memory(a.max_memory.as_deref())?,
     };
     // The checks that need no model, in the command's order.
     request.scaling.parse::<posenc_models::Scaling>()?;

@@ -70,6 +70,12 @@ pub struct PasskeyArgs {
     /// The precision of the attention's products past 1,024 tokens.
     #[arg(long, value_enum, default_value_t = crate::cmd_models::ProductsArg::F32)]
     pub products: crate::cmd_models::ProductsArg,
+    /// The memory the run may use (900M, 2G, ...): the run is refused
+    /// before anything large is allocated when its estimate at the longest
+    /// length is over it. Default: the smaller of the available memory
+    /// (MemAvailable) and RLIMIT_AS less what the process maps.
+    #[arg(long = "max-memory", value_name = "SIZE")]
+    pub max_memory: Option<String>,
 }
 
 fn parse_list<T: std::str::FromStr>(s: &str, flag: &str) -> CliResult<Vec<T>> {
@@ -131,6 +137,7 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
         seed: a.seed,
         log: a.log.clone(),
         adapter: None,
+        max_memory: crate::cmd_models::max_memory(a.max_memory.as_deref())?,
     };
     let (scalings, _) = request.check()?;
     posenc_models::llama::check_products(a.products.into())?;

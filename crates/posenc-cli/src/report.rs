@@ -57,6 +57,12 @@ impl From<posenc_report::ReportError> for CliError {
 /// Runs `posenc report`.
 pub fn run(a: ReportArgs) -> CliResult {
     let out = a.out.clone();
+    // Every output checked before any work: the directory (not a file,
+    // not under /proc or /sys, writable) and the passkey log.
+    posenc_run::check_out_dir(&a.out, "--out")?;
+    if let Some(log) = &a.passkey_log {
+        posenc_run::check_log(log, "--passkey-log")?;
+    }
     // A model that cannot be opened is refused before the lab's experiments
     // run (a FIFO or a missing file, say).
     if let Some(m) = &a.model {

@@ -60,6 +60,24 @@ fn count(v: i64, what: &str) -> PyResult<usize> {
     usize::try_from(v).map_err(|_| err(format!("{what} must be at least 0, not {v}")))
 }
 
+/// `max_memory`: bytes (an int) or a size such as "900M" or "2G" (as the
+/// commands' `--max-memory`).
+fn memory_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    let Some(obj) = obj else { return Ok(None) };
+    let s = if let Ok(n) = obj.extract::<i64>() {
+        n.to_string()
+    } else if let Ok(s) = obj.extract::<String>() {
+        s
+    } else {
+        return Err(err(
+            "max_memory: give bytes (an int) or a size such as \"900M\" or \"2G\"".to_string(),
+        ));
+    };
+    posenc_run::memory::parse_size(&s)
+        .map(Some)
+        .map_err(|e| err(e.to_string().replacen("--max-memory", "max_memory", 1)))
+}
+
 fn products_arg(s: &str) -> PyResult<Products> {
     match s {
         "f32" => Ok(Products::F32),
@@ -123,7 +141,7 @@ impl Model {
     /// built-in Pride and Prejudice. `scalings`: one name or a list.
     /// `adapter`: a LoRA adapter directory merged for this call only.
     #[pyo3(signature = (text=None, length=None, scalings=None, adapter=None, band=1024,
-                        held_out=false, per_position=false, progress=None))]
+                        held_out=false, per_position=false, progress=None, max_memory=None))]
     #[allow(clippy::too_many_arguments)]
     fn perplexity(
         &self,
@@ -136,6 +154,7 @@ impl Model {
         held_out: bool,
         per_position: bool,
         progress: Option<Py<PyAny>>,
+        max_memory: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let text = match text {
             None => Text::Default,
@@ -155,6 +174,7 @@ impl Model {
             held_out,
             per_position,
             adapter,
+            max_memory: memory_arg(max_memory)?,
         };
         let watch = Watch::new(progress);
         let r = detached(py, || {
@@ -171,7 +191,7 @@ impl Model {
     /// `haystack`: None (the landmark passkey prompt), a str (RULER's
     /// needle hidden in that text) or a path to such a text.
     #[pyo3(signature = (lengths, depths, trials=1, scalings=None, haystack=None, seed=0,
-                        progress=None))]
+                        progress=None, max_memory=None))]
     #[allow(clippy::too_many_arguments)]
     fn passkey(
         &self,
@@ -183,6 +203,7 @@ impl Model {
         haystack: Option<&Bound<'_, PyAny>>,
         seed: u64,
         progress: Option<Py<PyAny>>,
+        max_memory: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let haystack = match haystack {
             None => HaystackSource::Landmark,
@@ -206,6 +227,7 @@ impl Model {
             seed,
             log: None,
             adapter: None,
+            max_memory: memory_arg(max_memory)?,
         };
         let watch = Watch::new(progress);
         let r = detached(py, || {
@@ -222,7 +244,7 @@ impl Model {
     /// `temperature` 0, else sampled (nucleus `top_p`, `seed`). The same
     /// text as `posenc generate --json`'s "text".
     #[pyo3(signature = (prompt, max_new_tokens=32, scaling="none", temperature=0.0, top_p=1.0,
-                        seed=0))]
+                        seed=0, max_memory=None))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -233,6 +255,7 @@ impl Model {
         temperature: f64,
         top_p: f64,
         seed: u64,
+        max_memory: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<String> {
         let prompt = match text_arg(prompt, "prompt")? {
             TextArg::String(s) => PromptSource::String(s),
@@ -246,6 +269,7 @@ impl Model {
             sampling: posenc_run::generate::sampling(temperature, top_p, seed),
             adapter: None,
             stream_text: false,
+            max_memory: memory_arg(max_memory)?,
         };
         // Ctrl-C only: no progress display for a generation.
         let quiet = pyo3::types::PyBool::new(py, false)
@@ -330,7 +354,8 @@ impl Model {
                     tokenizer=None, scaling=None, lr=None, warmup=None, batch=None, seed=None,
                     lora=8, alpha=8.0, dropout=0.0, targets="q_proj,v_proj", train=None,
                     schedule="linear", weight_decay=0.01, clip=1.0, checkpoint_every=0,
-                    checkpoint_layers=false, merge=false, resume=false, progress=None))]
+                    checkpoint_layers=false, merge=false, resume=false, progress=None,
+                    max_memory=None))]
 #[allow(clippy::too_many_arguments)]
 fn finetune(
     py: Python<'_>,
@@ -359,6 +384,7 @@ fn finetune(
     merge: bool,
     resume: bool,
     progress: Option<Py<PyAny>>,
+    max_memory: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
     let opt = |v: Option<i64>, what: &str| v.map(|v| count(v, what)).transpose();
     let options = FinetuneOptions {
@@ -387,6 +413,7 @@ fn finetune(
         checkpoint_layers,
         merge,
         print_progress: false,
+        max_memory: memory_arg(max_memory)?,
     };
     let watch = Watch::new(progress);
     let r = detached(py, || {

@@ -23,16 +23,34 @@ fn probe_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `/proc` or `/sys` when `dir` (its nearest existing ancestor, links
+/// resolved) is under one of them.
+fn system_dir(dir: &Path) -> Option<&'static str> {
+    let mut existing = dir.to_path_buf();
+    while std::fs::symlink_metadata(&existing).is_err() {
+        let up = parent_of(&existing);
+        if up == existing {
+            break;
+        }
+        existing = up;
+    }
+    let real = existing.canonicalize().unwrap_or(existing);
+    ["/proc", "/sys"].into_iter().find(|s| real.starts_with(s))
+}
+
 /// Checks, before any work, that a result file `path` (given as `flag`)
-/// can be written: its directory exists and takes a new file (a probe file
-/// is created and removed), and `path` is not a directory. Errors name the
-/// flag and the path.
+/// can be written: its directory exists, is not under `/proc` or `/sys`,
+/// and takes a new file (a probe file is created and removed), and `path`
+/// is not a directory. Errors name the flag and the path.
 ///
 /// # Errors
 /// [`RunError::Invalid`], `"{flag} {path}: why"`.
 pub fn check_writable(path: &Path, flag: &str) -> Result<()> {
     let dir = parent_of(path);
     let fail = |why: String| RunError::Invalid(format!("{flag} {}: {why}", path.display()));
+    if let Some(system) = system_dir(&dir) {
+        return Err(fail(format!("is under {system}: not a place for results")));
+    }
     match std::fs::metadata(&dir) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => return Err(fail(format!("{} is not a directory", dir.display()))),
@@ -49,6 +67,27 @@ pub fn check_writable(path: &Path, flag: &str) -> Result<()> {
     probe_dir(&dir).map_err(|e| fail(format!("cannot create a file in {}: {e}", dir.display())))
 }
 
+/// Checks, before any work, that a log `path` (given as `flag`), read back
+/// and appended to, is a regular file or can be created
+/// ([`check_writable`]), and is not under `/proc` or `/sys`.
+///
+/// # Errors
+/// [`RunError::Invalid`], `"{flag} {path}: why"`; a special file's.
+pub fn check_log(path: &Path, flag: &str) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return check_writable(path, flag);
+    }
+    if let Some(system) = system_dir(path) {
+        return Err(RunError::Invalid(format!(
+            "{flag} {}: is under {system}: not a place for results",
+            path.display()
+        )));
+    }
+    posenc_models::input::check_regular(path)
+        .map_err(|e| RunError::Invalid(format!("{flag}: {e}")))?;
+    Ok(())
+}
+
 /// Checks, before any work, that `dir` (given as `flag`) can be an output
 /// directory: it is a directory or does not exist yet, it is not under
 /// `/proc` or `/sys`, and its nearest existing ancestor (itself if it
@@ -63,20 +102,12 @@ pub fn check_out_dir(dir: &Path, flag: &str) -> Result<()> {
             return Err(fail("exists and is not a directory".into()));
         }
     }
+    if let Some(system) = system_dir(dir) {
+        return Err(fail(format!("is under {system}: not a place for results")));
+    }
     let mut existing = dir.to_path_buf();
     while std::fs::symlink_metadata(&existing).is_err() {
         existing = parent_of(&existing);
-    }
-    let real = existing.canonicalize().unwrap_or(existing.clone());
-    if real.starts_with("/proc") || real.starts_with("/sys") {
-        return Err(fail(format!(
-            "is under {}: not a place for results",
-            if real.starts_with("/proc") {
-                "/proc"
-            } else {
-                "/sys"
-            }
-        )));
     }
     match std::fs::metadata(&existing) {
         Ok(m) if m.is_dir() => {}
@@ -132,6 +163,22 @@ mod tests {
                 .to_string();
             assert!(e.starts_with(&format!("--out {p}")), "{e}");
         }
+        let e = check_writable(Path::new("/proc/self/x.log"), "--log")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--log /proc/self/x.log: is under /proc"),
+            "{e}"
+        );
+        let e = check_log(Path::new("/proc/self/status"), "--log")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--log /proc/self/status: is under /proc"),
+            "{e}"
+        );
+        let e = check_log(&dir, "--log").unwrap_err().to_string();
+        assert!(e.starts_with("--log: ") && e.contains("directory"), "{e}");
         let e = check_writable(&dir.join("none/x.svg"), "--out")
             .unwrap_err()
             .to_string();

@@ -11,8 +11,7 @@ use posenc_tune::data::{TrainText, WindowPlan};
 use posenc_tune::merged::{merged_config, write_merged, TokenizerFiles};
 use posenc_tune::peft::CONFIG_FILE;
 use posenc_tune::train::{
-    check_train_memory, Finetune, FinetuneConfig, RunOptions, RunRecord, Schedule, Sources,
-    Summary, RECORD_FILE,
+    Finetune, FinetuneConfig, RunOptions, RunRecord, Schedule, Sources, Summary, RECORD_FILE,
 };
 use posenc_tune::{lora, Trainable, TuneError};
 use serde_json::Value;
@@ -84,6 +83,9 @@ pub struct FinetuneOptions {
     pub merge: bool,
     /// Print posenc-tune's progress line on stderr.
     pub print_progress: bool,
+    /// The memory the run may use, bytes (`--max-memory`; default: the
+    /// available memory and `RLIMIT_AS`, see [`crate::memory`]).
+    pub max_memory: Option<u64>,
 }
 
 impl Default for FinetuneOptions {
@@ -114,6 +116,7 @@ impl Default for FinetuneOptions {
             checkpoint_layers: false,
             merge: false,
             print_progress: false,
+            max_memory: None,
         }
     }
 }
@@ -228,6 +231,41 @@ fn train_text(text: Option<&Path>, tk: &TextTokenizer) -> Result<TrainText> {
     Ok(TrainText::new(tokens)?)
 }
 
+/// The training text's bytes: the file's size, or the built-in novel's.
+fn text_bytes(text: Option<&Path>) -> Result<u64> {
+    Ok(match text {
+        Some(p) => input::check_regular(p)?,
+        None => crate::PRIDE_AND_PREJUDICE.len() as u64,
+    })
+}
+
+/// Refuses a fine-tune whose memory plan ([`crate::memory::finetune`])
+/// is over the limit, before the text is tokenized or a weight read,
+/// naming the largest window (`--length`, or `--pose`'s) that fits.
+fn check_plan(
+    cfg: &DecoderConfig,
+    config: &FinetuneConfig,
+    text_bytes: u64,
+    max_memory: Option<u64>,
+) -> Result<()> {
+    let window = config.plan.window();
+    let (t, c) = (config.trainable, config.checkpoint_layers);
+    let plan = |w: usize| {
+        let mut p = crate::memory::finetune(cfg, w, t, c, text_bytes);
+        if matches!(config.plan, WindowPlan::Pose { .. }) {
+            p.flag = "--pose";
+        }
+        p
+    };
+    let limit = crate::Limit::current(max_memory);
+    let p = plan(window);
+    if p.total() <= limit.bytes {
+        return Ok(());
+    }
+    let largest = crate::memory::largest_fitting(2, window, limit.bytes, |w| plan(w).total());
+    p.check(&limit, largest)
+}
+
 /// What a run needs once its files are open: the model's config, the
 /// tokenizer, the training text, and the merged checkpoint's sources.
 struct Opened {
@@ -259,6 +297,7 @@ fn open(
     tokenizer: Option<&Path>,
     text: Option<&Path>,
     merge: bool,
+    check: &dyn Fn(&DecoderConfig) -> Result<()>,
 ) -> Result<Opened> {
     input::check_model_path(model)?;
     for p in [tokenizer, text].into_iter().flatten() {
@@ -266,6 +305,8 @@ fn open(
     }
     let mut files = ModelFiles::open(model)?;
     let cfg = files.config()?;
+    // The memory plan, before the text is tokenized or a weight read.
+    check(&cfg)?;
     let tk = files.tokenizer_for(tokenizer, &cfg)?;
     let text = train_text(text, &tk)?;
     let (base_config, tokenizer_files) = match &files {
@@ -324,6 +365,9 @@ pub fn finetune_run(
 ) -> Result<FinetuneOutcome> {
     let a = options;
     check_out_dir(&a.out, "--out")?;
+    if a.merge {
+        check_out_dir(&a.out.join(MERGED_DIR), "--merge")?;
+    }
     let (mut ft, base, opened, header) = if a.resume {
         let record = Finetune::read_record(&a.out)?;
         let model = a
@@ -338,15 +382,15 @@ pub fn finetune_run(
             .text
             .clone()
             .or_else(|| record.text.as_ref().map(PathBuf::from));
-        let opened = open(&model, tokenizer.as_deref(), text.as_deref(), a.merge)?;
-        record.config.lora.validate_for(&opened.cfg)?;
-        check_train_memory(
-            &opened.cfg,
-            record.config.plan.window(),
-            record.config.trainable,
-            record.config.checkpoint_layers,
-            None,
+        let bytes = text_bytes(text.as_deref())?;
+        let opened = open(
+            &model,
+            tokenizer.as_deref(),
+            text.as_deref(),
+            a.merge,
+            &|cfg| check_plan(cfg, &record.config, bytes, a.max_memory),
         )?;
+        record.config.lora.validate_for(&opened.cfg)?;
         let header = format!("resuming {} at step {}", a.out.display(), record.step);
         let (base, _, text, kept) = opened.load()?;
         let ft = Finetune::resume(&a.out, &base, text)?;
@@ -369,7 +413,14 @@ pub fn finetune_run(
                 a.out.display()
             )));
         }
-        let opened = open(model, a.tokenizer.as_deref(), a.text.as_deref(), a.merge)?;
+        let bytes = text_bytes(a.text.as_deref())?;
+        let opened = open(
+            model,
+            a.tokenizer.as_deref(),
+            a.text.as_deref(),
+            a.merge,
+            &|cfg| check_plan(cfg, &config, bytes, a.max_memory),
+        )?;
         config.lora.validate_for(&opened.cfg)?;
         config.parsed_scaling()?.rope_config(&opened.cfg)?;
         let window = config.plan.window();
@@ -380,13 +431,6 @@ pub fn finetune_run(
             }
             .into());
         }
-        check_train_memory(
-            &opened.cfg,
-            window,
-            config.trainable,
-            config.checkpoint_layers,
-            None,
-        )?;
         let (base, source, text, kept) = opened.load()?;
         let (train, held_out) = (text.len(), text.held_out());
         let sources = Sources {

@@ -45,6 +45,9 @@ pub struct GenerateRequest {
     /// Decode as tokens come and give each token's new text
     /// ([`Progress::text`]).
     pub stream_text: bool,
+    /// The memory the run may use, bytes (`--max-memory`; default: the
+    /// available memory and `RLIMIT_AS`, see [`crate::memory`]).
+    pub max_memory: Option<u64>,
 }
 
 impl Default for GenerateRequest {
@@ -57,6 +60,7 @@ impl Default for GenerateRequest {
             sampling: Sampling::Greedy,
             adapter: None,
             stream_text: false,
+            max_memory: None,
         }
     }
 }
@@ -133,7 +137,10 @@ impl Session {
                 "prompt and new tokens exceed {MAX_LENGTH}"
             )));
         }
-        posenc_models::check_memory(self.config(), total, None)?;
+        let loaded = self.is_loaded();
+        let prompt_len = ids.len();
+        let limit = crate::Limit::current(request.max_memory);
+        crate::memory::check_generate(self.config(), prompt_len, max_new, loaded, &limit)?;
         let rope = rope_of(sc.rope_config(self.config())?)?;
         let path = self.path().to_path_buf();
         self.with_model(adapter.as_ref(), |model, source, tk| {

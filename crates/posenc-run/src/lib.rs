@@ -45,14 +45,17 @@ pub mod corpus;
 pub mod files;
 pub mod finetune;
 pub mod generate;
+pub mod memory;
 pub mod passkey;
 pub mod perplexity;
 pub mod session;
+pub mod text;
 
 pub use corpus::PRIDE_AND_PREJUDICE;
-pub use files::check_writable;
+pub use files::{check_log, check_out_dir, check_writable};
 pub use finetune::{finetune, FinetuneOptions, FinetuneOutcome};
 pub use generate::{GenerateRequest, PromptSource};
+pub use memory::{Limit, Plan};
 pub use passkey::{HaystackSource, PasskeyPlan, PasskeyRequest, PasskeyRun};
 pub use perplexity::PerplexityRequest;
 pub use posenc_models::generate::Sampling;

@@ -11,7 +11,6 @@ use posenc_models::passkey::{
 use posenc_models::{input, scaling, Scaling};
 use serde_json::{json, Value};
 
-use crate::files::check_writable;
 use crate::session::Session;
 use crate::{cancellable, report_or_stop, Progress, ProgressFn, Result, RunError};
 
@@ -53,6 +52,9 @@ pub struct PasskeyRequest {
     pub log: Option<PathBuf>,
     /// A LoRA adapter directory merged for this call only.
     pub adapter: Option<PathBuf>,
+    /// The memory the run may use, bytes (`--max-memory`; default: the
+    /// available memory and `RLIMIT_AS`, see [`crate::memory`]).
+    pub max_memory: Option<u64>,
 }
 
 impl Default for PasskeyRequest {
@@ -66,6 +68,7 @@ impl Default for PasskeyRequest {
             seed: 0,
             log: None,
             adapter: None,
+            max_memory: None,
         }
     }
 }
@@ -143,11 +146,7 @@ impl PasskeyRequest {
     pub fn plan(&self) -> Result<PasskeyPlan> {
         let (scalings, grid) = self.check()?;
         if let Some(p) = &self.log {
-            if std::fs::symlink_metadata(p).is_ok() {
-                input::check_regular(p)?;
-            } else {
-                check_writable(p, "--log")?;
-            }
+            crate::files::check_log(p, "--log")?;
         }
         let haystack = read_haystack(&self.haystack)?;
         Ok(PasskeyPlan {
@@ -177,6 +176,19 @@ fn read_haystack(source: &HaystackSource) -> Result<Haystack> {
             Haystack::ruler(&text)
                 .map_err(|e| RunError::Invalid(format!("--haystack {}: {e}", p.display())))
         }
+    }
+}
+
+/// Positions a trial holds past its prompt: the answer's tokens and the
+/// new tokens.
+const PASSKEY_EXTRA: usize = passkey::MAX_NEW_TOKENS + 16;
+
+/// The haystack's bytes (0 for the landmark prompt).
+fn haystack_bytes(source: &HaystackSource) -> u64 {
+    match source {
+        HaystackSource::Landmark => 0,
+        HaystackSource::String(s) => s.len() as u64,
+        HaystackSource::File(p) => std::fs::metadata(p).map_or(0, |m| m.len()),
     }
 }
 
@@ -243,7 +255,10 @@ impl Session {
         } = plan;
         let adapter = self.read_adapter(request.adapter.as_deref())?;
         let max_len = grid.lengths.iter().copied().max().unwrap_or(0);
-        posenc_models::check_memory(self.config(), max_len + passkey::MAX_NEW_TOKENS + 16, None)?;
+        let (loaded, hay) = (self.is_loaded(), haystack_bytes(&request.haystack));
+        self.check_plan(request.max_memory, max_len, 1, MAX_PROMPT_LENGTH, |l| {
+            crate::memory::passkey(self.config(), l, PASSKEY_EXTRA, hay, loaded)
+        })?;
         // Filler sizes per length (the haystack checked before any weight).
         let sizes: Vec<usize> = {
             let builder = PromptBuilder::new(self.read_tokenizer()?, &haystack);

@@ -8,7 +8,9 @@ use posenc_models::{input, scaling, Scaling};
 use serde_json::Value;
 
 use crate::session::Session;
-use crate::{cancellable, report_or_stop, Progress, ProgressFn, Result, RunError, Text};
+use crate::{
+    cancellable, memory, report_or_stop, Progress, ProgressFn, Result, RunError, Text, MAX_LENGTH,
+};
 
 /// The scalings `posenc perplexity` compares by default.
 pub const DEFAULT_SCALINGS: &str = "none,linear:2,dynamic:2,ntk:2,yarn:2";
@@ -33,6 +35,9 @@ pub struct PerplexityRequest {
     pub per_position: bool,
     /// A LoRA adapter directory merged for this call only.
     pub adapter: Option<PathBuf>,
+    /// The memory the run may use, bytes (`--max-memory`; default: the
+    /// available memory and `RLIMIT_AS`, see [`crate::memory`]).
+    pub max_memory: Option<u64>,
 }
 
 impl Default for PerplexityRequest {
@@ -45,6 +50,7 @@ impl Default for PerplexityRequest {
             held_out: false,
             per_position: false,
             adapter: None,
+            max_memory: None,
         }
     }
 }
@@ -75,6 +81,25 @@ impl PerplexityRequest {
     }
 }
 
+/// The warning of a study whose first window (its first scaling's mean
+/// loss) is at or above `ln V`, the loss of a uniform prediction over the
+/// vocabulary: the model predicts uniformly (absurd weights, an adapter's
+/// scale, a broken file), whatever the scaling. `None` otherwise.
+pub fn uniform_warning(study: &Study, vocab_size: usize) -> Option<String> {
+    let run = study.runs.first()?;
+    if run.loss.is_empty() || vocab_size < 2 {
+        return None;
+    }
+    let mean = run.loss.iter().sum::<f64>() / run.loss.len() as f64;
+    let uniform = (vocab_size as f64).ln();
+    (mean >= uniform).then(|| {
+        format!(
+            "the model predicts uniformly: the mean loss {mean:.3} of the first window ({}) is at or above ln(V) = {uniform:.3}, a uniform guess over its {vocab_size} tokens; its weights or adapter may be broken",
+            run.name
+        )
+    })
+}
+
 impl Session {
     /// Scores the window: what `posenc perplexity --json` prints (with the
     /// loss at every position when `per_position`).
@@ -86,9 +111,12 @@ impl Session {
         request: &PerplexityRequest,
         progress: &mut ProgressFn<'_>,
     ) -> Result<Value> {
-        Ok(self
-            .perplexity_study(request, progress)?
-            .to_json(request.per_position))
+        let study = self.perplexity_study(request, progress)?;
+        let mut json = study.to_json(request.per_position);
+        if let Some(w) = uniform_warning(&study, self.config().vocab_size) {
+            json["warning"] = w.into();
+        }
+        Ok(json)
     }
 
     /// [`Session::perplexity`] as the study it is built from (the
@@ -109,21 +137,43 @@ impl Session {
         let scalings = request.check_files()?;
         let adapter = self.read_adapter(request.adapter.as_deref())?;
         let length = self.window_length(request.length)?;
-        posenc_models::check_memory(self.config(), length, None)?;
+        // The tokens the text's reading holds beside the window.
+        let text_tokens = match &request.text {
+            Text::Default => crate::PRIDE_AND_PREJUDICE.len() as u64,
+            Text::String(s) => s.len() as u64,
+            Text::File(_) if request.held_out => crate::text::PIECE_BYTES as u64,
+            Text::File(_) => 2 * length as u64,
+        };
+        let loaded = self.is_loaded();
+        self.check_plan(request.max_memory, length, 2, MAX_LENGTH, |len| {
+            memory::perplexity(self.config(), len, text_tokens, loaded)
+        })?;
         // A text file is read and tokenized only as far as the window
-        // needs (with held_out the whole text: its tail is the window).
-        let all = self.text_tokens(&request.text, length, request.held_out)?;
-        let all = if request.held_out {
-            let tail = posenc_tune::data::held_out_tokens(&all);
-            if tail.len() < length {
-                return Err(RunError::Invalid(format!(
-                    "--held-out: the text's last 10% is {} tokens, fewer than --length {length}",
-                    tail.len()
-                )));
+        // needs; with held_out, in pieces, keeping only the window.
+        let held = match (&request.text, request.held_out) {
+            (Text::File(p), true) => {
+                let tk = self.read_tokenizer()?;
+                crate::text::held_out_window(p, tk, length, crate::text::PIECE_BYTES)?
             }
-            tail.to_vec()
-        } else {
-            all
+            _ => None,
+        };
+        let all = match held {
+            Some(window) => window,
+            None => {
+                let all = self.text_tokens(&request.text, length, request.held_out)?;
+                if request.held_out {
+                    let tail = posenc_tune::data::held_out_tokens(&all);
+                    if tail.len() < length {
+                        return Err(RunError::Invalid(format!(
+                            "--held-out: the text's last 10% is {} tokens, fewer than --length {length}",
+                            tail.len()
+                        )));
+                    }
+                    tail.to_vec()
+                } else {
+                    all
+                }
+            }
         };
         let tokens = perplexity::window(&all, length)?.to_vec();
         drop(all);
@@ -157,5 +207,47 @@ impl Session {
                 )?)
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use posenc_models::perplexity::ScalingRun;
+
+    fn study(loss: Vec<f64>) -> Study {
+        Study {
+            model: "m".into(),
+            trained_length: 8,
+            length: loss.len() + 1,
+            band: 4,
+            runs: vec![ScalingRun {
+                name: "none".into(),
+                rope_type: "default".into(),
+                inv_freq_first: 1.0,
+                inv_freq_last: 1e-4,
+                attention_factor: 1.0,
+                loss,
+                bands: Vec::new(),
+                mean_inside: None,
+                mean_beyond: None,
+                forward_seconds: 0.0,
+                tokens_per_second: 0.0,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_first_window_at_ln_v_warns_that_the_model_predicts_uniformly() {
+        let v = 49152usize;
+        let ln_v = (v as f64).ln();
+        let w = uniform_warning(&study(vec![ln_v; 4]), v).unwrap();
+        assert!(
+            w.starts_with("the model predicts uniformly: the mean loss 10.803"),
+            "{w}"
+        );
+        assert!(w.contains("ln(V) = 10.803"), "{w}");
+        assert!(uniform_warning(&study(vec![3.3, 2.9, 11.0]), v).is_none());
+        assert!(uniform_warning(&study(Vec::new()), v).is_none());
     }
 }

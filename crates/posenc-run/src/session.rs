@@ -9,6 +9,7 @@ use posenc_models::perplexity::rope_of;
 use posenc_models::{input, Decoder, DecoderConfig, ModelFiles, Scaling, TextTokenizer};
 use posenc_tune::peft::Adapter;
 
+use crate::memory::{self, Limit, Plan};
 use crate::{Result, RunError, Text, MAX_LENGTH};
 
 /// How to open a model.
@@ -183,7 +184,9 @@ impl Session {
     /// # Errors
     /// The memory check's, the loader's and the adapter's.
     pub fn load(&mut self) -> Result<()> {
-        posenc_models::check_memory(&self.cfg, 2, None)?;
+        self.check_plan(None, 2, 2, 2, |len| {
+            memory::perplexity(&self.cfg, len, 0, false)
+        })?;
         self.ensure_loaded()
     }
 
@@ -279,6 +282,29 @@ impl Session {
             }
             Text::Default => tk.encode(crate::PRIDE_AND_PREJUDICE)?,
         })
+    }
+
+    /// Refuses a run whose memory plan `plan(value)` is over the limit
+    /// ([`Limit::current`] of `max_memory`), naming the largest value in
+    /// `lo..=hi` whose plan fits.
+    ///
+    /// # Errors
+    /// [`Plan::check`]'s.
+    pub(crate) fn check_plan(
+        &self,
+        max_memory: Option<u64>,
+        value: usize,
+        lo: usize,
+        hi: usize,
+        plan: impl Fn(usize) -> Plan,
+    ) -> Result<()> {
+        let limit = Limit::current(max_memory);
+        let p = plan(value);
+        if p.total() <= limit.bytes {
+            return Ok(());
+        }
+        let largest = memory::largest_fitting(lo, hi, limit.bytes, |v| plan(v).total());
+        p.check(&limit, largest)
     }
 
     /// The check the command makes before its first pass: `tokens`' first

@@ -228,6 +228,7 @@ class Model:
         held_out: bool = False,
         per_position: bool = False,
         progress: Optional[_Progress] = None,
+        max_memory: Union[int, str, None] = None,
     ) -> Dict[str, Any]:
         """The loss at every position of a window, per scaling: the dict
         ``posenc perplexity --json`` prints.
@@ -239,8 +240,13 @@ class Model:
         ``"self-extend:4:1024+yarn:2"``; commas allowed) or a list.
         ``adapter``: a LoRA adapter directory (PEFT layout) merged for this
         call only (the loaded weights are restored after it). ``held_out``:
-        score the text's last 10% of tokens. ``per_position``: include
-        ``"loss"``, the loss at every position."""
+        score the text's last 10% of tokens (read in pieces: only the window's
+        tokens are kept). ``per_position``: include ``"loss"``, the loss at
+        every position. ``max_memory``: the memory the call may use, bytes or
+        a size such as ``"900M"`` (default: the available memory and
+        ``RLIMIT_AS``); a call whose estimate is over it raises
+        ``PosencError`` before anything large is allocated, naming the
+        largest ``length`` that fits."""
 
     def passkey(
         self,
@@ -251,12 +257,14 @@ class Model:
         haystack: Optional[_ModelText] = None,
         seed: int = 0,
         progress: Optional[_Progress] = None,
+        max_memory: Union[int, str, None] = None,
     ) -> Dict[str, Any]:
         """Passkey retrieval over prompt ``lengths`` × needle ``depths``
         (``trials`` keys per cell) for each scaling: the dict ``posenc passkey
         --json`` prints. ``haystack``: ``None`` (the landmark passkey
         prompt), a ``str`` (RULER's needle hidden in that text) or a path to
-        such a text."""
+        such a text. ``max_memory``: as ``perplexity``'s, at the longest
+        length."""
 
     def generate(
         self,
@@ -266,11 +274,13 @@ class Model:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int = 0,
+        max_memory: Union[int, str, None] = None,
     ) -> str:
         """The text generated after ``prompt`` (a ``str``, or a path to a
         UTF-8 file): at most ``max_new_tokens`` tokens with one ``scaling``,
         greedy at ``temperature`` 0, else sampled (nucleus ``top_p``,
-        ``seed``); ``posenc generate --json``'s ``"text"``."""
+        ``seed``); ``posenc generate --json``'s ``"text"``. ``max_memory``:
+        as ``perplexity``'s, for the prompt and the new tokens."""
 
     @property
     def config(self) -> Dict[str, Any]:
@@ -316,12 +326,15 @@ def finetune(
     merge: bool = False,
     resume: bool = False,
     progress: Optional[_Progress] = None,
+    max_memory: Union[int, str, None] = None,
 ) -> Dict[str, Any]:
     """LoRA fine-tuning of the pretrained ``model`` at a new context
     ``length`` into the directory ``out``: what ``posenc finetune --model
     MODEL --out OUT --json`` does and prints (the options are its flags,
     ``_`` for ``-``; ``text`` and ``tokenizer`` are files; ``model`` may be
-    ``None`` with ``resume=True``). ``out`` is checked before any work. The
+    ``None`` with ``resume=True``). ``out`` is checked before any work, and
+    the memory plan (``max_memory``, as ``Model.perplexity``'s) before the
+    text is tokenized or a weight read. The
     GIL is released; ``progress(done, total, what)`` is called at the start
     and about every 200 ms. Ctrl-C (or ``progress`` raising) stops after
     the step in progress with a checkpoint in ``out`` (continue it with
