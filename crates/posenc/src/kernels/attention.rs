@@ -21,9 +21,10 @@
 //! The forward pass streams over key tiles with an online softmax
 //! (FlashAttention, Dao et al. 2022): no `(T_q × T_k)` matrix is kept, only
 //! the output and the log-sum-exp of each row. The backward pass recomputes
-//! the probabilities tile by tile from that log-sum-exp (FlashAttention-2's
-//! order: key tiles outside, query tiles inside) and writes the gradients of
-//! queries, keys, values and every bias parameter.
+//! the probabilities tile by tile from that log-sum-exp (query tiles
+//! outside, key tiles inside; the gradients of a head's keys and values
+//! accumulate in the task's own buffers, no atomics) and writes the
+//! gradients of queries, keys, values and every bias parameter.
 //!
 //! Threads: the forward pass splits over (batch, query head, query tile), the
 //! backward pass over (batch, key/value head); every output element is
@@ -62,6 +63,11 @@ const BQ: usize = 32;
 /// entries; its five products per tile, against the forward's two, make
 /// the smaller tile pay there). Same bits, for the same reason.
 const BQ_BWD: usize = 16;
+/// Queries per tile of the backward pass on long sequences (more than
+/// [`LONG_KEYS`] keys): the diagonal's hidden entries are a small share
+/// there, and the products' register tiles reload their accumulators a
+/// quarter as often as with [`BQ_BWD`]. Same bits.
+const BQ_BWD_LONG: usize = 64;
 /// Keys per tile.
 const BK: usize = 128;
 /// Keys per tile of the forward pass on long sequences (more than
@@ -105,6 +111,14 @@ fn key_tile(k_len: usize) -> usize {
         BK
     }
 }
+/// The leading dimension of a packed `(D, bk)` block of transposed keys (or
+/// values): 16 more than `bk`, so that the rows a register tile reads
+/// (power-of-two strides apart otherwise) spread over the cache's sets.
+#[inline(always)]
+fn packed_ld(bk: usize) -> usize {
+    bk + 16
+}
+
 /// Multiply-adds below which a pass runs on the calling thread.
 const PARALLEL_WORK: usize = 1 << 17;
 
@@ -714,7 +728,7 @@ pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], le
     // buffer is the size of the keys.
     let shared: Vec<f32> = if q_tiles * p.group() > 1 {
         let bk = key_tile(dm.k_len);
-        let per = dm.head_dim * dm.k_len.div_ceil(bk) * bk;
+        let per = dm.head_dim * dm.k_len.div_ceil(bk) * packed_ld(bk);
         let mut kt = vec![0f32; dm.batch * dm.kv_heads * per];
         let pack = |(task, dst): (usize, &mut [f32])| {
             pack_dispatch(level, p, task / dm.kv_heads, task % dm.kv_heads, dst)
@@ -747,23 +761,24 @@ crate::multiversion!(fn pack_dispatch => pack_all_keys(
     p: &Problem, b: usize, hk: usize, dst: &mut [f32]) -> ());
 
 /// Packs every key of `(b, hk)` rotated and transposed into `dst`, tile by
-/// tile: keys `j0..j0 + bk` as a contiguous `(D, bk)` block (a power-of-two
-/// leading dimension of `T_k` would map a tile's rows onto the same cache
-/// sets).
+/// tile: keys `j0..j0 + bk` as a contiguous `(D, bk)` block with leading
+/// dimension [`packed_ld`] (a power-of-two leading dimension of `T_k` would
+/// map a tile's rows onto the same cache sets).
 #[inline(always)]
 fn pack_all_keys(p: &Problem, b: usize, hk: usize, dst: &mut [f32]) {
     let d = p.dims.head_dim;
     let bk = key_tile(p.dims.k_len);
     let mut rows = vec![0f32; bk * d];
-    for (jt, block) in dst.chunks_mut(d * bk).enumerate() {
+    let ld = packed_ld(bk);
+    for (jt, block) in dst.chunks_mut(d * ld).enumerate() {
         let j0 = jt * bk;
         let n = bk.min(p.dims.k_len - j0);
         for t in 0..n {
             prefetch_kv(p, b, hk, j0 + t + PREFETCH_AHEAD);
             load_k(p, b, hk, j0 + t, &mut rows[t * d..][..d]);
         }
-        // SAFETY: `rows` holds n × d, `block` d × bk.
-        unsafe { tile::transpose(n, d, rows.as_ptr(), d, block.as_mut_ptr(), bk) };
+        // SAFETY: `rows` holds n × d, `block` d × ld.
+        unsafe { tile::transpose(n, d, rows.as_ptr(), d, block.as_mut_ptr(), ld) };
     }
 }
 
@@ -879,8 +894,12 @@ fn forward_task(
                 pack_kt(p, b, hk, k_end, kt, krow);
                 (kt, k_end, false)
             } else {
-                let per = d * dm.k_len.div_ceil(bk) * bk;
-                (&shared[(b * dm.kv_heads + hk) * per..][..per], bk, true)
+                let per = d * dm.k_len.div_ceil(bk) * packed_ld(bk);
+                (
+                    &shared[(b * dm.kv_heads + hk) * per..][..per],
+                    packed_ld(bk),
+                    true,
+                )
             };
             for r in 0..rows {
                 prefetch_q(p, b, h, i0 + r + PREFETCH_AHEAD);
@@ -912,7 +931,7 @@ fn forward_task(
             let mut j0 = k_start;
             while j0 < k_end {
                 let n = bk.min(k_end - j0);
-                let kb = unsafe { kt.as_ptr().add(if tiled { j0 * d } else { j0 }) };
+                let kb = unsafe { kt.as_ptr().add(if tiled { j0 / bk * d * ldk } else { j0 }) };
                 // SAFETY: q holds rows × d, the key block d × n with
                 // leading dimension ldk, s rows × n.
                 unsafe {

@@ -120,7 +120,7 @@ pub unsafe fn gemm_nn(
 /// Register tiles, run with the instructions of `level` (which the CPU must
 /// have): with AVX-512, 8 rows × 32 (or 16, or 1 to 15 masked) columns of
 /// `C` in registers, narrow products (at most 8 columns) on 8-lane
-/// registers; with AVX2 + FMA, 4 rows × 16 (or 8) columns; otherwise
+/// registers; with AVX2 + FMA, 6 rows × 16 (or 4 × 8) columns; otherwise
 /// portable panels of 4 rows × 16, 8, 4 or 1 columns. For each `p` one row
 /// of `B` is loaded and multiplied by broadcast entries of `A`. Each entry
 /// of `C` is a chain of fused multiply-adds over `p` in increasing order at
@@ -459,9 +459,10 @@ mod x86_512 {
     }
 }
 
-/// AVX2 + FMA micro-kernels of [`gemm`]: 4 rows × 16 (or 8) columns of `C`
-/// in registers, one row of `B` loaded and four entries of `A` broadcast per
-/// step of `k`. Same summation order as the generic panels.
+/// AVX2 + FMA micro-kernels of [`gemm`]: 6 (or 4, or 1) rows × 16 columns,
+/// or 4 rows × 8 columns, of `C` in registers, one row of `B` loaded and an
+/// entry of `A` per row broadcast per step of `k`. Same summation order as
+/// the generic panels.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -480,56 +481,57 @@ mod x86 {
         ldc: usize,
         accumulate: bool,
     ) {
-        let ld = |r: usize, x: usize| -> __m256 {
-            if accumulate {
-                _mm256_loadu_ps(c.add(r * ldc + x))
-            } else {
-                _mm256_setzero_ps()
-            }
-        };
         let mut i = 0;
-        while i + 4 <= m {
-            let (mut c00, mut c01) = (ld(i, 0), ld(i, 8));
-            let (mut c10, mut c11) = (ld(i + 1, 0), ld(i + 1, 8));
-            let (mut c20, mut c21) = (ld(i + 2, 0), ld(i + 2, 8));
-            let (mut c30, mut c31) = (ld(i + 3, 0), ld(i + 3, 8));
-            for p in 0..k {
-                let bp = b.add(p * ldb);
-                let b0 = _mm256_loadu_ps(bp);
-                let b1 = _mm256_loadu_ps(bp.add(8));
-                let a0 = _mm256_set1_ps(a.at(i, p));
-                c00 = _mm256_fmadd_ps(a0, b0, c00);
-                c01 = _mm256_fmadd_ps(a0, b1, c01);
-                let a1 = _mm256_set1_ps(a.at(i + 1, p));
-                c10 = _mm256_fmadd_ps(a1, b0, c10);
-                c11 = _mm256_fmadd_ps(a1, b1, c11);
-                let a2 = _mm256_set1_ps(a.at(i + 2, p));
-                c20 = _mm256_fmadd_ps(a2, b0, c20);
-                c21 = _mm256_fmadd_ps(a2, b1, c21);
-                let a3 = _mm256_set1_ps(a.at(i + 3, p));
-                c30 = _mm256_fmadd_ps(a3, b0, c30);
-                c31 = _mm256_fmadd_ps(a3, b1, c31);
-            }
-            for (r, (lo, hi)) in [(c00, c01), (c10, c11), (c20, c21), (c30, c31)]
-                .into_iter()
-                .enumerate()
-            {
-                _mm256_storeu_ps(c.add((i + r) * ldc), lo);
-                _mm256_storeu_ps(c.add((i + r) * ldc + 8), hi);
-            }
+        while i + 6 <= m {
+            block16::<6>(i, k, a, b, ldb, c, ldc, accumulate);
+            i += 6;
+        }
+        if i + 4 <= m {
+            block16::<4>(i, k, a, b, ldb, c, ldc, accumulate);
             i += 4;
         }
         while i < m {
-            let (mut lo, mut hi) = (ld(i, 0), ld(i, 8));
-            for p in 0..k {
-                let bp = b.add(p * ldb);
-                let av = _mm256_set1_ps(a.at(i, p));
-                lo = _mm256_fmadd_ps(av, _mm256_loadu_ps(bp), lo);
-                hi = _mm256_fmadd_ps(av, _mm256_loadu_ps(bp.add(8)), hi);
-            }
-            _mm256_storeu_ps(c.add(i * ldc), lo);
-            _mm256_storeu_ps(c.add(i * ldc + 8), hi);
+            block16::<1>(i, k, a, b, ldb, c, ldc, accumulate);
             i += 1;
+        }
+    }
+
+    /// Rows `i..i + R` of a 16-column panel: `2·R` accumulators (12 of the
+    /// 16 registers for six rows, so that the fused multiply-adds' latency
+    /// hides behind independent chains), two loads of `B` and `R`
+    /// broadcasts of `A` per step of `k`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block16<const R: usize>(
+        i: usize,
+        k: usize,
+        a: Strided,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        if accumulate {
+            for (r, row) in acc.iter_mut().enumerate() {
+                row[0] = _mm256_loadu_ps(c.add((i + r) * ldc));
+                row[1] = _mm256_loadu_ps(c.add((i + r) * ldc + 8));
+            }
+        }
+        for p in 0..k {
+            let bp = b.add(p * ldb);
+            let b0 = _mm256_loadu_ps(bp);
+            let b1 = _mm256_loadu_ps(bp.add(8));
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_set1_ps(a.at(i + r, p));
+                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            _mm256_storeu_ps(c.add((i + r) * ldc), row[0]);
+            _mm256_storeu_ps(c.add((i + r) * ldc + 8), row[1]);
         }
     }
 

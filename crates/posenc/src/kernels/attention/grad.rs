@@ -170,43 +170,67 @@ fn backward_task(
     let nvv = if values.is_some() { tq * nv } else { 0 };
     let nakt = if keys.is_some() { d * nv } else { 0 };
     let navt = if values.is_some() { d * nv } else { 0 };
+    // Queries per tile: larger tiles on long sequences, where the
+    // products' register tiles reload their accumulators less often.
+    let bq = if tk > LONG_KEYS { BQ_BWD_LONG } else { BQ_BWD };
+    // Key tiles of the transposed keys and values are contiguous `(D, BK)`
+    // blocks with leading dimension `packed_ld(BK)`: a leading dimension of
+    // `T_k` (a power of two, often) mapped a tile's rows onto the same cache
+    // sets.
+    let ldt = packed_ld(BK);
+    let tkp = tk.div_ceil(BK) * ldt;
+    // Rows of the rotated keys 16 apart more than `D`: the product dQ̃ +=
+    // dS·K̃ reads a tile's rows at that stride.
+    let ldr = d + 16;
     let mut scratch = tile::Scratch::take();
     let [kr, kt, vt, dkr, dv, qs, dqs, dvec, pm, dp, qa, doa, wk, wv, akt, avt] = scratch.split([
-        tk * d,      // kr: rotated keys (T_k, D)
-        d * tk,      // kt: their transpose
-        d * tk,      // vt: values transposed
-        tk * d,      // dkr
-        tk * d,      // dv
-        tq * d,      // qs: rotated, scaled queries
-        tq * d,      // dqs
-        tq,          // dvec
-        BQ_BWD * BK, // P
-        BQ_BWD * BK, // dP, then dS
-        nk,          // qa
-        nvv,         // doa
-        nk,          // wk
-        nvv,         // wv
-        nakt,        // a^K transposed
-        navt,        // a^V transposed
+        tk * ldr, // kr: rotated keys (T_k, D), leading dimension ldr
+        d * tkp,  // kt: their transpose, per key tile
+        d * tkp,  // vt: values transposed, per key tile
+        tk * d,   // dkr
+        tk * d,   // dv
+        tq * d,   // qs: rotated, scaled queries
+        tq * d,   // dqs
+        tq,       // dvec
+        bq * BK,  // P
+        bq * BK,  // dP, then dS
+        nk,       // qa
+        nvv,      // doa
+        nk,       // wk
+        nvv,      // wv
+        nakt,     // a^K transposed
+        navt,     // a^V transposed
     ]);
     {
         {
             for t in 0..tk {
                 prefetch_kv(p, b, hk, t + PREFETCH_AHEAD);
-                load_k(p, b, hk, t, &mut kr[t * d..][..d]);
+                load_k(p, b, hk, t, &mut kr[t * ldr..][..d]);
             }
             dkr.fill(0.0);
             dv.fill(0.0);
             unsafe {
-                tile::transpose(tk, d, kr.as_ptr(), d, kt.as_mut_ptr(), tk);
-                tile::transpose(
-                    tk,
-                    d,
-                    p.v.as_ptr().add(p.v_rows.at(b, hk, 0)),
-                    p.v_rows.st,
-                    vt.as_mut_ptr(),
-                    tk,
-                );
+                let mut j0 = 0;
+                while j0 < tk {
+                    let n = BK.min(tk - j0);
+                    tile::transpose(
+                        n,
+                        d,
+                        kr.as_ptr().add(j0 * ldr),
+                        ldr,
+                        kt.as_mut_ptr().add(j0 / BK * d * ldt),
+                        ldt,
+                    );
+                    tile::transpose(
+                        n,
+                        d,
+                        p.v.as_ptr().add(p.v_rows.at(b, hk, j0)),
+                        p.v_rows.st,
+                        vt.as_mut_ptr().add(j0 / BK * d * ldt),
+                        ldt,
+                    );
+                    j0 += n;
+                }
             }
             if let Some(ak) = keys {
                 unsafe { tile::transpose(nv, d, ak.as_ptr(), d, akt.as_mut_ptr(), nv) };
@@ -269,7 +293,7 @@ fn backward_task(
                 let lse_h = &lse[bh * tq..][..tq];
                 let mut i0 = 0;
                 while i0 < tq {
-                    let rows = BQ_BWD.min(tq - i0);
+                    let rows = bq.min(tq - i0);
                     let k_end = p.visible(i0 + rows - 1);
                     let mut j0 = 0;
                     while j0 < k_end {
@@ -283,8 +307,8 @@ fn backward_task(
                                 d,
                                 qs.as_ptr().add(i0 * d),
                                 d,
-                                kt.as_ptr().add(j0),
-                                tk,
+                                kt.as_ptr().add(j0 / BK * d * ldt),
+                                ldt,
                                 pm.as_mut_ptr(),
                                 BK,
                                 false,
@@ -298,8 +322,8 @@ fn backward_task(
                                 d_o.as_ptr().add(do0 + i0 * do_rows.st),
                                 do_rows.st,
                                 1,
-                                vt.as_ptr().add(j0),
-                                tk,
+                                vt.as_ptr().add(j0 / BK * d * ldt),
+                                ldt,
                                 dp.as_mut_ptr(),
                                 BK,
                                 false,
@@ -408,8 +432,8 @@ fn backward_task(
                                 n,
                                 dp.as_ptr(),
                                 BK,
-                                kr.as_ptr().add(j0 * d),
-                                d,
+                                kr.as_ptr().add(j0 * ldr),
+                                ldr,
                                 dqs.as_mut_ptr().add(i0 * d),
                                 d,
                                 true,
