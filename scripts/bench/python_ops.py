@@ -134,6 +134,7 @@ def main():
         attn_diff = (a - b).abs().max().item()
         rope_diff = (pt.apply_rope(q, k, rope)[0] - qr).abs().max().item()
 
+    load_before = os.getloadavg()
     rows = {
         "attention_fwd_bwd": ([], []),
         "attention_fwd": ([], []),
@@ -160,6 +161,9 @@ def main():
         "posenc": posenc.__version__,
         "peer_rotation": rope_source,
         "max_abs_diff": {"attention": attn_diff, "apply_rope": rope_diff},
+        # The 1-minute load average before and after the timed rounds: other
+        # processes on the same cores slow both sides, unevenly.
+        "load_average_1min": [load_before[0], os.getloadavg()[0]],
         "seconds": {},
     }
     for name, (ps, ts) in rows.items():
@@ -172,6 +176,8 @@ def main():
     print(f"CPU {result['cpu']} ({result['simd']}), {args.threads} threads, torch {torch.__version__}, "
           f"median of {args.rounds} rounds; shape (B, H, T, D) = {tuple(result['shape'])}")
     print(f"max |posenc − torch|: attention {attn_diff:.2e}, apply_rope {rope_diff:.2e}")
+    lb, la = result["load_average_1min"]
+    print(f"1-minute load average: {lb:.2f} before the rounds, {la:.2f} after")
     print(f"{'measurement':28s} {'posenc':>12s} {'PyTorch':>12s} {'speed-up':>9s}")
     for name, r in result["seconds"].items():
         unit = 1e6 if name.startswith("call") else 1e3
