@@ -542,6 +542,14 @@ def _new_cache(model):
     return DynamicCache(config=model.config)
 
 
+def _keep(cache, n: int) -> None:
+    """Keeps the first ``n`` positions of ``cache`` (transformers 5's
+    ``crop`` takes the count to remove, negative)."""
+    have = cache.get_seq_length()
+    if have > n:
+        cache.crop(n - have)
+
+
 def _trial(model, st: Dict[str, Any], ids: List[int], answer: List[int], reuse: bool, eos: List[int], max_new: int):
     """One trial as the command's ``Prober::trial`` runs it: prefill from the
     first token that differs from the cached prompt (where ``reuse``), the
@@ -560,7 +568,7 @@ def _trial(model, st: Dict[str, Any], ids: List[int], answer: List[int], reuse: 
         st["cache"] = _new_cache(model)
         common = 0
     cache = st["cache"]
-    cache.crop(common)
+    _keep(cache, common)
     st["ids"] = None  # until this trial is done
 
     def step(tokens):
@@ -576,7 +584,7 @@ def _trial(model, st: Dict[str, Any], ids: List[int], answer: List[int], reuse: 
     if len(answer) > 1:
         lg = torch.log_softmax(step(answer[:-1]), -1)
         logprob += float(sum(lg[r, t] for r, t in enumerate(answer[1:])))
-        cache.crop(n)
+        _keep(cache, n)
     out: List[int] = []
     logits = first
     for i in range(max_new):
@@ -585,7 +593,7 @@ def _trial(model, st: Dict[str, Any], ids: List[int], answer: List[int], reuse: 
         if nxt in eos or i + 1 == max_new:
             break
         logits = forward_last([nxt])
-    cache.crop(n)
+    _keep(cache, n)
     st["ids"] = list(ids)
     return out, logprob, n - common
 
