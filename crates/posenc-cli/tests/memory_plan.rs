@@ -1,0 +1,326 @@
+//! Issue 37's memory plan through the binary, every run under RLIMIT_AS
+//! 1 GiB: for `perplexity`, `generate`, `passkey` and `finetune`, the
+//! largest length the plan allows (read from the refusal of a longer one)
+//! runs and succeeds, and one past it is refused with exit 2 and one line
+//! before anything large is allocated (no abort). `--max-memory` keeps the
+//! lengths short enough for CI's two cores; the runs without it show the
+//! limit taken from RLIMIT_AS. The real model's cases are skipped without
+//! it (unless POSENC_REQUIRE_MODEL=1); the fine-tune's edge uses the tiny
+//! fixture model (the real one's trainable copy alone does not fit in
+//! 1 GiB, which is refused by the plan).
+
+mod common;
+
+#[path = "../../posenc-models/tests/common/hostile.rs"]
+mod hostile;
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("posenc-cli-memory-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn real_model(test: &str) -> Option<String> {
+    let model =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if model.is_file() {
+        return Some(model.to_str().unwrap().to_string());
+    }
+    if std::env::var("POSENC_REQUIRE_MODEL").is_ok_and(|v| v == "1") {
+        panic!("no model at {}", model.display());
+    }
+    eprintln!("{test}: SKIPPED: no model");
+    None
+}
+
+/// Runs `posenc args` under RLIMIT_AS 1 GiB, killed after 300 s.
+fn limited(args: &[String]) -> Output {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = common::command(&args);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    hostile::limit_memory(&mut cmd);
+    let start = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "posenc {args:?} still running after 300 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The one-line refusal of `args` by the memory plan (exit 2, no abort),
+/// in less than `secs` seconds (before anything large is allocated).
+fn refused_by_plan(args: &[String], secs: u64) -> String {
+    let start = Instant::now();
+    let out = limited(args);
+    let took = start.elapsed();
+    let err = common::one_line_error(out, &[]);
+    assert!(
+        err.contains("needs about") && err.contains("limit"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(secs), "{args:?} took {took:?}");
+    err
+}
+
+/// The value of `flag` the refusal names as the largest that fits.
+fn largest(err: &str, flag: &str) -> usize {
+    let key = format!("{flag} ");
+    let at = err
+        .find(&format!(" is the largest that fits"))
+        .unwrap_or_else(|| panic!("no largest value in {err}"));
+    let head = &err[..at];
+    let start = head.rfind(&key).unwrap() + key.len();
+    head[start..].parse().unwrap()
+}
+
+/// Refused past the largest value the plan allows, that value runs, one
+/// more is refused again: the edge of `args(value)` under 1 GiB. Returns
+/// the largest value and the successful run's stdout.
+fn edge(flag: &str, too_big: usize, args: impl Fn(usize) -> Vec<String>) -> (usize, String) {
+    let err = refused_by_plan(&args(too_big), 30);
+    let n = largest(&err, flag);
+    assert!(n >= 2 && n < too_big, "{err}");
+    let out = limited(&args(n));
+    let stdout = common::ok(&out);
+    let err = refused_by_plan(&args(n + 1), 30);
+    assert!(err.contains(&format!("{flag} {n} is the largest")), "{err}");
+    (n, stdout)
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn perplexity_runs_at_the_largest_length_the_plan_allows_and_not_past_it() {
+    let Some(m) = real_model("perplexity") else {
+        return;
+    };
+    let (n, out) = edge("--length", 100_000, |len| {
+        strings(&[
+            "perplexity",
+            "--model",
+            &m,
+            "--length",
+            &len.to_string(),
+            "--scaling",
+            "none",
+            "--quiet",
+            "--json",
+            "--max-memory",
+            "710M",
+        ])
+    });
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let loss = v["scalings"]["none"]["mean_inside"].as_f64().unwrap();
+    assert!(loss.is_finite() && loss < 6.0, "{loss}");
+    println!("perplexity: --length {n} is the largest under --max-memory 710M");
+    // Without --max-memory the limit is RLIMIT_AS less what is mapped: the
+    // issue's --length 120000 is refused at once, naming it.
+    let err = refused_by_plan(
+        &strings(&["perplexity", "--model", &m, "--length", "120000", "--quiet"]),
+        30,
+    );
+    assert!(err.contains("RLIMIT_AS 1024 MiB less"), "{err}");
+}
+
+#[test]
+fn generate_runs_at_the_largest_token_count_the_plan_allows_and_not_past_it() {
+    let Some(m) = real_model("generate") else {
+        return;
+    };
+    let (n, out) = edge("--max-tokens", 100_000, |new| {
+        strings(&[
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            &new.to_string(),
+            "--json",
+            "--max-memory",
+            "655M",
+        ])
+    });
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(!v["new_ids"].as_array().unwrap().is_empty());
+    println!("generate: --max-tokens {n} is the largest under --max-memory 655M");
+    // The issue's 20,000-token prompt: refused before the prefill, naming
+    // --prompt-tokens and what fits.
+    let prompt = scratch("prompt.txt");
+    std::fs::write(&prompt, "the cat sat on the mat ".repeat(5000)).unwrap();
+    let err = refused_by_plan(
+        &strings(&[
+            "generate",
+            "--model",
+            &m,
+            "--prompt-file",
+            prompt.to_str().unwrap(),
+            "--max-tokens",
+            "4",
+        ]),
+        60,
+    );
+    assert!(
+        err.contains("--prompt-tokens") && err.contains("RLIMIT_AS"),
+        "{err}"
+    );
+}
+
+#[test]
+fn passkey_runs_at_the_largest_length_the_plan_allows_and_not_past_it() {
+    let Some(m) = real_model("passkey") else {
+        return;
+    };
+    let (n, out) = edge("--lengths", 200_000, |len| {
+        strings(&[
+            "passkey",
+            "--model",
+            &m,
+            "--lengths",
+            &len.to_string(),
+            "--depths",
+            "0.5",
+            "--trials",
+            "1",
+            "--scaling",
+            "none",
+            "--quiet",
+            "--json",
+            "--max-memory",
+            "680M",
+        ])
+    });
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["methods"]["none"]["trials"], 1);
+    println!("passkey: --lengths {n} is the largest under --max-memory 680M");
+    let err = refused_by_plan(
+        &strings(&["passkey", "--model", &m, "--lengths", "200000", "--quiet"]),
+        30,
+    );
+    assert!(err.contains("RLIMIT_AS"), "{err}");
+}
+
+#[test]
+fn finetune_runs_at_the_largest_window_the_plan_allows_and_not_past_it() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures");
+    let dir = scratch("tiny");
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = hostile::Gguf::tiny(&fixtures, &dir);
+    let (bytes, _) = base.write();
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, bytes).unwrap();
+    let text = scratch("text.txt");
+    std::fs::write(
+        &text,
+        "the cat sat on the mat and the dog ran. ".repeat(2000),
+    )
+    .unwrap();
+    let (m, t) = (model.to_str().unwrap(), text.to_str().unwrap());
+    let (n, _) = edge("--length", 1 << 20, |len| {
+        let out = scratch(&format!("ft-{len}"));
+        let _ = std::fs::remove_dir_all(&out);
+        strings(&[
+            "finetune",
+            "--model",
+            m,
+            "--text",
+            t,
+            "--length",
+            &len.to_string(),
+            "--steps",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+            "--json",
+            "--max-memory",
+            "40M",
+        ])
+    });
+    assert!(scratch(&format!("ft-{n}"))
+        .join("adapter_model.safetensors")
+        .is_file());
+    println!("finetune (tiny model): --length {n} is the largest under --max-memory 40M");
+    // The real model's loaded and trainable weights alone are over 1 GiB:
+    // refused before the text is tokenized or a weight read.
+    if let Some(real) = real_model("finetune") {
+        let out = scratch("ft-real");
+        let err = refused_by_plan(
+            &strings(&[
+                "finetune",
+                "--model",
+                &real,
+                "--length",
+                "32",
+                "--steps",
+                "1",
+                "--out",
+                out.to_str().unwrap(),
+            ]),
+            30,
+        );
+        assert!(
+            err.contains("no --length fits") && err.contains("RLIMIT_AS"),
+            "{err}"
+        );
+        assert!(!out.join("finetune.json").exists());
+    }
+}
+
+#[test]
+fn held_out_reads_a_large_text_in_pieces_under_1_gib() {
+    // The issue's abort: --held-out --length 64 on a large text tokenized
+    // whole. In pieces, only the window's tokens are kept.
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures");
+    let dir = scratch("tiny-held");
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = hostile::Gguf::tiny(&fixtures, &dir);
+    let (bytes, _) = base.write();
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, bytes).unwrap();
+    let text = scratch("big.txt");
+    std::fs::write(
+        &text,
+        "the cat sat on the mat and the dog ran. ".repeat(300_000),
+    )
+    .unwrap();
+    let out = limited(&strings(&[
+        "perplexity",
+        "--model",
+        model.to_str().unwrap(),
+        "--text",
+        text.to_str().unwrap(),
+        "--held-out",
+        "--length",
+        "64",
+        "--band",
+        "32",
+        "--scaling",
+        "none",
+        "--quiet",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&common::ok(&out)).unwrap();
+    assert!(v["scalings"]["none"]["mean_inside"]
+        .as_f64()
+        .unwrap()
+        .is_finite());
+}
