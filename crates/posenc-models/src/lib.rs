@@ -60,6 +60,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod input;
+pub mod layers;
 pub mod llama;
 pub mod passkey;
 pub mod perplexity;

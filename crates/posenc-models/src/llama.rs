@@ -19,13 +19,14 @@
 //! [`posenc::tensor::attention::Attention::forward_packed`], which reads the
 //! packed projection in place and rotates queries and keys inside with the
 //! [`Rope`] given to the call: the RoPE (and its scaling) is chosen per
-//! call, not baked into the model. [`Decoder::set_reference`] switches to
-//! composed candle ops (matmul, the attention's reference path) for tests.
+//! call, not baked into the model. The layers are typed
+//! ([`crate::layers`]); [`Decoder::set_reference`] picks their
+//! [`Backend`] once: composed candle ops (matmul, the attention's reference
+//! path) for tests.
 
 use candle_core::{Device, Tensor};
 use posenc::extend::{ContextMethod, ModelLengths};
 pub use posenc::kernels::attention::Products;
-use posenc::kernels::matmul::MatmulPolicy;
 use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
 use posenc::tensor::extend::MethodAttention;
 use posenc::tensor::rope::Rope;
@@ -33,24 +34,18 @@ use rayon::prelude::*;
 
 use crate::config::DecoderConfig;
 use crate::error::{ModelError, Result};
+use crate::layers::{add_into, vec_of, Backend, GatedMlp, Linear, RmsNorm};
 use crate::weights::WeightSource;
 
 /// One decoder layer's parameters (row-major `f32`, Hugging Face order).
 struct Layer {
-    attn_norm: Vec<f32>,
-    /// `((H_q + 2·H_k)·Dh, D)`: q, k and v projections stacked.
-    wqkv: Vec<f32>,
-    bqkv: Option<Vec<f32>>,
-    /// `(D, H_q·Dh)`.
-    wo: Vec<f32>,
-    bo: Option<Vec<f32>>,
-    mlp_norm: Vec<f32>,
-    /// `(2·I, D)`: gate then up.
-    w_gate_up: Vec<f32>,
-    b_gate_up: Option<Vec<f32>>,
-    /// `(D, I)`.
-    w_down: Vec<f32>,
-    b_down: Option<Vec<f32>>,
+    attn_norm: RmsNorm,
+    /// `(D)` → `((H_q + 2·H_k)·Dh)`: q, k and v projections stacked.
+    qkv: Linear,
+    /// `(H_q·Dh)` → `(D)`.
+    o: Linear,
+    mlp_norm: RmsNorm,
+    mlp: GatedMlp,
 }
 
 /// One parameter of a [`Decoder`] (see [`Decoder::named_weights`]).
@@ -70,10 +65,10 @@ pub struct Decoder {
     /// `(V, D)`.
     embed: Vec<f32>,
     layers: Vec<Layer>,
-    norm: Vec<f32>,
+    norm: RmsNorm,
     /// `(V, D)`; `None`: tied to `embed`.
     lm_head: Option<Vec<f32>>,
-    reference: bool,
+    backend: Backend,
     products: Products,
     /// A training-free attention method run in every layer.
     method: Option<ContextMethod>,
@@ -82,10 +77,6 @@ pub struct Decoder {
 debug_summary!(Decoder {
     "config": |s| &s.cfg,
 });
-
-fn vec_of(t: Tensor) -> Result<Vec<f32>> {
-    Ok(t.flatten_all()?.to_vec1::<f32>()?)
-}
 
 /// Bytes of the model's parameters once loaded as `f32`.
 pub fn weight_bytes(cfg: &DecoderConfig) -> u64 {
@@ -108,6 +99,8 @@ impl Decoder {
         let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let i = cfg.intermediate_size;
         let v = cfg.vocab_size;
+        let eps = cfg.rms_norm_eps as f32;
+        let norm = |weight: Vec<f32>| RmsNorm { weight, eps };
         let embed = vec_of(src.load("model.embed_tokens.weight", &[v, d])?)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
@@ -144,20 +137,24 @@ impl Decoder {
                 (None, None)
             };
             let w_down = load("mlp.down_proj.weight", &[d, i])?;
+            let linear = |weight, bias, inputs, outputs| Linear {
+                weight,
+                bias,
+                inputs,
+                outputs,
+            };
             layers.push(Layer {
-                attn_norm,
-                wqkv,
-                bqkv,
-                wo,
-                bo,
-                mlp_norm,
-                w_gate_up,
-                b_gate_up,
-                w_down,
-                b_down,
+                attn_norm: norm(attn_norm),
+                qkv: linear(wqkv, bqkv, d, cfg.qkv_width()),
+                o: linear(wo, bo, hq * dh, d),
+                mlp_norm: norm(mlp_norm),
+                mlp: GatedMlp {
+                    gate_up: linear(w_gate_up, b_gate_up, d, 2 * i),
+                    down: linear(w_down, b_down, i, d),
+                },
             });
         }
-        let norm = vec_of(src.load("model.norm.weight", &[d])?)?;
+        let norm = norm(vec_of(src.load("model.norm.weight", &[d])?)?);
         let lm_head = if cfg.tie_word_embeddings && !src.contains("lm_head.weight") {
             None
         } else if src.contains("lm_head.weight") {
@@ -173,7 +170,7 @@ impl Decoder {
             layers,
             norm,
             lm_head,
-            reference: false,
+            backend: Backend::Fused,
             products: Products::F32,
             method: None,
         })
@@ -209,42 +206,50 @@ impl Decoder {
         )];
         for (l, layer) in self.layers.iter().enumerate() {
             let p = |s: &str| format!("model.layers.{l}.{s}");
-            out.push(w(p("input_layernorm.weight"), vec![d], &layer.attn_norm));
-            let (wq, rest) = layer.wqkv.split_at(q * d);
+            out.push(w(
+                p("input_layernorm.weight"),
+                vec![d],
+                &layer.attn_norm.weight,
+            ));
+            let (wq, rest) = layer.qkv.weight.split_at(q * d);
             let (wk, wv) = rest.split_at(kv * d);
             out.push(w(p("self_attn.q_proj.weight"), vec![q, d], wq));
             out.push(w(p("self_attn.k_proj.weight"), vec![kv, d], wk));
             out.push(w(p("self_attn.v_proj.weight"), vec![kv, d], wv));
-            if let Some(b) = &layer.bqkv {
+            if let Some(b) = &layer.qkv.bias {
                 let (bq, rest) = b.split_at(q);
                 let (bk, bv) = rest.split_at(kv);
                 out.push(w(p("self_attn.q_proj.bias"), vec![q], bq));
                 out.push(w(p("self_attn.k_proj.bias"), vec![kv], bk));
                 out.push(w(p("self_attn.v_proj.bias"), vec![kv], bv));
             }
-            out.push(w(p("self_attn.o_proj.weight"), vec![d, q], &layer.wo));
-            if let Some(b) = &layer.bo {
+            out.push(w(p("self_attn.o_proj.weight"), vec![d, q], &layer.o.weight));
+            if let Some(b) = &layer.o.bias {
                 out.push(w(p("self_attn.o_proj.bias"), vec![d], b));
             }
             out.push(w(
                 p("post_attention_layernorm.weight"),
                 vec![d],
-                &layer.mlp_norm,
+                &layer.mlp_norm.weight,
             ));
-            let (wg, wu) = layer.w_gate_up.split_at(i * d);
+            let (wg, wu) = layer.mlp.gate_up.weight.split_at(i * d);
             out.push(w(p("mlp.gate_proj.weight"), vec![i, d], wg));
             out.push(w(p("mlp.up_proj.weight"), vec![i, d], wu));
-            if let Some(b) = &layer.b_gate_up {
+            if let Some(b) = &layer.mlp.gate_up.bias {
                 let (bg, bu) = b.split_at(i);
                 out.push(w(p("mlp.gate_proj.bias"), vec![i], bg));
                 out.push(w(p("mlp.up_proj.bias"), vec![i], bu));
             }
-            out.push(w(p("mlp.down_proj.weight"), vec![d, i], &layer.w_down));
-            if let Some(b) = &layer.b_down {
+            out.push(w(
+                p("mlp.down_proj.weight"),
+                vec![d, i],
+                &layer.mlp.down.weight,
+            ));
+            if let Some(b) = &layer.mlp.down.bias {
                 out.push(w(p("mlp.down_proj.bias"), vec![d], b));
             }
         }
-        out.push(w("model.norm.weight".into(), vec![d], &self.norm));
+        out.push(w("model.norm.weight".into(), vec![d], &self.norm.weight));
         if let Some(h) = &self.lm_head {
             out.push(w("lm_head.weight".into(), vec![cfg.vocab_size, d], h));
         }
@@ -272,7 +277,7 @@ impl Decoder {
         let unknown = || ModelError::Invalid(format!("the model has no parameter {name}"));
         let slot: &mut [f32] = match name {
             "model.embed_tokens.weight" => &mut self.embed,
-            "model.norm.weight" => &mut self.norm,
+            "model.norm.weight" => &mut self.norm.weight,
             "lm_head.weight" => self.lm_head.as_deref_mut().ok_or_else(unknown)?,
             _ => {
                 let rest = name.strip_prefix("model.layers.").ok_or_else(unknown)?;
@@ -283,28 +288,32 @@ impl Decoder {
                     b.as_deref_mut()
                 }
                 match field {
-                    "input_layernorm.weight" => &mut layer.attn_norm,
-                    "post_attention_layernorm.weight" => &mut layer.mlp_norm,
-                    "self_attn.q_proj.weight" => &mut layer.wqkv[..q * d],
-                    "self_attn.k_proj.weight" => &mut layer.wqkv[q * d..(q + kv) * d],
-                    "self_attn.v_proj.weight" => &mut layer.wqkv[(q + kv) * d..],
-                    "self_attn.q_proj.bias" => &mut opt(&mut layer.bqkv).ok_or_else(unknown)?[..q],
+                    "input_layernorm.weight" => &mut layer.attn_norm.weight,
+                    "post_attention_layernorm.weight" => &mut layer.mlp_norm.weight,
+                    "self_attn.q_proj.weight" => &mut layer.qkv.weight[..q * d],
+                    "self_attn.k_proj.weight" => &mut layer.qkv.weight[q * d..(q + kv) * d],
+                    "self_attn.v_proj.weight" => &mut layer.qkv.weight[(q + kv) * d..],
+                    "self_attn.q_proj.bias" => {
+                        &mut opt(&mut layer.qkv.bias).ok_or_else(unknown)?[..q]
+                    }
                     "self_attn.k_proj.bias" => {
-                        &mut opt(&mut layer.bqkv).ok_or_else(unknown)?[q..q + kv]
+                        &mut opt(&mut layer.qkv.bias).ok_or_else(unknown)?[q..q + kv]
                     }
                     "self_attn.v_proj.bias" => {
-                        &mut opt(&mut layer.bqkv).ok_or_else(unknown)?[q + kv..]
+                        &mut opt(&mut layer.qkv.bias).ok_or_else(unknown)?[q + kv..]
                     }
-                    "self_attn.o_proj.weight" => &mut layer.wo,
-                    "self_attn.o_proj.bias" => opt(&mut layer.bo).ok_or_else(unknown)?,
-                    "mlp.gate_proj.weight" => &mut layer.w_gate_up[..i * d],
-                    "mlp.up_proj.weight" => &mut layer.w_gate_up[i * d..],
+                    "self_attn.o_proj.weight" => &mut layer.o.weight,
+                    "self_attn.o_proj.bias" => opt(&mut layer.o.bias).ok_or_else(unknown)?,
+                    "mlp.gate_proj.weight" => &mut layer.mlp.gate_up.weight[..i * d],
+                    "mlp.up_proj.weight" => &mut layer.mlp.gate_up.weight[i * d..],
                     "mlp.gate_proj.bias" => {
-                        &mut opt(&mut layer.b_gate_up).ok_or_else(unknown)?[..i]
+                        &mut opt(&mut layer.mlp.gate_up.bias).ok_or_else(unknown)?[..i]
                     }
-                    "mlp.up_proj.bias" => &mut opt(&mut layer.b_gate_up).ok_or_else(unknown)?[i..],
-                    "mlp.down_proj.weight" => &mut layer.w_down,
-                    "mlp.down_proj.bias" => opt(&mut layer.b_down).ok_or_else(unknown)?,
+                    "mlp.up_proj.bias" => {
+                        &mut opt(&mut layer.mlp.gate_up.bias).ok_or_else(unknown)?[i..]
+                    }
+                    "mlp.down_proj.weight" => &mut layer.mlp.down.weight,
+                    "mlp.down_proj.bias" => opt(&mut layer.mlp.down.bias).ok_or_else(unknown)?,
                     _ => return Err(unknown()),
                 }
             }
@@ -328,7 +337,11 @@ impl Decoder {
     /// Runs the composed reference path (candle matmuls, the attention's
     /// reference path: the whole `T × T` logits) instead of the fused one.
     pub fn set_reference(&mut self, on: bool) {
-        self.reference = on;
+        self.backend = if on {
+            Backend::Reference
+        } else {
+            Backend::Fused
+        };
     }
 
     /// The precision of the attention's products on windows of more than
@@ -454,48 +467,34 @@ impl Decoder {
         }
         let d = cfg.hidden_size;
         let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let w = cfg.qkv_width();
-        let inter = cfg.intermediate_size;
-        let eps = cfg.rms_norm_eps as f32;
-        let mut x = vec![0f32; t * d];
+        let be = self.backend;
+        let mut x = vec![0f32; t * d]; // (T, D)
         x.par_chunks_mut(d)
             .zip(tokens.par_iter())
             .for_each(|(row, &id)| {
                 row.copy_from_slice(&self.embed[id as usize * d..][..d]);
             });
-        let mut h = vec![0f32; t * d];
+        let mut h = vec![0f32; t * d]; // (T, D)
         for (li, layer) in self.layers.iter().enumerate() {
-            rms_norm(&x, &layer.attn_norm, eps, &mut h);
-            let qkv = self.linear(&h, t, d, &layer.wqkv, w, layer.bqkv.as_deref())?;
-            let attn = match cache.as_deref_mut() {
+            layer.attn_norm.forward(&x, &mut h);
+            let qkv = layer.qkv.forward(be, &h, t)?; // (T, (H_q + 2·H_k)·Dh)
+            let a = match cache.as_deref_mut() {
                 Some(c) => {
                     c.append(li, &qkv, t, hq, hk, dh);
                     self.attend_cached(&qkv, t, c, li, rope, method.as_ref(), offset)?
                 }
                 None => self.attend(qkv, t, rope, method.as_ref())?,
-            };
-            let o = self.linear(&attn, t, hq * dh, &layer.wo, d, layer.bo.as_deref())?;
-            add_into(&mut x, &o);
-            drop(o);
-            rms_norm(&x, &layer.mlp_norm, eps, &mut h);
-            let gu = self.linear(
-                &h,
-                t,
-                d,
-                &layer.w_gate_up,
-                2 * inter,
-                layer.b_gate_up.as_deref(),
-            )?;
-            let act = swiglu(&gu, t, inter);
-            drop(gu);
-            let down = self.linear(&act, t, inter, &layer.w_down, d, layer.b_down.as_deref())?;
-            add_into(&mut x, &down);
+            }; // (T, H_q·Dh)
+            add_into(&mut x, &layer.o.forward(be, &a, t)?);
+            drop(a);
+            layer.mlp_norm.forward(&x, &mut h);
+            add_into(&mut x, &layer.mlp.forward(be, &h, t)?);
             on_layer(li);
         }
         if let Some(c) = cache {
             c.len += t;
         }
-        rms_norm(&x, &self.norm, eps, &mut h);
+        self.norm.forward(&x, &mut h);
         Ok(h)
     }
 
@@ -505,43 +504,13 @@ impl Decoder {
     /// Candle's, on the reference path.
     pub fn logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>> {
         let d = self.cfg.hidden_size;
-        self.linear(
+        self.backend.matmul_xwt(
             &hidden[..rows * d],
             rows,
             d,
             self.head(),
             self.cfg.vocab_size,
-            None,
         )
-    }
-
-    /// `y = x · Wᵀ (+ b)`, `x` `(t, k)`, `W` `(n, k)`.
-    fn linear(
-        &self,
-        x: &[f32],
-        t: usize,
-        k: usize,
-        w: &[f32],
-        n: usize,
-        b: Option<&[f32]>,
-    ) -> Result<Vec<f32>> {
-        let mut y = if self.reference {
-            let xt = Tensor::from_slice(x, (t, k), &Device::Cpu)?;
-            let wt = Tensor::from_slice(w, (n, k), &Device::Cpu)?;
-            vec_of(xt.matmul(&wt.t()?)?)?
-        } else {
-            let mut y = vec![0f32; t * n];
-            gemm_xwt(&mut y, x, t, k, w, n);
-            y
-        };
-        if let Some(b) = b {
-            y.par_chunks_mut(n).for_each(|row| {
-                for (v, bv) in row.iter_mut().zip(b) {
-                    *v += bv;
-                }
-            });
-        }
-        Ok(y)
     }
 
     /// Causal attention over one packed projection `(T, W)`: positions
@@ -556,36 +525,18 @@ impl Decoder {
         let cfg = &self.cfg;
         let w = cfg.qkv_width();
         let qkv = Tensor::from_vec(qkv, (1, t, w), &Device::Cpu)?;
+        let heads = (cfg.num_heads, cfg.num_kv_heads);
         if let Some(ma) = method {
-            let out = if self.reference {
-                ma.forward_packed_reference(&qkv, cfg.num_heads, cfg.num_kv_heads)?
-            } else {
-                ma.forward_packed(&qkv, cfg.num_heads, cfg.num_kv_heads)?
-            };
-            return vec_of(out);
+            return vec_of(self.backend.method_packed(ma, &qkv, heads)?);
         }
         let hooks = AttentionHooks {
             query_key: Some(rope),
             ..Default::default()
         };
         let attn = self.attention()?;
-        let out = if self.reference {
-            attn.forward_packed_reference(
-                &qkv,
-                cfg.num_heads,
-                cfg.num_kv_heads,
-                &hooks,
-                AttnPositions::default(),
-            )?
-        } else {
-            attn.forward_packed(
-                &qkv,
-                cfg.num_heads,
-                cfg.num_kv_heads,
-                &hooks,
-                AttnPositions::default(),
-            )?
-        };
+        let out =
+            self.backend
+                .attention_packed(&attn, &qkv, heads, &hooks, AttnPositions::default())?;
         vec_of(out)
     }
 
@@ -615,12 +566,7 @@ impl Decoder {
         let k = Tensor::from_slice(&kc[..tk * hk * dh], (1, tk, hk, dh), &Device::Cpu)?;
         let v = Tensor::from_slice(&vc[..tk * hk * dh], (1, tk, hk, dh), &Device::Cpu)?;
         if let Some(ma) = method {
-            let out = if self.reference {
-                ma.forward_reference(&q, &k, &v)?
-            } else {
-                ma.forward(&q, &k, &v)?
-            };
-            return vec_of(out);
+            return vec_of(self.backend.method(ma, (&q, &k, &v))?);
         }
         let hooks = AttentionHooks {
             query_key: Some(rope),
@@ -630,11 +576,7 @@ impl Decoder {
             .attention()?
             .with_layout(posenc::kernels::HeadLayout::Bthd);
         let pos = AttnPositions::offsets(offset, 0);
-        let out = if self.reference {
-            attn.forward_reference(&q, &k, &v, &hooks, pos)?
-        } else {
-            attn.forward(&q, &k, &v, &hooks, pos)?
-        };
+        let out = self.backend.attention(&attn, (&q, &k, &v), &hooks, pos)?;
         vec_of(out)
     }
 }
@@ -699,66 +641,6 @@ impl KvCache {
             v.extend_from_slice(&row[(hq + hk) * dh..][..hk * dh]);
         }
     }
-}
-
-/// `y (t, n) = x (t, k) · Wᵀ`, `W` `(n, k)` row-major: posenc's one
-/// dispatch with the decoders' policy ([`MatmulPolicy::DECODER`]: the
-/// `gemm` crate, threaded from 2^16 multiply-adds).
-fn gemm_xwt(y: &mut [f32], x: &[f32], t: usize, k: usize, w: &[f32], n: usize) {
-    debug_assert!(y.len() >= t * n && x.len() >= t * k && w.len() >= n * k);
-    posenc::kernels::matmul::matmul(
-        posenc::kernels::SimdLevel::detect(),
-        MatmulPolicy::DECODER,
-        t,
-        n,
-        k,
-        y,
-        (n as isize, 1),
-        false,
-        x,
-        (k as isize, 1),
-        w,
-        (1, k as isize),
-    );
-}
-
-/// RMSNorm of each row of `x` (width `w.len()`), times `w`, into `out`:
-/// `x / sqrt(mean(x²) + ε) · w`, in `f32` as transformers' `LlamaRMSNorm`.
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let d = w.len();
-    out.par_chunks_mut(d)
-        .zip(x.par_chunks(d))
-        .for_each(|(o, xr)| {
-            let ss: f32 = xr.iter().map(|v| v * v).sum();
-            let inv = 1.0 / (ss / d as f32 + eps).sqrt();
-            for ((ov, xv), wv) in o.iter_mut().zip(xr).zip(w) {
-                *ov = wv * (xv * inv);
-            }
-        });
-}
-
-/// `silu(g) ⊙ u` of each row `[g | u]` of `gu` `(t, 2·i)`.
-fn swiglu(gu: &[f32], t: usize, i: usize) -> Vec<f32> {
-    let mut out = vec![0f32; t * i];
-    out.par_chunks_mut(i)
-        .zip(gu.par_chunks(2 * i))
-        .for_each(|(o, row)| {
-            let (g, u) = row.split_at(i);
-            for ((ov, gv), uv) in o.iter_mut().zip(g).zip(u) {
-                *ov = gv / (1.0 + (-gv).exp()) * uv;
-            }
-        });
-    out
-}
-
-fn add_into(x: &mut [f32], y: &[f32]) {
-    x.par_chunks_mut(4096)
-        .zip(y.par_chunks(4096))
-        .for_each(|(a, b)| {
-            for (av, bv) in a.iter_mut().zip(b) {
-                *av += bv;
-            }
-        });
 }
 
 #[cfg(test)]
