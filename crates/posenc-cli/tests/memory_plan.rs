@@ -82,7 +82,7 @@ fn refused_by_plan(args: &[String], secs: u64) -> String {
 fn largest(err: &str, flag: &str) -> usize {
     let key = format!("{flag} ");
     let at = err
-        .find(&format!(" is the largest that fits"))
+        .find(" is the largest that fits")
         .unwrap_or_else(|| panic!("no largest value in {err}"));
     let head = &err[..at];
     let start = head.rfind(&key).unwrap() + key.len();

@@ -179,7 +179,7 @@ pub fn address_space_limit() -> Option<u64> {
     if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0 {
         return None;
     }
-    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur as u64)
+    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
 /// The address space the process maps now (`VmSize` of
