@@ -38,7 +38,7 @@ use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{DecoderWrapper, ModelWrapper, PreTokenizerWrapper, Tokenizer};
 
-use crate::LabError;
+use crate::error::LabError;
 
 /// The most distinct characters a corpus may have (its vocabulary). A
 /// character vocabulary of Chinese text needs a few thousand; the logits of

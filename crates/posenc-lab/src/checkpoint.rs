@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::bpe::Tokenization;
 use crate::config::{ModelConfig, TrainConfig};
+use crate::error::LabError;
 use crate::model::EvalScaling;
-use crate::LabError;
 
 pub use posenc::rope::FactorScaling;
 pub use posenc_nn::data::batch_seed;

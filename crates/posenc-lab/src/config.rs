@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::LabError;
+use crate::error::LabError;
 
 /// Which positional encoding the model uses, and at which hook it enters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

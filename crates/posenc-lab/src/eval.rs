@@ -22,10 +22,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::batch_seed;
 use crate::config::Mode;
+use crate::error::LabError;
 use crate::lab::{loss_and_accuracy, loss_and_accuracy_with, make_batch, Lab};
 use crate::model::{EvalScaling, Transformer};
 use crate::tasks::{Task, IGNORE};
-use crate::LabError;
 
 /// The data stream of [`loss_per_position`]'s windows (distinct from the
 /// training, evaluation, shuffle-test and probe streams).

@@ -30,9 +30,9 @@ use std::sync::atomic::AtomicBool;
 
 pub use crate::checkpoint::{FactorScaling, FinetuneRecord, ScalingSpec, FINETUNE_STREAM};
 use crate::config::PeConfig;
+use crate::error::LabError;
 use crate::optim::AdamW;
 use crate::train::{run_loop, Lab, LoopOptions, Summary};
-use crate::LabError;
 use posenc::rope::ScalingKind;
 
 /// Options of [`finetune`].

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
-use crate::LabError;
+use crate::error::LabError;
 
 /// `path` with `.tmp` appended: where a file is written before its rename.
 fn tmp_path(path: &Path) -> PathBuf {

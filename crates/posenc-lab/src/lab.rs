@@ -16,12 +16,12 @@ use rayon::prelude::*;
 use crate::bpe::{Bpe, Tokenization};
 use crate::checkpoint::CheckpointMeta;
 use crate::config::{ModelConfig, TrainConfig};
+use crate::error::LabError;
 use crate::fsio::{read_safetensors, write_atomic, write_safetensors};
 use crate::model::{token_embedding_recipe, EvalScaling, Transformer};
 use crate::ops;
 use crate::optim::{clip_grad_norm, AdamW};
 use crate::tasks::{Corpus, Task, IGNORE};
-use crate::LabError;
 
 /// A batch on the device.
 #[derive(Debug, Clone)]

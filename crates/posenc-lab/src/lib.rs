@@ -8,28 +8,30 @@
 //!
 //! ## Layers
 //!
-//! Each module uses only the modules above it in this list (and
-//! [`LabError`]); a test reads the sources and fails on an import that
-//! goes up, so the modules never import each other in a circle:
+//! Each module uses only the modules above it in this list; a test reads
+//! the sources and fails on an import that goes up, so the modules never
+//! import each other in a circle:
 //!
-//! 1. `fsio` (private: files written through a rename, safetensors read
+//! 1. `error` (private, re-exported: [`LabError`]);
+//! 2. `fsio` (private: files written through a rename, safetensors read
 //!    with their path in the error), [`ops`] (fused CPU ops beside their
 //!    references) and [`optim`] (AdamW, gradient clipping), both
 //!    re-exported from [`posenc_nn`], [`config`] (model, run and task kind);
-//! 2. [`bpe`] (subword tokens; the vocabulary limits);
-//! 3. [`tasks`] (the generators and corpora);
-//! 4. [`model`] (the transformer);
-//! 5. [`checkpoint`] (what a checkpoint records; the batch seeds);
-//! 6. `lab` (private, re-exported from [`train`]: [`train::Lab`], a model
+//! 3. [`bpe`] (subword tokens; the vocabulary limits);
+//! 4. [`tasks`] (the generators and corpora);
+//! 5. [`model`] (the transformer);
+//! 6. [`checkpoint`] (what a checkpoint records; the batch seeds);
+//! 7. `lab` (private, re-exported from [`train`]: [`train::Lab`], a model
 //!    with its parameters, loaded and saved, and its batches);
-//! 7. [`eval`] (the measurements of a trained model);
-//! 8. [`train`] (the training loop);
-//! 9. [`finetune`](mod@finetune) (fine-tuning at a new length).
+//! 8. [`eval`] (the measurements of a trained model);
+//! 9. [`train`] (the training loop);
+//! 10. [`finetune`](mod@finetune) (fine-tuning at a new length).
 #![warn(missing_docs)]
 
 pub mod bpe;
 pub mod checkpoint;
 pub mod config;
+mod error;
 pub mod eval;
 pub mod finetune;
 mod fsio;
@@ -38,6 +40,7 @@ pub mod model;
 pub mod tasks;
 pub mod train;
 
+pub use error::LabError;
 pub use eval::{loss_per_position, PositionLoss};
 pub use finetune::{finetune, FactorScaling, FinetuneOptions, FinetuneRecord, ScalingSpec};
 /// The fused CPU ops beside their references (from posenc-nn, shared with
@@ -46,89 +49,6 @@ pub use posenc_nn::ops;
 /// AdamW and gradient clipping (from posenc-nn).
 pub use posenc_nn::optim;
 
-/// Errors of the lab: bad arguments, corrupt checkpoints, candle failures.
-#[derive(Debug, thiserror::Error)]
-pub enum LabError {
-    /// An invalid argument or configuration, with the reason.
-    #[error("{0}")]
-    Invalid(String),
-    /// An error from posenc.
-    #[error(transparent)]
-    Posenc(#[from] posenc::Error),
-    /// An error from candle.
-    #[error(transparent)]
-    Candle(#[from] candle_core::Error),
-    /// A file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: std::path::PathBuf,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The training loss became NaN or infinite.
-    #[error("training diverged at step {step} (loss {loss}); lower --lr")]
-    Diverged {
-        /// The step whose loss was not finite.
-        step: usize,
-        /// That loss.
-        loss: f64,
-    },
-    /// A text too short for the BPE vocabulary asked for: its training
-    /// part has too few pairs that occur twice to merge.
-    #[error(
-        "the text is too short for a BPE vocabulary of {vocab}: its training part ({chars} characters) gives only {learned} tokens; ask for a smaller bpe:N or a longer text"
-    )]
-    TextTooShort {
-        /// The vocabulary asked for.
-        vocab: usize,
-        /// Tokens the training text supports.
-        learned: usize,
-        /// Characters of the training text.
-        chars: usize,
-    },
-    /// A length whose forward pass would not fit the memory budget even for
-    /// one sequence, refused before anything is allocated.
-    #[error(
-        "length {len} needs about {need_mb} MB for one sequence, over the {budget_mb} MB evaluation budget ({why})"
-    )]
-    TooLong {
-        /// The length asked for.
-        len: usize,
-        /// Estimated peak memory of one sequence, in MB.
-        need_mb: u64,
-        /// The budget, in MB.
-        budget_mb: u64,
-        /// What grows with the length.
-        why: &'static str,
-    },
-    /// A length past the rows of a learned absolute position table: the
-    /// model has no encoding for those positions, so it can be neither
-    /// fine-tuned nor run there.
-    #[error(
-        "cannot {action} at length {len}: the learned position table has {rows} rows (train with a larger --max-len)"
-    )]
-    LengthBeyondTable {
-        /// What was asked (e.g. `fine-tune`).
-        action: &'static str,
-        /// The length asked for.
-        len: usize,
-        /// Rows of the table (the longest length the model can run at).
-        rows: usize,
-    },
-}
-
-impl From<posenc_nn::NnError> for LabError {
-    fn from(e: posenc_nn::NnError) -> Self {
-        match e {
-            posenc_nn::NnError::Invalid(m) => LabError::Invalid(m),
-            posenc_nn::NnError::Posenc(e) => LabError::Posenc(e),
-            posenc_nn::NnError::Candle(e) => LabError::Candle(e),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -136,6 +56,7 @@ mod tests {
     /// The layers of the crate docs, lowest first: a module may use the
     /// modules of earlier layers only.
     const LAYERS: &[&[&str]] = &[
+        &["error"],
         &["fsio", "ops", "optim", "config"],
         &["bpe"],
         &["tasks"],
@@ -159,6 +80,7 @@ mod tests {
         source!("bpe.rs"),
         source!("checkpoint.rs"),
         source!("config.rs"),
+        source!("error.rs"),
         source!("eval.rs"),
         source!("finetune.rs"),
         source!("fsio.rs"),

@@ -42,8 +42,8 @@ use posenc::tensor::hooks::{
 use posenc::tensor::rope::Rope;
 
 use crate::config::{Mode, ModelConfig, PeConfig};
+use crate::error::LabError;
 use crate::ops;
-use crate::LabError;
 
 /// A trained input encoding, as plain Rust (see [`Transformer::trained_input`]).
 pub enum TrainedInput {

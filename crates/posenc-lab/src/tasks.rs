@@ -71,7 +71,7 @@ pub use crate::bpe::MAX_VOCAB;
 use crate::bpe::{Bpe, Tokenization};
 pub use crate::config::TaskKind;
 use crate::config::{Mode, ModelConfig, PeConfig};
-use crate::LabError;
+use crate::error::LabError;
 pub use posenc_nn::data::{split_point, VALIDATION_FRACTION};
 
 /// Padding; never predicted.

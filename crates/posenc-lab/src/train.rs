@@ -19,6 +19,7 @@ use posenc::analysis::SplitMix64;
 use serde::{Deserialize, Serialize};
 
 pub use crate::checkpoint::{batch_seed, CheckpointMeta};
+use crate::error::LabError;
 pub use crate::eval::{
     evaluate, micro_batch, probe, scored_chars, shuffle_test, EvalResult, ProbeResult,
     ShuffleResult, EVAL_MEMORY_BUDGET,
@@ -29,7 +30,6 @@ pub use crate::lab::{
     MICRO_BATCHES, TOKENIZER_FILE,
 };
 use crate::optim::AdamW;
-use crate::LabError;
 
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
