@@ -14,6 +14,7 @@ pub mod error;
 pub mod families;
 pub mod model;
 pub mod ops;
+pub mod passkey;
 pub mod progress;
 pub mod rope;
 
@@ -26,5 +27,6 @@ fn _posenc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     families::register(m)?;
     ops::register(m)?;
     model::register(m)?;
+    passkey::register(m)?;
     Ok(())
 }

@@ -339,3 +339,49 @@ def finetune(
     and about every 200 ms. Ctrl-C (or ``progress`` raising) stops after
     the step in progress with a checkpoint in ``out`` (continue it with
     ``resume=True``) and raises that exception."""
+
+class PasskeyProbe:
+    """The prompts, keys and scoring of a ``posenc passkey`` grid for a model
+    run elsewhere (``posenc.hf.passkey``): the grid and names checked as the
+    command checks them, each length's filler calibrated on the tokenizer
+    given as its ``tokenizer.json`` text, the keys drawn from ``seed``.
+    Bad inputs raise ``PosencError`` with the command's one-line message."""
+
+    def __init__(
+        self,
+        tokenizer_json: str,
+        lengths: Sequence[int],
+        depths: Sequence[float],
+        trials: int,
+        methods: Sequence[str],
+        haystack: Optional[str] = None,
+        seed: int = 0,
+    ) -> None: ...
+    @property
+    def methods(self) -> List[str]:
+        """The scaling and method names, as parsed."""
+    @property
+    def lengths(self) -> List[int]: ...
+    @property
+    def depths(self) -> List[float]: ...
+    @property
+    def trials(self) -> int: ...
+    @property
+    def format(self) -> str:
+        """``"passkey (landmark)"`` or ``"needle (RULER niah_single)"``."""
+    @property
+    def max_new_tokens(self) -> int:
+        """Tokens generated per trial (10)."""
+    def reuses_cache(self, method: str) -> bool:
+        """Whether the prompts of one length may share the KV cache of the
+        one before under ``method`` (not dynamic NTK, not DCA)."""
+    def prompt(self, length: int, depth: float, trial: int) -> Tuple[List[int], List[int], int]:
+        """``(ids, answer_ids, key)`` of trial ``trial`` of the cell
+        (``length``, ``depth``), as ``posenc passkey`` builds it."""
+    def read(self, ids: Sequence[int]) -> Tuple[str, Optional[int]]:
+        """The generated ids' text and the first integer in it."""
+    def add_method(self, method: str, results_json: str, run_seconds: float) -> None:
+        """Records ``method``'s trial records (a JSON list, the command's
+        fields) and its call's seconds."""
+    def document(self, model: str, trained_length: int, run_seconds: float) -> Dict[str, Any]:
+        """The dict ``posenc passkey --json`` prints for the methods added."""
