@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use posenc::rope::RopeConfig;
 use posenc::tensor::rope::{HeadLayout, Rope};
-use rayon::prelude::*;
+use posenc_nn::loss::nll_rows_into;
 use serde::Serialize;
 
 use crate::error::{ModelError, Result};
@@ -79,35 +79,14 @@ pub fn losses_from_hidden(model: &Decoder, hidden: &[f32], tokens: &[u32]) -> Re
     while r0 < n {
         let rows = LOGIT_ROWS.min(n - r0);
         let logits = model.logits(&hidden[r0 * d..], rows)?;
-        loss[r0..r0 + rows]
-            .par_iter_mut()
-            .enumerate()
-            .for_each(|(r, out)| {
-                let row = &logits[r * v..][..v];
-                let target = tokens[r0 + r + 1] as usize;
-                *out = log_sum_exp(row) - row[target] as f64;
-            });
+        let targets = &tokens[r0 + 1..r0 + 1 + rows];
+        nll_rows_into(&logits, v, targets, &mut loss[r0..r0 + rows]);
         r0 += rows;
     }
     Ok(loss)
 }
 
-/// `log Σ exp(x)`, in `f64` after an `f32` max.
-pub fn log_sum_exp(x: &[f32]) -> f64 {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if !m.is_finite() {
-        return m as f64;
-    }
-    let mut s = 0f64;
-    for c in x.chunks(64) {
-        let mut part = 0f32;
-        for &v in c {
-            part += (v - m).exp();
-        }
-        s += part as f64;
-    }
-    m as f64 + s.ln()
-}
+pub use posenc_nn::loss::log_sum_exp;
 
 /// Mean loss over `[a, b)` of a per-position loss.
 fn mean(loss: &[f64], a: usize, b: usize) -> Option<f64> {

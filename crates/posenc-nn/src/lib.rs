@@ -7,6 +7,7 @@
 //! - [`ops`]: fused CPU ops (linear layers, LayerNorm, RMSNorm, GELU,
 //!   SwiGLU, cross-entropy), each a candle op with its backward pass, beside
 //!   the composed candle reference it is tested against;
+//! - [`loss`]: loss per position on plain logits (`nll_rows`, `log_sum_exp`);
 //! - [`optim`]: AdamW with named, saveable state, and gradient clipping;
 //! - [`data`]: the seeds of training batches and the validation split of a
 //!   text.
@@ -16,6 +17,7 @@
 
 pub mod data;
 mod error;
+pub mod loss;
 pub mod ops;
 pub mod optim;
 

@@ -42,9 +42,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
 use crate::llama::{Decoder, KvCache};
-use crate::perplexity::log_sum_exp;
 use crate::scaling::{Scaling, ScalingKind};
 use crate::tokenizer::TextTokenizer;
+use posenc_nn::loss::log_prob;
 
 /// Tokens generated per trial (YaRN's `max_new_tokens=10`).
 pub const MAX_NEW_TOKENS: usize = 10;
@@ -669,10 +669,6 @@ pub fn greedy(
         logits = model.logits(&h, 1)?;
     }
     Ok(out)
-}
-
-fn log_prob(logits: &[f32], t: u32) -> f64 {
-    logits[t as usize] as f64 - log_sum_exp(logits)
 }
 
 /// The first run of ASCII digits in `text`, as YaRN's `re.search(r'\d+')`
