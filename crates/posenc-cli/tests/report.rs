@@ -65,7 +65,7 @@ fn smoke_run_writes_every_file_then_hits_the_cache() {
             n_figs += 1;
         }
     }
-    // The walk-through's figures come on top: the seeds' heatmap and the
+    // The walk-through's figures come on top: the introductory article's heatmap and the
     // binary analogy among them.
     for f in ["w2-sinusoidal-32x16.png", "w3-binary-analogy.png"] {
         assert!(out.join("figures").join(f).exists(), "{f}");
@@ -145,7 +145,7 @@ fn smoke_run_writes_every_file_then_hits_the_cache() {
     ] {
         assert!(claims.iter().any(|c| c["id"] == id), "{id} missing");
     }
-    assert!(md.contains("## Seed 001's quiz"));
+    assert!(md.contains("## The quiz on NoPE and RoPE"));
     // Past-L numbers are on positions L..nL, and the figure shows the loss
     // per position.
     let blow = claims
@@ -205,7 +205,7 @@ fn smoke_run_writes_every_file_then_hits_the_cache() {
 fn another_text_reruns_the_text_experiments() {
     let out = tmp("corpus");
     std::fs::create_dir_all(&out).unwrap();
-    // Russian text (seed 000's language): more distinct characters than the
+    // Russian text (the Russian introductory article's language): more distinct characters than the
     // default text's letters, every one kept.
     let text = "Все этапы в блоке кодировщика модели трансформера работают независимо \
                 для каждого токена. Позиционное кодирование сопоставляет каждой позиции \

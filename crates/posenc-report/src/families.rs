@@ -11,6 +11,7 @@ use posenc::relative::shaw::Shaw;
 use posenc::relative::t5::T5Buckets;
 use posenc::rope::{PairLayout, RopeConfig, RopeFrequencies};
 use posenc::{AbsoluteEncoding, AttentionBias, PositionalEncoding};
+use posenc_viz::sources::{INTRO_RU, NOPE_ROPE_RU};
 use serde_json::json;
 
 use serde::Serialize;
@@ -222,7 +223,7 @@ fn nope() -> Result<Family> {
     let body = format!(
         "Without any positional encoding, self-attention is a function of the *set* of tokens: \
          \"the mother loves the daughter\" and \"the daughter loves the mother\" give the same \
-         outputs, permuted (seed 000). We measure it on random single-head attention layers \
+         outputs, permuted ({INTRO_RU}). We measure it on random single-head attention layers \
          (8 tokens, d = 16, 20 draws, seed 2024): the largest difference between \
          Attn(P·X) and P·Attn(X) is {} for bidirectional attention (an encoder) and {} for \
          causal attention (a decoder). The causal mask itself breaks the symmetry — which is why \
@@ -242,7 +243,7 @@ fn nope() -> Result<Family> {
             holds(
                 "nope.encoder-permutation-equivariant",
                 "An encoder without positions cannot see order",
-                "seed 000/001; Haviv et al. 2022 §1",
+                concat!(posenc_viz::src_intro_ru!(), "; ", posenc_viz::src_nope_rope_ru!(), "; Haviv et al. 2022 §1"),
                 "max |Attn(PX) − P·Attn(X)|, bidirectional, 20 random layers",
                 json!(enc_gap),
                 "reproduced if ≤ 1e-12 (equal up to rounding)",
@@ -270,24 +271,24 @@ fn sinusoidal() -> Result<Family> {
         .chain((0..8).map(|d| format!("d{d}")))
         .collect();
     let rows8: Vec<Vec<f64>> = rows.iter().map(|r| r[..8].to_vec()).collect();
-    let mut body = String::from(
+    let mut body = format!(
         "Each pair of dimensions (2i, 2i+1) is a point turning on a circle at angular speed \
          ω_i = 1/10000^(2i/D): fast in the first columns, slow in the last — like the bits of a \
          binary counter, where the lowest bit flips every step and higher bits ever more slowly \
-         (seed 000). The first positions of the seeds' 32 × 16 table (first 8 of 16 dimensions):\n\n",
+         ({INTRO_RU}). The first positions of its 32 × 16 table (first 8 of 16 dimensions):\n\n",
     );
     body.push_str(&matrix_md(&header, &rows8, &|i| i.to_string(), 4));
 
-    // Seed 001's four-number example: pairs turning at 0.5 and 0.25 cycles per position.
+    // The NoPE-and-RoPE post's four-number example: pairs turning at 0.5 and 0.25 cycles per position.
     let pi = std::f64::consts::PI;
     let four = Sinusoidal::with_frequencies(vec![pi, pi / 2.0])?;
     let four_rows: Vec<Vec<f64>> = (0..4u64)
         .map(|p| four.encode(p))
         .collect::<posenc::Result<_>>()?;
-    body.push_str(
-        "\nSeed 001's four-number example: two pairs turning at 0.5 and 0.25 cycles per position \
-         ([sin, cos] of each):\n\n",
-    );
+    body.push_str(&format!(
+        "\nThe four-number example of {NOPE_ROPE_RU}: two pairs turning at 0.5 and 0.25 cycles \
+         per position ([sin, cos] of each):\n\n",
+    ));
     body.push_str(&matrix_md(
         &[
             "pos".into(),
@@ -355,7 +356,7 @@ fn sinusoidal() -> Result<Family> {
         judged(
             "sinusoidal.seed-four-number-example",
             "Pairs turning at 0.5 and 0.25 cycles/position give [0,1,0,1] at 0 and [0,−1,1,0] at 1",
-            "seed 001",
+            posenc_viz::src_nope_rope_ru!(),
             "rows 0 and 1 of the table above",
             json!({"p0": four_rows[0], "p1": four_rows[1]}),
             Some(json!({"p0": [0, 1, 0, 1], "p1": [0, -1, 1, 0]})),
@@ -367,7 +368,7 @@ fn sinusoidal() -> Result<Family> {
         judged(
             "sinusoidal.distinct",
             "Encodings of different positions never repeat",
-            "seed 001 (\"why 10000\")",
+            concat!(posenc_viz::src_nope_rope_ru!(), ", \"why 10000\""),
             "min ‖PE(k) − PE(0)‖ over k < 10^5, D = 128 (a shift is an isometry, so this is the min over all pairs)",
             json!({"min_distance": distinct.min_distance, "at_k": distinct.argmin}),
             None,
@@ -376,7 +377,7 @@ fn sinusoidal() -> Result<Family> {
         judged(
             "sinusoidal.similarity-monotone",
             "Similarity of PE(p) and PE(p+k) decreases as k grows",
-            "seed 001",
+            posenc_viz::src_nope_rope_ru!(),
             "cos(PE(0), PE(k)) for k ≤ 100, D = 512: fraction of non-increasing steps, first increase, Spearman ρ(k, cos)",
             json!({"fraction": mono, "first_increase_at": first_up, "spearman": rho}),
             None,
@@ -394,7 +395,7 @@ fn sinusoidal() -> Result<Family> {
         judged(
             "sinusoidal.linear-map",
             "PE(pos+k) is a linear function of PE(pos)",
-            "Vaswani et al. 2017 §3.5; seed 004",
+            concat!("Vaswani et al. 2017 §3.5; ", posenc_viz::src_vaswani_notes!()),
             "max |PE(p+k) − M_k·PE(p)| with M_k block-diagonal rotations, k ∈ {1,7,100,1000}, p up to 99999",
             json!(lin_worst),
             Some(json!(0.0)),
@@ -403,7 +404,7 @@ fn sinusoidal() -> Result<Family> {
         judged(
             "sinusoidal.linear-map-fitted",
             "The same linear map, found without the formula",
-            "seed 004",
+            posenc_viz::src_vaswani_notes!(),
             "least-squares M_3 fitted on 1000 positions p = 41·i < 41000 (D = 16), max error on p ∈ {100000, 123457, 500001}",
             json!(fit_res),
             None,
@@ -784,10 +785,10 @@ fn rope() -> Result<Family> {
             c.into_iter().chain(s).collect()
         })
         .collect();
-    let mut body = String::from(
+    let mut body = format!(
         "RoPE rotates each pair of query and key dimensions by the angle m·θ_i at position m, in \
          every layer. Rotations compose, so the score ⟨R(m)q, R(n)k⟩ = ⟨q, R(n−m)k⟩ depends on the \
-         distance only (seed 001: the distance from token 5 to token 10 must be the same as from 10 \
+         distance only ({NOPE_ROPE_RU}: the distance from token 5 to token 10 must be the same as from 10 \
          to 15). cos and sin of m·θ_i for d = 8 (pairs 0..3):\n\n",
     );
     body.push_str(&matrix_md(
@@ -831,7 +832,7 @@ fn rope() -> Result<Family> {
             judged(
                 "rope.relative",
                 "⟨R(m)q, R(n)k⟩ depends on m − n only (both layouts)",
-                "Su et al. 2021 §3.2; seed 001",
+                concat!("Su et al. 2021 §3.2; ", posenc_viz::src_nope_rope_ru!()),
                 "max |score(m,n) − score(m+s,n+s)| / (‖q‖‖k‖), 200 draws, positions ≤ 2·10^5, over both layouts",
                 json!({"half_split": rel_dev, "interleaved": rel_dev_i}),
                 Some(json!(0.0)),

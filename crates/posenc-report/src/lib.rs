@@ -1,6 +1,6 @@
-//! # posenc-report — the seeds' claims, measured
+//! # posenc-report — the introductory articles' claims, measured
 //!
-//! The engine of `posenc report`: the seeds' walk-through, seven
+//! The engine of `posenc report`: the introductory articles' walk-through, seven
 //! experiments (models trained with [`posenc_lab`], and analytic checks),
 //! and every encoding family with its formula, values and measured
 //! properties — each claim with a verdict computed from the measurement by
@@ -9,6 +9,7 @@
 //! are cached under `cache/`.
 #![warn(missing_docs)]
 
+use posenc_viz::sources::NOPE_ROPE_RU;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -367,7 +368,7 @@ pub fn run(a: &Options) -> Result<Summary> {
          the same way. A positional encoding gives the model the order back, at one of three \
          places — the **input** (absolute encodings added to the embeddings), the **queries \
          and keys** (rotary encodings), or the **attention logits and values** (relative \
-         encodings). This page walks through the idea with the seeds' own example, then checks \
+         encodings). This page walks through the idea with the introductory articles' own example, then checks \
          what the papers claim on models trained here, then lists every family with its \
          formula and measured properties. Every verdict is computed from a measurement by the \
          rule printed next to it, fixed in the code before the runs; a claim that does not \
@@ -391,13 +392,13 @@ pub fn run(a: &Options) -> Result<Summary> {
         .filter_map(|q| claims.iter().find(|c| c.id == q.id).copied())
         .collect();
     if !quiz.is_empty() {
-        md.push_str("## Seed 001's quiz\n\n");
-        md.push_str(
-            "Seed 001 asks three questions and answers them: can BERT work well without a \
+        md.push_str("## The quiz on NoPE and RoPE\n\n");
+        md.push_str(&format!(
+            "{NOPE_ROPE_RU} asks three questions and answers them: can BERT work well without a \
              positional encoding (no), can GPT (yes), and can a RoPE decoder trained on 1024 \
              tokens generate 2048 well (only after extrapolation or interpolation). Each answer \
              is a claim, judged on the models trained below.\n\n",
-        );
+        ));
         md.push_str(&claims_table(&quiz));
         md.push('\n');
     }

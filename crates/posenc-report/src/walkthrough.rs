@@ -1,15 +1,16 @@
-//! The seeds' own walk-through, at the top of the report: tokens,
+//! The introductory articles' own walk-through, at the top of the report: tokens,
 //! embeddings, the encodings added to them, the 32×16 picture, the binary
 //! analogy and the four-number example.
 
 use posenc::absolute::sinusoidal::Sinusoidal;
 use posenc::analysis::{self, SplitMix64};
+use posenc_viz::sources::{GENAI, INTRO_RU, NOPE_ROPE_RU};
 
 use super::experiments::{f4, ExpOutput, Table};
 use super::figures::{Fig, FigSpec, HeatSpec, LineSpec};
 use crate::Result;
 
-/// The seeds' picture: the sinusoidal table of 32 positions in 16
+/// The Russian introductory article's picture: the sinusoidal table of 32 positions in 16
 /// dimensions (rows are positions).
 fn seed_table() -> Result<Vec<Vec<f64>>> {
     Ok(Sinusoidal::new(16)?.table_range(0, 32)?)
@@ -75,13 +76,13 @@ pub fn build_section() -> Result<ExpOutput> {
          {}.\n\n**2. Token embeddings.** Each token id looks up a vector (here {d} random numbers \
          per token); both *the*s get the same vector, so attention — which only compares \
          vectors — cannot tell them, or the sentence and *the daughter loves the mother*, apart. \
-        \n\n**3. Add the positions (seed 002).** The sinusoidal encoding PE(p) is added to the \
+        \n\n**3. Add the positions ({GENAI}).** The sinusoidal encoding PE(p) is added to the \
          token at position p: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / \
          10000^(2i/d)). The cosine similarity of the two *the*s drops from {} to {}.\n\n**4. The \
-         picture (seed 000).** The 32 × 16 table: each column a position, each row a \
+         picture ({INTRO_RU}).** The 32 × 16 table: each column a position, each row a \
          dimension; fast waves at the top, slow ones at the bottom.\n\n**5. The binary analogy.** \
          Counting in binary, the lowest bit flips every step and each higher bit half as often; \
-         the sinusoid's dimensions do the same, smoothly.\n\n**6. Four numbers (seed 001).** With \
+         the sinusoid's dimensions do the same, smoothly.\n\n**6. Four numbers ({NOPE_ROPE_RU}).** With \
          d = 4 and pairs turning at 0.5 and 0.25 cycles per position, PE(p) = [sin(πp), \
          cos(πp), sin(πp/2), cos(πp/2)]: position 0 is [0, 1, 0, 1].",
         words
@@ -107,7 +108,7 @@ pub fn build_section() -> Result<ExpOutput> {
     };
     o.figures.push(Fig::new(
         "w1-embeddings-plus-pe.png",
-        "Token embeddings + positional encoding = the transformer's input (seed 002). Columns are the five tokens.",
+        &format!("Token embeddings + positional encoding = the transformer's input ({GENAI}). Columns are the five tokens."),
         FigSpec::Panels {
             title: "the mother loves the daughter".into(),
             panels: vec![hs("token embeddings", tok.clone()), hs("+ sinusoidal PE", pe.clone()), hs("= input", sum.clone())],
@@ -133,7 +134,9 @@ pub fn build_section() -> Result<ExpOutput> {
     let seed = seed_table()?;
     o.figures.push(Fig::new(
         "w2-sinusoidal-32x16.png",
-        "The seeds' picture: the sinusoidal encoding of 32 positions in 16 dimensions (seed 000).",
+        &format!(
+            "The sinusoidal encoding of 32 positions in 16 dimensions, as pictured in {INTRO_RU}."
+        ),
         FigSpec::Heatmap(HeatSpec {
             title: "Sinusoidal encoding, 32 positions × 16 dimensions".into(),
             data: seed.clone(),
@@ -162,8 +165,7 @@ pub fn build_section() -> Result<ExpOutput> {
         })
         .collect();
     o.tables.push(Table {
-        title: "Seed 001's four-number encoding: pairs turning at 0.5 and 0.25 cycles per position"
-            .into(),
+        title: format!("The four-number encoding of {NOPE_ROPE_RU}: pairs turning at 0.5 and 0.25 cycles per position"),
         header: vec![
             "position".into(),
             "sin πp".into(),

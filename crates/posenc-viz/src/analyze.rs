@@ -247,7 +247,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeOptions, c: &mut Collector) -> Result<()>
     };
     let d = pe.dim();
 
-    // 1. Similarity against distance (seed 001).
+    // 1. Similarity against distance (the NoPE-and-RoPE post).
     let offsets: Vec<u64> = (0..=a.max_offset).collect();
     let curve = analysis::similarity_curve(pe, a.from, &offsets)?;
     let mono = curve.monotone_fraction(1e-12);
@@ -266,7 +266,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeOptions, c: &mut Collector) -> Result<()>
     let cl = sinusoidal.and_then(|_| {
         claim(
             "The similarity of PE(p) and PE(p + k) decreases monotonically as k grows",
-            "seed 001",
+            crate::src_nope_rope_ru!(),
             None,
             rules::similarity_monotone(mono, rho),
         )
@@ -345,7 +345,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeOptions, c: &mut Collector) -> Result<()>
         sinusoidal.and_then(|_| {
             claim(
                 "Encodings of different positions never repeat",
-                "seed 001 (\"why 10000\")",
+                concat!(crate::src_nope_rope_ru!(), ", \"why 10000\""),
                 None,
                 rules::distinct_positions(dist.min_distance),
             )
@@ -367,7 +367,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeOptions, c: &mut Collector) -> Result<()>
             .series(Series::new("‖PE(k) − PE(0)‖", dist_curve)),
     );
 
-    // 4. The linear map M_k (seed 004).
+    // 4. The linear map M_k (the notes on Vaswani et al. §3.5).
     if let Some(s) = sinusoidal {
         let ks: Vec<u64> = [1u64, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000].to_vec();
         let probe = [0u64, 17, 1000, 99_999];
@@ -387,7 +387,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeOptions, c: &mut Collector) -> Result<()>
                     json!({"k": ks, "residual": res, "max": worst}),
                     claim(
                         "PE(pos + k) is a linear function of PE(pos) for every fixed k",
-                        "Vaswani et al. 2017 §3.5; seed 004",
+                        concat!("Vaswani et al. 2017 §3.5; ", crate::src_vaswani_notes!()),
                         Some(json!(0.0)),
                         rules::linear_map(worst),
                     ),
@@ -482,7 +482,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeOptions, c: &mut Collector) -> Result<()>
                 sinusoidal.and_then(|_| {
                     claim(
                         "The same linear map, found without the formula",
-                        "seed 004",
+                        crate::src_vaswani_notes!(),
                         None,
                         rules::fitted_linear_map(r),
                     )
@@ -506,7 +506,7 @@ fn absolute(enc: &Encoding, a: &AnalyzeOptions, c: &mut Collector) -> Result<()>
                    "ratio_deviation": geo_dev}),
             claim(
                 &format!("Wavelengths form a geometric progression from 2π to {base}·2π"),
-                "Vaswani et al. 2017 §3.5; seed 004",
+                concat!("Vaswani et al. 2017 §3.5; ", crate::src_vaswani_notes!()),
                 Some(json!({"min_over_2pi": 1.0, "max_over_2pi": base})),
                 rules::geometric_wavelengths(wmin / two_pi, wmax / two_pi, geo_dev, base, d, 1e-12),
             ),

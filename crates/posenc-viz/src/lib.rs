@@ -49,6 +49,7 @@ pub mod model;
 pub mod output;
 pub mod rope2d;
 pub mod show;
+pub mod sources;
 pub mod views;
 
 pub use analyze::{analyze, Analysis, AnalyzeOptions, Measurement};

@@ -2,6 +2,7 @@
 
 use candle_core::{Device, Tensor};
 use posenc::analysis::SplitMix64;
+use posenc_viz::sources::QUIZ;
 use serde_json::json;
 
 use posenc_lab::tasks::MASK_RATE;
@@ -101,7 +102,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let mut o = ExpOutput::new(1, "Encoders need positions");
     let l = p.run.train_len;
     o.text = format!(
-        "Seed 001's quiz: *can BERT work without a positional encoding?* An encoder's attention \
+        "From {QUIZ}: *can BERT work without a positional encoding?* An encoder's attention \
          is bidirectional, so without positions it sees a bag of tokens. **Exact check**: the \
          mean-pooled output of an untrained NoPE encoder is unchanged when the tokens are \
          permuted (to float rounding), while a sinusoidal one changes. **Trained**: the `order` \
@@ -422,7 +423,7 @@ fn masked_lm(
             &rules::QUIZ_ENCODER_FAILS,
             "NoPE's masked-LM fraction toward the unigram level (as in e1.mlm-nope-near-unigram) and NoPE's order-task accuracy",
             json!({"fraction_to_unigram": jnum(frac), "mlm_nope_loss": jnum(nope.2.mean), "mlm_positional_mean_loss": jnum(pos_mean), "unigram_loss": jnum(unigram), "order_nope_accuracy": jnum(order_acc)}),
-            json!("BERT without positional encoding does not work well (seed 001); MLM perplexity 147 vs ≈4 with positions (Haviv et al. 2022)"),
+            json!(format!("BERT without positional encoding does not work well ({QUIZ}); MLM perplexity 147 vs ≈4 with positions (Haviv et al. 2022)")),
             rules::quiz_encoder_fails(nope.2.mean, &pos_means, unigram, order_acc),
             all_seeds,
             dv,

@@ -1,5 +1,6 @@
 //! Experiment 2: decoders learn positions without them.
 
+use posenc_viz::sources::QUIZ;
 use serde_json::json;
 
 use posenc_lab::bpe::Tokenization;
@@ -204,7 +205,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let unigram = tk.unigram_entropy;
     let unit = unit_of(tokens);
     o.text = format!(
-        "Seed 001's quiz: *can GPT work without a positional encoding?* A causal decoder can \
+        "From {QUIZ}: *can GPT work without a positional encoding?* A causal decoder can \
          count: position t attends to t + 1 tokens, so it can infer where it is. Language \
          modelling on {}, in {} ({}); context {l} tokens (about {:.0} characters), d_model {}, \
          {} layers, {} steps, seeds {:?}; validation loss on windows of the validation text, \
@@ -512,7 +513,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
             &rules::QUIZ_DECODER_WORKS,
             "fraction of the gap between the unigram entropy and the best positional encoding's validation loss that NoPE closes (largest size, mean over seeds)",
             both(json!({"tokens": tokens.label(), "nope": jnum(n.1), "best": b.0, "best_loss": jnum(b.1), "unigram": jnum(unigram), "closed_fraction": jnum(closed)})),
-            json!("GPT works without positional encoding (seed 001); NoPE within a few % of the positional models (Haviv et al. Table 1)"),
+            json!(format!("GPT works without positional encoding ({QUIZ}); NoPE within a few % of the positional models (Haviv et al. Table 1)")),
             rules::quiz_decoder_works(closed),
             p.seeds.clone(),
             dv,

@@ -6,6 +6,7 @@ use posenc::tensor::rope::Rope;
 use posenc_lab::model::EvalScaling;
 use posenc_lab::train::Lab;
 use posenc_lab::{FactorScaling, ScalingSpec};
+use posenc_viz::sources::QUIZ;
 use serde_json::json;
 
 use super::{diverged, f4, jnum, load_for_eval, pm, Ctx, ExpOutput, Experiment, RunSpec, Table};
@@ -127,7 +128,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
     let unit = super::loss_unit(tokens);
     o.text =
         format!(
-        "Seed 001's quiz: *can a decoder with RoPE trained on 1024 tokens generate 2048?* Only \
+        "From {QUIZ}: *can a decoder with RoPE trained on 1024 tokens generate 2048?* Only \
          with extrapolation or interpolation. RoPE language models (head dimension {hd}, base \
          10000) are trained at L = {l} for {} steps (seeds {seeds:?}) on {}. They are evaluated on \
          validation windows of {} with: no scaling; Position Interpolation (PI, positions × \
@@ -302,7 +303,7 @@ fn run(ctx: &mut Ctx) -> Result<ExpOutput> {
         &rules::QUIZ_ROPE_NEEDS_INTERPOLATION,
         &format!("mean loss on positions {l}..{ft_len} of windows of {ft_len}: no scaling, and PI after {} fine-tuning steps, against the loss at L", p.finetune_steps),
         json!({"none_past_L": num(none_2), "pi_finetuned_past_L": num(pift_2), "loss_L": num(at_l_stat), "none_ratio": jnum(none_2.mean / at_l_stat.mean), "pi_finetuned_ratio": jnum(pift_2.mean / at_l_stat.mean)}),
-        json!("only after extrapolation/interpolation (seed 001); PI + fine-tune recovers (Chen et al.)"),
+        json!(format!("only after extrapolation/interpolation ({QUIZ}); PI + fine-tune recovers (Chen et al.)")),
         rules::quiz_rope_needs_interpolation(none_2, pift_2, at_l_stat.mean),
         seeds.clone(),
         runs_diverged.clone(),

@@ -50,7 +50,7 @@ pub const ALL: [&ClaimDef; 23] = [
     &PI_FIT,
 ];
 
-/// The three answers of seed 001's quiz, as claims (one per answer).
+/// The three answers of the NoPE-and-RoPE post's quiz, as claims (one per answer).
 pub const QUIZ: [&ClaimDef; 3] = [
     &QUIZ_ENCODER_FAILS,
     &QUIZ_DECODER_WORKS,
@@ -64,7 +64,7 @@ pub const PERMUTATION_INVARIANCE: ClaimDef = ClaimDef {
     id: "e1.permutation-invariance",
     experiment: 1,
     claim: "A NoPE encoder's pooled output is invariant to permutations of its input.",
-    source: "seed 001 (quiz); Haviv et al. 2022 §1",
+    source: concat!(crate::src_quiz!(), "; Haviv et al. 2022 §1"),
     rule: "reproduced if NoPE's gap ≤ 1e-5 while sinusoidal's is ≥ 1e-3; partly if NoPE's is ≤ 1e-5 only",
 };
 
@@ -81,7 +81,10 @@ pub const NOPE_NEAR_CHANCE: ClaimDef = ClaimDef {
     experiment: 1,
     claim:
         "Without positions an encoder cannot solve an order-sensitive task: NoPE stays near chance.",
-    source: "seed 001 (quiz); Haviv et al. 2022 (MLM perplexity 147 vs 4.1)",
+    source: concat!(
+        crate::src_quiz!(),
+        "; Haviv et al. 2022 (MLM perplexity 147 vs 4.1)"
+    ),
     rule: "reproduced if accuracy ≤ 60%; partly if ≤ 70%",
 };
 
@@ -97,7 +100,7 @@ pub const POSITIONAL_SOLVE: ClaimDef = ClaimDef {
     id: "e1.positional-solve",
     experiment: 1,
     claim: "With any positional encoding the order task is solved (≥ 95%).",
-    source: "seed 001 (quiz); Haviv et al. 2022",
+    source: concat!(crate::src_quiz!(), "; Haviv et al. 2022"),
     rule: "reproduced if every positional encoding that can tell the order reaches ≥ 95%; partly if the worst of them reaches ≥ 80% or all but one reach 95%. An encoding whose pooled output is unchanged when the sequence is reversed (measured on the untrained model: symmetric bidirectional ALiBi, whose bias depends on |i − j| only) cannot tell A-before-B from B-before-A by construction: it is reported separately with the reason, not judged",
 };
 
@@ -164,8 +167,8 @@ pub fn mlm_nope_near_unigram(nope: f64, positional: &[f64], unigram: f64) -> Ver
 pub const QUIZ_ENCODER_FAILS: ClaimDef = ClaimDef {
     id: "e1.quiz-encoder-fails",
     experiment: 1,
-    claim: "Seed 001's quiz, first answer: an encoder (BERT) cannot work well without a positional encoding.",
-    source: "seed 001 (quiz: «Can BERT work well on standard tasks without positional encoding? No»); Haviv et al. 2022 §6",
+    claim: "The NoPE-and-RoPE post's quiz, first answer: an encoder (BERT) cannot work well without a positional encoding.",
+    source: concat!(crate::src_quiz!(), ": «Can BERT work well on standard tasks without positional encoding? No»; Haviv et al. 2022 §6"),
     rule: "reproduced if e1.mlm-nope-near-unigram's rule gives reproduced (NoPE's masked-LM loss closer to the unigram level than to the positional encoders') and NoPE's order-task accuracy ≤ 60%; partly if one of the two holds; tie or NaN if the masked-LM comparison is",
 };
 
@@ -194,7 +197,7 @@ pub const NOPE_CLOSE: ClaimDef = ClaimDef {
     id: "e2.nope-close",
     experiment: 2,
     claim: "A decoder without positional encoding reaches nearly the loss of one with positions.",
-    source: "seed 001 (NoPE «works in principle, but slightly worse»); Haviv et al. 2022, Table 1 and §3 (the gap shrinks as models grow)",
+    source: concat!(crate::src_nope_rope_ru!(), ", on NoPE: «works in principle, but slightly worse»; Haviv et al. 2022, Table 1 and §3 (the gap shrinks as models grow)"),
     rule: "closed = (unigram entropy − NoPE) / (unigram entropy − best positional encoding), validation losses at the largest size, mean over seeds; reproduced if closed ≥ 0.9 and NoPE's gap to the best, |NoPE − best| (nats, mean over seeds), is smaller at the largest size than at the smallest, beyond the spread; partly if closed ≥ 0.75; tie if closed ≥ 0.9 and the gaps are within the spread",
 };
 
@@ -303,8 +306,8 @@ pub fn shuffle(fraction: f64) -> Verdict {
 pub const QUIZ_DECODER_WORKS: ClaimDef = ClaimDef {
     id: "e2.quiz-decoder-works",
     experiment: 2,
-    claim: "Seed 001's quiz, second answer: a decoder (GPT) can work well without a positional encoding.",
-    source: "seed 001 (quiz: «Can GPT work well on standard tasks without positional encoding? Yes»); Haviv et al. 2022, Table 1",
+    claim: "The NoPE-and-RoPE post's quiz, second answer: a decoder (GPT) can work well without a positional encoding.",
+    source: concat!(crate::src_quiz!(), ": «Can GPT work well on standard tasks without positional encoding? Yes»; Haviv et al. 2022, Table 1"),
     rule: "reproduced if NoPE closes ≥ 90% of the gap between the unigram entropy and the best positional encoding's validation loss at the largest size (mean over seeds); partly if ≥ 75%",
 };
 
@@ -320,7 +323,7 @@ pub const NO_SCALING_BLOWS_UP: ClaimDef = ClaimDef {
     id: "e3.no-scaling-blows-up",
     experiment: 3,
     claim: "Without scaling, RoPE's loss blows up past the training length.",
-    source: "seed 001 (quiz); Chen et al. 2023 (PI), Fig. 1 and Table 1 (perplexity > 10^3 past L)",
+    source: concat!(crate::src_quiz!(), "; Chen et al. 2023 (PI), Fig. 1 and Table 1 (perplexity > 10^3 past L)"),
     rule: "loss on positions L..nL of validation windows of nL (n the largest factor), no scaling, mean over seeds: reproduced if ≥ the unigram entropy (worse than ignoring the context); partly if ≥ 2 × the loss at L",
 };
 
@@ -441,8 +444,8 @@ fn ahead(a: f64, b: f64, better: Verdict) -> Verdict {
 pub const QUIZ_ROPE_NEEDS_INTERPOLATION: ClaimDef = ClaimDef {
     id: "e3.quiz-rope-needs-interpolation",
     experiment: 3,
-    claim: "Seed 001's quiz, third answer: a RoPE decoder trained at L runs well at 2L only with interpolation (and a short fine-tune).",
-    source: "seed 001 (quiz: «Can a RoPE decoder trained on 1024 tokens generate 2048 well? Only after extrapolation/interpolation»); Chen et al. 2023",
+    claim: "The NoPE-and-RoPE post's quiz, third answer: a RoPE decoder trained at L runs well at 2L only with interpolation (and a short fine-tune).",
+    source: concat!(crate::src_quiz!(), ": «Can a RoPE decoder trained on 1024 tokens generate 2048 well? Only after extrapolation/interpolation»; Chen et al. 2023"),
     rule: "loss on positions L..2L of validation windows of 2L, over seeds: reproduced if without scaling it is ≥ 2 × the loss at L while PI with the short fine-tune is ≤ 1.05 × the loss at L; partly if PI with the fine-tune is lower than no scaling beyond the spread; tie if within the spread",
 };
 
@@ -706,8 +709,8 @@ pub fn finetune_retrieves(tuned_at_2l: f64, zero_shot_at_2l: f64) -> Verdict {
 pub const PRETRAINED_RETRIEVAL: ClaimDef = ClaimDef {
     id: "e8.retrieval-needs-interpolation",
     experiment: 8,
-    claim: "Seed 001's quiz, third answer, judged as the papers judge generation at length: a RoPE decoder trained at L retrieves a passkey at 2L only with interpolation (or an attention-level extension).",
-    source: "seed 001 (quiz); Chen et al. 2023 (PI), §3.4 passkey retrieval; Peng et al. 2023 (YaRN), passkey (repository data/passkey-32k.csv: YaRN 0.68–1.0 up to 32k after fine-tuning); Jin et al. 2024 (Self-Extend), passkey without fine-tuning",
+    claim: "The NoPE-and-RoPE post's quiz, third answer, judged as the papers judge generation at length: a RoPE decoder trained at L retrieves a passkey at 2L only with interpolation (or an attention-level extension).",
+    source: concat!(crate::src_quiz!(), "; Chen et al. 2023 (PI), §3.4 passkey retrieval; Peng et al. 2023 (YaRN), passkey (repository data/passkey-32k.csv: YaRN 0.68–1.0 up to 32k after fine-tuning); Jin et al. 2024 (Self-Extend), passkey without fine-tuning"),
     rule: "landmark passkey prompts (YaRN's eval/passkey.py format), greedy, the first integer of 10 generated tokens; accuracy at 2L over every depth and trial, zero-shot. Reproduced if no scaling retrieves ≤ 20% while the best of PI, dynamic NTK, YaRN and Self-Extend retrieves ≥ 80%; partly if no scaling ≤ 20% and the best ≥ 50%; not reproduced otherwise (no scaling above 20%, or no method at 50%)",
 };
 
@@ -731,8 +734,8 @@ pub fn pretrained_retrieval(none_at_2l: f64, best_at_2l: f64) -> Verdict {
 pub const PRETRAINED_QUIZ: ClaimDef = ClaimDef {
     id: "e8.quiz-rope-needs-interpolation",
     experiment: 8,
-    claim: "Seed 001's quiz, third answer, on a pretrained model: a RoPE decoder trained at L runs well at 2L only with interpolation.",
-    source: "seed 001 (quiz); Chen et al. 2023 (PI), Fig. 1 and Table 1; Peng et al. 2023 (YaRN), Table 1 and Fig. 4",
+    claim: "The NoPE-and-RoPE post's quiz, third answer, on a pretrained model: a RoPE decoder trained at L runs well at 2L only with interpolation.",
+    source: concat!(crate::src_quiz!(), "; Chen et al. 2023 (PI), Fig. 1 and Table 1; Peng et al. 2023 (YaRN), Table 1 and Fig. 4"),
     rule: "one window of 2L tokens, zero-shot; at L: no scaling's mean loss on positions 0..L; best: the lowest mean loss on positions L..2L among PI, dynamic NTK and YaRN. Reproduced if no scaling's loss on L..2L is ≥ 2 × at L while best ≤ 1.05 × at L (e3's thresholds); partly if best is lower than no scaling's beyond the spread (paired bands beyond L: mean difference + 2 standard errors < 0); tie if within it; otherwise not reproduced",
 };
 

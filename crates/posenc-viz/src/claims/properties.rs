@@ -12,7 +12,7 @@ fn at_most(value: f64, max: f64, rule: &str) -> Judged {
     )
 }
 
-/// Seed 001: the similarity of PE(p) and PE(p + k) decreases as k grows.
+/// The NoPE-and-RoPE post ([`crate::sources::NOPE_ROPE_RU`]): the similarity of PE(p) and PE(p + k) decreases as k grows.
 /// From the fraction of non-increasing steps of cos(PE(p), PE(p + k)) and
 /// Spearman's ρ between k and the cosine.
 pub fn similarity_monotone(monotone_fraction: f64, spearman: f64) -> Judged {
@@ -31,7 +31,7 @@ pub fn shift_invariant_similarity(deviation: f64) -> Judged {
     at_most(deviation, 1e-9, "reproduced if ≤ 1e-9")
 }
 
-/// Seed 001 ("why 10000"): encodings of different positions never repeat.
+/// The NoPE-and-RoPE post ("why 10000"): encodings of different positions never repeat.
 /// `min_distance` is the smallest ‖PE(k) − PE(0)‖.
 pub fn distinct_positions(min_distance: f64) -> Judged {
     Judged::new(
@@ -42,13 +42,13 @@ pub fn distinct_positions(min_distance: f64) -> Judged {
     )
 }
 
-/// Vaswani et al. §3.5, seed 004: PE(p + k) = M_k·PE(p) with M_k the
+/// Vaswani et al. §3.5 and the notes on it ([`crate::sources::VASWANI_NOTES`]): PE(p + k) = M_k·PE(p) with M_k the
 /// block-diagonal rotations. `residual` is the largest error, in f64.
 pub fn linear_map(residual: f64) -> Judged {
     at_most(residual, 1e-9, "reproduced if ≤ 1e-9 (f64)")
 }
 
-/// Seed 004: the same linear map, fitted by least squares without the
+/// The notes on Vaswani et al. §3.5: the same linear map, fitted by least squares without the
 /// formula. `residual` is its largest error on positions never fitted.
 pub fn fitted_linear_map(residual: f64) -> Judged {
     at_most(residual, 1e-6, "reproduced if ≤ 1e-6")

@@ -52,7 +52,7 @@ fn ids_are_unique_stable_and_ruled() {
     }
     for q in QUIZ {
         assert!(q.id.contains("quiz"), "{}", q.id);
-        assert!(q.source.contains("seed 001 (quiz"), "{}", q.id);
+        assert!(q.source.contains(crate::sources::QUIZ), "{}", q.id);
     }
 }
 
