@@ -19,7 +19,7 @@ pub enum TableCommand {
 /// Layout of the sinusoidal table.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayoutArg {
-    /// Even columns sin, odd columns cos (the seeds' code, Vaswani et al.).
+    /// Even columns sin, odd columns cos (the introductory articles' code, Vaswani et al.).
     Interleaved,
     /// [sin | cos] halves (tensor2tensor, fairseq, Whisper).
     Concatenated,

@@ -14,7 +14,7 @@ pub enum PeConfig {
     Nope,
     /// Sinusoidal, added at the input.
     Sinusoidal {
-        /// `true`: [sin | cos] halves; `false`: interleaved (the seeds').
+        /// `true`: [sin | cos] halves; `false`: interleaved (the introductory articles').
         concatenated: bool,
     },
     /// Learned absolute table of `max_positions` rows, added at the input.

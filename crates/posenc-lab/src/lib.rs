@@ -2,7 +2,7 @@
 //!
 //! Encoder and decoder transformers small enough to train on a laptop CPU,
 //! with any positional encoding of [`posenc`] plugged in at its hook, and the
-//! built-in tasks that test the seeds' claims ([`tasks`]), trained with
+//! built-in tasks that test the introductory articles' claims ([`tasks`]), trained with
 //! [`train::train`], fine-tuned at a new length with [`finetune()`], and
 //! measured position by position with [`eval::loss_per_position`].
 //!

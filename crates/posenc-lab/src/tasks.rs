@@ -8,14 +8,14 @@
 //!
 //! | task | sequence (before padding) | seed claim it serves |
 //! |---|---|---|
-//! | copy | `BOS x₁…xₙ SEP x₁…xₙ` | copying pieces of context (seed 001) |
+//! | copy | `BOS x₁…xₙ SEP x₁…xₙ` | copying pieces of context (the Russian post on NoPE and RoPE) |
 //! | reverse | `BOS x₁…xₙ SEP xₙ…x₁` | order |
 //! | sort | `BOS x₁…xₙ SEP sort(x)` | |
-//! | count | `BOS x₁…xₙ QUERY q EQ c₂c₁c₀` | counting tokens (seed 001) |
-//! | addition | `BOS a PLUS b EQ (a+b)`, every number least-significant digit first | arithmetic (seed 001) |
-//! | order | encoder: one `A`, one `B` among fillers; label = A before B | "the mother loves the daughter" (seed 000) |
+//! | count | `BOS x₁…xₙ QUERY q EQ c₂c₁c₀` | counting tokens (the Russian post on NoPE and RoPE) |
+//! | addition | `BOS a PLUS b EQ (a+b)`, every number least-significant digit first | arithmetic (the Russian post on NoPE and RoPE) |
+//! | order | encoder: one `A`, one `B` among fillers; label = A before B | "the mother loves the daughter" (the Russian introductory article) |
 //! | lm | characters of a corpus (built-in grammar or a file) | language modelling |
-//! | mlm | encoder: a corpus window with 15% of its characters replaced by `[MASK]`; predict them | "can BERT work without positions?" (seed 001; Haviv et al. 2022 §6) |
+//! | mlm | encoder: a corpus window with 15% of its characters replaced by `[MASK]`; predict them | "can BERT work without positions?" (the Russian post on NoPE and RoPE; Haviv et al. 2022 §6) |
 //!
 //! ## Corpora: vocabulary and the validation split
 //!
@@ -1047,7 +1047,7 @@ mod tests {
 
     #[test]
     fn the_vocabulary_grows_to_fit_russian_and_chinese_text() {
-        // Seed 000's Russian and a Chinese text with more distinct characters
+        // The Russian introductory article's language and a Chinese text with more distinct characters
         // than the old 256-entry vocabulary: every character keeps its own
         // token and the text decodes back exactly.
         let ru = "Все этапы в блоке кодировщика модели трансформера работают \

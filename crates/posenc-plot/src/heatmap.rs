@@ -22,7 +22,7 @@ use crate::terminal::{self, TerminalMode};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Orientation {
     /// Row `i` of the data is column `i` of the picture (x axis = rows,
-    /// y axis = columns, column 0 at the top). This is the seeds' picture
+    /// y axis = columns, column 0 at the top). This is the introductory articles' picture
     /// of a `positions × dims` table: "the j-th token is the j-th column".
     #[default]
     RowsAsColumns,
@@ -85,7 +85,7 @@ pub struct Heatmap {
 impl Heatmap {
     /// A heatmap of `data` (`rows × cols`), with no title or labels, the
     /// [`Colormap::RdBu`] map over [`ValueRange::Auto`], 18-pixel cells and
-    /// the seeds' orientation ([`Orientation::RowsAsColumns`]).
+    /// the introductory articles' orientation ([`Orientation::RowsAsColumns`]).
     ///
     /// Errors: [`PlotError::Empty`] (no rows or no columns),
     /// [`PlotError::Ragged`], [`PlotError::NonFinite`] (NaN, ±∞).

@@ -7,7 +7,7 @@
 //!
 //! * [`Heatmap`]: a matrix as coloured cells, with a title, axis labels,
 //!   ticks and a colour bar. By default the `i`-th row of the data is drawn as
-//!   the `i`-th *column* of the picture (the seeds' picture of a
+//!   the `i`-th *column* of the picture (the introductory articles' picture of a
 //!   `positions × dims` table: token `j` is column `j`); see [`Orientation`].
 //! * [`LinePlot`]: named series of `(x, y)` points with a legend, optional
 //!   log axes, markers and shaded bands.
@@ -24,7 +24,7 @@
 //! ```
 //! use posenc_plot::{Figure, Heatmap};
 //!
-//! // 32 positions × 16 dimensions, like the seeds' sinusoidal picture.
+//! // 32 positions × 16 dimensions, like the introductory articles' sinusoidal picture.
 //! let table: Vec<Vec<f64>> = (0..32)
 //!     .map(|p| (0..16).map(|d| (p as f64 / 10f64.powf(d as f64 / 4.0)).sin()).collect())
 //!     .collect();

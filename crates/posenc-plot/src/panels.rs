@@ -109,12 +109,12 @@ impl Figure for Panels {
     }
 }
 
-/// The seeds' "binary analogy" figure: a position's binary code next to
+/// The introductory articles' "binary analogy" figure: a position's binary code next to
 /// its sinusoidal encoding.
 ///
 /// `bits` is a `positions × bits` 0/1 matrix (bit `k` of position `p`, low
 /// bit first), `table` a `positions × dims` sinusoidal table; both are drawn
-/// in the seeds' orientation (position `p` is column `p`), the bits in
+/// in the introductory articles' orientation (position `p` is column `p`), the bits in
 /// white (0) → black (1), the table on the diverging red–blue map with zero
 /// in the middle. The lowest bit flips at every position like the fastest
 /// sinusoid, higher bits ever more slowly, like lower frequencies.

@@ -13,7 +13,7 @@
 //!
 //! Row `i` of the data is line `i` of the picture (pairs of rows per line in
 //! colour modes); use [`crate::Heatmap::to_terminal`] for the
-//! seeds' orientation (data rows as columns).
+//! introductory articles' orientation (data rows as columns).
 //!
 //! ```
 //! use posenc_plot::terminal::{render, TerminalMode};

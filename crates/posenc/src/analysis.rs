@@ -249,7 +249,7 @@ pub fn mat_vec(m: &[Vec<f64>], v: &[f64]) -> Vec<f64> {
 
 /// The largest `‖PE(p + k) − M_k · PE(p)‖∞` over `p` in `positions`: how far
 /// the encoding is from the claim that a shift by `k` is one fixed linear map
-/// (Vaswani et al. 2017, §3.5; seed 004).
+/// (Vaswani et al. 2017, §3.5, and the annotated notes on it).
 pub fn linear_map_residual(
     enc: &dyn AbsoluteEncoding,
     m_k: &[Vec<f64>],

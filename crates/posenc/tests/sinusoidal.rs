@@ -107,7 +107,7 @@ fn linear_map_is_orthogonal_and_composes() {
     }
 }
 
-/// Seed 001: pairs turning at 0.5 and 0.25 cycles per position.
+/// The NoPE-and-RoPE post's example: pairs turning at 0.5 and 0.25 cycles per position.
 #[test]
 fn seed_four_number_example() {
     let pe = Sinusoidal::with_frequencies(vec![2.0 * PI * 0.5, 2.0 * PI * 0.25]).unwrap();
@@ -171,7 +171,7 @@ fn paper_frequencies_and_wavelengths() {
     assert!(wl[63] < 10000.0 * 2.0 * PI);
 }
 
-/// The seeds' numpy formula, for odd dimensions too.
+/// The introductory articles' numpy formula, for odd dimensions too.
 #[test]
 fn odd_interleaved_matches_seed_formula() {
     for dim in [1usize, 3, 127, 129] {

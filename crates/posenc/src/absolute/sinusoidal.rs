@@ -19,7 +19,7 @@
 //!
 //! - [`Interleaved`](SinusoidalLayout::Interleaved) (the default): even
 //!   columns sin, odd columns cos, pair `i` in columns `(2i, 2i + 1)`. This is
-//!   the paper's formula and the seeds' numpy/PyTorch code.
+//!   the paper's formula and the introductory articles' numpy/PyTorch code.
 //! - [`Concatenated`](SinusoidalLayout::Concatenated): all sines first,
 //!   then all cosines, `[sin(p·ω_0) … sin(p·ω_{n−1}) | cos(p·ω_0) … cos(p·ω_{n−1})]`,
 //!   as in tensor2tensor's `get_timing_signal_1d`, fairseq's
@@ -28,7 +28,7 @@
 //! and two frequency spacings ([`FrequencySpacing`]):
 //!
 //! - [`Paper`](FrequencySpacing::Paper) (the default): `ω_i = base^(−2i/D)`,
-//!   `D` the full dimension (odd `D` included, exactly as the seeds' code
+//!   `D` the full dimension (odd `D` included, exactly as the introductory articles' code
 //!   `pos / 10000^(2·(j div 2)/D)`).
 //! - [`Endpoint`](FrequencySpacing::Endpoint): `ω_i = base^(−i/max(n − 1, 1))`
 //!   with `n` the number of pairs, so that the last frequency is exactly
@@ -44,7 +44,7 @@
 //! # Odd dimensions
 //!
 //! Odd `D` is accepted. Interleaved: there are `⌈D/2⌉` frequencies and the
-//! last column is the sine of the last one, alone (as in the seeds' numpy
+//! last column is the sine of the last one, alone (as in the introductory articles' numpy
 //! code). Concatenated: there are `⌊D/2⌋` frequencies and the last column is
 //! zero (as tensor2tensor and fairseq pad it); `D = 1` is rejected there
 //! since it would carry no information. With an odd interleaved `D` the last
@@ -96,7 +96,7 @@ use crate::error::{check_dim, check_finite, Error, Result};
 /// Where the sines and cosines go in a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SinusoidalLayout {
-    /// Even columns sin, odd columns cos (the paper, the seeds' code).
+    /// Even columns sin, odd columns cos (the paper, the introductory articles' code).
     #[default]
     Interleaved,
     /// All sines, then all cosines (tensor2tensor, fairseq, Whisper); an odd
