@@ -201,7 +201,7 @@ fn bad_input_gets_one_line_and_exit_2() {
             "--length",
             "1000000",
         ],
-        "MB available",
+        "MiB limit",
     );
     // An architecture posenc does not run.
     let gpt2 = scratch("gpt2");

@@ -92,6 +92,8 @@ def _load(a):
         name, gguf = str(path.parent), path.name
     kw = {"gguf_file": gguf} if gguf else {}
     transformers.logging.set_verbosity_error()
+    # Errors are one line on stderr: no loading bars before them.
+    transformers.utils.logging.disable_progress_bar()
     tok = transformers.AutoTokenizer.from_pretrained(name, **kw)
     model = transformers.AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, a.dtype), **kw)
     return model.to(a.device).eval(), tok
@@ -131,6 +133,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if a.command == "passkey" and (a.trials < 1):
             raise PosencError("--trials must be at least 1")
+        for name in a.methods.split(","):  # refused before the model is read
+            hf._split(name)
         model, tok = _load(a)
         progress = False if a.quiet or (a.json and not sys.stderr.isatty()) else None
         if a.command == "passkey":
