@@ -56,7 +56,7 @@ fn names_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<String>> {
 }
 
 /// A count from Python: an int at least 0.
-fn count(v: i64, what: &str) -> PyResult<usize> {
+pub(crate) fn count(v: i64, what: &str) -> PyResult<usize> {
     usize::try_from(v).map_err(|_| err(format!("{what} must be at least 0, not {v}")))
 }
 

@@ -21,6 +21,7 @@ use pyo3::prelude::*;
 
 use crate::convert::to_python;
 use crate::error::{detached, err, IntoPy};
+use crate::model::count;
 
 /// A `tokenizer.json` text as posenc's tokenizer (through a private file:
 /// the crate reads tokenizers from files).
@@ -70,9 +71,6 @@ impl PasskeyProbe {
         haystack: Option<String>,
         seed: u64,
     ) -> PyResult<Self> {
-        let count = |v: i64, what: &str| {
-            usize::try_from(v).map_err(|_| err(format!("{what} must be at least 0, not {v}")))
-        };
         let request = PasskeyRequest {
             lengths: lengths
                 .into_iter()
