@@ -138,6 +138,49 @@ fn unrotate(
     }
 }
 
+/// The (query tile, key tile) pairs of one head's backward pass, as
+/// `(i0, rows, j0, n)`: queries `i0..i0 + rows` against keys `j0..j0 + n`,
+/// every pair whose last query sees key `j0`.
+///
+/// Key tiles outermost: a key tile's keys, values and their gradients
+/// (some 180 KB) stay in the L2 cache while the query tiles stream past,
+/// where query tiles outermost streamed every key-side array (about 2.5 KB
+/// a key, the gradients read and written) from memory once per query tile.
+/// Each gradient entry still adds its terms in the same order (a query's
+/// over the key tiles in increasing order, a key's over the query tiles in
+/// increasing order), so the results keep their bits. Only a shared table
+/// of scalar biases (T5's buckets) sums terms of many queries and keys into
+/// one entry: with its gradient wanted (`queries_outer`), query tiles stay
+/// outermost, as before, so that its sums keep their order too.
+fn tile_pairs(p: &Problem, bq: usize, queries_outer: bool) -> Vec<(usize, usize, usize, usize)> {
+    let tq = p.dims.q_len;
+    let q_tiles: Vec<(usize, usize, usize)> = (0..tq)
+        .step_by(bq)
+        .map(|i0| {
+            let rows = bq.min(tq - i0);
+            (i0, rows, p.visible(i0 + rows - 1))
+        })
+        .collect();
+    let k_tiles = q_tiles.iter().map(|t| t.2).max().unwrap_or(0).div_ceil(BK);
+    let mut pairs = Vec::new();
+    if queries_outer {
+        for &(i0, rows, k_end) in &q_tiles {
+            pairs.extend(
+                (0..k_end)
+                    .step_by(BK)
+                    .map(|j0| (i0, rows, j0, BK.min(k_end - j0))),
+            );
+        }
+    } else {
+        for j0 in (0..k_tiles).map(|t| t * BK) {
+            for &(i0, rows, k_end) in q_tiles.iter().filter(|t| j0 < t.2) {
+                pairs.push((i0, rows, j0, BK.min(k_end - j0)));
+            }
+        }
+    }
+    pairs
+}
+
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn backward_task(
@@ -182,25 +225,32 @@ fn backward_task(
     // Rows of the rotated keys 16 apart more than `D`: the product dQ̃ +=
     // dS·K̃ reads a tile's rows at that stride.
     let ldr = d + 16;
+    // The rotated queries, the output's gradient (copied) and the tiles of
+    // P and dS likewise: the products read their columns (the transposed
+    // tiles' too) at these strides, which at 64 or 128 floats put a
+    // panel's rows in a quarter or an eighth of the L1 cache's sets.
+    let ldq = d + 16;
     let mut scratch = tile::Scratch::take();
-    let [kr, kt, vt, dkr, dv, qs, dqs, dvec, pm, dp, qa, doa, wk, wv, akt, avt] = scratch.split([
-        tk * ldr, // kr: rotated keys (T_k, D), leading dimension ldr
-        d * tkp,  // kt: their transpose, per key tile
-        d * tkp,  // vt: values transposed, per key tile
-        tk * d,   // dkr
-        tk * d,   // dv
-        tq * d,   // qs: rotated, scaled queries
-        tq * d,   // dqs
-        tq,       // dvec
-        bq * BK,  // P
-        bq * BK,  // dP, then dS
-        nk,       // qa
-        nvv,      // doa
-        nk,       // wk
-        nvv,      // wv
-        nakt,     // a^K transposed
-        navt,     // a^V transposed
-    ]);
+    let [kr, kt, vt, dkr, dv, qs, dos, dqs, dvec, pm, dp, qa, doa, wk, wv, akt, avt] = scratch
+        .split([
+            tk * ldr, // kr: rotated keys (T_k, D), leading dimension ldr
+            d * tkp,  // kt: their transpose, per key tile
+            d * tkp,  // vt: values transposed, per key tile
+            tk * d,   // dkr
+            tk * d,   // dv
+            tq * ldq, // qs: rotated, scaled queries, leading dimension ldq
+            tq * ldq, // dos: the output's gradient, leading dimension ldq
+            tq * d,   // dqs
+            tq,       // dvec
+            bq * ldt, // P, leading dimension ldt
+            bq * ldt, // dP, then dS
+            nk,       // qa
+            nvv,      // doa
+            nk,       // wk
+            nvv,      // wv
+            nakt,     // a^K transposed
+            navt,     // a^V transposed
+        ]);
     {
         {
             for t in 0..tk {
@@ -238,6 +288,7 @@ fn backward_task(
             if let Some(av) = values {
                 unsafe { tile::transpose(nv, d, av.as_ptr(), d, avt.as_mut_ptr(), nv) };
             }
+            let tile_pairs = tile_pairs(p, bq, want.0 && p.scalar.is_some());
             for h in hk * p.group()..(hk + 1) * p.group() {
                 let bh = b * dm.q_heads + h;
                 let do0 = do_rows.at(b, h, 0);
@@ -248,8 +299,9 @@ fn backward_task(
                         prefetch(d_o, do_rows.at(b, h, ahead), d);
                         prefetch(o, o_rows.at(b, h, ahead), d);
                     }
-                    load_q(p, b, h, t, &mut qs[t * d..][..d]);
+                    load_q(p, b, h, t, &mut qs[t * ldq..][..d]);
                     let dor = &d_o[do_rows.at(b, h, t)..][..d];
+                    dos[t * ldq..][..d].copy_from_slice(dor);
                     dvec[t] = tile::dot(dor, &o[o_rows.at(b, h, t)..][..d]);
                 }
                 dqs.fill(0.0);
@@ -261,7 +313,7 @@ fn backward_task(
                             nv,
                             d,
                             qs.as_ptr(),
-                            d,
+                            ldq,
                             akt.as_ptr(),
                             nv,
                             qa.as_mut_ptr(),
@@ -291,157 +343,147 @@ fn backward_task(
                     wv.fill(0.0);
                 }
                 let lse_h = &lse[bh * tq..][..tq];
-                let mut i0 = 0;
-                while i0 < tq {
-                    let rows = bq.min(tq - i0);
-                    let k_end = p.visible(i0 + rows - 1);
-                    let mut j0 = 0;
-                    while j0 < k_end {
-                        let n = BK.min(k_end - j0);
-                        unsafe {
-                            // S (rows × n) = Q̃[i0..] · K̃ᵀ[:, j0..]
-                            tile::gemm_nn(
-                                level,
-                                rows,
-                                n,
-                                d,
-                                qs.as_ptr().add(i0 * d),
-                                d,
-                                kt.as_ptr().add(j0 / BK * d * ldt),
-                                ldt,
-                                pm.as_mut_ptr(),
-                                BK,
-                                false,
-                            );
-                            // dP (rows × n) = dO[i0..] · Vᵀ[:, j0..]
-                            tile::gemm(
-                                level,
-                                rows,
-                                n,
-                                d,
-                                d_o.as_ptr().add(do0 + i0 * do_rows.st),
-                                do_rows.st,
-                                1,
-                                vt.as_ptr().add(j0 / BK * d * ldt),
-                                ldt,
-                                dp.as_mut_ptr(),
-                                BK,
-                                false,
-                            );
-                        }
-                        for r in 0..rows {
-                            let i = i0 + r;
-                            let vis = p.visible(i).saturating_sub(j0).min(n);
-                            let pr = &mut pm[r * BK..][..n];
-                            let dpr = &mut dp[r * BK..][..n];
-                            if vis == 0 || lse_h[i] == f32::NEG_INFINITY {
-                                pr.fill(0.0);
-                                dpr.fill(0.0);
-                                continue;
-                            }
-                            let qar = if qa.is_empty() {
-                                &qa[..]
-                            } else {
-                                &qa[i * nv..][..nv]
-                            };
-                            p.add_bias(b, h, i, j0, &mut pr[..vis], qar);
-                            let li = lse_h[i];
-                            for v in pr[..vis].iter_mut() {
-                                *v = tile::exp(*v - li);
-                            }
-                            pr[vis..].fill(0.0);
-                            let qp = p.q_pos.at(b, i, tq);
-                            if let (Some(vt_), false) = (p.vector, doa.is_empty()) {
-                                let dar = &doa[i * nv..][..nv];
-                                let w = &mut wv[i * nv..][..nv];
-                                for c in 0..vis {
-                                    let idx = vt_.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
-                                    dpr[c] += dar[idx];
-                                    w[idx] += pr[c];
-                                }
-                            }
-                            // dS = P ∘ (dP − D_i), in place of dP.
-                            let di = dvec[i];
-                            for (dv_, pv) in dpr.iter_mut().zip(pr.iter()) {
-                                *dv_ = pv * (*dv_ - di);
-                            }
-                            let dsr = &dpr[..vis];
-                            if let (Some(t), true) = (p.scalar, want.0) {
-                                for (c, v) in dsr.iter().enumerate() {
-                                    let idx = t.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
-                                    part.scalar[idx * dm.q_heads + h] += v;
-                                }
-                            }
-                            if let (Some(vt_), false) = (p.vector, wk.is_empty()) {
-                                let w = &mut wk[i * nv..][..nv];
-                                for (c, v) in dsr.iter().enumerate() {
-                                    w[vt_.index.get(p.k_pos.at(b, j0 + c, tk) - qp)] += v;
-                                }
-                            }
-                            if let Some(ptr) = ptrs.dense {
-                                let base = ((bh * tq) + i) * tk + j0;
-                                for (c, v) in dpr.iter().enumerate() {
-                                    unsafe { *ptr.0.add(base + c) = *v };
-                                }
-                            }
-                            if let Some(ptr) = ptrs.cq {
-                                unsafe { *ptr.0.add(bh * tq + i) += tile::sum(dsr) };
-                            }
-                            if let Some(ptr) = ptrs.ck {
-                                for (c, v) in dsr.iter().enumerate() {
-                                    unsafe { *ptr.0.add(bh * tk + j0 + c) -= v };
-                                }
-                            }
-                        }
-                        unsafe {
-                            // dV[j0..] += Pᵀ · dO[i0..]
-                            tile::gemm(
-                                level,
-                                n,
-                                d,
-                                rows,
-                                pm.as_ptr(),
-                                1,
-                                BK,
-                                d_o.as_ptr().add(do0 + i0 * do_rows.st),
-                                do_rows.st,
-                                dv.as_mut_ptr().add(j0 * d),
-                                d,
-                                true,
-                            );
-                            // dK̃[j0..] += dSᵀ · Q̃[i0..]
-                            tile::gemm(
-                                level,
-                                n,
-                                d,
-                                rows,
-                                dp.as_ptr(),
-                                1,
-                                BK,
-                                qs.as_ptr().add(i0 * d),
-                                d,
-                                dkr.as_mut_ptr().add(j0 * d),
-                                d,
-                                true,
-                            );
-                            // dQ̃[i0..] += dS · K̃[j0..]
-                            tile::gemm_nn(
-                                level,
-                                rows,
-                                d,
-                                n,
-                                dp.as_ptr(),
-                                BK,
-                                kr.as_ptr().add(j0 * ldr),
-                                ldr,
-                                dqs.as_mut_ptr().add(i0 * d),
-                                d,
-                                true,
-                            );
-                        }
-                        j0 += n;
+                for &(i0, rows, j0, n) in &tile_pairs {
+                    unsafe {
+                        // S (rows × n) = Q̃[i0..] · K̃ᵀ[:, j0..]
+                        tile::gemm_nn(
+                            level,
+                            rows,
+                            n,
+                            d,
+                            qs.as_ptr().add(i0 * ldq),
+                            ldq,
+                            kt.as_ptr().add(j0 / BK * d * ldt),
+                            ldt,
+                            pm.as_mut_ptr(),
+                            ldt,
+                            false,
+                        );
+                        // dP (rows × n) = dO[i0..] · Vᵀ[:, j0..]
+                        tile::gemm_nn(
+                            level,
+                            rows,
+                            n,
+                            d,
+                            dos.as_ptr().add(i0 * ldq),
+                            ldq,
+                            vt.as_ptr().add(j0 / BK * d * ldt),
+                            ldt,
+                            dp.as_mut_ptr(),
+                            ldt,
+                            false,
+                        );
                     }
-                    i0 += rows;
+                    for r in 0..rows {
+                        let i = i0 + r;
+                        let vis = p.visible(i).saturating_sub(j0).min(n);
+                        let pr = &mut pm[r * ldt..][..n];
+                        let dpr = &mut dp[r * ldt..][..n];
+                        if vis == 0 || lse_h[i] == f32::NEG_INFINITY {
+                            pr.fill(0.0);
+                            dpr.fill(0.0);
+                            continue;
+                        }
+                        let qar = if qa.is_empty() {
+                            &qa[..]
+                        } else {
+                            &qa[i * nv..][..nv]
+                        };
+                        p.add_bias(b, h, i, j0, &mut pr[..vis], qar);
+                        let li = lse_h[i];
+                        for v in pr[..vis].iter_mut() {
+                            *v = tile::exp(*v - li);
+                        }
+                        pr[vis..].fill(0.0);
+                        let qp = p.q_pos.at(b, i, tq);
+                        if let (Some(vt_), false) = (p.vector, doa.is_empty()) {
+                            let dar = &doa[i * nv..][..nv];
+                            let w = &mut wv[i * nv..][..nv];
+                            for c in 0..vis {
+                                let idx = vt_.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
+                                dpr[c] += dar[idx];
+                                w[idx] += pr[c];
+                            }
+                        }
+                        // dS = P ∘ (dP − D_i), in place of dP.
+                        let di = dvec[i];
+                        for (dv_, pv) in dpr.iter_mut().zip(pr.iter()) {
+                            *dv_ = pv * (*dv_ - di);
+                        }
+                        let dsr = &dpr[..vis];
+                        if let (Some(t), true) = (p.scalar, want.0) {
+                            for (c, v) in dsr.iter().enumerate() {
+                                let idx = t.index.get(p.k_pos.at(b, j0 + c, tk) - qp);
+                                part.scalar[idx * dm.q_heads + h] += v;
+                            }
+                        }
+                        if let (Some(vt_), false) = (p.vector, wk.is_empty()) {
+                            let w = &mut wk[i * nv..][..nv];
+                            for (c, v) in dsr.iter().enumerate() {
+                                w[vt_.index.get(p.k_pos.at(b, j0 + c, tk) - qp)] += v;
+                            }
+                        }
+                        if let Some(ptr) = ptrs.dense {
+                            let base = ((bh * tq) + i) * tk + j0;
+                            for (c, v) in dpr.iter().enumerate() {
+                                unsafe { *ptr.0.add(base + c) = *v };
+                            }
+                        }
+                        if let Some(ptr) = ptrs.cq {
+                            unsafe { *ptr.0.add(bh * tq + i) += tile::sum(dsr) };
+                        }
+                        if let Some(ptr) = ptrs.ck {
+                            for (c, v) in dsr.iter().enumerate() {
+                                unsafe { *ptr.0.add(bh * tk + j0 + c) -= v };
+                            }
+                        }
+                    }
+                    unsafe {
+                        // dV[j0..] += Pᵀ · dO[i0..]
+                        tile::gemm(
+                            level,
+                            n,
+                            d,
+                            rows,
+                            pm.as_ptr(),
+                            1,
+                            ldt,
+                            dos.as_ptr().add(i0 * ldq),
+                            ldq,
+                            dv.as_mut_ptr().add(j0 * d),
+                            d,
+                            true,
+                        );
+                        // dK̃[j0..] += dSᵀ · Q̃[i0..]
+                        tile::gemm(
+                            level,
+                            n,
+                            d,
+                            rows,
+                            dp.as_ptr(),
+                            1,
+                            ldt,
+                            qs.as_ptr().add(i0 * ldq),
+                            ldq,
+                            dkr.as_mut_ptr().add(j0 * d),
+                            d,
+                            true,
+                        );
+                        // dQ̃[i0..] += dS · K̃[j0..]
+                        tile::gemm_nn(
+                            level,
+                            rows,
+                            d,
+                            n,
+                            dp.as_ptr(),
+                            ldt,
+                            kr.as_ptr().add(j0 * ldr),
+                            ldr,
+                            dqs.as_mut_ptr().add(i0 * d),
+                            d,
+                            true,
+                        );
+                    }
                 }
                 // Shaw's tables: dQ̃ += Wk·a^K, d a^K += Wkᵀ·Q̃, d a^V += Wvᵀ·dO.
                 if let Some(ak) = keys {
@@ -469,7 +511,7 @@ fn backward_task(
                                 1,
                                 nv,
                                 qs.as_ptr(),
-                                d,
+                                ldq,
                                 part.keys.as_mut_ptr(),
                                 d,
                                 true,
