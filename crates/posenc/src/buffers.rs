@@ -188,23 +188,12 @@ pub fn rotation_tables(
                     limit: usize::MAX as u64,
                     what: "offset",
                 })?;
-            rope.attention_tables(
-                Positions::Offset(qo),
-                Positions::Offset(o),
-                batch,
-                q_len,
-                k_len,
-            )
+            let (q, k) = (Positions::Offset(qo), Positions::Offset(o));
+            rope.attention_tables(q, k, batch, q_len, k_len)
         }
         BufferPositions::Ids(ids) => {
             let (qt, kt) = id_tensors(ids, batch, q_len, k_len)?;
-            rope.attention_tables(
-                Positions::Ids(&qt),
-                Positions::Ids(&kt),
-                batch,
-                q_len,
-                k_len,
-            )
+            rope.attention_tables_at_ids(&qt, &kt)
         }
     }
 }
@@ -303,14 +292,7 @@ impl BufferAttention<'_> {
             Some(r) => Some(rotation_tables(r, pos, s.batch, s.q_len, s.k_len)?),
             None => None,
         };
-        let rotation = tables.as_ref().map(|t| k::Rotation {
-            rotary_dim: t.rotary_dim,
-            pairs: t.pairs,
-            q: t.tables.query(),
-            k: t.tables.key(),
-            q_rows: t.q_rows.map(),
-            k_rows: t.k_rows.map(),
-        });
+        let rotation = tables.as_ref().map(RotationTables::rotation);
         // Relative positions for ALiBi: ids (queries: the last T_q of each row).
         let q_ids: Vec<i64>;
         let (q_pos, k_pos) = match pos {

@@ -831,15 +831,7 @@ impl Shared {
         [q, k, v]: [&'a [f32]; 3],
     ) -> Result<(k::Problem<'a>, [usize; 4])> {
         let d = self.g.dims;
-        let tables = self.plan.rotation.as_ref().map(|r| &r.tables);
-        let rotation = tables.map(|t| k::Rotation {
-            rotary_dim: t.rotary_dim,
-            pairs: t.pairs,
-            q: t.tables.query(),
-            k: t.tables.key(),
-            q_rows: t.q_rows.map(),
-            k_rows: t.k_rows.map(),
-        });
+        let rotation = self.plan.rotation.as_ref().map(|r| r.tables.rotation());
         let mut params = params.iter();
         let mut next = || -> &'a [f32] { params.next().expect("a parameter per bias table") };
         let mut prob = k::Problem {

@@ -38,7 +38,6 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::rope::{Rope, RotationTables};
-use super::Positions;
 use crate::error::{Error, Result};
 use crate::extend::{ContextMethod, ModelLengths, View};
 use crate::kernels::attention::{self as k, Products};
@@ -324,13 +323,7 @@ impl<'r> MethodAttention<'r> {
             .collect::<Result<_>>()?;
         let q_ids = Tensor::from_vec(q_ids, (batch, q_len), &Device::Cpu)?;
         let k_ids = Tensor::from_vec(k_ids, (batch, k_len), &Device::Cpu)?;
-        rope.attention_tables(
-            Positions::Ids(&q_ids),
-            Positions::Ids(&k_ids),
-            batch,
-            q_len,
-            k_len,
-        )
+        rope.attention_tables_at_ids(&q_ids, &k_ids)
     }
 
     /// The method as data, for an attention written elsewhere (the
@@ -439,14 +432,6 @@ impl<'r> MethodAttention<'r> {
         let mut parts: Vec<(Vec<f32>, Vec<f32>)> = Vec::with_capacity(self.views.len());
         for view in &self.views {
             let tables = self.view_tables(view, dm.batch, dm.q_len, dm.k_len)?;
-            let rotation = k::Rotation {
-                rotary_dim: tables.rotary_dim,
-                pairs: tables.pairs,
-                q: tables.tables.query(),
-                k: tables.tables.key(),
-                q_rows: tables.q_rows.map(),
-                k_rows: tables.k_rows.map(),
-            };
             let prob = k::Problem {
                 dims: dm,
                 scale: scale as f32,
@@ -457,7 +442,7 @@ impl<'r> MethodAttention<'r> {
                 k_rows: c.k_rows,
                 v: c.v,
                 v_rows: c.v_rows,
-                rotation: Some(rotation),
+                rotation: Some(tables.rotation()),
                 q_pos: k::Pos::Offset(shift as i64),
                 k_pos: k::Pos::Offset(0),
                 alibi: None,

@@ -196,6 +196,20 @@ pub struct RotationTables {
     pub pairs: PairLayout,
 }
 
+impl RotationTables {
+    /// As the fused attention kernel's rotation, borrowing these tables.
+    pub fn rotation(&self) -> crate::kernels::attention::Rotation<'_> {
+        crate::kernels::attention::Rotation {
+            rotary_dim: self.rotary_dim,
+            pairs: self.pairs,
+            q: self.tables.query(),
+            k: self.tables.key(),
+            q_rows: self.q_rows.map(),
+            k_rows: self.k_rows.map(),
+        }
+    }
+}
+
 /// Resolved positions of one call.
 #[derive(Debug, Clone)]
 pub(crate) enum Rows {
@@ -665,6 +679,19 @@ impl Rope {
             rotary_dim: freqs.rotary_dim,
             pairs: freqs.layout,
         })
+    }
+
+    /// [`attention_tables`](Self::attention_tables) for queries and keys at
+    /// the ids of a `(B, T_q)` and a `(B, T_k)` tensor.
+    pub(crate) fn attention_tables_at_ids(
+        &self,
+        q_ids: &Tensor,
+        k_ids: &Tensor,
+    ) -> Result<RotationTables> {
+        let (batch, q_len) = q_ids.dims2()?;
+        let k_len = k_ids.dim(1)?;
+        let (q, k) = (Positions::Ids(q_ids), Positions::Ids(k_ids));
+        self.attention_tables(q, k, batch, q_len, k_len)
     }
 
     /// Rotates queries and keys in place, allocating nothing for the
