@@ -209,6 +209,16 @@ impl Error {
     }
 }
 
+/// `Ok(())` where `holds`, else [`Error::InvalidValue`] for `key` with the
+/// reason `reason` gives (built only on failure).
+pub(crate) fn ensure(holds: bool, key: &str, reason: impl FnOnce() -> String) -> Result<()> {
+    if holds {
+        Ok(())
+    } else {
+        Err(Error::invalid(key, reason()))
+    }
+}
+
 /// Checks that `value` is finite and strictly positive.
 pub fn check_positive(name: &'static str, value: f64) -> Result<f64> {
     if value.is_finite() && value > 0.0 {

@@ -17,17 +17,6 @@
 //! the logits, as their KV-cache path does).
 
 use super::{KeyRange, PosMap, View};
-use crate::error::{Error, Result};
-
-pub(super) fn validate(chunk: usize, local: usize) -> Result<()> {
-    if local >= chunk {
-        return Err(Error::invalid(
-            "dual chunk attention",
-            format!("the local window {local} must be below the chunk size {chunk}"),
-        ));
-    }
-    Ok(())
-}
 
 pub(super) fn views(chunk: usize, local: usize) -> Vec<View> {
     let c = chunk - local;

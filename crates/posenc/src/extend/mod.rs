@@ -30,7 +30,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::{Error, Result};
+use crate::error::{ensure, Error, Result};
 
 mod dca;
 mod rerope;
@@ -264,12 +264,16 @@ impl ContextMethod {
             ContextMethod::Dca { chunk, local } => {
                 check("DCA chunk size", chunk)?;
                 check("DCA local window", local)?;
-                dca::validate(chunk, local)
+                ensure(local < chunk, "dual chunk attention", || {
+                    format!("the local window {local} must be below the chunk size {chunk}")
+                })
             }
             ContextMethod::Sinks { sinks, window } => {
                 check("sinks S", sinks)?;
                 check("sinks window", window)?;
-                sinks::validate(sinks, window)
+                ensure(sinks < window, "attention sinks", || {
+                    format!("{sinks} sinks leave no recent keys in a window of {window}")
+                })
             }
         }
     }

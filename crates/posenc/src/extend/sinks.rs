@@ -16,17 +16,6 @@
 //! key is evicted and every distance is the true one.
 
 use super::{KeyRange, PosMap, View};
-use crate::error::{Error, Result};
-
-pub(super) fn validate(sinks: usize, window: usize) -> Result<()> {
-    if sinks >= window {
-        return Err(Error::invalid(
-            "attention sinks",
-            format!("{sinks} sinks leave no recent keys in a window of {window}"),
-        ));
-    }
-    Ok(())
-}
 
 pub(super) fn views(sinks: usize, window: usize) -> Vec<View> {
     let recent = window - sinks;

@@ -86,11 +86,7 @@ pub(crate) fn position_grid<T>(
 
 /// Checks `head < num_heads`.
 pub(crate) fn check_head(head: usize, num_heads: usize) -> Result<()> {
-    if head >= num_heads {
-        return Err(Error::invalid(
-            "head",
-            format!("head {head} is out of range for {num_heads} heads"),
-        ));
-    }
-    Ok(())
+    crate::error::ensure(head < num_heads, "head", || {
+        format!("head {head} is out of range for {num_heads} heads")
+    })
 }
