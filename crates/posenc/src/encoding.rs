@@ -98,6 +98,28 @@ pub trait PositionalEncoding {
     fn hooks(&self) -> Hooks;
 }
 
+/// Implements [`PositionalEncoding`] for a type from its hooks and its name:
+/// `positional_encoding!(Type, Hooks::INPUT, "name")`, or with a name
+/// computed from the value, `positional_encoding!(Type, Hooks::LOGITS, |s|
+/// format!("... {}", s.heads))` (a `&str` or a `String`).
+macro_rules! positional_encoding {
+    ($ty:ty, $hooks:expr, $name:literal) => {
+        $crate::encoding::positional_encoding!($ty, $hooks, |_this| $name);
+    };
+    ($ty:ty, $hooks:expr, |$this:ident| $name:expr) => {
+        impl $crate::encoding::PositionalEncoding for $ty {
+            fn name(&self) -> String {
+                let $this = self;
+                String::from($name)
+            }
+            fn hooks(&self) -> $crate::encoding::Hooks {
+                $hooks
+            }
+        }
+    };
+}
+pub(crate) use positional_encoding;
+
 /// The input hook: a vector per position, added to the token embeddings.
 pub trait AbsoluteEncoding: PositionalEncoding {
     /// Width of each position vector (the model dimension).

@@ -16,17 +16,10 @@
 //! assert_eq!(NoPe.hooks(), Hooks::NONE);
 //! ```
 
-use crate::encoding::{Hooks, PositionalEncoding};
+use crate::encoding::{positional_encoding, Hooks};
 
 /// The absence of a positional encoding.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NoPe;
 
-impl PositionalEncoding for NoPe {
-    fn name(&self) -> String {
-        "NoPE".into()
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::NONE
-    }
-}
+positional_encoding!(NoPe, Hooks::NONE, "NoPE");

@@ -46,7 +46,7 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use crate::encoding::{AbsoluteEncoding, Hooks, PositionalEncoding};
+use crate::encoding::{positional_encoding, AbsoluteEncoding, Hooks};
 use crate::error::{check_dim, check_positive, Result};
 
 /// A numerical ODE integrator.
@@ -245,14 +245,7 @@ impl Floater {
     }
 }
 
-impl PositionalEncoding for Floater {
-    fn name(&self) -> String {
-        "FLOATER".into()
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::INPUT
-    }
-}
+positional_encoding!(Floater, Hooks::INPUT, "FLOATER");
 
 impl AbsoluteEncoding for Floater {
     fn dim(&self) -> usize {

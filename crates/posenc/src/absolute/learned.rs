@@ -28,7 +28,7 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use crate::encoding::{AbsoluteEncoding, Hooks, PositionalEncoding};
+use crate::encoding::{positional_encoding, AbsoluteEncoding, Hooks};
 use crate::error::{check_dim, Error, Result};
 
 /// A learned table of position vectors (see the [module docs](self)).
@@ -77,14 +77,7 @@ impl LearnedTable {
     }
 }
 
-impl PositionalEncoding for LearnedTable {
-    fn name(&self) -> String {
-        "learned".into()
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::INPUT
-    }
-}
+positional_encoding!(LearnedTable, Hooks::INPUT, "learned");
 
 impl AbsoluteEncoding for LearnedTable {
     fn dim(&self) -> usize {

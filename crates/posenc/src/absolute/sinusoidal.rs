@@ -90,7 +90,7 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use crate::encoding::{AbsoluteEncoding, Hooks, PositionalEncoding};
+use crate::encoding::{positional_encoding, AbsoluteEncoding, Hooks};
 use crate::error::{check_dim, check_finite, Error, Result};
 
 /// Where the sines and cosines go in a row.
@@ -364,17 +364,10 @@ impl Sinusoidal {
     }
 }
 
-impl PositionalEncoding for Sinusoidal {
-    fn name(&self) -> String {
-        match self.layout {
-            SinusoidalLayout::Interleaved => "sinusoidal (interleaved)".into(),
-            SinusoidalLayout::Concatenated => "sinusoidal (concatenated)".into(),
-        }
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::INPUT
-    }
-}
+positional_encoding!(Sinusoidal, Hooks::INPUT, |s| match s.layout {
+    SinusoidalLayout::Interleaved => "sinusoidal (interleaved)",
+    SinusoidalLayout::Concatenated => "sinusoidal (concatenated)",
+});
 
 impl AbsoluteEncoding for Sinusoidal {
     fn dim(&self) -> usize {

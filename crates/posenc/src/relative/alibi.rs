@@ -32,7 +32,7 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use crate::encoding::{AttentionBias, Hooks, PositionalEncoding};
+use crate::encoding::{positional_encoding, AttentionBias, Hooks};
 use crate::error::{Error, Result};
 
 /// The ALiBi slopes `m_0, …, m_{n−1}` for `num_heads = n` heads, in head
@@ -130,17 +130,10 @@ impl Alibi {
     }
 }
 
-impl PositionalEncoding for Alibi {
-    fn name(&self) -> String {
-        match self.mode {
-            AlibiMode::Causal => "ALiBi (causal)".into(),
-            AlibiMode::Bidirectional => "ALiBi (bidirectional)".into(),
-        }
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::LOGITS
-    }
-}
+positional_encoding!(Alibi, Hooks::LOGITS, |s| match s.mode {
+    AlibiMode::Causal => "ALiBi (causal)",
+    AlibiMode::Bidirectional => "ALiBi (bidirectional)",
+});
 
 impl AttentionBias for Alibi {
     fn num_heads(&self) -> usize {

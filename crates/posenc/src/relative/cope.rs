@@ -72,7 +72,7 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use crate::encoding::{Hooks, PositionalEncoding};
+use crate::encoding::{positional_encoding, Hooks};
 use crate::error::{Error, Result};
 
 /// Largest accepted `head_dim`.
@@ -398,16 +398,9 @@ impl Cope {
     }
 }
 
-impl PositionalEncoding for Cope {
-    fn name(&self) -> String {
-        format!(
-            "CoPE (d = {}, {} positions{})",
-            self.cfg.head_dim,
-            self.cfg.npos_max,
-            if self.cfg.causal { "" } else { ", unmasked" }
-        )
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::LOGITS
-    }
-}
+positional_encoding!(Cope, Hooks::LOGITS, |s| format!(
+    "CoPE (d = {}, {} positions{})",
+    s.cfg.head_dim,
+    s.cfg.npos_max,
+    if s.cfg.causal { "" } else { ", unmasked" }
+));

@@ -63,7 +63,7 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use crate::encoding::{AttentionBias, Hooks, PositionalEncoding};
+use crate::encoding::{positional_encoding, AttentionBias, Hooks};
 use crate::error::{check_finite, check_positive, Error, Result};
 
 /// Largest accepted `mlp_width`.
@@ -387,17 +387,10 @@ impl Fire {
     }
 }
 
-impl PositionalEncoding for Fire {
-    fn name(&self) -> String {
-        format!(
-            "FIRE ({} heads, width {}, {:?})",
-            self.cfg.num_heads, self.cfg.mlp_width, self.cfg.mode
-        )
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::LOGITS
-    }
-}
+positional_encoding!(Fire, Hooks::LOGITS, |s| format!(
+    "FIRE ({} heads, width {}, {:?})",
+    s.cfg.num_heads, s.cfg.mlp_width, s.cfg.mode
+));
 
 impl AttentionBias for Fire {
     fn num_heads(&self) -> usize {

@@ -63,7 +63,7 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use crate::encoding::{Hooks, PositionalEncoding};
+use crate::encoding::{positional_encoding, Hooks};
 use crate::error::{check_positive, Error, Result};
 
 /// Largest accepted number of heads.
@@ -333,11 +333,7 @@ impl ForgetGate {
     }
 }
 
-impl PositionalEncoding for ForgetGate {
-    fn name(&self) -> String {
-        format!("forgetting attention ({} heads)", self.num_heads())
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::LOGITS
-    }
-}
+positional_encoding!(ForgetGate, Hooks::LOGITS, |s| format!(
+    "forgetting attention ({} heads)",
+    s.num_heads()
+));

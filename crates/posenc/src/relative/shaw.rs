@@ -46,7 +46,7 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use crate::encoding::{Hooks, PositionalEncoding};
+use crate::encoding::{positional_encoding, Hooks};
 use crate::error::{check_dim, Error, Result};
 
 /// Shaw et al.'s relative key and value tables (see the [module docs](self)).
@@ -306,11 +306,7 @@ impl Shaw {
     }
 }
 
-impl PositionalEncoding for Shaw {
-    fn name(&self) -> String {
-        format!("Shaw relative (k = {})", self.max_relative)
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::LOGITS_AND_VALUES
-    }
-}
+positional_encoding!(Shaw, Hooks::LOGITS_AND_VALUES, |s| format!(
+    "Shaw relative (k = {})",
+    s.max_relative
+));

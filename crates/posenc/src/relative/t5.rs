@@ -46,7 +46,7 @@
 //! # Ok::<(), posenc::Error>(())
 //! ```
 
-use crate::encoding::{AttentionBias, Hooks, PositionalEncoding};
+use crate::encoding::{positional_encoding, AttentionBias, Hooks};
 use crate::error::{Error, Result};
 
 /// The T5 bucket of the relative position `relative = key − query`, exactly
@@ -258,18 +258,11 @@ impl T5Bias {
     }
 }
 
-impl PositionalEncoding for T5Bias {
-    fn name(&self) -> String {
-        if self.buckets.bidirectional {
-            "T5 relative bias (bidirectional)".into()
-        } else {
-            "T5 relative bias (unidirectional)".into()
-        }
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::LOGITS
-    }
-}
+positional_encoding!(T5Bias, Hooks::LOGITS, |s| if s.buckets.bidirectional {
+    "T5 relative bias (bidirectional)"
+} else {
+    "T5 relative bias (unidirectional)"
+});
 
 impl AttentionBias for T5Bias {
     fn num_heads(&self) -> usize {

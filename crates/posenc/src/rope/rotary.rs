@@ -2,7 +2,7 @@
 
 use super::config::RopeConfig;
 use super::frequencies::RopeFrequencies;
-use crate::encoding::{Hooks, PositionalEncoding, RotaryEncoding};
+use crate::encoding::{positional_encoding, Hooks, RotaryEncoding};
 use crate::error::{Error, Result};
 
 /// Rotary position embedding (Su et al. 2021, *RoFormer*), with any scaling.
@@ -83,18 +83,11 @@ impl Rope {
     }
 }
 
-impl PositionalEncoding for Rope {
-    fn name(&self) -> String {
-        format!(
-            "rope ({}, {})",
-            self.config.rope_type(),
-            self.config.layout().as_str()
-        )
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::QUERY_KEY
-    }
-}
+positional_encoding!(Rope, Hooks::QUERY_KEY, |s| format!(
+    "rope ({}, {})",
+    s.config.rope_type(),
+    s.config.layout().as_str()
+));
 
 impl RotaryEncoding for Rope {
     fn head_dim(&self) -> usize {

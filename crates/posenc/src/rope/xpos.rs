@@ -25,7 +25,7 @@
 //! keep positions within the attention window, as torchscale does.
 
 use super::frequencies::PairLayout;
-use crate::encoding::{Hooks, PositionalEncoding, RotaryEncoding};
+use crate::encoding::{positional_encoding, Hooks, RotaryEncoding};
 use crate::error::{check_dim, check_positive, Error, Result};
 
 /// xPos on `f64` head vectors.
@@ -173,14 +173,10 @@ impl XPos {
     }
 }
 
-impl PositionalEncoding for XPos {
-    fn name(&self) -> String {
-        format!("xpos ({})", self.layout.as_str())
-    }
-    fn hooks(&self) -> Hooks {
-        Hooks::QUERY_KEY
-    }
-}
+positional_encoding!(XPos, Hooks::QUERY_KEY, |s| format!(
+    "xpos ({})",
+    s.layout.as_str()
+));
 
 impl RotaryEncoding for XPos {
     fn head_dim(&self) -> usize {
