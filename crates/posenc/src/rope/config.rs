@@ -221,20 +221,18 @@ const MODEL_DEFAULT_HEAD_DIM: &[(&str, usize)] = &[
     ("llama4", 128),
 ];
 
-pub(crate) fn model_default_head_dim(model_type: &str) -> Option<usize> {
+/// The value `table` gives the base model of `model_type`, if any.
+fn model_default<T: Copy>(table: &[(&str, T)], model_type: &str) -> Option<T> {
     let m = base_model_type(model_type);
-    MODEL_DEFAULT_HEAD_DIM
-        .iter()
-        .find(|(n, _)| *n == m)
-        .map(|&(_, d)| d)
+    table.iter().find(|(n, _)| *n == m).map(|&(_, v)| v)
+}
+
+pub(crate) fn model_default_head_dim(model_type: &str) -> Option<usize> {
+    model_default(MODEL_DEFAULT_HEAD_DIM, model_type)
 }
 
 pub(crate) fn model_default_theta(model_type: &str) -> Option<f64> {
-    let m = base_model_type(model_type);
-    MODEL_DEFAULT_THETA
-        .iter()
-        .find(|(n, _)| *n == m)
-        .map(|&(_, t)| t)
+    model_default(MODEL_DEFAULT_THETA, model_type)
 }
 
 impl HfRopeConfig {
