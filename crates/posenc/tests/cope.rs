@@ -23,6 +23,15 @@ fn random_pair(cfg: CopeConfig, seed: u64, dtype: DType) -> (Cope, CopeBias) {
     (cope, module)
 }
 
+/// Deterministic queries `(B, H, T_q, D)` and keys `(B, H, T_k, D)` for
+/// `[B, H, T_q, T_k, D]`, of seeds `q_seed` and `k_seed` (scale 2).
+fn queries_keys([b, h, tq, tk, d]: [usize; 5], q_seed: f64, k_seed: f64) -> (Tensor, Tensor) {
+    (
+        det_tensor(&[b, h, tq, d], q_seed, 2.0),
+        det_tensor(&[b, h, tk, d], k_seed, 2.0),
+    )
+}
+
 fn rows(t: &Tensor) -> Vec<Vec<f64>> {
     t.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
 }
@@ -111,10 +120,8 @@ fn tensor_equals_plain_for_offsets() {
 
 #[test]
 fn tensor_equals_plain_for_per_row_ids() {
-    let cfg = CopeConfig::new(4, 6).unwrap();
-    let (cope, module) = random_pair(cfg, 9, DType::F64);
-    let q = det_tensor(&[2, 2, 3, 4], 0.2, 2.0);
-    let k = det_tensor(&[2, 2, 5, 4], 0.5, 2.0);
+    let (cope, module) = random_pair(CopeConfig::new(4, 6).unwrap(), 9, DType::F64);
+    let (q, k) = queries_keys([2, 2, 3, 5, 4], 0.2, 0.5);
     // Row 0: queries 2..5 against keys 0..5; row 1 left-padded: keys at
     // 0, 0, 1, 2, 3 and queries 1..4.
     let q_ids: Vec<i64> = vec![2, 3, 4, 1, 2, 3];
@@ -129,10 +136,8 @@ fn tensor_equals_plain_for_per_row_ids() {
 
 #[test]
 fn f32_module_is_close_to_plain() {
-    let cfg = CopeConfig::new(8, 16).unwrap();
-    let (cope, module) = random_pair(cfg, 4, DType::F32);
-    let q64 = det_tensor(&[1, 2, 33, 8], 0.3, 2.0);
-    let k64 = det_tensor(&[1, 2, 33, 8], 0.6, 2.0);
+    let (cope, module) = random_pair(CopeConfig::new(8, 16).unwrap(), 4, DType::F32);
+    let (q64, k64) = queries_keys([1, 2, 33, 33, 8], 0.3, 0.6);
     let q = q64.to_dtype(DType::F32).unwrap();
     let k = k64.to_dtype(DType::F32).unwrap();
     let bias = module.bias(&q, &k, 0.into(), 0.into()).unwrap();
@@ -241,10 +246,8 @@ fn unmasked_counts_to_the_end() {
 
 #[test]
 fn bias_from_gate_logits_equals_bias() {
-    let cfg = CopeConfig::new(4, 8).unwrap();
-    let (_, module) = random_pair(cfg, 5, DType::F64);
-    let q = det_tensor(&[2, 3, 6, 4], 0.3, 2.0);
-    let k = det_tensor(&[2, 3, 9, 4], 0.4, 2.0);
+    let (_, module) = random_pair(CopeConfig::new(4, 8).unwrap(), 5, DType::F64);
+    let (q, k) = queries_keys([2, 3, 6, 9, 4], 0.3, 0.4);
     let gl = (q.matmul(&k.t().unwrap()).unwrap() / 2.0).unwrap();
     let a = module.bias(&q, &k, 3.into(), 0.into()).unwrap();
     let b = module
@@ -327,22 +330,15 @@ fn shapes() {
 
 #[test]
 fn invalid_arguments_are_typed_errors() {
-    assert!(matches!(
-        CopeConfig::new(0, 4),
-        Err(Error::InvalidDimension { .. })
-    ));
-    assert!(matches!(
-        CopeConfig::new(4, 0),
-        Err(Error::InvalidDimension { .. })
-    ));
-    assert!(matches!(
-        CopeConfig::new(1 << 17, 4),
-        Err(Error::InvalidDimension { .. })
-    ));
-    assert!(matches!(
-        CopeConfig::new(1 << 16, 1 << 16),
-        Err(Error::InvalidDimension { .. })
-    ));
+    for (d, npos) in [(0, 4), (4, 0), (1 << 17, 4), (1 << 16, 1 << 16)] {
+        assert!(
+            matches!(
+                CopeConfig::new(d, npos),
+                Err(Error::InvalidDimension { .. })
+            ),
+            "d {d}, npos {npos}"
+        );
+    }
     let cfg = CopeConfig::new(2, 3).unwrap();
     assert!(matches!(
         Cope::from_table(cfg, vec![vec![0.0; 2]; 2]),
@@ -400,7 +396,7 @@ fn invalid_arguments_are_typed_errors() {
 /// and unmasked, with positions clamped at npos − 1.
 #[test]
 fn matches_pytorch_reference() {
-    use learned_common::{assert_close, json_flat, json_tensor, torch_fixture};
+    use learned_common::{assert_close, assert_grads, json_flat, json_tensor, torch_fixture};
     let fx = torch_fixture();
     for case in fx["cope"].as_array().unwrap() {
         let u = |k: &str| case[k].as_u64().unwrap() as usize;
@@ -452,16 +448,10 @@ fn matches_pytorch_reference() {
         let lw = json_tensor(&case["loss_weight"], &[b, h, t, t]);
         let grads = (bias * lw).unwrap().sum_all().unwrap().backward().unwrap();
         let gr = &case["grad"];
-        assert_close(
-            "grad q",
-            &flat(grads.get(&q).unwrap()),
-            &json_flat(&gr["q"]),
-            1e-10,
-        );
-        assert_close(
-            "grad k",
-            &flat(grads.get(&k).unwrap()),
-            &json_flat(&gr["k"]),
+        assert_grads(
+            &grads,
+            gr,
+            &[("q", q.as_tensor()), ("k", k.as_tensor())],
             1e-10,
         );
         let gt = grads.get(tv.as_tensor()).unwrap().t().unwrap();

@@ -444,7 +444,7 @@ fn invalid_arguments_are_typed_errors() {
 /// `logsigmoid` of the gate projection, `cumsum`, queries the last keys.
 #[test]
 fn matches_pytorch_reference() {
-    use learned_common::{assert_close, json_flat, json_tensor, torch_fixture};
+    use learned_common::{assert_close, assert_grads, json_flat, json_tensor, torch_fixture};
     let fx = torch_fixture();
     let f = &fx["forgetting"];
     let u = |k: &str| f[k].as_u64().unwrap() as usize;
@@ -490,23 +490,10 @@ fn matches_pytorch_reference() {
     assert_close("bias", &flat(&bias), &want_bias, 1e-12);
     let lw = json_tensor(&f["loss_weight"], &[b, h, t - p, t]);
     let grads = (bias * lw).unwrap().sum_all().unwrap().backward().unwrap();
-    let gr = &f["grad"];
-    assert_close(
-        "grad x",
-        &flat(grads.get(&x).unwrap()),
-        &json_flat(&gr["x"]),
-        1e-10,
-    );
-    assert_close(
-        "grad weight",
-        &flat(grads.get(wv.as_tensor()).unwrap()),
-        &json_flat(&gr["weight"]),
-        1e-10,
-    );
-    assert_close(
-        "grad bias",
-        &flat(grads.get(bv.as_tensor()).unwrap()),
-        &json_flat(&gr["bias_param"]),
-        1e-10,
-    );
+    let grad_of = [
+        ("x", x.as_tensor()),
+        ("weight", wv.as_tensor()),
+        ("bias_param", bv.as_tensor()),
+    ];
+    assert_grads(&grads, &f["grad"], &grad_of, 1e-10);
 }

@@ -59,25 +59,19 @@ fn position_past_the_table_is_an_error() {
 
 #[test]
 fn bad_input_is_a_typed_error() {
-    assert!(matches!(
-        LearnedTable::new(0, 4, 0),
-        Err(Error::InvalidDimension {
-            what: "max_positions",
-            ..
-        })
-    ));
-    assert!(matches!(
-        LearnedTable::new(4, 0, 0),
-        Err(Error::InvalidDimension { what: "dim", .. })
-    ));
-    assert!(matches!(
-        LearnedTable::from_rows(vec![]),
-        Err(Error::Shape { .. })
-    ));
-    assert!(matches!(
-        LearnedTable::from_rows(vec![vec![1.0], vec![1.0, 2.0]]),
-        Err(Error::Shape { .. })
-    ));
+    for (max_positions, dim, name) in [(0, 4, "max_positions"), (4, 0, "dim")] {
+        let err = LearnedTable::new(max_positions, dim, 0).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidDimension { what, .. } if what == name),
+            "{err}"
+        );
+    }
+    for rows in [vec![], vec![vec![1.0], vec![1.0, 2.0]]] {
+        assert!(matches!(
+            LearnedTable::from_rows(rows),
+            Err(Error::Shape { .. })
+        ));
+    }
     assert!(matches!(
         LearnedTable::from_rows(vec![vec![], vec![]]),
         Err(Error::InvalidDimension { .. })

@@ -108,3 +108,17 @@ pub fn assert_close(what: &str, a: &[f64], b: &[f64], tol: f64) {
         );
     }
 }
+
+/// Checks the gradient of each `(key, tensor)` in `grads` against the
+/// fixture's `want[key]` with [`assert_close`].
+pub fn assert_grads(
+    grads: &candle_core::backprop::GradStore,
+    want: &serde_json::Value,
+    tensors: &[(&str, &Tensor)],
+    tol: f64,
+) {
+    for (key, t) in tensors {
+        let got = flat(grads.get(t).unwrap());
+        assert_close(&format!("grad {key}"), &got, &json_flat(&want[*key]), tol);
+    }
+}
