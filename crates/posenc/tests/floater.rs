@@ -12,6 +12,9 @@ use posenc::absolute::{Floater, FloaterConfig, Integrator};
 use posenc::tensor::absolute::{FloaterEmbedding, Positions};
 use posenc::{AbsoluteEncoding, Error, Hooks, PositionalEncoding};
 
+mod common;
+use common::max_abs_diff;
+
 /// dy/dt = A y with A = diag(λ) has y(t) = y0 · exp(λ t).
 #[test]
 fn linear_field_matches_exponential() {
@@ -76,12 +79,7 @@ fn floater_euler_converges_to_rk4() {
         )
         .unwrap()
         .table_f64(20);
-        let e = euler
-            .iter()
-            .flatten()
-            .zip(fine.iter().flatten())
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
+        let e = max_abs_diff(&euler.concat(), &fine.concat());
         assert!(e < prev, "steps {steps}: {e} not below {prev}");
         prev = e;
         errors.push(e);
@@ -90,18 +88,18 @@ fn floater_euler_converges_to_rk4() {
     let ratio = errors[3] / errors[2];
     assert!((0.2..0.3).contains(&ratio), "euler error ratio {ratio}");
     assert!(prev < 2e-3, "euler with 1024 steps: {prev}");
-    let rk_diff = reference
-        .iter()
-        .flatten()
-        .zip(fine.iter().flatten())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
+    let rk_diff = max_abs_diff(&reference.concat(), &fine.concat());
     assert!(rk_diff < 1e-7, "rk4 8 vs 64 steps: {rk_diff}");
     // encode(p) integrates from 0 and agrees with the table.
     for p in [0u64, 1, 7, 19] {
         assert_eq!(rk4.encode(p).unwrap(), reference[p as usize]);
     }
     assert_eq!(rk4.hooks(), Hooks::INPUT);
+}
+
+/// `config` with each integrator.
+fn with_each_integrator(config: FloaterConfig) -> [FloaterConfig; 2] {
+    [Integrator::Euler, Integrator::Rk4].map(|i| config.with_integrator(i))
 }
 
 fn module(config: FloaterConfig, dtype: DType) -> (VarMap, FloaterEmbedding) {
@@ -113,10 +111,7 @@ fn module(config: FloaterConfig, dtype: DType) -> (VarMap, FloaterEmbedding) {
 
 #[test]
 fn candle_path_equals_f64_path() {
-    for integ in [Integrator::Euler, Integrator::Rk4] {
-        let config = FloaterConfig::new(5, 7)
-            .with_steps(3)
-            .with_integrator(integ);
+    for config in with_each_integrator(FloaterConfig::new(5, 7).with_steps(3)) {
         let (_vm, m) = module(config, DType::F64);
         let plain = m.to_plain().unwrap();
         let want = plain.table_f64(9);
@@ -136,10 +131,7 @@ fn candle_path_equals_f64_path() {
 
 #[test]
 fn gradients_reach_every_parameter() {
-    for integ in [Integrator::Euler, Integrator::Rk4] {
-        let config = FloaterConfig::new(4, 8)
-            .with_steps(2)
-            .with_integrator(integ);
+    for config in with_each_integrator(FloaterConfig::new(4, 8).with_steps(2)) {
         let (vm, m) = module(config, DType::F32);
         let x = Tensor::zeros((2, 6, 4), DType::F32, &Device::Cpu).unwrap();
         let y = m.forward(&x, Positions::Offset(1)).unwrap();

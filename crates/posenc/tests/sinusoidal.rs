@@ -9,21 +9,13 @@ use posenc::{AbsoluteEncoding, Error, Hooks, PositionalEncoding};
 use proptest::prelude::*;
 
 mod common;
-use common::runner;
+use common::{max_abs_diff, runner};
 use std::f64::consts::PI;
 
 fn apply(m: &[Vec<f64>], v: &[f64]) -> Vec<f64> {
     m.iter()
         .map(|row| row.iter().zip(v).map(|(a, b)| a * b).sum())
         .collect()
-}
-
-fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
 }
 
 #[test]
