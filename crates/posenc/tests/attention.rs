@@ -52,6 +52,16 @@ enum Kind {
     Cumulative,
 }
 
+/// One kind per hook: the cases run at the longer lengths.
+const ONE_PER_HOOK: [Kind; 6] = [
+    Kind::Nope,
+    Kind::Rope,
+    Kind::Alibi,
+    Kind::T5,
+    Kind::Shaw,
+    Kind::Cumulative,
+];
+
 const KINDS: [Kind; 10] = [
     Kind::Nope,
     Kind::Rope,
@@ -339,21 +349,30 @@ fn every_hook_matches_the_reference_causal_and_bidirectional() {
     }
 }
 
-#[test]
-fn edge_lengths_cross_the_tiles() {
-    for kind in [
-        Kind::Nope,
-        Kind::Rope,
-        Kind::T5,
-        Kind::Shaw,
-        Kind::Cumulative,
-    ] {
-        for t in [127, 128, 129] {
-            let c = one_batch(t, 1, 1, 4);
-            check(kind, &c, 3 + t as u64);
-            check(kind, &Case { causal: false, ..c }, 5 + t as u64);
+/// Every kind of [`ONE_PER_HOOK`] on `one_batch(t, hq, hk, d)` at each
+/// length `t`: causal with seed `causal_seed + t`, and bidirectional with
+/// seed `bidi_seed + t` at the lengths in `bidirectional_at`.
+fn check_lengths(
+    lengths: &[usize],
+    [hq, hk, d]: [usize; 3],
+    [causal_seed, bidi_seed]: [u64; 2],
+    bidirectional_at: &[usize],
+) {
+    for kind in ONE_PER_HOOK {
+        for &t in lengths {
+            let c = one_batch(t, hq, hk, d);
+            check(kind, &c, causal_seed + t as u64);
+            if bidirectional_at.contains(&t) {
+                check(kind, &Case { causal: false, ..c }, bidi_seed + t as u64);
+            }
         }
     }
+}
+
+#[test]
+fn edge_lengths_cross_the_tiles() {
+    let lengths = [127, 128, 129];
+    check_lengths(&lengths, [1, 1, 4], [3, 5], &lengths);
 }
 
 /// Past 1,024 keys the forward pass takes its long-sequence tiles (256 keys,
@@ -361,22 +380,7 @@ fn edge_lengths_cross_the_tiles() {
 /// heads, every hook, causal and bidirectional, across the switch.
 #[test]
 fn long_sequence_tiles_match_the_reference() {
-    for kind in [
-        Kind::Nope,
-        Kind::Rope,
-        Kind::Alibi,
-        Kind::T5,
-        Kind::Shaw,
-        Kind::Cumulative,
-    ] {
-        for t in [1024, 1025, 1300] {
-            let c = one_batch(t, 2, 1, 8);
-            check(kind, &c, 70 + t as u64);
-            if t == 1300 {
-                check(kind, &Case { causal: false, ..c }, 71 + t as u64);
-            }
-        }
-    }
+    check_lengths(&[1024, 1025, 1300], [2, 1, 8], [70, 71], &[1300]);
 }
 
 /// With bfloat16 products (long tiles only, forward only) the outputs stay

@@ -55,44 +55,39 @@ fn load(name: &str) -> (ModelRope, Value) {
     (m, exp)
 }
 
+/// A JSON array as a vector of `T` (numbers, or arrays of numbers).
+fn list<T: serde::de::DeserializeOwned>(v: &Value) -> Vec<T> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
 fn f64s(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
+    list(v)
 }
 
 fn u64s(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap())
-        .collect()
-}
-
-fn rows(v: &Value) -> Vec<Vec<f64>> {
-    v.as_array().unwrap().iter().map(f64s).collect()
+    list(v)
 }
 
 /// Checks the tables of `theirs` (transformers' frequencies and axes) and
 /// `ours` at `positions` (row-major, `axes` values per row) against the f64
-/// reference rows. Returns the largest error of `theirs`.
+/// reference rows `expected["cos_f64"]` and `expected["sin_f64"]`. Returns
+/// the largest error of `theirs`.
 fn check_tables(
     ctx: &str,
     theirs: &AxialFrequencies,
     ours: &AxialFrequencies,
     positions: &[u64],
-    cos_ref: &[Vec<f64>],
-    sin_ref: &[Vec<f64>],
+    expected: &Value,
 ) -> f64 {
+    let cos_ref: Vec<Vec<f64>> = list(&expected["cos_f64"]);
+    let sin_ref: Vec<Vec<f64>> = list(&expected["sin_f64"]);
     let n = theirs.num_freqs();
     let na = theirs.num_axes();
     let (c, s) = theirs.cos_sin_table(positions).unwrap();
     let (oc, os) = ours.cos_sin_table(positions).unwrap();
     let mut worst = 0.0f64;
     assert_eq!(cos_ref.len() * na, positions.len(), "{ctx}: rows");
-    for (r, (cr, sr)) in cos_ref.iter().zip(sin_ref).enumerate() {
+    for (r, (cr, sr)) in cos_ref.iter().zip(&sin_ref).enumerate() {
         assert_eq!(cr.len(), n, "{ctx}: table width");
         let pos = &positions[r * na..(r + 1) * na];
         for j in 0..n {
@@ -185,14 +180,7 @@ fn check_layers(name: &str, m: &ModelRope, exp: &Value) {
         )
         .unwrap();
         let ours = AxialFrequencies::from_frequencies(&f, vec![0; n], 1).unwrap();
-        check_tables(
-            &ctx,
-            &theirs,
-            &ours,
-            &u64s(&e["positions"]),
-            &rows(&e["cos_f64"]),
-            &rows(&e["sin_f64"]),
-        );
+        check_tables(&ctx, &theirs, &ours, &u64s(&e["positions"]), e);
     }
 }
 
@@ -281,14 +269,7 @@ fn check_mrope(name: &str, m: &ModelRope, exp: &Value) {
         .iter()
         .flat_map(u64s)
         .collect();
-    let w = check_tables(
-        &format!("{name} M-RoPE"),
-        &theirs,
-        &ours,
-        &pos,
-        &rows(&e["cos_f64"]),
-        &rows(&e["sin_f64"]),
-    );
+    let w = check_tables(&format!("{name} M-RoPE"), &theirs, &ours, &pos, e);
     println!("{name}: M-RoPE table worst {w:.2e}");
 }
 
@@ -365,14 +346,7 @@ fn check_vision(name: &str, exp: &Value) {
     )
     .unwrap();
     let flat: Vec<u64> = want_pos.iter().flat_map(|p| p.iter().copied()).collect();
-    let w = check_tables(
-        &format!("{name} vision"),
-        &theirs,
-        &ours,
-        &flat,
-        &rows(&v["cos_f64"]),
-        &rows(&v["sin_f64"]),
-    );
+    let w = check_tables(&format!("{name} vision"), &theirs, &ours, &flat, v);
     println!("{name}: vision ({}) table worst {w:.2e}", kind.as_str());
 }
 
