@@ -217,6 +217,81 @@ def test_attention_torch_path_blocks_equal_one_block():
     close(a, b, rel=1e-6)
 
 
+
+def method_ref(q, k, v, rope, softcap=None):
+    """A method in float64 written out: each range's queries and keys
+    rotated by posenc's plan tables, every logit of the (T, S) matrix, one
+    softmax (a query seeing no key gives 0)."""
+    b, h, t, d = q.shape
+    s = k.shape[2]
+    views, qscale, logit_scale = rope._method_plan(t, s)
+    g = h // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
+    q = q * torch.from_numpy(qscale).double()[None, None, :, None]
+    lg = torch.full((b, h, t, s), float("-inf"), dtype=torch.float64)
+    kidx = torch.arange(s)
+    for qc, qs, kc, ks, lo, hi in views:
+        d64 = lambda a: torch.from_numpy(a).double()  # noqa: E731
+        x = pt.rotate(q, d64(qc), d64(qs), rope.layout) @ pt.rotate(k, d64(kc), d64(ks), rope.layout).transpose(-1, -2)
+        x = x * logit_scale / math.sqrt(d)
+        if softcap is not None:
+            x = torch.tanh(x / softcap) * softcap
+        inside = (kidx[None, :] >= torch.from_numpy(lo)[:, None]) & (kidx[None, :] < torch.from_numpy(hi)[:, None])
+        lg = torch.where(inside, x, lg)
+    return torch.nan_to_num(torch.softmax(lg, -1), nan=0.0) @ v
+
+
+@pytest.mark.parametrize("spec", ["self-extend:4:8", "rerope:8", "leaky-rerope:8:2", "dca:12:4", "sinks:2:10",
+                                  "self-extend:2:8+yarn:2"])
+@pytest.mark.parametrize("t,s", [(50, 50), (9, 50), (1, 50)])
+def test_method_torch_path_key_chunks_equal_one_softmax(spec, t, s):
+    """The torch path's flash attention (query blocks by key chunks, merged
+    by a running log-sum-exp) equals one softmax over the whole logits
+    matrix, for blocks and chunks that cut every range (and a chunk of one
+    key), prefill and the last queries of a cache, with Gemma 2's
+    soft-capping; the float64 gradient too."""
+    rope = base_rope(mpe=16).with_scaling(spec)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 6, t, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, s, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    for block, chunk in [(5, 7), (3, 1), (64, 64)]:
+        for cap in (None, 2.0):
+            with torch.no_grad():
+                got = pt._torch_method_attention(q, k, v, rope, block=block, chunk=chunk, softcap=cap)
+            assert (got - method_ref(q, k, v, rope, cap)).abs().max().item() < 1e-12
+    qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+    got = pt._torch_method_attention(qg, kg, vg, rope, block=4, chunk=6)
+    want = method_ref(qg, kg, vg, rope)
+    for a, b in zip(grads(got, (qg, kg, vg)), grads(want, (qg, kg, vg))):
+        assert (a - b).abs().max().item() < 1e-10
+
+
+def test_method_torch_path_never_holds_the_logits_matrix():
+    """Every tensor the torch path's method attention creates is at most
+    the size of its inputs or of one block by one chunk: nothing of size
+    T × S per head (the logits matrix), however long the input."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        most = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(o, torch.Tensor):
+                    Largest.most = max(Largest.most, o.numel())
+            return out
+
+    rope = base_rope(dim=8, mpe=16).with_scaling("self-extend:4:32")
+    t, h, d = 768, 4, 8
+    q = torch.randn(1, h, t, d)
+    k, v = torch.randn(1, 2, t, d), torch.randn(1, 2, t, d)
+    with torch.no_grad(), Largest():
+        out = pt._torch_method_attention(q, k, v, rope, block=32, chunk=64)
+    assert Largest.most <= max(q.numel(), h * 32 * 64)
+    assert Largest.most * 16 < h * t * t  # the logits matrix would be 2,359,296 floats
+    assert (out - method_ref(q, k, v, rope).float()).abs().max().item() < 1e-5
+
 METHODS = load(METHOD_FIXTURES / "attention.json")
 
 

@@ -186,49 +186,25 @@ def _unrotate(x: torch.Tensor, tables, lo: int, hi: int, layout: str, work) -> t
     return _pt.rotate(x.to(work), ct[lo:hi].unsqueeze(0), st[lo:hi].unsqueeze(0), layout)
 
 
-def _softcap_method_attention(q, k, v, rope: RopeConfig, softcap: float):
-    """posenc.torch's method path (its ranges from ``rope._method_plan``)
-    with Gemma 2's logit soft-capping before the one softmax."""
-    b, h, t, d = q.shape
-    hk, s = k.shape[1], k.shape[2]
-    views, qscale, logit_scale = rope._method_plan(t, s)
-    dev, work = q.device, q.dtype
-    scale = logit_scale / (d**0.5)
-    q = q * torch.from_numpy(qscale).to(dev, work)[None, None, :, None]
-    if h // hk > 1:
-        k = k.repeat_interleave(h // hk, dim=1)
-        v = v.repeat_interleave(h // hk, dim=1)
-    kidx = torch.arange(s, device=dev)
-    logits = torch.full((b, h, t, s), float("-inf"), dtype=work, device=dev)
-    for qc, qs, kc, ks, lo, hi in views:
-        tt = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
-        qr = _pt.rotate(q, tt(qc), tt(qs), rope.layout)
-        kr = _pt.rotate(k, tt(kc), tt(ks), rope.layout)
-        lv = torch.matmul(qr, kr.transpose(-1, -2)) * scale
-        lv = torch.tanh(lv / softcap) * softcap
-        inside = (kidx[None, :] >= tt(lo)[:, None]) & (kidx[None, :] < tt(hi)[:, None])
-        logits = torch.where(inside, lv, logits)
-    p = torch.nan_to_num(torch.softmax(logits, dim=-1), nan=0.0)
-    return torch.matmul(p, v)
+#: Bytes of one step's logits on the PyTorch path (all heads of a batch,
+#: a query block by posenc.torch's ``KEY_CHUNK`` keys): the block's rows
+#: shrink with the heads, so that a step's working set stays a few tens of
+#: MB whatever the model and the length (256 rows for 9 heads, float32).
+BLOCK_BYTES = 9 << 20
 
 
-#: Bytes of one query block's logits on the PyTorch path (all heads of a
-#: batch): the block shrinks with the keys so that a long input's working
-#: set stays near the model's own (posenc.torch's 1,024-row blocks hold
-#: 1,024 × S logits per head, 0.6 GB for 9 heads at S = 16,384).
-BLOCK_BYTES = 32 << 20
-
-
-def _method_attention(q, k, v, rope: RopeConfig, backend):
+def _method_attention(q, k, v, rope: RopeConfig, backend, softcap: Optional[float] = None):
     """posenc.torch's method attention: the fused kernels where they serve
-    (CPU float32/bfloat16, not forced off), else its PyTorch path in query
-    blocks of at most ``BLOCK_BYTES`` of logits."""
-    if not _pt._forced_torch(backend) and _pt.fused_available(q, k, v):
+    (CPU float32/bfloat16, not forced off, no soft-capping), else its
+    PyTorch path (flash attention over key chunks, memory linear in the
+    length) in query blocks of at most ``BLOCK_BYTES`` of logits per step,
+    with Gemma 2's soft-capping where ``softcap`` is given."""
+    if softcap is None and not _pt._forced_torch(backend) and _pt.fused_available(q, k, v):
         return _pt.attention(q, k, v, rope=rope, backend=backend)
     b, h, _, _ = q.shape
-    per_row = b * h * k.shape[2] * q.element_size()
+    per_row = b * h * min(_pt.KEY_CHUNK, k.shape[2]) * q.element_size()
     block = int(max(16, min(_pt.QUERY_BLOCK, BLOCK_BYTES // max(per_row, 1))))
-    return _pt._torch_method_attention(q, k, v, rope, block=block)
+    return _pt._torch_method_attention(q, k, v, rope, block=block, softcap=softcap)
 
 
 def _make_attention(st: Dict[str, Any]):
@@ -265,12 +241,11 @@ def _make_attention(st: Dict[str, Any]):
         k = _unrotate(key, inv, 0, s, table.layout, work)
         v = value.to(work)
         sc = module.scaling if scaling is None else scaling
-        q = q * (sc * d**0.5)  # the model's logit scale, through posenc's 1/sqrt(D)
+        factor = sc * d**0.5  # the model's logit scale, through posenc's 1/sqrt(D)
+        if factor != 1.0:  # 1 for the usual 1/sqrt(D) (x * 1.0 is x: no copy for nothing)
+            q = q * factor
         softcap = kwargs.get("softcap")
-        if softcap is not None:
-            out = _softcap_method_attention(q, k, v, method_rope, float(softcap))
-        else:
-            out = _method_attention(q, k, v, method_rope, backend)
+        out = _method_attention(q, k, v, method_rope, backend, None if softcap is None else float(softcap))
         return out.transpose(1, 2).contiguous().to(query.dtype), None
 
     return posenc_attention

@@ -51,6 +51,12 @@ __all__ = ["apply_rope", "attention", "rotate", "fused_available"]
 #: Query rows per block of the torch path's attention.
 QUERY_BLOCK = 1024
 
+#: Query rows per block and keys per chunk of the torch path's method
+#: attention: one step holds ``(B, H, METHOD_BLOCK, KEY_CHUNK)`` logits
+#: (9.4 MB in float32 for 9 heads), whatever the length.
+METHOD_BLOCK = 256
+KEY_CHUNK = 1024
+
 #: When a list, every fused call appends the data pointers of the buffers
 #: it hands to the kernels (a test checks they are the tensors' own).
 _TRACE: Optional[list] = None
@@ -307,10 +313,22 @@ def _torch_attention(
     return torch.cat(outs, dim=2)
 
 
-def _torch_method_attention(q, k, v, rope, block=QUERY_BLOCK):
+def _torch_method_attention(q, k, v, rope, block=METHOD_BLOCK, chunk=KEY_CHUNK, softcap=None):
     """A training-free method on the torch path: in each of its ranges,
     queries and keys rotated by posenc's tables for that range; one softmax
-    over all ranges; keys outside every range hidden."""
+    over all ranges (keys outside every range hidden), computed as a
+    flash attention in plain PyTorch, so its memory is linear in ``T``.
+
+    Queries run in blocks of ``block`` rows, keys in chunks of ``chunk``:
+    a step holds ``(B, H, block, chunk)`` logits, and the chunks' softmax
+    sums are merged by a running maximum (the log-sum-exp merge), so no
+    ``T × S`` matrix is ever built. Only the chunks a block's ranges reach
+    are computed (a causal method skips the keys past each block), and a
+    mask is built only where a chunk is not wholly inside a range. The
+    keys are rotated once per range at their own ``H_kv`` heads; grouped
+    queries share them without a copy (``(B, H_kv, G·block, D)`` rows).
+    ``softcap``: Gemma 2's ``cap · tanh(logit / cap)`` on each logit
+    before the softmax. Differentiable in ``q``, ``k``, ``v``."""
     b, h, t, d = q.shape
     hk, s = k.shape[1], k.shape[2]
     g = h // hk
@@ -318,30 +336,88 @@ def _torch_method_attention(q, k, v, rope, block=QUERY_BLOCK):
     views, qscale, logit_scale = rope._method_plan(t, s)
     dev = q.device
     scale = logit_scale / (d**0.5)
-    q = q.to(work) * torch.from_numpy(qscale).to(dev, work)[None, None, :, None]
-    k, v = k.to(work), v.to(work)
-    if g > 1:
-        k = k.repeat_interleave(g, dim=1)
-        v = v.repeat_interleave(g, dim=1)
-    rotated = []
+    layout = rope.layout
+    q, k, v = q.to(work), k.to(work), v.to(work)
+    on = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
+    qscale_t = None if bool((qscale == 1.0).all()) else on(qscale).to(work)
+    ranges = []
     for qc, qs, kc, ks, lo, hi in views:
-        t_ = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
-        qr = rotate(q, t_(qc), t_(qs), rope.layout)
-        kr = rotate(k, t_(kc), t_(ks), rope.layout)
-        rotated.append((qr, kr, t_(lo), t_(hi)))
+        kr = rotate(k, on(kc), on(ks), layout)  # (B, H_kv, S, D), once per range
+        ranges.append((on(qc), on(qs), kr, lo, hi, on(lo), on(hi)))
     kidx = torch.arange(s, device=dev)
+    neg = torch.finfo(work).min
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    inplace = not grad  # without autograd, each step's logits are reused in place
+    out = None if grad else torch.empty((b, hk, g, t, d), dtype=work, device=dev)
     outs = []
     for a in range(0, t, block):
         z = min(t, a + block)
-        logits = torch.full((b, h, z - a, s), float("-inf"), dtype=work, device=dev)
-        for qr, kr, lo, hi in rotated:
-            inside = (kidx[None, :] >= lo[a:z, None]) & (kidx[None, :] < hi[a:z, None])
-            lv = torch.matmul(qr[:, :, a:z], kr.transpose(-1, -2)) * scale
-            logits = torch.where(inside, lv, logits)
-        p = torch.softmax(logits, dim=-1)
-        p = torch.nan_to_num(p, nan=0.0)
-        outs.append(torch.matmul(p, v))
-    return torch.cat(outs, dim=2)
+        n = z - a
+        qb = q[:, :, a:z]
+        if qscale_t is not None:
+            qb = qb * qscale_t[a:z, None]
+        steps = []  # per range: rotated, scaled queries (B, H_kv, G·n, D), keys, lo, hi, key span
+        for qc, qs, kr, lo, hi, lo_t, hi_t in ranges:
+            lo_b, hi_b = lo[a:z], hi[a:z]
+            seen = hi_b > lo_b
+            if not seen.any():
+                continue
+            qr = rotate(qb, qc[:, a:z], qs[:, a:z], layout) * scale
+            steps.append((qr.reshape(b, hk, g * n, d), kr, int(lo_b.max()), int(hi_b.min()),
+                          lo_t[a:z, None], hi_t[a:z, None], int(lo_b[seen].min()), int(hi_b[seen].max())))
+        m = l = acc = None
+        k_lo = min((st[6] for st in steps), default=0)
+        k_hi = max((st[7] for st in steps), default=0)
+        for c0 in range(k_lo, k_hi, chunk):
+            c1 = min(k_hi, c0 + chunk)
+            logits = None
+            for qr, kr, lo_max, hi_min, lo_t, hi_t, r_lo, r_hi in steps:
+                if r_hi <= c0 or r_lo >= c1:
+                    continue
+                lv = torch.matmul(qr, kr[:, :, c0:c1].transpose(-1, -2))
+                if softcap is not None:
+                    lv = lv.div_(softcap).tanh_().mul_(softcap) if inplace else torch.tanh(lv / softcap) * softcap
+                if lo_max <= c0 and hi_min >= c1:
+                    logits = lv  # the whole chunk inside this range for every query of the block
+                    continue
+                ki = kidx[c0:c1][None, :]
+                outside = (ki < lo_t) | (ki >= hi_t)  # (n, chunk); the G heads of a key head share it
+                lv5 = lv.view(b, hk, g, n, c1 - c0)
+                if logits is None:
+                    lv5 = lv5.masked_fill_(outside, float("-inf")) if inplace else lv5.masked_fill(outside, float("-inf"))
+                else:
+                    lv5 = torch.where(outside, logits.view(b, hk, g, n, c1 - c0), lv5)
+                logits = lv5.view(b, hk, g * n, c1 - c0)
+            if logits is None:
+                continue
+            top = logits.detach().amax(dim=-1, keepdim=True)  # a stabiliser: the result does not depend on it
+            m_new = top if m is None else torch.maximum(m, top)
+            m_safe = m_new.clamp(min=neg)  # a row with no key yet: exp(-inf) = 0 everywhere
+            p = logits.sub_(m_safe).exp_() if inplace else torch.exp(logits - m_safe)
+            pv = torch.matmul(p, v[:, :, c0:c1])
+            if m is None:
+                l, acc = p.sum(dim=-1, keepdim=True), pv
+            else:
+                alpha = torch.exp(m - m_safe)
+                if inplace:
+                    l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+                    acc.mul_(alpha).add_(pv)
+                else:
+                    l = l * alpha + p.sum(dim=-1, keepdim=True)
+                    acc = acc * alpha + pv
+            m = m_new
+        if acc is None:  # no query of the block sees a key
+            ob = q.new_zeros((b, hk, g * n, d))
+        else:
+            ob = acc / torch.where(l > 0, l, torch.ones_like(l))  # a query seeing no key gives 0
+        ob = ob.view(b, hk, g, n, d)
+        if out is None:
+            outs.append(ob)
+        else:
+            out[:, :, :, a:z] = ob
+    if out is None:
+        out = torch.cat(outs, dim=3)
+    return out.reshape(b, h, t, d)
 
 
 def _attention_kernel(q, k, v, causal, scale, rope, slopes, offset, ids):
