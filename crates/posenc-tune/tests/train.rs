@@ -234,3 +234,82 @@ fn tiny_sources() -> Sources {
         ..Default::default()
     }
 }
+
+/// An order-sensitive digest of every gradient's bits.
+fn digest(grads: &[Option<candle_core::Tensor>]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for g in grads.iter().flatten() {
+        for v in g.flatten_all().unwrap().to_vec1::<f32>().unwrap() {
+            h = (h ^ u64::from(v.to_bits())).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The first steps of a fine-tune and the loss and gradients of the fused
+/// and the reference paths, with and without checkpointing, to the bit: the
+/// values the code gave when they were recorded (a refactoring that changes
+/// one of them changed the arithmetic).
+#[test]
+fn the_first_steps_are_the_recorded_ones() {
+    let base = tiny();
+    let mut ft = Finetune::new(&base, text(2000), config(3), tiny_sources()).unwrap();
+    ft.run(&RunOptions::default()).unwrap();
+    let steps = losses(&ft);
+    let lora = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.1,
+        targets: Target::ALL.to_vec(),
+    };
+    let trainable = Trainable {
+        embed: true,
+        norm: true,
+    };
+    let mut model = posenc_tune::TrainableDecoder::new(&base, lora, trainable, 5).unwrap();
+    let tokens: Vec<u32> = text(100).tokens()[..40].to_vec();
+    let positions: Vec<u32> = (0..40).map(|i| 3 * i).collect();
+    let mut paths = Vec::new();
+    for reference in [false, true] {
+        model.set_reference(reference);
+        for checkpoint in [false, true] {
+            model.reseed_dropout(9);
+            let (loss, grads) = model
+                .loss_and_gradients(&tokens, &positions, checkpoint)
+                .unwrap();
+            paths.push((loss.to_bits(), digest(&grads)));
+        }
+    }
+    if std::env::var_os("POSENC_PRINT_PINNED").is_some() {
+        println!("steps: {steps:?}\npaths: {paths:?}");
+    }
+    assert_eq!(steps, PINNED_STEPS);
+    assert_eq!(paths, PINNED_PATHS);
+}
+
+/// Step, loss, learning rate and gradient norm (bits) of `config(3)`'s
+/// steps, recorded from the code of 23ee5d2.
+const PINNED_STEPS: [(usize, u64, u64, u64); 3] = [
+    (1, 4617945644424757248, 0, 4609524158474135381),
+    (
+        2,
+        4617921148347219968,
+        4567911030049346683,
+        4609254687597659006,
+    ),
+    (
+        3,
+        4617932207351136256,
+        4572414629676717179,
+        4610384666511005437,
+    ),
+];
+/// Loss bits and gradient digest of the fused path (without, with
+/// checkpointing) and the reference path (likewise), recorded from the
+/// code of 23ee5d2.
+const PINNED_PATHS: [(u64, u64); 4] = [
+    (4617935073973370880, 2592585422839597886),
+    (4617935073973370880, 2592585422839597886),
+    (4617935074510241792, 6578302933451725905),
+    (4617935074510241792, 6578302933451725905),
+];
