@@ -86,6 +86,18 @@ pub enum ModelError {
 /// `general.architecture`).
 pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2"];
 
+/// The shared ops' errors (posenc-nn: RMSNorm, SwiGLU, cross-entropy on
+/// candle tensors) as this crate's own variants.
+impl From<posenc_nn::NnError> for ModelError {
+    fn from(e: posenc_nn::NnError) -> Self {
+        match e {
+            posenc_nn::NnError::Invalid(m) => ModelError::Invalid(m),
+            posenc_nn::NnError::Posenc(e) => ModelError::Posenc(e),
+            posenc_nn::NnError::Candle(e) => ModelError::Candle(e),
+        }
+    }
+}
+
 impl ModelError {
     pub(crate) fn bad_file(path: &std::path::Path, reason: impl Into<String>) -> Self {
         ModelError::BadFile {

@@ -7,12 +7,17 @@
 //! is one [`Backend`] value, chosen once per model
 //! ([`crate::llama::Decoder::set_reference`]) and handed to every layer: the
 //! choice is made here, in the backend's few methods, never inside a
-//! model's forward.
+//! model's forward. The fine-tuner's differentiable forward (posenc-tune,
+//! on candle tensors) takes the same value for its rotation, attention,
+//! RMSNorm, SwiGLU and cross-entropy ([`Backend::rope`] and the methods
+//! after it).
 
 use candle_core::{Device, Tensor};
 use posenc::kernels::matmul::MatmulPolicy;
 use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
 use posenc::tensor::extend::MethodAttention;
+use posenc::tensor::rope::Rope;
+use posenc::tensor::Positions;
 use rayon::prelude::*;
 
 use crate::error::Result;
@@ -122,6 +127,65 @@ impl Backend {
             Backend::Fused => method.forward(q, k, v)?,
             Backend::Reference => method.forward_reference(q, k, v)?,
         })
+    }
+
+    /// Whether this is [`Backend::Fused`] (the shared ops of posenc-nn
+    /// take it as their `fused` flag).
+    pub fn is_fused(self) -> bool {
+        self == Backend::Fused
+    }
+
+    /// `rope` on queries and keys `(B, T, H, Dh)` at `positions`, as candle
+    /// tensors (differentiable): the fused rotation or its composed
+    /// reference.
+    ///
+    /// # Errors
+    /// posenc's.
+    pub fn rope(
+        self,
+        rope: &Rope,
+        q: &Tensor,
+        k: &Tensor,
+        positions: Positions<'_>,
+    ) -> Result<(Tensor, Tensor)> {
+        Ok(match self {
+            Backend::Fused => rope.apply(q, k, positions)?,
+            Backend::Reference => rope.apply_reference(q, k, positions)?,
+        })
+    }
+
+    /// RMSNorm of `x` over its last axis, times `weight`, as a candle
+    /// tensor (differentiable; [`posenc_nn::ops::rms_norm`]).
+    ///
+    /// # Errors
+    /// posenc-nn's.
+    pub fn rms_norm(self, x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+        Ok(posenc_nn::ops::rms_norm(x, weight, eps, self.is_fused())?)
+    }
+
+    /// `silu(gate) ⊙ up`, as a candle tensor (differentiable;
+    /// [`posenc_nn::ops::swiglu`]).
+    ///
+    /// # Errors
+    /// posenc-nn's.
+    pub fn swiglu(self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        Ok(posenc_nn::ops::swiglu(gate, up, self.is_fused())?)
+    }
+
+    /// The mean of `−log softmax(logits[c])[targets[c]]` over the rows of
+    /// `logits` `(C, V)`, one target each (differentiable;
+    /// [`posenc_nn::ops::cross_entropy`]).
+    ///
+    /// # Errors
+    /// posenc-nn's.
+    pub fn cross_entropy(self, logits: &Tensor, targets: &[u32]) -> Result<Tensor> {
+        let targets = Tensor::from_slice(targets, targets.len(), logits.device())?;
+        Ok(posenc_nn::ops::cross_entropy(
+            logits,
+            &targets,
+            -1,
+            self.is_fused(),
+        )?)
     }
 }
 

@@ -25,10 +25,12 @@
 //! posenc's fused [`Attention::forward`], whose backward recomputes the
 //! probabilities from the saved log-sum-exp and handles grouped-query heads;
 //! RMSNorm, SwiGLU's gate and the cross-entropy are the shared fused ops
-//! ([`posenc_nn::ops`]); [`TrainableDecoder::set_reference`] swaps all of
-//! them for their composed candle reference paths. Position ids are
-//! explicit, one per token, so a window may skip positions (PoSE); the
-//! causal mask follows the order of the tokens, not their ids.
+//! ([`posenc_nn::ops`]). Which of them run, the fused ops or their
+//! composed candle references, is one [`Backend`] value (the decoder's own
+//! switch, [`posenc_models::layers`]), chosen by
+//! [`TrainableDecoder::set_reference`]; the forward only calls it.
+//! Position ids are explicit, one per token, so a window may skip positions
+//! (PoSE); the causal mask follows the order of the tokens, not their ids.
 
 use std::sync::Mutex;
 
@@ -37,6 +39,7 @@ use candle_core::{Device, Tensor, Var};
 use posenc::tensor::attention::{Attention, AttentionHooks, AttnPositions};
 use posenc::tensor::rope::{HeadLayout, Rope};
 use posenc::tensor::Positions;
+use posenc_models::layers::Backend;
 use posenc_models::llama::NamedWeight;
 use posenc_models::{Decoder, DecoderConfig, Scaling};
 use rand::rngs::StdRng;
@@ -143,7 +146,8 @@ pub struct TrainableDecoder {
     lm_head: Option<Tensor>,
     rope: Rope,
     scaling: String,
-    reference: bool,
+    /// The fused ops or their composed references.
+    backend: Backend,
     training: bool,
     /// Dropout masks.
     rng: Mutex<StdRng>,
@@ -278,7 +282,7 @@ impl TrainableDecoder {
             lm_head,
             rope,
             scaling: "model".into(),
-            reference: false,
+            backend: Backend::Fused,
             training: true,
             rng: Mutex::new(StdRng::seed_from_u64(seed ^ DROPOUT_STREAM)),
             params,
@@ -373,10 +377,15 @@ impl TrainableDecoder {
 
     /// Runs the composed reference paths of the rotation and the attention
     /// ([`Rope::apply_reference`], [`Attention::forward_reference`]: the
-    /// whole `T × T` logits, differentiated by candle) instead of the fused
-    /// kernels.
+    /// whole `T × T` logits, differentiated by candle), of RMSNorm, SwiGLU
+    /// and the cross-entropy instead of the fused kernels
+    /// ([`Backend::Reference`]; `false`: [`Backend::Fused`]).
     pub fn set_reference(&mut self, on: bool) {
-        self.reference = on;
+        self.backend = if on {
+            Backend::Reference
+        } else {
+            Backend::Fused
+        };
     }
 
     /// The final hidden states `(T, D)` (after the last RMSNorm) of
@@ -417,7 +426,7 @@ impl TrainableDecoder {
     pub fn loss(&self, tokens: &[u32], positions: &[u32]) -> Result<Tensor> {
         check_loss_tokens(tokens)?;
         let logits = self.logits(tokens, positions)?;
-        next_token_loss(&logits, tokens, !self.reference)
+        next_token_loss(&logits, tokens, self.backend)
     }
 
     /// The gradient of `loss` (a scalar computed by this model) for every
@@ -515,7 +524,7 @@ impl TrainableDecoder {
             let hc = h_var.as_tensor().narrow(0, start, rows)?; // (C, D)
             let logits = self.head(&hc)?; // (C, V)
             let targets = &tokens[start + 1..start + 1 + rows];
-            let mean = mean_token_loss(&logits, targets, !self.reference)?; // scalar
+            let mean = self.backend.cross_entropy(&logits, targets)?; // scalar
             loss_sum += mean.to_scalar::<f32>()? as f64 * rows as f64;
             let store = mean.affine(rows as f64 / n as f64, 0.0)?.backward()?;
             add(&store)?;
@@ -596,48 +605,44 @@ impl TrainableDecoder {
 
     /// One decoder layer on `x` `(T, D)`, queries and keys at `pos` `(1, T)`.
     fn layer(&self, l: &Layer, x: &Tensor, pos: &Tensor) -> Result<Tensor> {
+        let x = (x + self.attention(l, x, pos)?)?; // (T, D)
+        Ok((&x + self.mlp(l, &x)?)?) // (T, D)
+    }
+
+    /// The attention block's output `a·W_oᵀ` `(T, D)` on the residual
+    /// stream `x` `(T, D)`, queries and keys at `pos` `(1, T)`.
+    fn attention(&self, l: &Layer, x: &Tensor, pos: &Tensor) -> Result<Tensor> {
         let cfg = &self.cfg;
         let (t, _) = x.dims2()?;
         let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        // Attention block.
         let h = self.rms_norm(x, l.attn_norm.tensor())?; // (T, D)
         let q = self.linear(&l.q, &h)?.reshape((1, t, hq, dh))?; // (1, T, H_q, Dh)
         let k = self.linear(&l.k, &h)?.reshape((1, t, hk, dh))?; // (1, T, H_k, Dh)
         let v = self.linear(&l.v, &h)?.reshape((1, t, hk, dh))?; // (1, T, H_k, Dh)
-        let at = Positions::Ids(pos);
-        let (q, k) = if self.reference {
-            self.rope.apply_reference(&q, &k, at)?
-        } else {
-            self.rope.apply(&q, &k, at)?
-        }; // rotated, shapes unchanged
+        let (q, k) = self.backend.rope(&self.rope, &q, &k, Positions::Ids(pos))?; // rotated
         let attn = Attention::new(true).with_layout(HeadLayout::Bthd);
         let no_hooks = AttentionHooks::default();
         let whole = AttnPositions::default(); // positions only matter to hooks
-        let a = if self.reference {
-            attn.forward_reference(&q, &k, &v, &no_hooks, whole)?
-        } else {
-            attn.forward(&q, &k, &v, &no_hooks, whole)?
-        }; // (1, T, H_q, Dh)
-        let a = a.reshape((t, hq * dh))?; // (T, H_q·Dh)
-        let x = (x + self.linear(&l.o, &a)?)?; // (T, D)
-                                               // Feed-forward block (SwiGLU).
-        let h = self.rms_norm(&x, l.mlp_norm.tensor())?; // (T, D)
+        let a = self
+            .backend
+            .attention(&attn, (&q, &k, &v), &no_hooks, whole)?; // (1, T, H_q, Dh)
+        self.linear(&l.o, &a.reshape((t, hq * dh))?) // (T, D)
+    }
+
+    /// The feed-forward block's output (SwiGLU) `(T, D)` on the residual
+    /// stream `x` `(T, D)`.
+    fn mlp(&self, l: &Layer, x: &Tensor) -> Result<Tensor> {
+        let h = self.rms_norm(x, l.mlp_norm.tensor())?; // (T, D)
         let gate = self.linear(&l.gate, &h)?; // (T, I)
         let up = self.linear(&l.up, &h)?; // (T, I)
-        let m = posenc_nn::ops::swiglu(&gate, &up, !self.reference)?; // (T, I)
-        Ok((x + self.linear(&l.down, &m)?)?) // (T, D)
+        let m = self.backend.swiglu(&gate, &up)?; // (T, I)
+        self.linear(&l.down, &m) // (T, D)
     }
 
     /// `x / √(mean(x²) + ε) · w` over the last axis, as transformers'
-    /// `LlamaRMSNorm` in `f32`: the shared fused op, or (reference) its
-    /// composed candle ops.
+    /// `LlamaRMSNorm` in `f32`.
     fn rms_norm(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        Ok(posenc_nn::ops::rms_norm(
-            x,
-            w,
-            self.cfg.rms_norm_eps,
-            !self.reference,
-        )?)
+        Ok(self.backend.rms_norm(x, w, self.cfg.rms_norm_eps)?)
     }
 
     /// `x·Wᵀ (+ b) + dropout(x)·Aᵀ·Bᵀ·α/r`, `x` `(T, in)` → `(T, out)`.
@@ -686,15 +691,7 @@ pub(crate) fn add_grads(acc: &mut [Option<Tensor>], grads: Vec<Option<Tensor>>) 
 }
 
 /// Mean `−log softmax(logits[t])[tokens[t + 1]]` over `t < T − 1`.
-fn next_token_loss(logits: &Tensor, tokens: &[u32], fused: bool) -> Result<Tensor> {
+fn next_token_loss(logits: &Tensor, tokens: &[u32], backend: Backend) -> Result<Tensor> {
     let t = tokens.len();
-    mean_token_loss(&logits.narrow(0, 0, t - 1)?, &tokens[1..], fused)
-}
-
-/// Mean `−log softmax(logits[c])[targets[c]]` over the rows of `logits`
-/// `(C, V)`, one target each: the shared fused cross-entropy
-/// ([`posenc_nn::ops::cross_entropy`]), or its composed reference.
-fn mean_token_loss(logits: &Tensor, targets: &[u32], fused: bool) -> Result<Tensor> {
-    let targets = Tensor::from_slice(targets, targets.len(), logits.device())?;
-    Ok(posenc_nn::ops::cross_entropy(logits, &targets, -1, fused)?)
+    Ok(backend.cross_entropy(&logits.narrow(0, 0, t - 1)?, &tokens[1..])?)
 }
