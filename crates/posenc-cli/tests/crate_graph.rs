@@ -1,7 +1,7 @@
 //! The crates depend on each other only downwards, as `docs/layout.md`
 //! draws it: `posenc ← posenc-nn ← {posenc-lab, posenc-models}`,
 //! `{posenc-nn, posenc-models} ← posenc-tune ← posenc-run` (the
-//! fine-tuner does not use the lab), `{posenc-lab, posenc-models} ← posenc-viz ←
+//! fine-tuner does not use the lab; posenc-run uses posenc-nn too), `{posenc-lab, posenc-models} ← posenc-viz ←
 //! {posenc-report, posenc-explore} ← posenc-cli`, posenc-run under
 //! posenc-report and posenc-cli, `posenc-py` over posenc-run and
 //! posenc-viz, with `posenc-plot` beside them. Each crate's
@@ -18,7 +18,10 @@ const ALLOWED: [(&str, &[&str]); 12] = [
     ("posenc-lab", &["posenc", "posenc-nn"]),
     ("posenc-models", &["posenc", "posenc-nn"]),
     ("posenc-tune", &["posenc", "posenc-nn", "posenc-models"]),
-    ("posenc-run", &["posenc", "posenc-models", "posenc-tune"]),
+    (
+        "posenc-run",
+        &["posenc", "posenc-nn", "posenc-models", "posenc-tune"],
+    ),
     (
         "posenc-py",
         &[

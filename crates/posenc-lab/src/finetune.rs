@@ -34,6 +34,9 @@ use crate::error::LabError;
 use crate::optim::AdamW;
 use crate::train::{run_loop, Lab, LoopOptions, Summary};
 use posenc::rope::ScalingKind;
+/// Whether two paths name the same directory (the fine-tune's output is
+/// never its base's).
+pub use posenc_nn::train::same_dir;
 
 /// Options of [`finetune`].
 pub struct FinetuneOptions<'a> {
@@ -319,15 +322,6 @@ pub fn finetune(lab: &mut Lab, o: &FinetuneOptions) -> Result<Summary, LabError>
     )
 }
 
-/// Whether two paths name the same directory (compared as given when
-/// either does not exist yet).
-pub fn same_dir(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => a.components().eq(b.components()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,13 +380,5 @@ mod tests {
         let json = serde_json::to_string(&s).unwrap();
         assert!(json.contains("\"linear\""), "{json}");
         assert_eq!(serde_json::from_str::<ScalingSpec>(&json).unwrap(), s);
-    }
-
-    #[test]
-    fn same_dir_sees_through_spellings() {
-        let d = std::env::temp_dir();
-        assert!(same_dir(&d, &d.join(".")));
-        assert!(!same_dir(&d, &d.join("posenc-no-such-dir")));
-        assert!(same_dir(Path::new("a/b"), Path::new("a/./b")));
     }
 }

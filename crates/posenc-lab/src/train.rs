@@ -9,13 +9,14 @@
 //! the evaluations ([`evaluate`], [`shuffle_test`], [`probe`], from
 //! [`crate::eval`]) are re-exported from the modules that hold them.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use candle_core::Device;
 use posenc::analysis::SplitMix64;
+use posenc_nn::train::{progress_line, show_progress, RunClock};
 use serde::{Deserialize, Serialize};
 
 pub use crate::checkpoint::{batch_seed, CheckpointMeta};
@@ -31,24 +32,9 @@ pub use crate::lab::{
 };
 use crate::optim::AdamW;
 
-/// One line of `metrics.jsonl`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Metrics {
-    /// Steps completed.
-    pub step: usize,
-    /// Training loss of the step (mean over scored tokens).
-    pub loss: f64,
-    /// Exact-match accuracy of the step's batch.
-    pub accuracy: f64,
-    /// Learning rate used.
-    pub lr: f64,
-    /// Gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Training throughput, input tokens per second.
-    pub tokens_per_s: f64,
-    /// Seconds since the run (or its resumption) started.
-    pub elapsed_s: f64,
-}
+/// One line of `metrics.jsonl` (with the accuracy of the logging
+/// window's batches).
+pub use posenc_nn::train::Metrics;
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -171,9 +157,8 @@ pub(crate) fn run_loop(
             metrics_text.push('\n');
         }
     }
-    let start = Instant::now();
     let start_step = lab.meta.step;
-    let tokens_per_step = (cfg.batch * cfg.train_len) as f64;
+    let clock = RunClock::start(start_step, cfg.steps, (cfg.batch * cfg.train_len) as f64);
     let (mut win_loss, mut win_acc, mut win_n) = (0.0, 0.0, 0usize);
     let (mut last_loss, mut last_acc) = (f64::NAN, f64::NAN);
     let mut interrupted = false;
@@ -201,33 +186,30 @@ pub(crate) fn run_loop(
         win_n += 1;
         let done = lab.meta.step;
         if done.is_multiple_of(cfg.log_every) || done == cfg.steps {
-            let elapsed = start.elapsed().as_secs_f64();
-            let tps = tokens_per_step * (done - start_step) as f64 / elapsed.max(1e-9);
+            let elapsed = clock.elapsed();
+            let tps = clock.tokens_per_s(done, elapsed);
+            (last_loss, last_acc) = (win_loss / win_n as f64, win_acc / win_n as f64);
             let m = Metrics {
                 step: done,
-                loss: win_loss / win_n as f64,
-                accuracy: win_acc / win_n as f64,
+                loss: last_loss,
+                accuracy: Some(last_acc),
                 lr,
                 grad_norm: gnorm,
                 tokens_per_s: tps,
                 elapsed_s: elapsed,
             };
-            last_loss = m.loss;
-            last_acc = m.accuracy;
             if o.out.is_some() {
-                metrics_text.push_str(&serde_json::to_string(&m).expect("serialisable"));
-                metrics_text.push('\n');
+                m.push_line(&mut metrics_text);
             }
             (win_loss, win_acc, win_n) = (0.0, 0.0, 0);
             if !o.quiet {
-                let eta = (cfg.steps - done) as f64 * elapsed / (done - start_step) as f64;
-                let line = progress_line(done, cfg.steps, m.loss, m.accuracy, tps, eta);
-                if tty {
-                    eprint!("\r{line}");
-                    let _ = std::io::stderr().flush();
-                } else {
-                    eprintln!("{line}");
-                }
+                let figures = format!(
+                    "loss {last_loss:.4} acc {:.1}% {:.1}k tok/s",
+                    last_acc * 100.0,
+                    tps / 1000.0
+                );
+                let line = progress_line(done, cfg.steps, &figures, clock.eta(done, elapsed));
+                show_progress(&line, tty);
             }
         }
     }
@@ -243,13 +225,13 @@ pub(crate) fn run_loop(
         write_atomic(&out.join("metrics.jsonl"), metrics_text.as_bytes())?;
         lab.save(out, Some(opt))?;
     }
-    let seconds = start.elapsed().as_secs_f64();
+    let seconds = clock.elapsed();
     Ok(Summary {
         steps: lab.meta.step,
         final_loss: last_loss,
         final_accuracy: last_acc,
         seconds,
-        tokens_per_s: tokens_per_step * (lab.meta.step - start_step) as f64 / seconds.max(1e-9),
+        tokens_per_s: clock.tokens_per_s(lab.meta.step, seconds),
         interrupted,
     })
 }
@@ -268,27 +250,4 @@ pub fn time_steps(lab: &mut Lab, opt: &mut AdamW, steps: usize) -> Result<Vec<f6
         out.push(t0.elapsed().as_secs_f64());
     }
     Ok(out)
-}
-
-/// `[#####.....] step 120/500 loss 1.234 acc 51.0% 12.3k tok/s ETA 0:31`.
-pub fn progress_line(
-    step: usize,
-    total: usize,
-    loss: f64,
-    acc: f64,
-    tps: f64,
-    eta_s: f64,
-) -> String {
-    let width = 24;
-    let filled = (width * step) / total.max(1);
-    let eta = eta_s.max(0.0).round() as u64;
-    format!(
-        "[{}{}] step {step}/{total} loss {loss:.4} acc {:.1}% {:.1}k tok/s ETA {}:{:02}",
-        "#".repeat(filled),
-        ".".repeat(width - filled),
-        acc * 100.0,
-        tps / 1000.0,
-        eta / 60,
-        eta % 60
-    )
 }

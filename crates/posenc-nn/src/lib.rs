@@ -10,7 +10,9 @@
 //! - [`loss`]: loss per position on plain logits (`nll_rows`, `log_sum_exp`);
 //! - [`optim`]: AdamW with named, saveable state, and gradient clipping;
 //! - [`data`]: the seeds of training batches and the validation split of a
-//!   text.
+//!   text;
+//! - [`train`]: what the two training loops share (the metrics line, the
+//!   run's clock and progress line, the output directory check).
 //!
 //! Its errors are one [`NnError`].
 #![warn(missing_docs)]
@@ -20,5 +22,6 @@ mod error;
 pub mod loss;
 pub mod ops;
 pub mod optim;
+pub mod train;
 
 pub use error::NnError;

@@ -23,10 +23,10 @@ fn probe_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `/proc` or `/sys` when `dir` (its nearest existing ancestor, links
-/// resolved) is under one of them.
-fn system_dir(dir: &Path) -> Option<&'static str> {
-    let mut existing = dir.to_path_buf();
+/// `path` if it exists, else its nearest ancestor that does (at the most
+/// `.`, even when that does not).
+fn nearest_existing(path: &Path) -> PathBuf {
+    let mut existing = path.to_path_buf();
     while std::fs::symlink_metadata(&existing).is_err() {
         let up = parent_of(&existing);
         if up == existing {
@@ -34,6 +34,13 @@ fn system_dir(dir: &Path) -> Option<&'static str> {
         }
         existing = up;
     }
+    existing
+}
+
+/// `/proc` or `/sys` when `dir` (its nearest existing ancestor, links
+/// resolved) is under one of them.
+fn system_dir(dir: &Path) -> Option<&'static str> {
+    let existing = nearest_existing(dir);
     let real = existing.canonicalize().unwrap_or(existing);
     ["/proc", "/sys"].into_iter().find(|s| real.starts_with(s))
 }
@@ -51,7 +58,16 @@ pub fn check_writable(path: &Path, flag: &str) -> Result<()> {
     if let Some(system) = system_dir(&dir) {
         return Err(fail(format!("is under {system}: not a place for results")));
     }
-    match std::fs::metadata(&dir) {
+    if path.is_dir() {
+        return Err(fail("is a directory".into()));
+    }
+    takes_files(&dir, fail)
+}
+
+/// Checks that `dir` is a directory that takes a new file (a probe file is
+/// created and removed); `fail` words each reason as an error.
+fn takes_files(dir: &Path, fail: impl Fn(String) -> RunError) -> Result<()> {
+    match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => return Err(fail(format!("{} is not a directory", dir.display()))),
         Err(e) => {
@@ -61,10 +77,7 @@ pub fn check_writable(path: &Path, flag: &str) -> Result<()> {
             )))
         }
     }
-    if path.is_dir() {
-        return Err(fail("is a directory".into()));
-    }
-    probe_dir(&dir).map_err(|e| fail(format!("cannot create a file in {}: {e}", dir.display())))
+    probe_dir(dir).map_err(|e| fail(format!("cannot create a file in {}: {e}", dir.display())))
 }
 
 /// Checks, before any work, that a log `path` (given as `flag`), read back
@@ -105,41 +118,20 @@ pub fn check_out_dir(dir: &Path, flag: &str) -> Result<()> {
     if let Some(system) = system_dir(dir) {
         return Err(fail(format!("is under {system}: not a place for results")));
     }
-    let mut existing = dir.to_path_buf();
-    while std::fs::symlink_metadata(&existing).is_err() {
-        existing = parent_of(&existing);
-    }
-    match std::fs::metadata(&existing) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(fail(format!("{} is not a directory", existing.display()))),
-        Err(e) => {
-            return Err(fail(format!(
-                "the directory {} cannot be used: {e}",
-                existing.display()
-            )))
-        }
-    }
-    probe_dir(&existing).map_err(|e| {
-        fail(format!(
-            "cannot create a file in {}: {e}",
-            existing.display()
-        ))
-    })
-}
-
-/// Whether two paths name the same directory (compared as given when
-/// either does not exist yet); as `posenc_lab::finetune::same_dir`, which
-/// this crate may not depend on.
-pub(crate) fn same_dir(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => a.components().eq(b.components()),
-    }
+    takes_files(&nearest_existing(dir), fail)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The message of a check that must fail, which must start with
+    /// `start`.
+    fn refused(r: Result<()>, start: &str) -> String {
+        let e = r.unwrap_err().to_string();
+        assert!(e.starts_with(start), "{e}");
+        e
+    }
 
     #[test]
     fn output_directories_are_checked_first() {
@@ -148,42 +140,26 @@ mod tests {
         check_out_dir(&dir.join("a/b/c"), "--out").unwrap();
         let file = dir.join("f");
         std::fs::write(&file, b"x").unwrap();
-        let e = check_out_dir(&file, "--out").unwrap_err().to_string();
-        assert!(
-            e.starts_with("--out ") && e.contains("not a directory"),
-            "{e}"
-        );
-        let e = check_out_dir(&file.join("sub"), "--out")
-            .unwrap_err()
-            .to_string();
+        let e = refused(check_out_dir(&file, "--out"), "--out ");
+        assert!(e.contains("not a directory"), "{e}");
+        let e = refused(check_out_dir(&file.join("sub"), "--out"), "--out ");
         assert!(e.contains("not a directory"), "{e}");
         for p in ["/proc/posenc-x", "/sys/kernel/posenc"] {
-            let e = check_out_dir(Path::new(p), "--out")
-                .unwrap_err()
-                .to_string();
-            assert!(e.starts_with(&format!("--out {p}")), "{e}");
+            refused(check_out_dir(Path::new(p), "--out"), &format!("--out {p}"));
         }
-        let e = check_writable(Path::new("/proc/self/x.log"), "--log")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("--log /proc/self/x.log: is under /proc"),
-            "{e}"
+        let log = Path::new("/proc/self/x.log");
+        refused(
+            check_writable(log, "--log"),
+            "--log /proc/self/x.log: is under /proc",
         );
-        let e = check_log(Path::new("/proc/self/status"), "--log")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("--log /proc/self/status: is under /proc"),
-            "{e}"
+        let status = Path::new("/proc/self/status");
+        refused(
+            check_log(status, "--log"),
+            "--log /proc/self/status: is under /proc",
         );
-        let e = check_log(&dir, "--log").unwrap_err().to_string();
-        assert!(e.starts_with("--log: ") && e.contains("directory"), "{e}");
-        let e = check_writable(&dir.join("none/x.svg"), "--out")
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("--out "), "{e}");
-        assert!(same_dir(&dir, &dir.join(".")));
+        let e = refused(check_log(&dir, "--log"), "--log: ");
+        assert!(e.contains("directory"), "{e}");
+        refused(check_writable(&dir.join("none/x.svg"), "--out"), "--out ");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use posenc_models::{input, Decoder, DecoderConfig, ModelFiles, TextTokenizer};
+use posenc_nn::train::same_dir;
 use posenc_tune::data::{TrainText, WindowPlan};
 use posenc_tune::merged::{merged_config, write_merged, TokenizerFiles};
 use posenc_tune::peft::CONFIG_FILE;
@@ -16,7 +17,7 @@ use posenc_tune::train::{
 use posenc_tune::{lora, Trainable, TuneError};
 use serde_json::Value;
 
-use crate::files::{check_out_dir, same_dir};
+use crate::files::check_out_dir;
 use crate::{Progress, ProgressFn, Result, RunError, MAX_LENGTH};
 
 /// The directory of the merged checkpoint inside the output directory.

@@ -41,15 +41,15 @@
 //! torn by a crash between two renames is refused on resume, as the lab's
 //! checkpoints are.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
 use posenc_models::{Decoder, Scaling, ScalingKind};
 use posenc_nn::optim::AdamW;
+use posenc_nn::train::{progress_line, show_progress, RunClock};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{step_seed, TrainText, WindowPlan, Windows};
@@ -284,24 +284,8 @@ pub struct RunRecord {
     pub version: String,
 }
 
-/// One line of `metrics.jsonl`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Metrics {
-    /// Steps completed.
-    pub step: usize,
-    /// The step's loss (mean over its windows of each window's mean
-    /// next-token loss).
-    pub loss: f64,
-    /// Learning rate used.
-    pub lr: f64,
-    /// Gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Training tokens per second since the run (or its resumption)
-    /// started.
-    pub tokens_per_s: f64,
-    /// Seconds since the run (or its resumption) started.
-    pub elapsed_s: f64,
-}
+/// One line of `metrics.jsonl` (the step's own loss; no accuracy).
+pub use posenc_nn::train::Metrics;
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -706,11 +690,11 @@ impl Finetune {
     /// # Errors
     /// Those of [`train_step`](Self::train_step) and [`save`](Self::save).
     pub fn run(&mut self, o: &RunOptions) -> Result<Summary> {
-        let start = Instant::now();
         let start_step = self.record.step;
         let steps = self.record.config.steps;
         let every = self.record.config.checkpoint_every;
         let tokens_per_step = (self.record.config.batch * self.record.config.plan.window()) as f64;
+        let clock = RunClock::start(start_step, steps, tokens_per_step);
         let tty = o.progress && std::io::stderr().is_terminal();
         let log_every = if tty { 1 } else { (steps / 50).max(1) };
         let (mut last, mut sum, mut ran) = (f64::NAN, 0f64, 0usize);
@@ -728,25 +712,21 @@ impl Finetune {
             if let Some(d) = o.done {
                 d.store(done, Ordering::SeqCst);
             }
-            let elapsed = start.elapsed().as_secs_f64();
-            let tps = tokens_per_step * (done - start_step) as f64 / elapsed.max(1e-9);
+            let elapsed = clock.elapsed();
+            let tps = clock.tokens_per_s(done, elapsed);
             self.metrics.push(Metrics {
                 step: done,
                 loss,
+                accuracy: None,
                 lr,
                 grad_norm,
                 tokens_per_s: tps,
                 elapsed_s: elapsed,
             });
             if o.progress && (done.is_multiple_of(log_every) || done == steps) {
-                let eta = (steps - done) as f64 * elapsed / (done - start_step) as f64;
-                let line = progress_line(done, steps, loss, lr, tps, eta);
-                if tty {
-                    eprint!("\r{line}");
-                    let _ = std::io::stderr().flush();
-                } else {
-                    eprintln!("{line}");
-                }
+                let figures = format!("loss {loss:.4} lr {lr:.1e} {:.2}k tok/s", tps / 1000.0);
+                let line = progress_line(done, steps, &figures, clock.eta(done, elapsed));
+                show_progress(&line, tty);
             }
             if let Some(out) = o.out {
                 if every > 0 && done.is_multiple_of(every) && done < steps {
@@ -760,14 +740,13 @@ impl Finetune {
         if let Some(out) = o.out {
             self.save(out)?;
         }
-        let seconds = start.elapsed().as_secs_f64();
+        let seconds = clock.elapsed();
         Ok(Summary {
             steps: self.record.step,
             final_loss: last,
             mean_loss: if ran > 0 { sum / ran as f64 } else { f64::NAN },
             seconds,
-            tokens_per_s: tokens_per_step * (self.record.step - start_step) as f64
-                / seconds.max(1e-9),
+            tokens_per_s: clock.tokens_per_s(self.record.step, seconds),
             interrupted,
         })
     }
@@ -807,35 +786,12 @@ impl Finetune {
         peft::write_safetensors(&dir.join(OPTIMIZER_FILE), &views, meta)?;
         let mut lines = String::new();
         for m in &self.metrics {
-            lines.push_str(&serde_json::to_string(m).expect("serialisable"));
-            lines.push('\n');
+            m.push_line(&mut lines);
         }
         peft::write_atomic(&dir.join(METRICS_FILE), lines.as_bytes())?;
         let json = serde_json::to_string_pretty(&self.record).expect("serialisable");
         peft::write_atomic(&dir.join(RECORD_FILE), json.as_bytes())
     }
-}
-
-/// `[#####.....] step 12/100 loss 2.3456 lr 2.0e-5 1.2k tok/s ETA 0:31`.
-pub fn progress_line(
-    step: usize,
-    total: usize,
-    loss: f64,
-    lr: f64,
-    tps: f64,
-    eta_s: f64,
-) -> String {
-    let width = 24;
-    let filled = (width * step) / total.max(1);
-    let eta = eta_s.max(0.0).round() as u64;
-    format!(
-        "[{}{}] step {step}/{total} loss {loss:.4} lr {lr:.1e} {:.2}k tok/s ETA {}:{:02}",
-        "#".repeat(filled),
-        ".".repeat(width - filled),
-        tps / 1000.0,
-        eta / 60,
-        eta % 60
-    )
 }
 
 #[cfg(test)]
