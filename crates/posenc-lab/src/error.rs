@@ -6,12 +6,10 @@ pub enum LabError {
     /// An invalid argument or configuration, with the reason.
     #[error("{0}")]
     Invalid(String),
-    /// An error from posenc.
+    /// An error of the shared ops and the optimiser (posenc-nn), and of
+    /// posenc and candle beneath them (one [`posenc_nn::NnError`]).
     #[error(transparent)]
-    Posenc(#[from] posenc::Error),
-    /// An error from candle.
-    #[error(transparent)]
-    Candle(#[from] candle_core::Error),
+    Nn(#[from] posenc_nn::NnError),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -73,12 +71,14 @@ pub enum LabError {
     },
 }
 
-impl From<posenc_nn::NnError> for LabError {
-    fn from(e: posenc_nn::NnError) -> Self {
-        match e {
-            posenc_nn::NnError::Invalid(m) => LabError::Invalid(m),
-            posenc_nn::NnError::Posenc(e) => LabError::Posenc(e),
-            posenc_nn::NnError::Candle(e) => LabError::Candle(e),
-        }
+impl From<posenc::Error> for LabError {
+    fn from(e: posenc::Error) -> Self {
+        LabError::Nn(e.into())
+    }
+}
+
+impl From<candle_core::Error> for LabError {
+    fn from(e: candle_core::Error) -> Self {
+        LabError::Nn(e.into())
     }
 }
