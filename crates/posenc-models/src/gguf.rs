@@ -93,7 +93,7 @@ impl GgufFile {
     /// [`ModelError::BadFile`] for anything that is not a complete GGUF
     /// file.
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let (file, file_size) = crate::input::open_regular(path)?;
+        let (file, file_size) = crate::fsio::open_regular(path)?;
         let mut reader = BufReader::new(file);
         let scanned = scan_header(&mut reader, file_size)
             .map_err(|reason| ModelError::bad_file(path, reason))?;

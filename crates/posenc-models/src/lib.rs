@@ -57,6 +57,7 @@ macro_rules! debug_summary {
 
 pub mod config;
 pub mod error;
+pub mod fsio;
 pub mod generate;
 pub mod gguf;
 pub mod input;
@@ -109,7 +110,7 @@ impl ModelFiles {
     pub fn open(path: &Path) -> Result<ModelFiles> {
         // Special files (FIFOs, devices) are refused by type, never opened
         // for a blocking read.
-        input::check_model_path(path)?;
+        fsio::check_model_path(path)?;
         let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, e))?;
         let dir = if meta.is_dir() {
             Some(path.to_path_buf())
@@ -120,7 +121,7 @@ impl ModelFiles {
         };
         if let Some(dir) = dir {
             let cfg = dir.join("config.json");
-            let bytes = input::read_bounded(&cfg, MAX_CONFIG_BYTES)?;
+            let bytes = fsio::read_bounded(&cfg, MAX_CONFIG_BYTES)?;
             let config = String::from_utf8(bytes)
                 .map_err(|_| ModelError::bad_file(&cfg, "not UTF-8 text"))?;
             return Ok(ModelFiles::HuggingFace { dir, config });
@@ -128,7 +129,7 @@ impl ModelFiles {
         let mut magic = [0u8; 4];
         {
             use std::io::Read;
-            let (mut f, _) = input::open_regular(path)?;
+            let (mut f, _) = fsio::open_regular(path)?;
             let n = f.read(&mut magic).map_err(|e| ModelError::io(path, e))?;
             if n < 4 || &magic != b"GGUF" {
                 return Err(ModelError::bad_file(
@@ -310,7 +311,7 @@ pub const MAX_TEXT_BYTES: u64 = 1 << 30;
 /// [`ModelError::Io`], [`ModelError::Invalid`].
 pub fn read_text(path: &Path) -> Result<String> {
     // Refused by type (FIFOs, devices) and by size before any read.
-    let bytes = input::read_bounded(path, MAX_TEXT_BYTES)?;
+    let bytes = fsio::read_bounded(path, MAX_TEXT_BYTES)?;
     String::from_utf8(bytes).map_err(|e| {
         ModelError::Invalid(format!(
             "{}: not UTF-8 text (invalid byte at offset {})",

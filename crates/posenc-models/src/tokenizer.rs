@@ -364,7 +364,7 @@ impl TextTokenizer {
     /// [`ModelError::Io`] / [`ModelError::Tokenizer`] for a missing, too
     /// large or invalid file.
     pub fn from_file(path: &Path) -> Result<TextTokenizer> {
-        let bytes = crate::input::read_bounded(path, MAX_TOKENIZER_BYTES)?;
+        let bytes = crate::fsio::read_bounded(path, MAX_TOKENIZER_BYTES)?;
         let inner = Tokenizer::from_bytes(&bytes).map_err(|e| {
             ModelError::Tokenizer(format!(
                 "{}: {}",

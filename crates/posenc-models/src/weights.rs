@@ -252,7 +252,7 @@ impl Safetensors {
         let files = if single.is_file() {
             vec![single]
         } else if index.is_file() {
-            let bytes = crate::input::read_bounded(&index, MAX_INDEX_BYTES)?;
+            let bytes = crate::fsio::read_bounded(&index, MAX_INDEX_BYTES)?;
             let text = String::from_utf8(bytes)
                 .map_err(|_| ModelError::bad_file(&index, "not UTF-8 text"))?;
             let idx: Index = serde_json::from_str(&text)
@@ -289,7 +289,7 @@ impl Safetensors {
             }
         }
         for f in &files {
-            crate::input::check_regular(f)?;
+            crate::fsio::check_regular(f)?;
         }
         // SAFETY: the files are mapped read-only; posenc does not modify
         // them, and a checkpoint changed by another process while it is
@@ -306,7 +306,7 @@ impl Safetensors {
         // The checkpoint's own config.json, when it parses, must describe
         // these tensors (a bad config is reported by whoever reads it).
         let cfg_path = dir.join("config.json");
-        if let Ok(bytes) = crate::input::read_bounded(&cfg_path, crate::MAX_CONFIG_BYTES) {
+        if let Ok(bytes) = crate::fsio::read_bounded(&cfg_path, crate::MAX_CONFIG_BYTES) {
             if let Ok(cfg) = std::str::from_utf8(&bytes)
                 .map_err(|_| ())
                 .and_then(|t| DecoderConfig::from_hf_json_str(t).map_err(|_| ()))

@@ -115,7 +115,7 @@ impl TrialLog {
     pub fn open(path: &Path, header: &LogHeader) -> Result<TrialLog> {
         let exists = std::fs::symlink_metadata(path).is_ok();
         let (done, keep) = if exists {
-            let bytes = crate::input::read_bounded(path, MAX_LOG_BYTES)?;
+            let bytes = crate::fsio::read_bounded(path, MAX_LOG_BYTES)?;
             Self::parse(path, &bytes, header)?
         } else {
             (HashMap::new(), 0)
