@@ -16,7 +16,7 @@ use posenc_nn::loss::nll_rows_into;
 use serde::Serialize;
 
 use crate::error::{ModelError, Result};
-use crate::llama::Decoder;
+use crate::llama::{Decoder, KvCache};
 use crate::scaling::Scaling;
 
 /// Rows of logits computed at once (`rows × V` floats).
@@ -145,6 +145,25 @@ pub fn run_scaling(
     band: usize,
     on_layer: &mut dyn FnMut(usize),
 ) -> Result<ScalingRun> {
+    Ok(run_scaling_cached(model, tokens, scaling, band, None, on_layer)?.0)
+}
+
+/// [`run_scaling`], keeping the window's keys and values in `cache` (when
+/// given), and the final hidden state `(D)` of its last token: what
+/// generating after the window continues from
+/// ([`crate::generate::continue_from`], with the scaling's
+/// [`rope_of`]).
+///
+/// # Errors
+/// As [`run_scaling`].
+pub fn run_scaling_cached(
+    model: &Decoder,
+    tokens: &[u32],
+    scaling: &Scaling,
+    band: usize,
+    cache: Option<&mut KvCache>,
+    on_layer: &mut dyn FnMut(usize),
+) -> Result<(ScalingRun, Vec<f32>)> {
     let cfg = scaling.rope_config(model.config())?;
     let rope = rope_of(cfg.clone())?;
     let t0 = Instant::now();
@@ -153,10 +172,12 @@ pub fn run_scaling(
             "a window needs at least two tokens".into(),
         ));
     }
-    let hidden = model.hidden_states_with(tokens, &rope, scaling.method, None, on_layer)?;
+    let hidden = model.hidden_states_with(tokens, &rope, scaling.method, cache, on_layer)?;
     let loss = losses_from_hidden(model, &hidden, tokens)?;
     let secs = t0.elapsed().as_secs_f64();
-    summarize(
+    let last = hidden[(tokens.len() - 1) * model.config().hidden_size..].to_vec(); // (D)
+    drop(hidden);
+    let run = summarize(
         scaling,
         &cfg,
         loss,
@@ -164,7 +185,8 @@ pub fn run_scaling(
         secs,
         band,
         model.config().trained_length(),
-    )
+    )?;
+    Ok((run, last))
 }
 
 /// A [`ScalingRun`] from the losses of one window of `len` tokens that took

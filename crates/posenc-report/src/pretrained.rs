@@ -664,29 +664,29 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
     )?;
     let layers = cfg.num_layers;
     cached_run(&path, files, cfg, |decoder, source| {
-        let d = decoder.config().hidden_size;
         let mut runs = Vec::new();
         let mut continuations = Vec::new();
         for (si, name) in SCALINGS.iter().enumerate() {
             let scaling: Scaling = name.parse().map_err(err)?;
-            let rcfg = scaling.rope_config(decoder.config()).map_err(err)?;
-            let rope = perplexity::rope_of(rcfg.clone()).map_err(err)?;
-            let t0 = Instant::now();
             let mut kv = KvCache::new(decoder.config());
-            let hidden = decoder
-                .hidden_states_observed(&window, &rope, Some(&mut kv), &mut |li| {
+            let (scaled, last) = perplexity::run_scaling_cached(
+                &decoder,
+                &window,
+                &scaling,
+                1024,
+                Some(&mut kv),
+                &mut |li| {
                     eprint!(
                         "\rposenc report: experiment {ID}: {name} ({}/{}), layer {}/{layers}   ",
                         si + 1,
                         SCALINGS.len(),
                         li + 1
                     );
-                })
-                .map_err(err)?;
-            let loss = perplexity::losses_from_hidden(&decoder, &hidden, &window).map_err(err)?;
-            let secs = t0.elapsed().as_secs_f64();
-            let last = hidden[(t - 1) * d..].to_vec();
-            drop(hidden);
+                },
+            )
+            .map_err(err)?;
+            let rcfg = scaling.rope_config(decoder.config()).map_err(err)?;
+            let rope = perplexity::rope_of(rcfg).map_err(err)?;
             let new = generate::continue_from(
                 &decoder,
                 &mut kv,
@@ -699,7 +699,7 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
             )
             .map_err(err)?;
             continuations.push(tk.decode(&new).map_err(err)?);
-            runs.push(perplexity::summarize(&scaling, &rcfg, loss, t, secs, 1024, l).map_err(err)?);
+            runs.push(scaled);
         }
         eprintln!();
         let found = run_retrieval(run, &decoder, &source, &tk, l, &passkey_methods(l), ID)?;
