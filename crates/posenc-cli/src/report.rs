@@ -66,7 +66,7 @@ pub fn run(a: ReportArgs) -> CliResult {
     // A model that cannot be opened is refused before the lab's experiments
     // run (a FIFO or a missing file, say).
     if let Some(m) = &a.model {
-        posenc_models::ModelFiles::open(m)?;
+        posenc_run::check_model(m)?;
     }
     if a.finetune_steps == Some(0) {
         return Err(CliError(format!(

@@ -60,7 +60,7 @@ pub use passkey::{HaystackSource, PasskeyPlan, PasskeyRequest, PasskeyRun};
 pub use perplexity::PerplexityRequest;
 pub use posenc_models::generate::Sampling;
 pub use posenc_models::llama::Products;
-pub use session::{OpenOptions, Session};
+pub use session::{check_model, OpenOptions, Session};
 
 /// Largest window (or prompt and new tokens) accepted before any estimate;
 /// the memory check comes next and is usually the tighter bound.

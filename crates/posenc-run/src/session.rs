@@ -64,6 +64,18 @@ pub fn with_adapter(source: String, adapter: Option<&Path>) -> String {
     }
 }
 
+/// Opens the model at `path` (its files regular and readable, its headers
+/// read; no weight, no config check) and closes it again: `posenc report
+/// --model` refuses a model that cannot be opened before the lab's
+/// experiments run.
+///
+/// # Errors
+/// The model files' messages.
+pub fn check_model(path: &Path) -> Result<()> {
+    ModelFiles::open(path)?;
+    Ok(())
+}
+
 /// The model at `path` with its first `layers` layers only (to find the
 /// first layer whose output is not finite).
 pub(crate) fn first_layers(path: &Path, layers: usize) -> posenc_models::Result<Decoder> {
