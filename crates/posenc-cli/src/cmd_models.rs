@@ -7,14 +7,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use posenc_models::ModelError;
 use posenc_plot::Figure;
 use posenc_run::{
     GenerateRequest, OpenOptions, PerplexityRequest, PromptSource, RunError, Session, Text,
 };
 
-use crate::output::{check_writable, num, table, write_atomic};
+use crate::output::{check_writable, num, table, write_atomic, RunBar};
 use crate::{CliError, CliResult};
 
 impl From<ModelError> for CliError {
@@ -188,27 +187,6 @@ pub struct GenerateArgs {
     pub max_memory: Option<String>,
 }
 
-fn bar(total: u64, quiet: bool) -> ProgressBar {
-    if quiet {
-        return ProgressBar::hidden();
-    }
-    progress_bar(
-        total,
-        "{msg:>14} [{bar:32}] {pos}/{len} layers, {elapsed} (eta {eta})",
-    )
-}
-
-/// A progress bar of `total` steps drawn by the indicatif `template`.
-pub fn progress_bar(total: u64, template: &str) -> ProgressBar {
-    let b = ProgressBar::new(total);
-    b.set_style(
-        ProgressStyle::with_template(template)
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    b
-}
-
 /// Runs `posenc perplexity`.
 pub fn perplexity(a: PerplexityArgs) -> CliResult {
     let request = PerplexityRequest {
@@ -233,26 +211,13 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
     }
     request.check_files()?;
     let mut session = a.extras.open(&a.model, a.products)?;
-    let hidden = a.quiet || a.json && !stderr_is_tty();
-    let mut pb: Option<ProgressBar> = None;
-    let study = session.perplexity_study(&request, &mut |p| {
-        match &pb {
-            None => {
-                if !a.json {
-                    eprintln!("{}", p.what);
-                }
-                pb = Some(bar(p.total as u64, hidden));
-            }
-            Some(b) => {
-                b.set_message(p.what.to_string());
-                b.set_position(p.done as u64);
-            }
-        }
-        true
-    })?;
-    if let Some(b) = pb {
-        b.finish_and_clear();
-    }
+    let mut bar = RunBar::new(
+        "{msg:>14} [{bar:32}] {pos}/{len} layers, {elapsed} (eta {eta})",
+        a.quiet || a.json && !stderr_is_tty(),
+        !a.json,
+    );
+    let study = session.perplexity_study(&request, &mut |p| bar.report(p))?;
+    bar.finish();
     let length = study.length;
     let warning = posenc_run::perplexity::uniform_warning(&study, session.config().vocab_size);
     if let Some(w) = &warning {

@@ -5,13 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use indicatif::ProgressBar;
 use posenc_models::passkey::{self, ProbeGrid};
 use posenc_plot::{Colormap, Figure, Heatmap, Ticks, ValueRange};
 use posenc_run::{HaystackSource, PasskeyRequest};
 
 use crate::cmd_models::{figure_kind, stderr_is_tty, FigureKind};
-use crate::output::{check_writable, num, table, write_atomic};
+use crate::output::{check_writable, num, table, write_atomic, RunBar};
 use crate::{CliError, CliResult};
 
 /// Arguments of `posenc passkey`.
@@ -150,33 +149,13 @@ pub fn passkey_cmd(a: PasskeyArgs) -> CliResult {
     posenc_models::input::check_model_path(&a.model)?;
     let plan = request.plan()?;
     let mut session = a.extras.open(&a.model, a.products)?;
-    let hidden = a.quiet || (a.json && !stderr_is_tty());
-    let mut pb: Option<ProgressBar> = None;
-    let run = session.passkey_planned(&request, plan, &mut |p| {
-        match &pb {
-            None => {
-                if !a.json || stderr_is_tty() {
-                    eprintln!("{}", p.what);
-                }
-                pb = Some(if hidden {
-                    ProgressBar::hidden()
-                } else {
-                    crate::cmd_models::progress_bar(
-                        p.total as u64,
-                        "{msg:>24} [{bar:32}] {pos}/{len} trials, {elapsed} (eta {eta})",
-                    )
-                });
-            }
-            Some(b) => {
-                b.set_message(p.what.to_string());
-                b.set_position(p.done as u64);
-            }
-        }
-        true
-    })?;
-    if let Some(b) = pb {
-        b.finish_and_clear();
-    }
+    let mut bar = RunBar::new(
+        "{msg:>24} [{bar:32}] {pos}/{len} trials, {elapsed} (eta {eta})",
+        a.quiet || (a.json && !stderr_is_tty()),
+        !a.json || stderr_is_tty(),
+    );
+    let run = session.passkey_planned(&request, plan, &mut |p| bar.report(p))?;
+    bar.finish();
     let grid = &run.grid;
     if let Some(out) = &a.out {
         for (name, cells) in &run.cells {

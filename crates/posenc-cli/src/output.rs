@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use indicatif::{ProgressBar, ProgressStyle};
+
 /// Formats a number compactly with `prec` decimals (the report's format).
 pub use posenc_report::num;
 
@@ -78,6 +80,68 @@ pub fn table(header: &[String], rows: &[Vec<String>]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The progress bar of a long library call ([`posenc_run::Progress`]):
+/// the call's first report prints its description (when `announce`) and
+/// starts a bar of that many units drawn by the indicatif `template`
+/// (hidden when `hidden`); each later report moves it.
+pub struct RunBar {
+    bar: Option<ProgressBar>,
+    template: &'static str,
+    hidden: bool,
+    announce: bool,
+}
+
+impl RunBar {
+    /// A bar not started yet.
+    pub fn new(template: &'static str, hidden: bool, announce: bool) -> Self {
+        RunBar {
+            bar: None,
+            template,
+            hidden,
+            announce,
+        }
+    }
+
+    /// Draws `p`; always `true` (go on).
+    pub fn report(&mut self, p: posenc_run::Progress<'_>) -> bool {
+        match &self.bar {
+            None => {
+                if self.announce {
+                    eprintln!("{}", p.what);
+                }
+                self.bar = Some(if self.hidden {
+                    ProgressBar::hidden()
+                } else {
+                    progress_bar(p.total as u64, self.template)
+                });
+            }
+            Some(b) => {
+                b.set_message(p.what.to_string());
+                b.set_position(p.done as u64);
+            }
+        }
+        true
+    }
+
+    /// Clears the bar from the terminal.
+    pub fn finish(self) {
+        if let Some(b) = self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// A progress bar of `total` steps drawn by the indicatif `template`.
+fn progress_bar(total: u64, template: &str) -> ProgressBar {
+    let b = ProgressBar::new(total);
+    b.set_style(
+        ProgressStyle::with_template(template)
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    b
 }
 
 #[cfg(test)]
