@@ -172,14 +172,8 @@ pub fn train(a: TrainArgs) -> CliResult {
     };
     let summary = train_with_progress(&mut lab, &mut opt, &a.out, a.quiet, &stop)?;
     println!(
-        "{} {} with {}: {}",
-        if summary.interrupted {
-            "interrupted"
-        } else {
-            "trained"
-        },
-        lab.meta.train.task.name(),
-        lab.meta.model.pe.label(),
+        "{}: {}",
+        headline(&summary, &lab, "trained", "interrupted"),
         summary_line(&summary, &lab, &a.out)
     );
     exit_if_interrupted(&summary);
@@ -226,6 +220,17 @@ fn refuse_existing_checkpoint(out: &Path) -> CliResult {
         )));
     }
     Ok(())
+}
+
+/// `done` (or `stopped`, for an interrupted run), the task and the
+/// encoding: `trained copy with rope`.
+fn headline(summary: &Summary, lab: &Lab, done: &str, stopped: &str) -> String {
+    format!(
+        "{} {} with {}",
+        if summary.interrupted { stopped } else { done },
+        lab.meta.train.task.name(),
+        lab.meta.model.pe.label()
+    )
 }
 
 /// Steps, loss, accuracy, speed and checkpoint of a finished (or
@@ -311,14 +316,8 @@ pub fn finetune(a: FinetuneArgs) -> CliResult {
         println!("{v}");
     } else {
         println!(
-            "{} {} with {} at {} (trained at {}), scaling {}: {}",
-            if summary.interrupted {
-                "interrupted fine-tuning"
-            } else {
-                "fine-tuned"
-            },
-            lab.meta.train.task.name(),
-            lab.meta.model.pe.label(),
+            "{} at {} (trained at {}), scaling {}: {}",
+            headline(&summary, &lab, "fine-tuned", "interrupted fine-tuning"),
             record.len,
             record.base_train.train_len,
             record.scaling.as_ref().map_or("none".into(), |s| s.label()),
