@@ -13,8 +13,8 @@ use common::argv;
 mod hostile;
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures")
@@ -29,26 +29,8 @@ fn scratch(name: &str) -> PathBuf {
 /// Runs `posenc args` under the memory limit, killed after 20 s.
 fn limited(args: &[&str]) -> (Output, Duration) {
     let mut cmd = common::command(args);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
     hostile::limit_memory(&mut cmd);
-    let start = Instant::now();
-    let mut child = cmd.spawn().unwrap();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return (child.wait_with_output().unwrap(), start.elapsed());
-        }
-        if start.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "posenc {args:?} still running after 20 s: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::output_within(cmd, Duration::from_secs(20), args)
 }
 
 /// `posenc args` must be refused with one line (see

@@ -15,7 +15,7 @@ mod common;
 mod hostile;
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 fn scratch(name: &str) -> PathBuf {
@@ -37,30 +37,27 @@ fn real_model(test: &str) -> Option<String> {
     None
 }
 
+/// The tiny fixture model as a GGUF file in the scratch directory `name`,
+/// and a text (`name.txt`) of one sentence `repeats` times.
+fn tiny_model_and_text(name: &str, repeats: usize) -> (PathBuf, PathBuf) {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures");
+    let dir = scratch(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (bytes, _) = hostile::Gguf::tiny(&fixtures, &dir).write();
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, bytes).unwrap();
+    let text = scratch(&format!("{name}.txt"));
+    let sentence = "the cat sat on the mat and the dog ran. ";
+    std::fs::write(&text, sentence.repeat(repeats)).unwrap();
+    (model, text)
+}
+
 /// Runs `posenc args` under RLIMIT_AS 1 GiB, killed after 300 s.
 fn limited(args: &[String]) -> Output {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cmd = common::command(&args);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
     hostile::limit_memory(&mut cmd);
-    let start = Instant::now();
-    let mut child = cmd.spawn().unwrap();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if start.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "posenc {args:?} still running after 300 s: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::output_within(cmd, Duration::from_secs(300), &args).0
 }
 
 /// The one-line refusal of `args` by the memory plan (exit 2, no abort),
@@ -220,19 +217,7 @@ fn passkey_runs_at_the_largest_length_the_plan_allows_and_not_past_it() {
 
 #[test]
 fn finetune_runs_at_the_largest_window_the_plan_allows_and_not_past_it() {
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures");
-    let dir = scratch("tiny");
-    std::fs::create_dir_all(&dir).unwrap();
-    let base = hostile::Gguf::tiny(&fixtures, &dir);
-    let (bytes, _) = base.write();
-    let model = dir.join("tiny.gguf");
-    std::fs::write(&model, bytes).unwrap();
-    let text = scratch("text.txt");
-    std::fs::write(
-        &text,
-        "the cat sat on the mat and the dog ran. ".repeat(2000),
-    )
-    .unwrap();
+    let (model, text) = tiny_model_and_text("tiny", 2000);
     let (m, t) = (model.to_str().unwrap(), text.to_str().unwrap());
     let (n, _) = edge("--length", 1 << 20, |len| {
         let out = scratch(&format!("ft-{len}"));
@@ -289,19 +274,7 @@ fn finetune_runs_at_the_largest_window_the_plan_allows_and_not_past_it() {
 fn held_out_reads_a_large_text_in_pieces_under_1_gib() {
     // The abort: --held-out --length 64 on a large text tokenized
     // whole. In pieces, only the window's tokens are kept.
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures");
-    let dir = scratch("tiny-held");
-    std::fs::create_dir_all(&dir).unwrap();
-    let base = hostile::Gguf::tiny(&fixtures, &dir);
-    let (bytes, _) = base.write();
-    let model = dir.join("tiny.gguf");
-    std::fs::write(&model, bytes).unwrap();
-    let text = scratch("big.txt");
-    std::fs::write(
-        &text,
-        "the cat sat on the mat and the dog ran. ".repeat(300_000),
-    )
-    .unwrap();
+    let (model, text) = tiny_model_and_text("tiny-held", 300_000);
     let out = limited(&strings(&[
         "perplexity",
         "--model",

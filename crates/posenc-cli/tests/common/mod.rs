@@ -4,13 +4,40 @@
 #![allow(dead_code)]
 
 use std::ffi::OsStr;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The `posenc` binary with `args`, not yet run.
 pub fn command(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_posenc"));
     cmd.args(args);
     cmd
+}
+
+/// Runs `cmd` (the `posenc` binary with `args`) with no input and its
+/// output captured, failing the test when it still runs after `limit` (it
+/// is killed then); its output and how long it took.
+pub fn output_within(mut cmd: Command, limit: Duration, args: &[&str]) -> (Output, Duration) {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return (child.wait_with_output().unwrap(), start.elapsed());
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "posenc {args:?} still running after {} s: {}",
+                limit.as_secs(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Runs the `posenc` binary with `args` and the variables of `env` set.
