@@ -341,17 +341,26 @@ fn kv_cache(cfg: &DecoderConfig, positions: u64) -> u64 {
 /// `+ 4·V` (one row of logits) `+ 8·S` (the ids).
 pub fn generate(cfg: &DecoderConfig, prompt: usize, max_new: usize, loaded: bool) -> Plan {
     let s = (prompt + max_new) as u64;
-    let p = prompt as u64;
-    let k = (cfg.num_kv_heads * cfg.head_dim) as u64;
     let plan = weights(Plan::new("generate", "--max-tokens", max_new), cfg, loaded);
+    decoding(plan, cfg, prompt as u64, s)
+        .part("logits and ids", f32s(cfg.vocab_size as u64) + 8 * s)
+}
+
+/// What decoding after a prefill of `prefill` tokens holds over `s`
+/// positions in all, added to `plan`: `8·N·K·next_power_of_two(S)` (the
+/// KV cache, grown by doubling), `4·prefill·(2D + max(W + 3Q + 2K, 3I +
+/// D))` (the prefill's layer), `4·n·(2·Dh·S + 64·128 + 64·Dh)` (the
+/// attention's scratch) and `4·2·K·S` (a decoding step's copy of the
+/// cached keys and values).
+fn decoding(plan: Plan, cfg: &DecoderConfig, prefill: u64, s: u64) -> Plan {
+    let k = (cfg.num_kv_heads * cfg.head_dim) as u64;
     plan.part("KV cache", kv_cache(cfg, s))
         .part(
             "prefill activations",
-            f32s(p * forward_floats_per_token(cfg)),
+            f32s(prefill * forward_floats_per_token(cfg)),
         )
         .part("attention scratch", attention_scratch(cfg, s, threads()))
         .part("cache copies", f32s(2 * k * s))
-        .part("logits and ids", f32s(cfg.vocab_size as u64) + 8 * s)
 }
 
 /// Refuses a generation whose [`generate`] plan is over `limit`, naming
@@ -406,16 +415,8 @@ pub fn passkey(
     loaded: bool,
 ) -> Plan {
     let s = (longest + extra) as u64;
-    let l = longest as u64;
-    let k = (cfg.num_kv_heads * cfg.head_dim) as u64;
     let plan = weights(Plan::new("passkey", "--lengths", longest), cfg, loaded);
-    plan.part("KV cache", kv_cache(cfg, s))
-        .part(
-            "prefill activations",
-            f32s(l * forward_floats_per_token(cfg)),
-        )
-        .part("attention scratch", attention_scratch(cfg, s, threads()))
-        .part("cache copies", f32s(2 * k * s))
+    decoding(plan, cfg, longest as u64, s)
         .part("logits", f32s(cfg.vocab_size as u64 * extra as u64))
         .part("haystack", 3 * haystack_bytes)
 }
