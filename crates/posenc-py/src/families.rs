@@ -43,6 +43,21 @@ fn grid<'py, T: numpy::Element + Copy>(
     PyArray1::from_vec(py, flat).reshape([n, width])
 }
 
+/// The index matrix `(q_len, k_len)` that `matrix` computes (with the GIL
+/// released), as int64.
+fn index_grid<'py>(
+    py: Python<'py>,
+    k_len: usize,
+    matrix: impl FnOnce() -> posenc::Result<Vec<Vec<usize>>> + Send,
+) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    let m = py.detach(matrix).py()?;
+    let m: Vec<Vec<i64>> = m
+        .into_iter()
+        .map(|r| r.into_iter().map(|x| x as i64).collect())
+        .collect();
+    grid(py, m, k_len)
+}
+
 /// Every head's (queries × keys) matrix of `bias`
 /// ([`AttentionBias::bias_matrix`]) for `q_len` queries from `q_start` and
 /// `k_len` keys from `k_start`, as `(heads, q_len, k_len)`.
@@ -167,14 +182,9 @@ fn t5_buckets<'py>(
     let k_len = k_len.unwrap_or(q_len);
     bounded("t5_buckets", &[q_len, k_len])?;
     let b = T5Buckets::new(num_buckets, max_distance, bidirectional).py()?;
-    let m = py
-        .detach(|| b.bucket_matrix(q_len, k_len, q_offset, k_offset))
-        .py()?;
-    let m: Vec<Vec<i64>> = m
-        .into_iter()
-        .map(|r| r.into_iter().map(|x| x as i64).collect())
-        .collect();
-    grid(py, m, k_len)
+    index_grid(py, k_len, || {
+        b.bucket_matrix(q_len, k_len, q_offset, k_offset)
+    })
 }
 
 /// T5's bias `(heads, q_len, k_len)` from a learned `(num_buckets, heads)`
@@ -220,14 +230,9 @@ fn shaw_indices<'py>(
     bounded("shaw_indices", &[q_len, k_len])?;
     // The index matrix does not read the learned tables (head_dim 2, seed 0).
     let s = Shaw::new(max_relative, 2, 0).py()?;
-    let m = py
-        .detach(|| s.index_matrix(q_len, k_len, q_offset, k_offset))
-        .py()?;
-    let m: Vec<Vec<i64>> = m
-        .into_iter()
-        .map(|r| r.into_iter().map(|x| x as i64).collect())
-        .collect();
-    grid(py, m, k_len)
+    index_grid(py, k_len, || {
+        s.index_matrix(q_len, k_len, q_offset, k_offset)
+    })
 }
 
 /// xPos's scales (Sun et al., "A Length-Extrapolatable Transformer",

@@ -23,18 +23,19 @@ use crate::convert::to_python;
 use crate::error::{detached, err, IntoPy};
 use crate::progress::Watch;
 
-/// A text argument: a `str` is the text itself, an `os.PathLike` a file.
-enum TextArg {
-    String(String),
-    File(PathBuf),
-}
-
-fn text_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<TextArg> {
+/// A text argument: a `str` is the text itself (`string`), an
+/// `os.PathLike` a file (`file`).
+fn text_arg<T>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    string: fn(String) -> T,
+    file: fn(PathBuf) -> T,
+) -> PyResult<T> {
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(TextArg::String(s.extract::<String>()?));
+        return Ok(string(s.extract::<String>()?));
     }
     if obj.hasattr("__fspath__")? {
-        return Ok(TextArg::File(obj.extract::<PathBuf>()?));
+        return Ok(file(obj.extract::<PathBuf>()?));
     }
     Err(err(format!(
         "{what}: give a str (the text itself) or a path (pathlib.Path, os.PathLike), not {}",
@@ -42,22 +43,30 @@ fn text_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<TextArg> {
     )))
 }
 
-/// One scaling name or a list of them.
-fn names_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<String>> {
+/// `scalings`: one scaling name or a list of them (`None`: `none` alone).
+fn scalings_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<String>> {
+    let Some(obj) = obj else {
+        return Ok(vec!["none".into()]);
+    };
     if let Ok(s) = obj.cast::<PyString>() {
         return Ok(vec![s.extract::<String>()?]);
     }
     if let Ok(list) = obj.extract::<Vec<String>>() {
         return Ok(list);
     }
-    Err(err(format!(
-        "{what}: give a name (\"yarn:2\") or a list of names"
-    )))
+    Err(err(
+        "scalings: give a name (\"yarn:2\") or a list of names".to_string()
+    ))
 }
 
 /// A count from Python: an int at least 0.
 pub(crate) fn count(v: i64, what: &str) -> PyResult<usize> {
     usize::try_from(v).map_err(|_| err(format!("{what} must be at least 0, not {v}")))
+}
+
+/// Counts from Python, each as [`count`].
+pub(crate) fn counts(values: Vec<i64>, what: &str) -> PyResult<Vec<usize>> {
+    values.into_iter().map(|v| count(v, what)).collect()
 }
 
 /// `max_memory`: bytes (an int) or a size such as "900M" or "2G" (as the
@@ -158,18 +167,12 @@ impl Model {
     ) -> PyResult<Py<PyAny>> {
         let text = match text {
             None => Text::Default,
-            Some(t) => match text_arg(t, "text")? {
-                TextArg::String(s) => Text::String(s),
-                TextArg::File(p) => Text::File(p),
-            },
+            Some(t) => text_arg(t, "text", Text::String, Text::File)?,
         };
         let request = PerplexityRequest {
             text,
             length: length.map(|l| count(l, "length")).transpose()?,
-            scalings: match scalings {
-                None => vec!["none".into()],
-                Some(s) => names_arg(s, "scalings")?,
-            },
+            scalings: scalings_arg(scalings)?,
             band: count(band, "band")?,
             held_out,
             per_position,
@@ -207,22 +210,13 @@ impl Model {
     ) -> PyResult<Py<PyAny>> {
         let haystack = match haystack {
             None => HaystackSource::Landmark,
-            Some(h) => match text_arg(h, "haystack")? {
-                TextArg::String(s) => HaystackSource::String(s),
-                TextArg::File(p) => HaystackSource::File(p),
-            },
+            Some(h) => text_arg(h, "haystack", HaystackSource::String, HaystackSource::File)?,
         };
         let request = PasskeyRequest {
-            lengths: lengths
-                .into_iter()
-                .map(|l| count(l, "lengths"))
-                .collect::<PyResult<_>>()?,
+            lengths: counts(lengths, "lengths")?,
             depths,
             trials: count(trials, "trials")?,
-            scalings: match scalings {
-                None => vec!["none".into()],
-                Some(s) => names_arg(s, "scalings")?,
-            },
+            scalings: scalings_arg(scalings)?,
             haystack,
             seed,
             log: None,
@@ -257,10 +251,7 @@ impl Model {
         seed: u64,
         max_memory: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<String> {
-        let prompt = match text_arg(prompt, "prompt")? {
-            TextArg::String(s) => PromptSource::String(s),
-            TextArg::File(p) => PromptSource::File(p),
-        };
+        let prompt = text_arg(prompt, "prompt", PromptSource::String, PromptSource::File)?;
         let request = GenerateRequest {
             prompt,
             prompt_tokens: None,

@@ -12,7 +12,6 @@ use numpy::{
     PyUntypedArrayMethods,
 };
 use posenc::buffers::{self, AttentionShape, BufferAttention, BufferPositions};
-use posenc::tensor::rope::Rope;
 use pyo3::prelude::*;
 
 use crate::error::{detached, err, IntoPy};
@@ -149,19 +148,19 @@ fn shape_of(q: &[usize], k: &[usize], v: &[usize]) -> PyResult<AttentionShape> {
     })
 }
 
-/// What an attention call reads besides its buffers.
-type Setup<'a> = (
-    AttentionShape,
-    Option<Vec<i64>>,
-    Option<&'a Rope>,
-    Option<&'a [f32]>,
-);
+/// What an attention call reads besides its buffers: the shape, the
+/// position ids, and the attention (causal or not, its scale, rope and
+/// ALiBi slopes).
+type Setup<'a> = (AttentionShape, Option<Vec<i64>>, BufferAttention<'a>);
 
-/// The shape, position ids, rope and ALiBi slopes of an attention call.
+/// The [`Setup`] of an attention call.
+#[allow(clippy::too_many_arguments)]
 fn attention_setup<'a>(
     q: &PyReadonlyArrayDyn<'_, f32>,
     k: &PyReadonlyArrayDyn<'_, f32>,
     v: &PyReadonlyArrayDyn<'_, f32>,
+    causal: bool,
+    scale: Option<f64>,
     rope: &'a Option<PyRef<'_, PyRopeConfig>>,
     alibi: &'a Option<PyReadonlyArray1<'_, f32>>,
     ids: &Option<PyReadonlyArray2<'_, i64>>,
@@ -171,11 +170,17 @@ fn attention_setup<'a>(
         Some(r) => Some(r.rope()?),
         None => None,
     };
-    let slopes = match alibi {
+    let alibi = match alibi {
         Some(a) => Some(a.as_slice().map_err(|_| err("alibi: not contiguous"))?),
         None => None,
     };
-    Ok((s, ids_of(ids)?, rope, slopes))
+    let attn = BufferAttention {
+        causal,
+        scale,
+        rope,
+        alibi,
+    };
+    Ok((s, ids_of(ids)?, attn))
 }
 
 /// Fused attention forward: writes `out` `(B, H_q, T_q, D)` and `lse`
@@ -197,13 +202,7 @@ fn _attention_forward(
     offset: usize,
     ids: Option<PyReadonlyArray2<'_, i64>>,
 ) -> PyResult<()> {
-    let (s, ids, rope, slopes) = attention_setup(&q, &k, &v, &rope, &alibi, &ids)?;
-    let attn = BufferAttention {
-        causal,
-        scale,
-        rope,
-        alibi: slopes,
-    };
+    let (s, ids, attn) = attention_setup(&q, &k, &v, causal, scale, &rope, &alibi, &ids)?;
     let (qs, ks, vs) = (slice("q", &q)?, slice("k", &k)?, slice("v", &v)?);
     let (o, l) = (slice_mut("out", &mut out)?, slice_mut("lse", &mut lse)?);
     detached(py, || {
@@ -235,13 +234,7 @@ fn _attention_backward(
     offset: usize,
     ids: Option<PyReadonlyArray2<'_, i64>>,
 ) -> PyResult<()> {
-    let (s, ids, rope, slopes) = attention_setup(&q, &k, &v, &rope, &alibi, &ids)?;
-    let attn = BufferAttention {
-        causal,
-        scale,
-        rope,
-        alibi: slopes,
-    };
+    let (s, ids, attn) = attention_setup(&q, &k, &v, causal, scale, &rope, &alibi, &ids)?;
     let (qs, ks, vs) = (slice("q", &q)?, slice("k", &k)?, slice("v", &v)?);
     let (os, ls, dos) = (
         slice("out", &out)?,

@@ -21,7 +21,7 @@ use pyo3::prelude::*;
 
 use crate::convert::to_python;
 use crate::error::{detached, err, IntoPy};
-use crate::model::count;
+use crate::model::{count, counts};
 
 /// A `tokenizer.json` text as posenc's tokenizer (through a private file:
 /// the crate reads tokenizers from files).
@@ -72,10 +72,7 @@ impl PasskeyProbe {
         seed: u64,
     ) -> PyResult<Self> {
         let request = PasskeyRequest {
-            lengths: lengths
-                .into_iter()
-                .map(|l| count(l, "lengths"))
-                .collect::<PyResult<_>>()?,
+            lengths: counts(lengths, "lengths")?,
             depths,
             trials: count(trials, "trials")?,
             scalings: methods,
