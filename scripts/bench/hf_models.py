@@ -12,7 +12,8 @@ Two measurements (docs/speed.md, "posenc.hf beside transformers"):
   ``self-extend:4:1024`` on the forced PyTorch path (``backend="torch"``)
   and on the fused path.
 - ``speed``: forward seconds at ``--lengths`` (4,096 and 16,384), 2 threads
-  (``torch.set_num_threads(2)``, ``RAYON_NUM_THREADS=2``), one process, the
+  (``torch.set_num_threads(2)``, ``RAYON_NUM_THREADS=2``), one process, an
+  untimed ``--warmup``-token forward of each configuration first, then the
   configurations alternated inside each round (``--rounds``), median of
   the rounds: unpatched ``sdpa``; posenc's fused path with
   ``self-extend:4:1024``; posenc's fused path with no change to the logits
@@ -59,6 +60,7 @@ def load(path: pathlib.Path):
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     if path.suffix == ".gguf":
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -118,6 +120,7 @@ def load_model(path: pathlib.Path):
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     model.set_attn_implementation("sdpa")
     return model.eval()
@@ -148,6 +151,7 @@ def memory(a) -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     path = pathlib.Path(a.model)
     tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     with tempfile.TemporaryDirectory() as d:
@@ -172,10 +176,38 @@ def memory(a) -> None:
 # ------------------------------------------------------------ speed
 
 
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
+
+
 def speed(a) -> None:
     setup_threads(a.threads)
+    import torch
+    import transformers
+
+    import posenc
+
     model, tok = load(pathlib.Path(a.model))
     configs = a.configs.split(",")
+    print(f"{cpu_name()} ({posenc._posenc.simd_level()}), {a.threads} threads, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}", flush=True)
+    # one short forward per configuration first, untimed, so that no configuration's timed forward
+    # pays the process's first-call costs (thread pools, first allocations, posenc's tables)
+    warm = tokens(tok, a.warmup)
+    for c in configs:
+        configure(model, c)
+        try:
+            forward(model, warm)
+        finally:
+            unconfigure(model, c)
     print(f"uptime: {open('/proc/loadavg').read().strip()}", flush=True)
     for length in a.lengths:
         ids = tokens(tok, length)
@@ -209,6 +241,7 @@ def main() -> None:
     p.add_argument("--mem-length", type=int, default=16384)
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 16384])
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=256, help="tokens of the untimed first forward of each configuration")
     p.add_argument("--configs")
     a = p.parse_args()
     if a.configs is None:
