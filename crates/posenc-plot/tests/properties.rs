@@ -9,14 +9,10 @@ use posenc_plot::{format_value, Colormap, Figure, Heatmap};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
+/// `cases` cases from a fixed ChaCha seed.
 fn runner(cases: u32) -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases,
-            ..Config::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[7u8; 32]),
-    )
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7u8; 32]);
+    TestRunner::new_with_rng(Config::with_cases(cases), rng)
 }
 
 const EDGE: [usize; 6] = [1, 2, 3, 127, 128, 129];
