@@ -268,6 +268,21 @@ impl Preset {
 
     fn validate(&self) -> Result {
         let bad = |m: String| Err(ReportError(format!("preset {}: {m}", self.name)));
+        // A stage that can train, and a comparison of NoPE with another.
+        let trains = |what: &str, s: &Stage| {
+            if s.steps == 0 || s.batch == 0 || s.train_len < 8 || s.eval_batches == 0 {
+                return bad(format!(
+                    "{what}: steps, batch and eval_batches must be ≥ 1 and train_len ≥ 8"
+                ));
+            }
+            Ok(())
+        };
+        let nope_and_another = |what: &str, encodings: &[String]| {
+            if !encodings.iter().any(|e| e == "nope") || encodings.len() < 2 {
+                return bad(format!("{what}.encodings must include nope and another"));
+            }
+            Ok(())
+        };
         if self.seeds.is_empty() {
             return bad("no seeds".into());
         }
@@ -278,23 +293,11 @@ impl Preset {
             ("lengthgen", &self.lengthgen.run),
             ("shaw", &self.shaw.run),
         ] {
-            if s.steps == 0 || s.batch == 0 || s.train_len < 8 || s.eval_batches == 0 {
-                return bad(format!(
-                    "{what}: steps, batch and eval_batches must be ≥ 1 and train_len ≥ 8"
-                ));
-            }
+            trains(what, s)?;
         }
         if let Some(m) = &self.encoders.mlm {
-            let s = &m.run;
-            if s.steps == 0 || s.batch == 0 || s.train_len < 8 || s.eval_batches == 0 {
-                return bad(
-                    "encoders.mlm: steps, batch and eval_batches must be ≥ 1 and train_len ≥ 8"
-                        .into(),
-                );
-            }
-            if !m.encodings.iter().any(|e| e == "nope") || m.encodings.len() < 2 {
-                return bad("encoders.mlm.encodings must include nope and another".into());
-            }
+            trains("encoders.mlm", &m.run)?;
+            nope_and_another("encoders.mlm", &m.encodings)?;
             if !(1..=self.seeds.len()).contains(&m.n_seeds) {
                 return bad(format!(
                     "encoders.mlm.n_seeds must be in 1..={} (the preset's seeds)",
@@ -307,15 +310,9 @@ impl Preset {
                 return bad("lm.trend.sizes is empty".into());
             }
             for (i, st) in t.sizes.iter().enumerate() {
-                if st.steps == 0 || st.batch == 0 || st.train_len < 8 || st.eval_batches == 0 {
-                    return bad(format!(
-                        "lm.trend.sizes[{i}]: steps, batch and eval_batches must be ≥ 1 and train_len ≥ 8"
-                    ));
-                }
+                trains(&format!("lm.trend.sizes[{i}]"), st)?;
             }
-            if !t.encodings.iter().any(|e| e == "nope") || t.encodings.len() < 2 {
-                return bad("lm.trend.encodings must include nope and another".into());
-            }
+            nope_and_another("lm.trend", &t.encodings)?;
             if let Some(e) = t.encodings.iter().find(|e| !self.lm.encodings.contains(e)) {
                 return bad(format!(
                     "lm.trend.encodings: {e} is not in lm.encodings (the largest size)"
@@ -324,15 +321,8 @@ impl Preset {
         }
         if let Some(sec) = &self.lm.second {
             let st = &sec.run;
-            if st.steps == 0 || st.batch == 0 || st.train_len < 8 || st.eval_batches == 0 {
-                return bad(
-                    "lm.second.run: steps, batch and eval_batches must be ≥ 1 and train_len ≥ 8"
-                        .into(),
-                );
-            }
-            if !sec.encodings.iter().any(|e| e == "nope") || sec.encodings.len() < 2 {
-                return bad("lm.second.encodings must include nope and another".into());
-            }
+            trains("lm.second.run", st)?;
+            nope_and_another("lm.second", &sec.encodings)?;
             if st.tokens == self.lm.run.tokens {
                 return bad(format!(
                     "lm.second.run has the same tokens as lm.run ({})",
