@@ -223,16 +223,30 @@ fn read_file(path: &Path) -> Result<(String, String, String)> {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("posenc-corpus-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
+    /// A fresh directory under the system's temporary one, removed when
+    /// dropped (a failed test leaves nothing behind either).
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let d =
+                std::env::temp_dir().join(format!("posenc-corpus-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            Scratch(d)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     #[test]
     fn the_default_text_is_pride_and_prejudice() {
-        let cache = scratch("default");
-        let c = TextCorpus::resolve(DEFAULT, None, &cache).unwrap();
+        let scratch = Scratch::new("default");
+        let cache = &scratch.0;
+        let c = TextCorpus::resolve(DEFAULT, None, cache).unwrap();
         assert_eq!(c.chars, 684_768);
         assert_eq!(c.distinct, 75);
         assert_eq!(c.train_chars + c.validation_chars, c.chars);
@@ -244,42 +258,41 @@ mod tests {
         assert!(c.unigram_entropy > 2.0 && c.unigram_entropy < 75f64.ln());
         assert!(c.check_window(129).is_ok());
         assert!(c.check_window(68_478).is_err());
-        let g = TextCorpus::resolve(GRAMMAR, None, &cache).unwrap();
+        let g = TextCorpus::resolve(GRAMMAR, None, cache).unwrap();
         assert_eq!(g.hash, "grammar");
         assert!(g.file.is_none());
-        let _ = std::fs::remove_dir_all(&cache);
     }
 
     #[test]
     fn a_file_is_hashed_and_checked() {
-        let cache = scratch("file");
-        std::fs::create_dir_all(&cache).unwrap();
+        let scratch = Scratch::new("file");
+        let cache = &scratch.0;
+        std::fs::create_dir_all(cache).unwrap();
         let ru = cache.join("ru.txt");
         std::fs::write(
             &ru,
             "Позиционное кодирование: каждой позиции свой вектор. ".repeat(40),
         )
         .unwrap();
-        let a = TextCorpus::resolve(DEFAULT, Some(&ru), &cache).unwrap();
+        let a = TextCorpus::resolve(DEFAULT, Some(&ru), cache).unwrap();
         assert_eq!(a.name, "ru.txt");
         std::fs::write(
             &ru,
             "Позиционное кодирование: каждой позиции свой вектор! ".repeat(40),
         )
         .unwrap();
-        let b = TextCorpus::resolve(DEFAULT, Some(&ru), &cache).unwrap();
+        let b = TextCorpus::resolve(DEFAULT, Some(&ru), cache).unwrap();
         // A changed file is a new cache key.
         assert_ne!(a.hash, b.hash);
         let bad = cache.join("latin1.txt");
         std::fs::write(&bad, [b'a', 0xE9, b'b']).unwrap();
-        let e = TextCorpus::resolve(DEFAULT, Some(&bad), &cache).unwrap_err();
+        let e = TextCorpus::resolve(DEFAULT, Some(&bad), cache).unwrap_err();
         assert!(e.0.contains("not UTF-8"), "{e}");
-        let e = TextCorpus::resolve(DEFAULT, Some(&cache.join("missing.txt")), &cache).unwrap_err();
+        let e = TextCorpus::resolve(DEFAULT, Some(&cache.join("missing.txt")), cache).unwrap_err();
         assert!(e.0.contains("cannot read corpus"), "{e}");
         let short = cache.join("short.txt");
         std::fs::write(&short, "too short").unwrap();
-        let e = TextCorpus::resolve(DEFAULT, Some(&short), &cache).unwrap_err();
+        let e = TextCorpus::resolve(DEFAULT, Some(&short), cache).unwrap_err();
         assert!(e.0.contains("too short"), "{e}");
-        let _ = std::fs::remove_dir_all(&cache);
     }
 }
