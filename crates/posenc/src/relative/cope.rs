@@ -360,16 +360,10 @@ impl Cope {
         k_pos: &[u64],
     ) -> Result<Vec<Vec<f64>>> {
         let s = self.cfg.term_scale();
-        Ok(self
-            .positions(q, k, q_pos, k_pos)?
-            .into_iter()
-            .zip(q)
-            .map(|(row, qi)| {
-                row.into_iter()
-                    .map(|p| s * self.interpolate(qi, p))
-                    .collect()
-            })
-            .collect())
+        let positions = self.positions(q, k, q_pos, k_pos)?;
+        Ok(per_entry(positions, q, |qi, _, p| {
+            s * self.interpolate(qi, p)
+        }))
     }
 
     /// The full logits `q_i · k_j / √d + bias_ij`, `[Tq][Tk]` (no mask).
@@ -385,17 +379,25 @@ impl Cope {
     ) -> Result<Vec<Vec<f64>>> {
         let s = 1.0 / (self.cfg.head_dim as f64).sqrt();
         let term = self.logits_term(q, k, q_pos, k_pos)?;
-        Ok(term
-            .into_iter()
-            .zip(q)
-            .map(|(row, qi)| {
-                row.into_iter()
-                    .zip(k)
-                    .map(|(b, kj)| dot(qi, kj) * s + b)
-                    .collect()
-            })
-            .collect())
+        Ok(per_entry(term, q, |qi, j, b| dot(qi, &k[j]) * s + b))
     }
+}
+
+/// `f(q_i, j, m_ij)` at every entry of the `[Tq][Tk]` matrix `m`.
+fn per_entry(
+    m: Vec<Vec<f64>>,
+    q: &[Vec<f64>],
+    f: impl Fn(&[f64], usize, f64) -> f64,
+) -> Vec<Vec<f64>> {
+    m.into_iter()
+        .zip(q)
+        .map(|(row, qi)| {
+            row.into_iter()
+                .enumerate()
+                .map(|(j, x)| f(qi, j, x))
+                .collect()
+        })
+        .collect()
 }
 
 positional_encoding!(Cope, Hooks::LOGITS, |s| format!(
