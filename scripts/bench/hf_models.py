@@ -47,6 +47,9 @@ TEXT = ROOT / "assets" / "corpus" / "pride-and-prejudice.txt"
 COVER = "self-extend:2:65536"
 
 
+os.environ.setdefault("TQDM_DISABLE", "1")  # no GGUF dequantization bar in the output
+
+
 def setup_threads(n: int) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(n)
     os.environ["OMP_NUM_THREADS"] = str(n)
