@@ -25,8 +25,14 @@ every layer and the last position's logits (a prefill), so that the
 ``T × vocabulary`` logits (3.2 GB at 16,384 tokens, the same for every
 configuration) neither dominate the memory nor the time.
 
+A third, ``attention-memory``, measures one attention call alone at
+SmolLM2's shapes on random inputs, each length and path in a fresh process
+(the peak resident memory over the inputs): posenc.hf's method attention on
+the PyTorch path and the fused path, and PyTorch's causal ``sdpa``.
+
     python scripts/bench/hf_models.py memory
     python scripts/bench/hf_models.py speed --rounds 3
+    python scripts/bench/hf_models.py attention-memory --lengths 2048,4096,8192
 """
 
 from __future__ import annotations
@@ -176,6 +182,53 @@ def memory(a) -> None:
               f"{r['seconds']:.1f} s)  {ratio}")
 
 
+# ------------------------------------------------------------ one attention call
+
+
+def attention_child(length: int, config: str, method: str, threads: int) -> None:
+    """One attention call at SmolLM2-135M's shapes (9 query heads, 3
+    key/value heads, head_dim 64, rope_theta 100,000) on random inputs:
+    posenc.hf's method attention on ``config``'s path (``torch`` or
+    ``fused``), or PyTorch's causal ``sdpa`` (no RoPE) for scale."""
+    setup_threads(threads)
+    import torch
+
+    import posenc
+    import posenc.hf as ph
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 9, length, 64, generator=g)
+    k, v = (torch.randn(1, 3, length, 64, generator=g) for _ in range(2))
+    rope = posenc.RopeConfig.plain(100000.0, 64, max_position_embeddings=8192).with_scaling(method)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = status_kb("VmRSS")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        if config == "sdpa":
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            out = ph._method_attention(q, k, v, rope, config)
+    secs = time.perf_counter() - t0
+    peak = status_kb("VmHWM")
+    print(json.dumps({"config": config, "method": method, "length": length, "out_mb": out.numel() * 4 / 2**20,
+                      "peak_mb": (peak - base) / 1024, "seconds": secs}))
+
+
+def attention_memory(a) -> None:
+    print(f"one attention call, (1, 9, T, 64) queries, (1, 3, T, 64) keys and values, float32; "
+          f"peak resident memory over the inputs:")
+    for length in a.lengths:
+        for name in a.configs.split(","):
+            p = subprocess.run([sys.executable, __file__, "attention-child", str(length), name, a.method,
+                                str(a.threads)], capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.exit(f"{name}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}")
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            label = "sdpa (no RoPE)" if name == "sdpa" else f"{a.method}@{name}"
+            print(f"  T {length:>6}  {label:<28} {r['peak_mb']:8.0f} MB  ({r['seconds']:.1f} s)", flush=True)
+
+
 # ------------------------------------------------------------ speed
 
 
@@ -237,8 +290,11 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "memory-child":
         memory_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "attention-child":
+        attention_child(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["memory", "speed"])
+    p.add_argument("what", choices=["memory", "speed", "attention-memory"])
     p.add_argument("--model", default=str(GGUF))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--mem-length", type=int, default=16384)
@@ -246,11 +302,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--warmup", type=int, default=256, help="tokens of the untimed first forward of each configuration")
     p.add_argument("--configs")
+    p.add_argument("--method", default="self-extend:4:1024", help="attention-memory: the method")
     a = p.parse_args()
     if a.configs is None:
-        a.configs = ("sdpa,self-extend:4:1024@torch,self-extend:4:1024@fused" if a.what == "memory"
-                     else f"sdpa,self-extend:4:1024@fused,{COVER}@fused")
-    memory(a) if a.what == "memory" else speed(a)
+        a.configs = {"memory": "sdpa,self-extend:4:1024@torch,self-extend:4:1024@fused",
+                     "speed": f"sdpa,self-extend:4:1024@fused,{COVER}@fused",
+                     "attention-memory": "sdpa,torch,fused"}[a.what]
+    {"memory": memory, "speed": speed, "attention-memory": attention_memory}[a.what](a)
 
 
 if __name__ == "__main__":
