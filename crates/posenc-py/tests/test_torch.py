@@ -218,6 +218,23 @@ def test_attention_torch_path_blocks_equal_one_block():
 
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("nf", [8, 4])
+def test_rotate_without_autograd_is_the_autograd_arithmetic(dtype, nf):
+    """rotate's in-place form (no autograd: one output, no cat) gives the
+    very bits of its differentiable form, partial rotation and broadcast
+    tables included, on contiguous and sliced inputs."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 9, 16, generator=g).to(dtype)
+    for c, s in [(torch.randn(2, 9, nf, generator=g), torch.randn(2, 9, nf, generator=g)),
+                 (torch.randn(1, 9, nf, generator=g), torch.randn(1, 9, nf, generator=g))]:
+        for xi, ci, si in [(x, c, s), (x[:, :, 2:7], c[:, 2:7], s[:, 2:7])]:
+            with torch.no_grad():
+                fast = pt.rotate(xi, ci, si, "half-split")
+            slow = pt.rotate(xi.detach().clone().requires_grad_(True), ci, si, "half-split")
+            assert fast.dtype == slow.dtype == dtype and fast.shape == slow.shape
+            assert torch.equal(fast, slow.detach())
+
 def method_ref(q, k, v, rope, softcap=None):
     """A method in float64 written out: each range's queries and keys
     rotated by posenc's plan tables, every logit of the (T, S) matrix, one

@@ -155,6 +155,22 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
     xr = x[..., :rd].to(work)
     c = cos.to(work).unsqueeze(1)
     s = sin.to(work).unsqueeze(1)
+    if layout != "interleaved" and not (
+        torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
+    ):
+        # Without autograd: the same products and sums written into one
+        # output (no torch.cat, one temporary), bit for bit the path below.
+        x1, x2 = xr[..., :nf], xr[..., nf:]
+        lead = torch.broadcast_shapes(x1.shape, c.shape)[:-1]
+        y = torch.empty(lead + (x.shape[-1],), dtype=work, device=x.device)
+        y1, y2 = y[..., :nf], y[..., nf:rd]
+        tmp = torch.mul(x2, s)
+        torch.mul(x1, c, out=y1).sub_(tmp)
+        torch.mul(x1, s, out=tmp)
+        torch.mul(x2, c, out=y2).add_(tmp)
+        if rd != x.shape[-1]:
+            y[..., rd:] = x[..., rd:]
+        return y if x.dtype == work else y.to(x.dtype)
     if layout == "interleaved":
         x1, x2 = xr[..., 0::2], xr[..., 1::2]
         y = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
