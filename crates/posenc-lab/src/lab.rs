@@ -234,8 +234,9 @@ impl Lab {
             .and_then(|t| t.to_vec1::<u32>().ok())
             .map(|v| v[0] as usize);
         if step != Some(lab.meta.step) {
+            let from = step.map_or_else(|| "no recorded step".to_string(), |s| format!("step {s}"));
             return Err(LabError::Invalid(format!(
-                "{}: optimizer state is from step {step:?}, the model from step {}: the checkpoint is torn",
+                "{}: optimizer state is from {from}, the model from step {}: the checkpoint is torn",
                 dir.display(),
                 lab.meta.step
             )));

@@ -188,9 +188,14 @@ pub fn check_sampling(sampling: Sampling) -> Result<()> {
         temperature, top_p, ..
     } = sampling
     {
-        if !(temperature.is_finite() && temperature > 0.0 && top_p > 0.0 && top_p <= 1.0) {
+        if !(temperature.is_finite() && temperature > 0.0) {
             return Err(ModelError::Invalid(format!(
-                "temperature {temperature} must be > 0 and top_p {top_p} in (0, 1]"
+                "temperature {temperature} is refused: 0 (the default) decodes greedily, a finite number above 0 samples"
+            )));
+        }
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ModelError::Invalid(format!(
+                "top_p {top_p} must be in (0, 1] (1, the default, keeps every token)"
             )));
         }
     }

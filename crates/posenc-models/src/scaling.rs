@@ -77,11 +77,18 @@ impl fmt::Display for Scaling {
 impl FromStr for Scaling {
     type Err = ModelError;
 
-    /// Parses with [`NamedScaling`]'s `FromStr`, keeping the trimmed name.
+    /// Parses with [`NamedScaling`]'s `FromStr`, keeping the trimmed name;
+    /// a list (a comma: [`parse_list`]'s) is refused as such.
     ///
     /// # Errors
     /// [`ModelError::Invalid`] with posenc's message.
     fn from_str(s: &str) -> Result<Scaling> {
+        if s.contains(',') {
+            return Err(ModelError::Invalid(format!(
+                "scaling {} is a list: generate and finetune take one scaling (such as yarn:2 or self-extend:4:1024+yarn:2); a comma-separated list is for perplexity and passkey",
+                crate::safe::quote(s.trim())
+            )));
+        }
         let n: NamedScaling = s
             .parse()
             .map_err(|e: posenc::Error| ModelError::Invalid(e.to_string()))?;

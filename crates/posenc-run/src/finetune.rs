@@ -223,10 +223,14 @@ impl FinetuneOptions {
 }
 
 /// The training tokens of `text` (default: the built-in *Pride and
-/// Prejudice*), tokenized whole; the last 10% dropped.
+/// Prejudice*), a file tokenized in pieces (only its ids held whole); the
+/// last 10% dropped.
 fn train_text(text: Option<&Path>, tk: &TextTokenizer) -> Result<TrainText> {
     let tokens = match text {
-        Some(p) => tk.encode(&posenc_models::read_text(p)?)?,
+        Some(p) => match crate::text::all_tokens(p, tk)? {
+            Some(ids) => ids,
+            None => tk.encode(&posenc_models::read_text(p)?)?,
+        },
         None => tk.encode(crate::PRIDE_AND_PREJUDICE)?,
     };
     Ok(TrainText::new(tokens)?)
@@ -394,6 +398,17 @@ pub fn finetune_run(
         record.config.lora.validate_for(&opened.cfg)?;
         let header = format!("resuming {} at step {}", a.out.display(), record.step);
         let (base, _, text, kept) = opened.load()?;
+        if posenc_tune::train::model_hash(&base) != record.model_hash {
+            return Err(TuneError::Checkpoint {
+                path: a.out.clone(),
+                reason: format!(
+                    "the model {} has other weights than the run was trained on ({} when it started, in {RECORD_FILE}): resume with that model (--model), or choose another --out for a new run",
+                    posenc_models::safe::path(&model),
+                    posenc_models::safe::escape(&record.model)
+                ),
+            }
+            .into());
+        }
         let ft = Finetune::resume(&a.out, &base, text)?;
         (ft, base, kept, header)
     } else {

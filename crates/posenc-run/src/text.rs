@@ -179,6 +179,25 @@ pub fn held_out_window(
     Ok(Some(window))
 }
 
+/// Every token of the text file at `path`, tokenized in pieces (see the
+/// module's documentation): only the ids are held whole (4 bytes a token),
+/// never the tokenizer's work on the whole text (tens of bytes a token).
+/// `None` as [`held_out_window`]'s (the caller tokenizes the text whole).
+///
+/// # Errors
+/// The file's and the tokenizer's.
+pub fn all_tokens(path: &Path, tk: &TextTokenizer) -> Result<Option<Vec<u32>>> {
+    let Some(prefix) = added_prefix(tk)? else {
+        return Ok(None);
+    };
+    let mut all: Vec<u32> = Vec::new();
+    pieces(path, tk, &prefix, 0, PIECE_BYTES, &mut |_, ids| {
+        all.extend_from_slice(&ids);
+        true
+    })?;
+    Ok(Some(all))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

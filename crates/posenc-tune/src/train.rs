@@ -419,6 +419,14 @@ fn hash_words(words: impl Iterator<Item = u32>) -> String {
     format!("{h:016x}")
 }
 
+/// A checkpoint file's step in words: `step N`, or that it records none.
+fn stepped(step: Option<usize>) -> String {
+    match step {
+        Some(s) => format!("step {s}"),
+        None => "no recorded step".into(),
+    }
+}
+
 /// The hash of a model's weights recorded in [`RunRecord::model_hash`].
 pub fn model_hash(base: &Decoder) -> String {
     let weights = base.named_weights();
@@ -536,7 +544,11 @@ impl Finetune {
         let bytes = posenc_models::input::read_bounded(&path, MAX_RECORD_BYTES)?;
         let record: RunRecord =
             serde_json::from_slice(&bytes).map_err(|e| bad(format!("{RECORD_FILE}: {e}")))?;
-        record.config.validate().map_err(|e| bad(e.to_string()))?;
+        record.config.validate().map_err(|e| {
+            bad(format!(
+                "{RECORD_FILE} holds settings the command line refuses (edited or damaged; start a new run with another --out): {e}"
+            ))
+        })?;
         if record.step > record.config.steps {
             return Err(bad(format!(
                 "step {} is past the run's {} steps",
@@ -561,8 +573,8 @@ impl Finetune {
         let record = Self::read_record(dir)?;
         if model_hash(base) != record.model_hash {
             return Err(bad(format!(
-                "it was trained on other weights than {}'s",
-                record.model
+                "it was trained on other weights than those given ({} when it started, in {RECORD_FILE})",
+                posenc_models::safe::escape(&record.model)
             )));
         }
         if text_hash(&text) != record.text_hash || text.len() != record.train_tokens {
@@ -575,8 +587,8 @@ impl Finetune {
         let adapter = Adapter::read(dir, base.config())?;
         if adapter.step != Some(step) {
             return Err(bad(format!(
-                "its adapter is from step {:?}, {RECORD_FILE} from step {step}: the checkpoint is torn",
-                adapter.step
+                "its adapter is from {}, {RECORD_FILE} from step {step}: the checkpoint is torn",
+                stepped(adapter.step)
             )));
         }
         adapter.load_into(&ft.model, dir)?;
@@ -586,7 +598,8 @@ impl Finetune {
         })?;
         if opt_step != Some(step) {
             return Err(bad(format!(
-                "its optimizer state is from step {opt_step:?}, {RECORD_FILE} from step {step}: the checkpoint is torn"
+                "its optimizer state is from {}, {RECORD_FILE} from step {step}: the checkpoint is torn",
+                stepped(opt_step)
             )));
         }
         let mut state = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
