@@ -8,8 +8,11 @@
 //! 2^31, offsets ±1, overlapping and duplicate tensors, overflowing
 //! dimensions, NaN/Inf weights, mismatched tokenizers and configs — and
 //! damaged Hugging Face checkpoints, each of which must be refused with one
-//! line. It also sets the address-space limit (RLIMIT_AS, 1 GiB) the runs
-//! are made under.
+//! line — and issue 37's ([`issue_37_variants`]: terminal escapes in names
+//! and keys, scaling factors, bases and counts out of the CLI's ranges,
+//! weights of absurd magnitude, the files whose messages were confusing),
+//! each with the words its refusal must hold. It also sets the
+//! address-space limit (RLIMIT_AS, 1 GiB) the runs are made under.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -655,4 +658,302 @@ pub fn model_variants(fixtures: &Path, dir: &Path) -> (PathBuf, Vec<Variant>) {
         out.push(Variant { name, model });
     }
     (base_path, out)
+}
+
+/// `ESC [ 2 J` (clear the screen), as a hostile file would carry it.
+pub const CLEAR: &str = "\u{1b}[2J";
+
+/// Issue 37's hostile models: (name, path, the words its refusal holds,
+/// joined by ` && `). GGUF variants are the generator's tiny Qwen2.5 with
+/// one change; checkpoint variants the tiny Llama 3.1 with one change.
+pub fn issue_37_variants(fixtures: &Path, dir: &Path) -> Vec<(String, PathBuf, &'static str)> {
+    std::fs::create_dir_all(dir).unwrap();
+    let base = Gguf::tiny(fixtures, dir);
+    let mut out: Vec<(String, PathBuf, &'static str)> = Vec::new();
+    let mut emit_gguf = |name: &str, g: &Gguf, needle: &'static str| {
+        let p = dir.join(format!("i37-{}.gguf", out.len()));
+        std::fs::write(&p, g.write().0).unwrap();
+        out.push((name.to_string(), p, needle));
+    };
+    let set = |g: &mut Gguf, m: Meta| {
+        g.meta.retain(|x| x.key != m.key);
+        g.meta.push(m);
+    };
+    let evil = format!("token_embd.weight{CLEAR}");
+    let renamed = |edit: &dyn Fn(&mut Tensor)| {
+        let mut g = base.clone();
+        let t = &mut g.tensors[0];
+        t.name = evil.clone();
+        edit(t);
+        g
+    };
+    // 3. Terminal escapes in every message that quotes the file.
+    emit_gguf(
+        "escape in a tensor name with 5 dimensions",
+        &renamed(&|t| t.dims = vec![1, 1, 1, 1, 1]),
+        "5 dimensions && \\u{1b}[2J",
+    );
+    emit_gguf(
+        "escape in a tensor name of type id 99",
+        &renamed(&|t| t.ty = 99),
+        "unknown type id 99 && \\u{1b}[2J",
+    );
+    emit_gguf(
+        "escape in a tensor name at an unaligned offset",
+        &renamed(&|t| t.offset = Some(1)),
+        "not a multiple of the alignment && \\u{1b}[2J",
+    );
+    {
+        let mut g = renamed(&|_| {});
+        let dup = g.tensors[0].clone();
+        g.tensors.push(dup);
+        emit_gguf(
+            "escape in a duplicate tensor name",
+            &g,
+            "appears twice && \\u{1b}[2J",
+        );
+        let mut g = base.clone();
+        let key = format!("posenc.key{CLEAR}");
+        g.meta.insert(0, meta(&key, Value::U32(1)));
+        g.meta.insert(0, meta(&key, Value::U32(2)));
+        emit_gguf(
+            "escape in a duplicate metadata key",
+            &g,
+            "appears twice && \\u{1b}[2J",
+        );
+        let mut g = base.clone();
+        g.meta.insert(
+            0,
+            Meta {
+                key,
+                ty: 13,
+                bytes: vec![0; 8],
+            },
+        );
+        emit_gguf(
+            "escape in a metadata key of value type 13",
+            &g,
+            "unknown value type id 13 && \\u{1b}[2J",
+        );
+        // Version 1 reads 32-bit lengths: the 64-bit ones written here
+        // make keys of NULs and length bytes.
+        let mut g = base.clone();
+        g.version = 1;
+        emit_gguf("version 1 header read with 32-bit lengths", &g, "");
+        let mut g = base.clone();
+        set(
+            &mut g,
+            meta(
+                "general.architecture",
+                Value::String(format!("qwen2\0{CLEAR}")),
+            ),
+        );
+        emit_gguf(
+            "escape in general.architecture",
+            &g,
+            "unsupported architecture && qwen2\\0\\u{1b}[2J",
+        );
+        let mut g = base.clone();
+        set(
+            &mut g,
+            meta(
+                "tokenizer.ggml.model",
+                Value::String(format!("gpt2{CLEAR}")),
+            ),
+        );
+        emit_gguf(
+            "escape in tokenizer.ggml.model",
+            &g,
+            "tokenizer model && \\u{1b}[2J",
+        );
+    }
+    {
+        // A tokenizer piece: a merge without its space.
+        let mut g = base.clone();
+        set(
+            &mut g,
+            meta(
+                "tokenizer.ggml.merges",
+                Value::Array(vec![Value::String(format!("Ġ{CLEAR}t"))]),
+            ),
+        );
+        emit_gguf(
+            "escape in a tokenizer merge",
+            &g,
+            "tokenizer.ggml.merges: merge \"Ġ\\u{1b}[2Jt\" has no space",
+        );
+    }
+    // 4. Scaling factors, bases, counts out of the CLI's ranges.
+    let a = "qwen2";
+    for (name, edits, needle) in [
+        (
+            "GGUF linear factor 1e30",
+            vec![
+                meta(
+                    &format!("{a}.rope.scaling.type"),
+                    Value::String("linear".into()),
+                ),
+                meta(&format!("{a}.rope.scaling.factor"), Value::F32(1e30)),
+            ],
+            "qwen2.rope.scaling.factor && outside [0.0009765625, 1024]",
+        ),
+        (
+            "GGUF yarn factor 1e-30",
+            vec![
+                meta(
+                    &format!("{a}.rope.scaling.type"),
+                    Value::String("yarn".into()),
+                ),
+                meta(&format!("{a}.rope.scaling.factor"), Value::F32(1e-30)),
+            ],
+            "qwen2.rope.scaling.factor && outside [0.0009765625, 1024]",
+        ),
+        (
+            "GGUF rope.freq_base 1e30",
+            vec![meta(&format!("{a}.rope.freq_base"), Value::F64(1e30))],
+            "qwen2.rope.freq_base = 1e30 is outside (1, 1e12]",
+        ),
+        (
+            "GGUF block_count 5000",
+            vec![meta(&format!("{a}.block_count"), Value::U32(5000))],
+            "qwen2.block_count = 5000 is outside 1..=1024",
+        ),
+        (
+            "GGUF head_count 4096",
+            vec![meta(&format!("{a}.attention.head_count"), Value::U32(4096))],
+            "qwen2.attention.head_count = 4096 is outside 1..=1024",
+        ),
+        (
+            "GGUF rms epsilon 1e30",
+            vec![meta(
+                &format!("{a}.attention.layer_norm_rms_epsilon"),
+                Value::F64(1e30),
+            )],
+            "qwen2.attention.layer_norm_rms_epsilon = 1e30 is outside (0, 0.1]",
+        ),
+    ] {
+        let mut g = base.clone();
+        for m in edits {
+            set(&mut g, m);
+        }
+        emit_gguf(name, &g, needle);
+    }
+    // 5. Finite weights of a magnitude no model has.
+    {
+        let mut g = base.clone();
+        let t = g
+            .tensors
+            .iter_mut()
+            .find(|t| t.name == "output_norm.weight")
+            .unwrap();
+        t.data[4..8].copy_from_slice(&1e30f32.to_le_bytes());
+        emit_gguf(
+            "output_norm.weight 1e30",
+            &g,
+            "tensor output_norm.weight (norm weight) holds 1e30 at index 1 && ±1e4",
+        );
+    }
+    // Checkpoints: the tiny Llama 3.1 with its config or weights edited.
+    let hf = |name: &str, config: Option<String>, weights: Option<Vec<u8>>| -> PathBuf {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(fixtures.join("tiny-llama31").join(f), d.join(f)).unwrap();
+        }
+        if let Some(c) = config {
+            std::fs::write(d.join("config.json"), c).unwrap();
+        }
+        if let Some(w) = weights {
+            std::fs::write(d.join("model.safetensors"), w).unwrap();
+        }
+        d
+    };
+    let config_text = std::fs::read_to_string(fixtures.join("tiny-llama31/config.json")).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&config_text).unwrap();
+    let with = |k: &str, v: serde_json::Value| {
+        let mut c = config.clone();
+        c[k] = v;
+        Some(c.to_string())
+    };
+    let yarn = |extra: serde_json::Value| {
+        let mut y = serde_json::json!({"rope_type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 64});
+        for (k, v) in extra.as_object().unwrap() {
+            y[k] = v.clone();
+        }
+        y
+    };
+    /// A checkpoint case: name, config.json text, safetensors bytes (each
+    /// `None`: the fixture's), the words of its refusal.
+    type HfCase = (&'static str, Option<String>, Option<Vec<u8>>, &'static str);
+    let mut hf_cases: Vec<HfCase> = vec![
+        (
+            "config.json yarn factor 1e308",
+            with("rope_scaling", yarn(serde_json::json!({"factor": 1e308}))),
+            None,
+            "config.json: key rope_scaling.factor && outside [0.0009765625, 1024]",
+        ),
+        (
+            "config.json yarn attention_factor 100",
+            with(
+                "rope_scaling",
+                yarn(serde_json::json!({"attention_factor": 100.0})),
+            ),
+            None,
+            "key rope_scaling.attention_factor && outside [0.1, 10]",
+        ),
+        (
+            "config.json rope_theta 1e30",
+            with("rope_parameters", {
+                let mut p = config["rope_parameters"].clone();
+                p["rope_theta"] = 1e30.into();
+                p
+            }),
+            None,
+            "config.json: rope_theta = 1e30 is outside (1, 1e12]",
+        ),
+        (
+            "config.json num_hidden_layers 100000",
+            with("num_hidden_layers", 100_000.into()),
+            None,
+            "config.json: num_hidden_layers = 100000 is outside 1..=1024",
+        ),
+        (
+            "config.json holding []",
+            Some("[]".into()),
+            None,
+            "config.json: not a JSON object but an array",
+        ),
+        (
+            "config.json rope_theta 1e400",
+            Some(config_text.replacen('{', "{\"rope_theta\": 1e400, ", 1)),
+            None,
+            "config.json: not valid JSON at key \"rope_theta\" && number out of range && 64-bit float",
+        ),
+        (
+            "config.json hidden_size as a string",
+            with("hidden_size", "64".into()),
+            None,
+            "config.json: a value of the wrong type at key \"hidden_size\"",
+        ),
+    ];
+    // The final norm's weights 1e30 in the safetensors.
+    let st = std::fs::read(fixtures.join("tiny-llama31/model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&st[8..8 + n]).unwrap();
+    let norm = &header["model.norm.weight"];
+    assert_eq!(norm["dtype"], "F32");
+    let at = 8 + n + norm["data_offsets"][0].as_u64().unwrap() as usize;
+    let mut w = st.clone();
+    w[at..at + 4].copy_from_slice(&1e30f32.to_le_bytes());
+    hf_cases.push((
+        "safetensors model.norm.weight 1e30",
+        None,
+        Some(w),
+        "tensor model.norm.weight (norm weight) holds 1e30 at index 0 && ±1e4",
+    ));
+    for (i, (name, c, w, needle)) in hf_cases.into_iter().enumerate() {
+        out.push((name.to_string(), hf(&format!("i37-hf-{i}"), c, w), needle));
+    }
+    out
 }
