@@ -138,14 +138,7 @@ fn shape_of(q: &[usize], k: &[usize], v: &[usize]) -> PyResult<AttentionShape> {
             "k: expected batch {b} and head_dim {d} as q {q:?}, got {k:?}"
         )));
     }
-    Ok(AttentionShape {
-        batch: b,
-        q_heads: hq,
-        kv_heads: hk,
-        q_len: tq,
-        k_len: tk,
-        head_dim: d,
-    })
+    Ok(AttentionShape::new(b, hq, hk, tq, tk, d))
 }
 
 /// What an attention call reads besides its buffers: the shape, the

@@ -55,24 +55,30 @@ pub enum BufferPositions<'a> {
     Ids(&'a [i64]),
 }
 
-/// Sizes of an attention call on `(B, H, T, D)` buffers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AttentionShape {
-    /// `B`.
-    pub batch: usize,
-    /// Query heads `H_q`.
-    pub q_heads: usize,
-    /// Key/value heads `H_k` (dividing `H_q`: grouped-query attention).
-    pub kv_heads: usize,
-    /// Queries `T_q` (at most `T_k`).
-    pub q_len: usize,
-    /// Keys `T_k`.
-    pub k_len: usize,
-    /// Head dimension `D`.
-    pub head_dim: usize,
-}
+/// Sizes of an attention call on `(B, H, T, D)` buffers: the kernels'
+/// [`k::Dims`], with `T_q` at most `T_k` ([`check`](k::Dims::check)).
+pub type AttentionShape = k::Dims;
 
-impl AttentionShape {
+impl k::Dims {
+    /// The sizes `B`, `H_q`, `H_k`, `T_q`, `T_k`, `D`, in this order.
+    pub fn new(
+        batch: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        q_len: usize,
+        k_len: usize,
+        head_dim: usize,
+    ) -> Self {
+        Self {
+            batch,
+            q_heads,
+            kv_heads,
+            q_len,
+            k_len,
+            head_dim,
+        }
+    }
+
     /// Checks every size and that they group.
     ///
     /// # Errors
@@ -110,17 +116,6 @@ impl AttentionShape {
         Ok(())
     }
 
-    fn dims(&self) -> k::Dims {
-        k::Dims {
-            batch: self.batch,
-            q_heads: self.q_heads,
-            kv_heads: self.kv_heads,
-            q_len: self.q_len,
-            k_len: self.k_len,
-            head_dim: self.head_dim,
-        }
-    }
-
     /// Elements of the query (and output) buffer.
     pub fn q_elements(&self) -> usize {
         self.batch * self.q_heads * self.q_len * self.head_dim
@@ -138,14 +133,7 @@ impl AttentionShape {
 }
 
 fn check_len(what: &'static str, got: usize, need: usize) -> Result<()> {
-    if got != need {
-        return Err(Error::Shape {
-            what,
-            expected: format!("{need} elements"),
-            got: format!("{got}"),
-        });
-    }
-    Ok(())
+    crate::error::check_count(what, need, got, "elements")
 }
 
 /// The `(B, T)` position-id tensors of the keys and of the last `q_len`
@@ -309,7 +297,7 @@ impl BufferAttention<'_> {
             }
         };
         let prob = k::Problem {
-            dims: s.dims(),
+            dims: s,
             scale,
             causal: self.causal,
             q,
@@ -454,7 +442,7 @@ pub fn method_forward(
     check_len("values", v.len(), s.kv_elements())?;
     check_len("output", out.len(), s.q_elements())?;
     let attn = MethodAttention::new(method, rope, lengths)?;
-    let bthd = attn.forward_buffers(q, kk, v, s.dims())?;
+    let bthd = attn.forward_buffers(q, kk, v, s)?;
     // (B, T, H, D) → (B, H, T, D)
     let (h, t, d) = (s.q_heads, s.q_len, s.head_dim);
     for b in 0..s.batch {

@@ -268,3 +268,16 @@ pub fn check_dim(what: &'static str, value: usize, even: bool) -> Result<usize> 
     }
     Ok(value)
 }
+
+/// Checks that a buffer or list of `what` holds `need` items: otherwise
+/// [`Error::Shape`] with both counts in `unit` (`elements`, `entries`).
+pub(crate) fn check_count(what: &'static str, need: usize, got: usize, unit: &str) -> Result<()> {
+    if got != need {
+        return Err(Error::Shape {
+            what,
+            expected: format!("{need} {unit}"),
+            got: format!("{got} {unit}"),
+        });
+    }
+    Ok(())
+}

@@ -35,6 +35,19 @@ pub mod relative;
 pub mod rope;
 pub mod tensor;
 
+/// `Display` for a type with an `as_str(self) -> &'static str`: the
+/// name it gives.
+macro_rules! display_as_str {
+    ($ty:ty) => {
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+pub(crate) use display_as_str;
+
 pub use encoding::{
     AbsoluteEncoding, AttentionBias, Hook, Hooks, PositionalEncoding, RotaryEncoding,
 };

@@ -284,8 +284,4 @@ impl SimdLevel {
     }
 }
 
-impl std::fmt::Display for SimdLevel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+crate::display_as_str!(SimdLevel);

@@ -42,11 +42,7 @@ impl HeadLayout {
     }
 }
 
-impl std::fmt::Display for HeadLayout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+crate::display_as_str!(HeadLayout);
 
 /// The shape of one query or key buffer and how its heads are rotated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -210,16 +210,7 @@ impl FireMlp {
     }
 
     fn check(&self, width: usize, heads: usize) -> Result<()> {
-        let shape = |what: &'static str, exp: usize, got: usize| -> Result<()> {
-            if exp != got {
-                return Err(Error::Shape {
-                    what,
-                    expected: format!("{exp} entries"),
-                    got: format!("{got} entries"),
-                });
-            }
-            Ok(())
-        };
+        let shape = |what, exp, got| crate::error::check_count(what, exp, got, "entries");
         shape("fire mlp w1", width, self.w1.len())?;
         shape("fire mlp b1", width, self.b1.len())?;
         shape("fire mlp b2", heads, self.b2.len())?;

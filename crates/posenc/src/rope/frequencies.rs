@@ -39,11 +39,7 @@ impl PairLayout {
     }
 }
 
-impl std::fmt::Display for PairLayout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+crate::display_as_str!(PairLayout);
 
 impl std::str::FromStr for PairLayout {
     type Err = Error;

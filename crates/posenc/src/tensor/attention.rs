@@ -267,14 +267,7 @@ impl Attention {
         let qkv = &qkv.contiguous()?;
         let g = Geometry {
             layout: HeadLayout::Bthd,
-            dims: k::Dims {
-                batch: b,
-                q_heads,
-                kv_heads,
-                q_len: t,
-                k_len: t,
-                head_dim: d,
-            },
+            dims: k::Dims::new(b, q_heads, kv_heads, t, t, d),
             q_rows: k::Rows {
                 offset: 0,
                 sb: t * w,
@@ -389,14 +382,7 @@ impl Attention {
                 dtype: format!("{:?}, {:?}, {:?}", q.dtype(), k.dtype(), v.dtype()),
             });
         }
-        let dims = k::Dims {
-            batch: bq,
-            q_heads: hq,
-            kv_heads: hk,
-            q_len: tq,
-            k_len: tk,
-            head_dim: dq,
-        };
+        let dims = k::Dims::new(bq, hq, hk, tq, tk, dq);
         check_dims(&dims)?;
         let rows = |x: &Tensor| -> Result<k::Rows> { rows_of(x, self.layout) };
         Ok(Geometry {

@@ -57,12 +57,11 @@
 
 use std::sync::Arc;
 
-use candle_core::{
-    CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Tensor, WithDType,
-};
+use candle_core::{CpuStorage, DType, Device, Layout, Shape, Tensor, WithDType};
 use candle_nn::{Init, VarBuilder};
 use rayon::prelude::*;
 
+use super::custom::{AsCustomOp, CpuOutput, SliceGrads, SliceOp};
 use super::host::{checked_elements, common_rows, read_positions};
 use super::scan::reverse_cumsum_last;
 use super::Positions;
@@ -262,7 +261,7 @@ impl CopeBias {
             };
             let z = q.broadcast_matmul(&self.table)?.contiguous()?; // (B, H, Tq, P)
             let gl = gate_logits.to_dtype(dtype)?.contiguous()?;
-            let term = gl.apply_op2(&z, op)?;
+            let term = gl.apply_op2(&z, AsCustomOp(op))?;
             return Ok((term * self.cfg.term_scale())?.to_dtype(in_dtype)?);
         }
         let p = self.positions(gate_logits, q_pos, k_pos)?;
@@ -447,18 +446,15 @@ fn slice_of<'a, T>(v: &'a [T], l: &Layout, what: &str) -> candle_core::Result<&'
     Ok(&v[o1..o2])
 }
 
-impl CustomOp2 for CopeOp {
+impl SliceOp for CopeOp {
     fn name(&self) -> &'static str {
         "posenc-cope"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, args: &[(&CpuStorage, &Layout)]) -> CpuOutput {
+        let [(s1, l1), (s2, l2)] = args else {
+            candle_core::bail!("posenc cope: takes two tensors, not {}", args.len())
+        };
         let out = match (s1, s2) {
             (CpuStorage::F32(a), CpuStorage::F32(b)) => {
                 CpuStorage::F32(self.forward(slice_of(a, l1, "logits")?, slice_of(b, l2, "z")?))
@@ -475,42 +471,37 @@ impl CustomOp2 for CopeOp {
         Ok((out, l1.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        gl: &Tensor,
-        z: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(&self, args: &[&Tensor], _res: &Tensor, grad: &Tensor) -> SliceGrads {
+        let [gl, z] = args else {
+            candle_core::bail!("posenc cope: takes two tensors, not {}", args.len())
+        };
         let packed = gl.contiguous()?.apply_op3_no_bwd(
             &z.contiguous()?,
             &grad.contiguous()?,
-            &CopeGrad(self.clone()),
+            &AsCustomOp(CopeGrad(self.clone())),
         )?;
         let n = gl.elem_count();
         let dgl = packed.narrow(0, 0, n)?.reshape(gl.shape())?;
         let dz = packed.narrow(0, n, z.elem_count())?.reshape(z.shape())?;
-        Ok((Some(dgl), Some(dz)))
+        Ok(vec![Some(dgl), Some(dz)])
     }
 }
 
 /// The backward pass of [`CopeOp`], as one op with both gradients packed.
 struct CopeGrad(CopeOp);
 
-impl CustomOp3 for CopeGrad {
+impl SliceOp for CopeGrad {
     fn name(&self) -> &'static str {
         "posenc-cope-grad"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, args: &[(&CpuStorage, &Layout)]) -> CpuOutput {
+        let [(s1, l1), (s2, l2), (s3, l3)] = args else {
+            candle_core::bail!(
+                "posenc cope backward: takes three tensors, not {}",
+                args.len()
+            )
+        };
         let out = match (s1, s2, s3) {
             (CpuStorage::F32(a), CpuStorage::F32(b), CpuStorage::F32(c)) => {
                 CpuStorage::F32(self.0.backward(
@@ -534,5 +525,11 @@ impl CustomOp3 for CopeGrad {
         };
         let n = l1.shape().elem_count() + l2.shape().elem_count();
         Ok((out, Shape::from(n)))
+    }
+
+    /// Never called: the op runs without a backward pass
+    /// (`apply_op3_no_bwd`).
+    fn bwd(&self, _args: &[&Tensor], _res: &Tensor, _dy: &Tensor) -> SliceGrads {
+        candle_core::bail!("posenc cope backward: no second derivative")
     }
 }

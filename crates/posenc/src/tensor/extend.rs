@@ -209,14 +209,7 @@ impl<'r> MethodAttention<'r> {
             st: w,
         };
         let call = Call {
-            dims: k::Dims {
-                batch: b,
-                q_heads: hq,
-                kv_heads: hk,
-                q_len: t,
-                k_len: t,
-                head_dim: d,
-            },
+            dims: k::Dims::new(b, hq, hk, t, t, d),
             q: &data,
             q_rows: rows(0),
             k: &data,
@@ -254,14 +247,7 @@ impl<'r> MethodAttention<'r> {
         }
         let (qd, kd, vd) = (host_f32(q)?, host_f32(kt)?, host_f32(v)?);
         let call = Call {
-            dims: k::Dims {
-                batch: b,
-                q_heads: hq,
-                kv_heads: hk,
-                q_len: tq,
-                k_len: tk,
-                head_dim: d,
-            },
+            dims: k::Dims::new(b, hq, hk, tq, tk, d),
             q: &qd,
             q_rows: k::Rows::bthd(hq, tq, d),
             k: &kd,
