@@ -14,10 +14,11 @@ use std::sync::{Mutex, MutexGuard};
 use posenc_run::finetune::FinetuneOptions;
 use posenc_run::{
     GenerateRequest, HaystackSource, OpenOptions, PasskeyRequest, PerplexityRequest, Products,
-    Progress, PromptSource, RunError, Session, Text,
+    Progress, ProgressFn, PromptSource, RunError, Session, Text,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
+use serde_json::Value;
 
 use crate::convert::to_python;
 use crate::error::{detached, err, IntoPy};
@@ -101,6 +102,24 @@ fn finish<T>(watch: Watch, r: Result<T, RunError>) -> PyResult<T> {
     watch.finish(r.py())
 }
 
+/// `call`'s JSON as Python objects: run with the GIL released, its
+/// progress reported to the `progress` callback (which, like Ctrl-C, can
+/// stop it).
+fn watched(
+    py: Python<'_>,
+    progress: Option<Py<PyAny>>,
+    call: impl FnOnce(&mut ProgressFn<'_>) -> Result<Value, RunError> + Send,
+) -> PyResult<Py<PyAny>> {
+    let watch = Watch::new(progress);
+    let r = detached(py, || {
+        Ok(call(&mut |p: Progress<'_>| {
+            watch.tick(p.done, p.total, p.what)
+        }))
+    })?;
+    let v = finish(watch, r)?;
+    to_python(py, &v)
+}
+
 /// A pretrained decoder (GGUF file or Hugging Face checkpoint directory),
 /// loaded once and probed as the `posenc` command probes it.
 #[pyclass(name = "Model", module = "posenc")]
@@ -179,14 +198,7 @@ impl Model {
             adapter,
             max_memory: memory_arg(max_memory)?,
         };
-        let watch = Watch::new(progress);
-        let r = detached(py, || {
-            Ok(self.session().perplexity(&request, &mut |p: Progress<'_>| {
-                watch.tick(p.done, p.total, p.what)
-            }))
-        })?;
-        let v = finish(watch, r)?;
-        to_python(py, &v)
+        watched(py, progress, |on| self.session().perplexity(&request, on))
     }
 
     /// Passkey retrieval over `lengths` × `depths` (`trials` keys per
@@ -223,14 +235,7 @@ impl Model {
             adapter: None,
             max_memory: memory_arg(max_memory)?,
         };
-        let watch = Watch::new(progress);
-        let r = detached(py, || {
-            Ok(self.session().passkey(&request, &mut |p: Progress<'_>| {
-                watch.tick(p.done, p.total, p.what)
-            }))
-        })?;
-        let v = finish(watch, r)?;
-        to_python(py, &v)
+        watched(py, progress, |on| self.session().passkey(&request, on))
     }
 
     /// Text generated after `prompt` (a str, or a path to a UTF-8 file):
@@ -406,14 +411,7 @@ fn finetune(
         print_progress: false,
         max_memory: memory_arg(max_memory)?,
     };
-    let watch = Watch::new(progress);
-    let r = detached(py, || {
-        Ok(posenc_run::finetune(&options, &mut |p: Progress<'_>| {
-            watch.tick(p.done, p.total, p.what)
-        }))
-    })?;
-    let v = finish(watch, r)?;
-    to_python(py, &v)
+    watched(py, progress, |on| posenc_run::finetune(&options, on))
 }
 
 /// Adds `Model` and `finetune`.
