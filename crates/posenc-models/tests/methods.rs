@@ -170,7 +170,7 @@ fn tiny_models_match_the_authors_code() {
     }
 }
 
-use common::model_path;
+use common::model::model_path;
 
 /// The first two bands of a 2,049-token window (a position's loss does not
 /// depend on the window's length past it) of each method within 0.005

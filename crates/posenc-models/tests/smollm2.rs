@@ -20,7 +20,7 @@ use posenc_models::gguf::GgufFile;
 use posenc_models::perplexity::{loss_per_position, rope_of};
 use posenc_models::{PretrainedModel, Scaling, TextTokenizer};
 
-use common::model_path;
+use common::model::model_path;
 
 /// Token ids identical to transformers' for the opening of the novel and
 /// for strings that exercise the pre-tokenizer (digits, runs of spaces,

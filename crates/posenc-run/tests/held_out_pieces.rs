@@ -2,21 +2,16 @@
 //! tokenization, on the real model's tokenizer and the novel (pieces of
 //! 4 KiB, so that hundreds of cuts are made).
 
-use std::path::Path;
+#[path = "../../posenc-models/tests/common/model.rs"]
+mod model;
 
 use posenc_run::{OpenOptions, Session};
 
 #[test]
 fn pieces_give_the_whole_texts_held_out_window() {
-    let model =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !model.is_file() {
-        if std::env::var("POSENC_REQUIRE_MODEL").is_ok_and(|v| v == "1") {
-            panic!("no model at {}", model.display());
-        }
-        eprintln!("pieces_give_the_whole_texts_held_out_window: SKIPPED: no model");
+    let Some(model) = model::model_path("pieces_give_the_whole_texts_held_out_window") else {
         return;
-    }
+    };
     let mut s = Session::open(&model, &OpenOptions::default()).unwrap();
     let tk = s.read_tokenizer().unwrap();
     let text = posenc_run::PRIDE_AND_PREJUDICE;

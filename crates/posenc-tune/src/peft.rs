@@ -831,6 +831,20 @@ fn parse_layers(c: &Value, num_layers: usize) -> std::result::Result<Option<Vec<
 /// the header lists the metadata and the tensors by name, in sorted order,
 /// the data follows in that order, and the header is padded with spaces
 /// to a multiple of 8 bytes, as the format allows.
+/// The start of a safetensors file: the length of `header`'s JSON (u64,
+/// little-endian), then that JSON padded with spaces to a multiple of 8
+/// bytes. The tensors' bytes follow it, at the header's `data_offsets`.
+pub fn safetensors_head(header: serde_json::Map<String, Value>) -> Vec<u8> {
+    let mut head = Value::Object(header).to_string();
+    while !head.len().is_multiple_of(8) {
+        head.push(' ');
+    }
+    let mut bytes = Vec::with_capacity(8 + head.len());
+    bytes.extend_from_slice(&(head.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(head.as_bytes());
+    bytes
+}
+
 pub(crate) fn write_safetensors(
     path: &Path,
     tensors: &[(String, Vec<usize>, &[f32])],
@@ -859,13 +873,8 @@ pub(crate) fn write_safetensors(
     // serde_json's map is sorted, or in insertion order with its
     // `preserve_order` feature: either way "__metadata__" comes first and
     // the tensors follow by name.
-    let mut head = serde_json::to_string(&Value::Object(header)).expect("serialisable");
-    while !head.len().is_multiple_of(8) {
-        head.push(' ');
-    }
-    let mut bytes = Vec::with_capacity(8 + head.len() + offset);
-    bytes.extend_from_slice(&(head.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(head.as_bytes());
+    let mut bytes = safetensors_head(header);
+    bytes.reserve_exact(offset);
     for (_, _, v) in &order {
         for x in v.iter() {
             bytes.extend_from_slice(&x.to_le_bytes());

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use posenc_tune::peft::{Adapter, CONFIG_FILE, WEIGHTS_FILE};
+use posenc_tune::peft::{safetensors_head, Adapter, CONFIG_FILE, WEIGHTS_FILE};
 use posenc_tune::TuneError;
 use serde_json::{json, Value};
 
@@ -51,18 +51,19 @@ fn adapter(
     std::fs::write(d.join(CONFIG_FILE), c.to_string()).unwrap();
     let (mut header, mut data) = weights();
     tensors(&mut header, &mut data);
-    let mut head = Value::Object(header).to_string();
-    while !head.len().is_multiple_of(8) {
-        head.push(' ');
-    }
-    let mut b = (head.len() as u64).to_le_bytes().to_vec();
-    b.extend_from_slice(head.as_bytes());
+    let mut b = safetensors_head(header);
     b.extend_from_slice(&data);
     std::fs::write(d.join(WEIGHTS_FILE), b).unwrap();
     d
 }
 
 fn no_edit(_: &mut serde_json::Map<String, Value>, _: &mut Vec<u8>) {}
+
+/// An adapter directory `name`: the fixture with its config's `key` set to
+/// `value`.
+fn with_key(name: &str, key: &str, value: Value) -> PathBuf {
+    adapter(name, |c| c[key] = value.clone(), no_edit)
+}
 
 /// Sets every `f32` of tensor `name` to `v`.
 fn fill(header: &serde_json::Map<String, Value>, data: &mut [u8], name: &str, v: f32) {
@@ -118,28 +119,16 @@ fn a_tensor_relabelled_i32_is_refused_by_name() {
 fn layers_to_transform_is_honoured_or_refused() {
     // An index past the model's 2 layers.
     for v in [json!([100]), json!(100), json!([0, 2])] {
-        let dir = adapter(
-            "layers-100",
-            |c| c["layers_to_transform"] = v.clone(),
-            no_edit,
-        );
+        let dir = with_key("layers-100", "layers_to_transform", v.clone());
         let msg = refusal(&dir);
         assert!(msg.contains("layers_to_transform holds layer"), "{msg}");
         assert!(msg.contains("the model has 2 layers (0..=1)"), "{msg}");
     }
     // Not an index.
-    let dir = adapter(
-        "layers-str",
-        |c| c["layers_to_transform"] = json!(["x"]),
-        no_edit,
-    );
+    let dir = with_key("layers-str", "layers_to_transform", json!(["x"]));
     assert!(refusal(&dir).contains("not a layer index"));
     // Factors of a layer the list leaves out.
-    let dir = adapter(
-        "layers-0",
-        |c| c["layers_to_transform"] = json!([0]),
-        no_edit,
-    );
+    let dir = with_key("layers-0", "layers_to_transform", json!([0]));
     let msg = refusal(&dir);
     assert!(
         msg.contains("layers.1.") && msg.contains("layers_to_transform [0] leaves out"),
@@ -158,7 +147,7 @@ fn layers_to_transform_is_honoured_or_refused() {
     // Layer 0 only, its factors alone in the file: read, and merged into
     // layer 0 only.
     for (name, v) in [("only-0", json!([0])), ("only-0-int", json!(0))] {
-        let dir = adapter(name, |c| c["layers_to_transform"] = v.clone(), no_edit);
+        let dir = with_key(name, "layers_to_transform", v.clone());
         // The file rewritten without layer 1's factors (safetensors packs
         // its data without holes).
         let bytes = std::fs::read(dir.join(WEIGHTS_FILE)).unwrap();
@@ -195,7 +184,7 @@ fn layers_to_transform_is_honoured_or_refused() {
 #[test]
 fn implausible_scales_and_values_are_refused_before_the_run() {
     // lora_alpha 1e38 over r = 4: a scale of 2.5e37.
-    let dir = adapter("alpha", |c| c["lora_alpha"] = json!(1e38), no_edit);
+    let dir = with_key("alpha", "lora_alpha", json!(1e38));
     let msg = refusal(&dir);
     assert!(
         msg.contains("LoRA scale lora_alpha/r = 2.5e37 is outside [0.0009765625, 256]"),
@@ -284,10 +273,10 @@ fn a_config_that_is_not_a_file_or_not_an_object_is_said_for_what_it_is() {
 
 #[test]
 fn names_from_the_files_are_escaped() {
-    let dir = adapter(
+    let dir = with_key(
         "escape-target",
-        |c| c["target_modules"] = json!(["q_proj\u{1b}[2J"]),
-        no_edit,
+        "target_modules",
+        json!(["q_proj\u{1b}[2J"]),
     );
     assert!(refusal(&dir).contains("q_proj\\u{1b}[2J"));
     let dir = adapter(
@@ -300,6 +289,6 @@ fn names_from_the_files_are_escaped() {
     );
     let msg = refusal(&dir);
     assert!(msg.contains("\\u{1b}[2J\\0"), "{msg}");
-    let dir = adapter("escape-bias", |c| c["bias"] = json!("all\u{7}"), no_edit);
+    let dir = with_key("escape-bias", "bias", json!("all\u{7}"));
     assert!(refusal(&dir).contains("bias is \"all\\u{7}\""));
 }

@@ -675,9 +675,14 @@ pub fn issue_37_variants(fixtures: &Path, dir: &Path) -> Vec<(String, PathBuf, &
         std::fs::write(&p, g.write().0).unwrap();
         out.push((name.to_string(), p, needle));
     };
-    let set = |g: &mut Gguf, m: Meta| {
-        g.meta.retain(|x| x.key != m.key);
-        g.meta.push(m);
+    // The base with each of `edits` in place of the entry of its key.
+    let with = |edits: Vec<Meta>| {
+        let mut g = base.clone();
+        for m in edits {
+            g.meta.retain(|x| x.key != m.key);
+            g.meta.push(m);
+        }
+        g
     };
     let evil = format!("token_embd.weight{CLEAR}");
     let renamed = |edit: &dyn Fn(&mut Tensor)| {
@@ -740,46 +745,31 @@ pub fn issue_37_variants(fixtures: &Path, dir: &Path) -> Vec<(String, PathBuf, &
         let mut g = base.clone();
         g.version = 1;
         emit_gguf("version 1 header read with 32-bit lengths", &g, "");
-        let mut g = base.clone();
-        set(
-            &mut g,
-            meta(
-                "general.architecture",
-                Value::String(format!("qwen2\0{CLEAR}")),
-            ),
-        );
         emit_gguf(
             "escape in general.architecture",
-            &g,
+            &with(vec![meta(
+                "general.architecture",
+                Value::String(format!("qwen2\0{CLEAR}")),
+            )]),
             "unsupported architecture && qwen2\\0\\u{1b}[2J",
-        );
-        let mut g = base.clone();
-        set(
-            &mut g,
-            meta(
-                "tokenizer.ggml.model",
-                Value::String(format!("gpt2{CLEAR}")),
-            ),
         );
         emit_gguf(
             "escape in tokenizer.ggml.model",
-            &g,
+            &with(vec![meta(
+                "tokenizer.ggml.model",
+                Value::String(format!("gpt2{CLEAR}")),
+            )]),
             "tokenizer model && \\u{1b}[2J",
         );
     }
     {
         // A tokenizer piece: a merge without its space.
-        let mut g = base.clone();
-        set(
-            &mut g,
-            meta(
-                "tokenizer.ggml.merges",
-                Value::Array(vec![Value::String(format!("Ġ{CLEAR}t"))]),
-            ),
-        );
         emit_gguf(
             "escape in a tokenizer merge",
-            &g,
+            &with(vec![meta(
+                "tokenizer.ggml.merges",
+                Value::Array(vec![Value::String(format!("Ġ{CLEAR}t"))]),
+            )]),
             "tokenizer.ggml.merges: merge \"Ġ\\u{1b}[2Jt\" has no space",
         );
     }
@@ -832,11 +822,7 @@ pub fn issue_37_variants(fixtures: &Path, dir: &Path) -> Vec<(String, PathBuf, &
             "qwen2.attention.layer_norm_rms_epsilon = 1e30 is outside (0, 0.1]",
         ),
     ] {
-        let mut g = base.clone();
-        for m in edits {
-            set(&mut g, m);
-        }
-        emit_gguf(name, &g, needle);
+        emit_gguf(name, &with(edits), needle);
     }
     // 5. Finite weights of a magnitude no model has.
     {

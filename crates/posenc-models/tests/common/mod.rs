@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+pub mod model;
+
 /// `tests/fixtures/NAME`.
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -54,36 +56,7 @@ pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// The SmolLM2-135M-Instruct GGUF the end-to-end tests run on.
-pub const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-/// The real model at `$POSENC_TEST_GGUF`, else at `models/` in the
-/// workspace; `None` (printed as skipped) without it, unless
-/// `POSENC_REQUIRE_MODEL=1` (set by `.ci/run`), which makes a missing model
-/// fail `test`.
-pub fn model_path(test: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("POSENC_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models")
-                .join(SMOLLM2_FILE)
-        });
-    if path.is_file() {
-        return Some(path);
-    }
-    let why = format!(
-        "{test}: SKIPPED: no model at {} (run scripts/get-model.sh or set POSENC_TEST_GGUF)",
-        path.display()
-    );
-    if std::env::var("POSENC_REQUIRE_MODEL").is_ok_and(|v| v == "1") {
-        panic!("{why}, and POSENC_REQUIRE_MODEL=1 asks for it");
-    }
-    eprintln!("{why}");
-    None
-}
-
-/// The model at [`model_path`], loaded; `None` (skipped) as there.
+/// The model at [`model::model_path`], loaded; `None` (skipped) as there.
 pub fn smollm2(test: &str) -> Option<posenc_models::PretrainedModel> {
-    model_path(test).map(|path| posenc_models::PretrainedModel::load(&path, None).unwrap())
+    model::model_path(test).map(|path| posenc_models::PretrainedModel::load(&path, None).unwrap())
 }
