@@ -17,11 +17,14 @@
 mod common;
 #[path = "../../posenc-models/tests/common/hostile.rs"]
 mod hostile;
+#[path = "../../posenc-models/tests/common/model.rs"]
+mod model;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
+use posenc_tune::peft::safetensors_head;
 use serde_json::{json, Map, Value};
 
 fn fixtures() -> PathBuf {
@@ -36,16 +39,8 @@ fn tiny_llama() -> String {
         .to_string()
 }
 
-fn real_model() -> Option<String> {
-    let p =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.is_file() {
-        return Some(p.to_str().unwrap().to_string());
-    }
-    if std::env::var("POSENC_REQUIRE_MODEL").is_ok_and(|v| v == "1") {
-        panic!("no model at {}", p.display());
-    }
-    None
+fn real_model(test: &str) -> Option<String> {
+    model::model_path(test).map(|p| p.to_str().unwrap().to_string())
 }
 
 /// `posenc-cli-files-{pid}/{name}` in the temp dir (the directory made).
@@ -53,6 +48,19 @@ fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("posenc-cli-files-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
+}
+
+/// A [`scratch`] directory `name` holding the tiny Llama 3.1's
+/// `config.json` only.
+fn with_tiny_config(name: &str) -> PathBuf {
+    let dir = scratch(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        fixtures().join("tiny-llama31/config.json"),
+        dir.join("config.json"),
+    )
+    .unwrap();
+    dir
 }
 
 fn s(p: &Path) -> String {
@@ -278,12 +286,7 @@ fn adapter(name: &str, config: impl Fn(&mut Value), tensors: impl Fn(&mut Tensor
         header.insert(name.clone(), e);
         data.extend_from_slice(bytes);
     }
-    let mut head = Value::Object(header).to_string();
-    while !head.len().is_multiple_of(8) {
-        head.push(' ');
-    }
-    let mut b = (head.len() as u64).to_le_bytes().to_vec();
-    b.extend_from_slice(head.as_bytes());
+    let mut b = safetensors_head(header);
     b.extend_from_slice(&data);
     std::fs::write(d.join("adapter_model.safetensors"), b).unwrap();
     s(&d)
@@ -469,13 +472,7 @@ fn arguments_and_outputs_are_refused_naming_the_flag_in_1_gib() {
     let m = tiny_llama();
     // A config beside weights that are not safetensors: a case refused
     // naming --out was refused before any weight was read.
-    let config_only = scratch("config-only");
-    std::fs::create_dir_all(&config_only).unwrap();
-    std::fs::copy(
-        fixtures().join("tiny-llama31/config.json"),
-        config_only.join("config.json"),
-    )
-    .unwrap();
+    let config_only = with_tiny_config("config-only");
     std::fs::write(config_only.join("model.safetensors"), b"not safetensors").unwrap();
     let co = s(&config_only);
     let file = scratch("a-file");
@@ -608,13 +605,7 @@ fn a_resumed_finetune_says_what_is_wrong_in_1_gib() {
         std::fs::write(&p, r.to_string()).unwrap();
     };
     // The tiny model with one weight changed.
-    let other = scratch("other-model");
-    std::fs::create_dir_all(&other).unwrap();
-    std::fs::copy(
-        fixtures().join("tiny-llama31/config.json"),
-        other.join("config.json"),
-    )
-    .unwrap();
+    let other = with_tiny_config("other-model");
     let mut st = std::fs::read(fixtures().join("tiny-llama31/model.safetensors")).unwrap();
     let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
     let header: Value = serde_json::from_slice(&st[8..8 + n]).unwrap();
@@ -707,8 +698,7 @@ fn large_texts_and_prompts_stay_within_1_gib() {
     assert!(tokens > 9_000_000, "{tokens}");
     println!("a fine-tune on a 48 MB text ({tokens} training tokens): {took:?}");
     let _ = std::fs::remove_file(&big);
-    let Some(real) = real_model() else {
-        eprintln!("large prompts: SKIPPED: no model");
+    let Some(real) = real_model("large prompts") else {
         return;
     };
     let nul = scratch("nul.txt");

@@ -13,6 +13,8 @@ mod common;
 
 #[path = "../../posenc-models/tests/common/hostile.rs"]
 mod hostile;
+#[path = "../../posenc-models/tests/common/model.rs"]
+mod model;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -25,16 +27,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn real_model(test: &str) -> Option<String> {
-    let model =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if model.is_file() {
-        return Some(model.to_str().unwrap().to_string());
-    }
-    if std::env::var("POSENC_REQUIRE_MODEL").is_ok_and(|v| v == "1") {
-        panic!("no model at {}", model.display());
-    }
-    eprintln!("{test}: SKIPPED: no model");
-    None
+    model::model_path(test).map(|p| p.to_str().unwrap().to_string())
 }
 
 /// The tiny fixture model as a GGUF file in the scratch directory `name`,

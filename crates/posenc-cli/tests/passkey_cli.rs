@@ -3,8 +3,10 @@
 //! about the arguments proves they were checked first.
 
 mod common;
+#[path = "../../posenc-models/tests/common/model.rs"]
+mod model;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use common::{argv, fails_mentioning};
 
@@ -112,15 +114,9 @@ fn bad_haystacks_are_refused_before_the_model() {
 /// measured it, before the weights are read (needs the real model).
 #[test]
 fn a_haystack_shorter_than_the_length_is_refused() {
-    let model =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !model.is_file() {
-        if std::env::var("POSENC_REQUIRE_MODEL").is_ok_and(|v| v == "1") {
-            panic!("no model at {}", model.display());
-        }
-        eprintln!("a_haystack_shorter_than_the_length_is_refused: SKIPPED: no model");
+    let Some(model) = model::model_path("a_haystack_shorter_than_the_length_is_refused") else {
         return;
-    }
+    };
     let dir = scratch("short");
     let hay = dir.join("hay.txt");
     std::fs::write(&hay, "The cat sat on the mat. ".repeat(40)).unwrap();
