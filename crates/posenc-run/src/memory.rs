@@ -422,7 +422,8 @@ pub fn passkey(
 }
 
 /// `posenc finetune --model --length T` (or `--pose T`: the window), with
-/// a training text of `text_bytes` bytes tokenized whole:
+/// a training text of `text_bytes` bytes (read whole, tokenized in 1 MiB
+/// pieces of which only the token ids are kept):
 ///
 /// posenc-tune's estimate of a training step
 /// ([`posenc_tune::train::estimate_train_bytes`]: the loaded model and its
@@ -432,8 +433,9 @@ pub fn passkey(
 /// two moments)
 /// `+ runtime` (as above; the loader's copy of the embedding is within
 /// posenc-tune's largest-gradient term)
-/// `+ 6·H` (the text: its bytes, and the tokenizer's work on them, about
-/// 5 bytes per byte for the token ids and the split words).
+/// `+ 6·H` (the text: its bytes, its token ids, and the tokenizer's work
+/// on one piece; kept at the bound measured when the text was tokenized
+/// whole, so an over-estimate now).
 pub fn finetune(
     cfg: &DecoderConfig,
     window: usize,
