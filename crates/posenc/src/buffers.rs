@@ -60,25 +60,6 @@ pub enum BufferPositions<'a> {
 pub type AttentionShape = k::Dims;
 
 impl k::Dims {
-    /// The sizes `B`, `H_q`, `H_k`, `T_q`, `T_k`, `D`, in this order.
-    pub fn new(
-        batch: usize,
-        q_heads: usize,
-        kv_heads: usize,
-        q_len: usize,
-        k_len: usize,
-        head_dim: usize,
-    ) -> Self {
-        Self {
-            batch,
-            q_heads,
-            kv_heads,
-            q_len,
-            k_len,
-            head_dim,
-        }
-    }
-
     /// Checks every size and that they group.
     ///
     /// # Errors

@@ -190,6 +190,27 @@ pub struct Dims {
     pub head_dim: usize,
 }
 
+impl Dims {
+    /// The sizes `B`, `H_q`, `H_k`, `T_q`, `T_k`, `D`, in this order.
+    pub fn new(
+        batch: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        q_len: usize,
+        k_len: usize,
+        head_dim: usize,
+    ) -> Self {
+        Self {
+            batch,
+            q_heads,
+            kv_heads,
+            q_len,
+            k_len,
+            head_dim,
+        }
+    }
+}
+
 /// Positions of the time steps, for the relative biases.
 #[derive(Debug, Clone, Copy)]
 pub enum Pos<'a> {
