@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::error::{ModelError, Result};
-use crate::llama::{Decoder, KvCache};
+use crate::llama::{Decoder, KvCache, Step};
 
 /// How the next token is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,9 +59,10 @@ pub fn generate(
     )
 }
 
-/// [`generate`], calling `on_layer(l)` after layer `l` of the prompt's
-/// pass (the prefill, which takes seconds for a long prompt), on the
-/// caller's thread: the place for progress and for a stop between layers.
+/// [`generate`], calling `on_layer` at each [`Step`] of the prompt's pass
+/// (the prefill, which takes seconds for a long prompt), on the caller's
+/// thread: the place for progress and for a stop between layers and
+/// between a layer's parts.
 ///
 /// # Errors
 /// As [`generate`].
@@ -73,7 +74,7 @@ pub fn generate_observed(
     rope: &Rope,
     sampling: Sampling,
     stop: &[u32],
-    on_layer: &mut dyn FnMut(usize),
+    on_layer: &mut dyn FnMut(Step),
     on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>> {
     if prompt.is_empty() {

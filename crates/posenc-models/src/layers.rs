@@ -265,9 +265,25 @@ impl GatedMlp {
     /// # Errors
     /// The backend's.
     pub fn forward(&self, backend: Backend, h: &[f32], t: usize) -> Result<Vec<f32>> {
+        self.forward_observed(backend, h, t, &mut || {})
+    }
+
+    /// [`GatedMlp::forward`], calling `between()` between its two products
+    /// (a place where a long pass can stop).
+    ///
+    /// # Errors
+    /// The backend's.
+    pub fn forward_observed(
+        &self,
+        backend: Backend,
+        h: &[f32],
+        t: usize,
+        between: &mut dyn FnMut(),
+    ) -> Result<Vec<f32>> {
         let gu = self.gate_up.forward(backend, h, t)?; // (T, 2·I)
         let act = swiglu(&gu, t, self.down.inputs); // (T, I)
         drop(gu);
+        between();
         self.down.forward(backend, &act, t) // (T, D)
     }
 }

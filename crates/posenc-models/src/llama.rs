@@ -59,6 +59,33 @@ pub struct NamedWeight<'a> {
     pub data: &'a [f32],
 }
 
+/// Where a forward pass stands when it calls its observer
+/// ([`Decoder::hidden_states_observed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Between two parts of layer `l` (after its projections, its
+    /// attention and the MLP's first product): nothing new to report, a
+    /// place to stop.
+    Inside(usize),
+    /// Layer `l` is done.
+    Done(usize),
+}
+
+impl Step {
+    /// Layers finished so far: `l` inside layer `l`, `l + 1` after it.
+    pub fn layers_done(self) -> usize {
+        match self {
+            Step::Inside(l) => l,
+            Step::Done(l) => l + 1,
+        }
+    }
+}
+
+/// Queries per attention call in a long pass, by default: the last block
+/// of a 3,000-token pass of SmolLM2-135M takes about a third of its
+/// layer's attention.
+pub const DEFAULT_BLOCK_ROWS: usize = 512;
+
 /// A pretrained decoder, ready to run.
 pub struct Decoder {
     cfg: DecoderConfig,
@@ -72,6 +99,8 @@ pub struct Decoder {
     products: Products,
     /// A training-free attention method run in every layer.
     method: Option<ContextMethod>,
+    /// Queries per attention call in a long pass ([`Decoder::set_block_rows`]).
+    block_rows: usize,
 }
 
 debug_summary!(Decoder {
@@ -173,6 +202,7 @@ impl Decoder {
             backend: Backend::Fused,
             products: Products::F32,
             method: None,
+            block_rows: DEFAULT_BLOCK_ROWS,
         })
     }
 
@@ -372,6 +402,26 @@ impl Decoder {
         Ok(())
     }
 
+    /// Queries per attention call when a pass has more than that many
+    /// ([`DEFAULT_BLOCK_ROWS`] by default, at least 1): a long pass runs its
+    /// plain attention in blocks of query rows, each over the keys up to its
+    /// last position, and can stop between two blocks (Ctrl-C from Python).
+    /// The rows' values are those of one call, up to the summation order.
+    /// A training-free method's attention stays one call per layer (its
+    /// views pack every key at each call).
+    ///
+    /// # Errors
+    /// [`ModelError::Invalid`] for 0.
+    pub fn set_block_rows(&mut self, rows: usize) -> Result<()> {
+        if rows == 0 {
+            return Err(ModelError::Invalid(
+                "an attention block needs at least one query".into(),
+            ));
+        }
+        self.block_rows = rows;
+        Ok(())
+    }
+
     /// The attention method set by [`set_method`](Self::set_method).
     pub fn method(&self) -> Option<ContextMethod> {
         self.method
@@ -412,8 +462,9 @@ impl Decoder {
         self.hidden_states_observed(tokens, rope, cache, &mut |_| {})
     }
 
-    /// [`Decoder::hidden_states`], calling `on_layer(l)` after layer `l`
-    /// (for progress bars).
+    /// [`Decoder::hidden_states`], calling `on_layer` after each layer
+    /// ([`Step::Done`]: for progress bars) and between the parts of a
+    /// layer ([`Step::Inside`]: places where a long pass can stop).
     ///
     /// # Errors
     /// As [`Decoder::hidden_states`].
@@ -422,7 +473,7 @@ impl Decoder {
         tokens: &[u32],
         rope: &Rope,
         cache: Option<&mut KvCache>,
-        on_layer: &mut dyn FnMut(usize),
+        on_layer: &mut dyn FnMut(Step),
     ) -> Result<Vec<f32>> {
         self.hidden_states_with(tokens, rope, self.method, cache, on_layer)
     }
@@ -439,7 +490,7 @@ impl Decoder {
         rope: &Rope,
         method: Option<ContextMethod>,
         mut cache: Option<&mut KvCache>,
-        on_layer: &mut dyn FnMut(usize),
+        on_layer: &mut dyn FnMut(Step),
     ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let method = match method {
@@ -478,18 +529,38 @@ impl Decoder {
         for (li, layer) in self.layers.iter().enumerate() {
             layer.attn_norm.forward(&x, &mut h);
             let qkv = layer.qkv.forward(be, &h, t)?; // (T, (H_q + 2·H_k)·Dh)
+            on_layer(Step::Inside(li));
+            let between = &mut || on_layer(Step::Inside(li));
+            // A method's views pack and rotate every key at each call: its
+            // attention stays one call (in blocks of 512, SmolLM2's 2,049
+            // tokens took 1.4 times as long).
+            let rows = if method.is_some() { t } else { self.block_rows };
             let a = match cache.as_deref_mut() {
                 Some(c) => {
                     c.append(li, &qkv, t, hq, hk, dh);
-                    self.attend_cached(&qkv, t, c, li, rope, method.as_ref(), offset)?
+                    let (kc, vc) = &c.layers[li];
+                    let kv = (&kc[..], &vc[..]);
+                    let m = method.as_ref();
+                    self.attend_blocks(&qkv, t, kv, rope, m, (offset, rows), between)?
+                }
+                None if t > rows => {
+                    let mut kv = KvCache::new(cfg);
+                    kv.append(li, &qkv, t, hq, hk, dh);
+                    let (kc, vc) = &kv.layers[li];
+                    let kv = (&kc[..], &vc[..]);
+                    self.attend_blocks(&qkv, t, kv, rope, None, (0, rows), between)?
                 }
                 None => self.attend(qkv, t, rope, method.as_ref())?,
             }; // (T, H_q·Dh)
+            on_layer(Step::Inside(li));
             add_into(&mut x, &layer.o.forward(be, &a, t)?);
             drop(a);
             layer.mlp_norm.forward(&x, &mut h);
-            add_into(&mut x, &layer.mlp.forward(be, &h, t)?);
-            on_layer(li);
+            let mlp = layer
+                .mlp
+                .forward_observed(be, &h, t, &mut || on_layer(Step::Inside(li)))?;
+            add_into(&mut x, &mlp);
+            on_layer(Step::Done(li));
         }
         if let Some(c) = cache {
             c.len += t;
@@ -540,34 +611,26 @@ impl Decoder {
         vec_of(out)
     }
 
-    /// Attention of `t` new queries at `offset..offset + t` over every key
-    /// in the cache (which already holds the new ones).
+    /// Attention of `t` new queries at `offset..offset + t` (the query
+    /// columns of `qkv`, `(T, W)`) over the keys and values `kv`, each
+    /// `(S, H_k, Dh)` with `S ≥ offset + t` (the new ones included), in
+    /// blocks of at most `rows` queries, each over the keys up to its last
+    /// position; `between()` runs between two blocks (where a long pass can
+    /// stop).
     #[allow(clippy::too_many_arguments)]
-    fn attend_cached(
+    fn attend_blocks(
         &self,
         qkv: &[f32],
         t: usize,
-        cache: &KvCache,
-        layer: usize,
+        (kc, vc): (&[f32], &[f32]),
         rope: &Rope,
         method: Option<&MethodAttention>,
-        offset: usize,
+        (offset, rows): (usize, usize),
+        between: &mut dyn FnMut(),
     ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let (hq, hk, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let w = cfg.qkv_width();
-        let mut q = vec![0f32; t * hq * dh];
-        for r in 0..t {
-            q[r * hq * dh..][..hq * dh].copy_from_slice(&qkv[r * w..][..hq * dh]);
-        }
-        let tk = offset + t;
-        let (kc, vc) = &cache.layers[layer];
-        let q = Tensor::from_vec(q, (1, t, hq, dh), &Device::Cpu)?;
-        let k = Tensor::from_slice(&kc[..tk * hk * dh], (1, tk, hk, dh), &Device::Cpu)?;
-        let v = Tensor::from_slice(&vc[..tk * hk * dh], (1, tk, hk, dh), &Device::Cpu)?;
-        if let Some(ma) = method {
-            return vec_of(self.backend.method(ma, (&q, &k, &v))?);
-        }
         let hooks = AttentionHooks {
             query_key: Some(rope),
             ..Default::default()
@@ -575,9 +638,33 @@ impl Decoder {
         let attn = self
             .attention()?
             .with_layout(posenc::kernels::HeadLayout::Bthd);
-        let pos = AttnPositions::offsets(offset, 0);
-        let out = self.backend.attention(&attn, (&q, &k, &v), &hooks, pos)?;
-        vec_of(out)
+        let mut out = Vec::with_capacity(t * hq * dh); // (T, H_q·Dh)
+        let mut start = 0;
+        while start < t {
+            if start > 0 {
+                between();
+            }
+            let end = start.saturating_add(rows.max(1)).min(t);
+            let n = end - start;
+            let mut q = Vec::with_capacity(n * hq * dh);
+            for r in start..end {
+                q.extend_from_slice(&qkv[r * w..][..hq * dh]);
+            }
+            let tk = offset + end;
+            let q = Tensor::from_vec(q, (1, n, hq, dh), &Device::Cpu)?;
+            let k = Tensor::from_slice(&kc[..tk * hk * dh], (1, tk, hk, dh), &Device::Cpu)?;
+            let v = Tensor::from_slice(&vc[..tk * hk * dh], (1, tk, hk, dh), &Device::Cpu)?;
+            let block = match method {
+                Some(ma) => self.backend.method(ma, (&q, &k, &v))?,
+                None => {
+                    let pos = AttnPositions::offsets(offset + start, 0);
+                    self.backend.attention(&attn, (&q, &k, &v), &hooks, pos)?
+                }
+            };
+            out.extend_from_slice(&vec_of(block)?);
+            start = end;
+        }
+        Ok(out)
     }
 }
 
@@ -729,5 +816,74 @@ mod tests {
                 assert!(decoder.set_weight("lm_head.weight", &before[0].1).is_err());
             }
         }
+    }
+
+    /// A pass whose plain attention runs in blocks of query rows (with and
+    /// without a KV cache) gives the hidden states of one call within 1e-5
+    /// and calls its observer between the blocks; with a method (one call
+    /// per layer) the block size changes nothing.
+    #[test]
+    fn attention_in_blocks_equals_one_call() {
+        use crate::perplexity::rope_of;
+        use crate::scaling::Scaling;
+        for name in FIXTURES {
+            let (cfg, mut st) = fixture(name);
+            let mut decoder = Decoder::load(cfg.clone(), &mut st).unwrap();
+            let tokens: Vec<u32> = (0..40)
+                .map(|i| (i * 7 + 3) % cfg.vocab_size as u32)
+                .collect();
+            for scaling in [
+                "none",
+                "self-extend:2:8+none",
+                "rerope:8+none",
+                "sinks:2:8+none",
+                "dca:16:4+none",
+            ] {
+                let sc: Scaling = scaling.parse().unwrap();
+                let rope = rope_of(sc.rope_config(&cfg).unwrap()).unwrap();
+                decoder.set_method(sc.method).unwrap();
+                for cached in [false, true] {
+                    let run = |d: &Decoder| {
+                        let mut steps = Vec::new();
+                        let mut cache = KvCache::new(&cfg);
+                        let h = d
+                            .hidden_states_observed(
+                                &tokens,
+                                &rope,
+                                cached.then_some(&mut cache),
+                                &mut |s| steps.push(s),
+                            )
+                            .unwrap();
+                        (h, steps)
+                    };
+                    decoder.set_block_rows(DEFAULT_BLOCK_ROWS).unwrap();
+                    let (one, steps_one) = run(&decoder);
+                    decoder.set_block_rows(7).unwrap();
+                    let (blocks, steps_blocks) = run(&decoder);
+                    let diff = one
+                        .iter()
+                        .zip(&blocks)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(diff < 1e-5, "{name} {scaling} cached {cached}: {diff}");
+                    // 40 rows in blocks of 7: six blocks, five places between them.
+                    let inside =
+                        |v: &[Step]| v.iter().filter(|s| matches!(s, Step::Inside(0))).count();
+                    let extra = if sc.method.is_none() { 5 } else { 0 };
+                    assert_eq!(
+                        inside(&steps_blocks),
+                        inside(&steps_one) + extra,
+                        "{name} {scaling}"
+                    );
+                    if sc.method.is_some() {
+                        assert_eq!(one, blocks, "{name} {scaling}");
+                    }
+                    assert_eq!(steps_blocks.last(), Some(&Step::Done(cfg.num_layers - 1)));
+                }
+            }
+        }
+        let (cfg, mut st) = fixture(FIXTURES[0]);
+        let mut decoder = Decoder::load(cfg, &mut st).unwrap();
+        assert!(decoder.set_block_rows(0).is_err());
     }
 }

@@ -16,7 +16,7 @@ use posenc_nn::loss::nll_rows_into;
 use serde::Serialize;
 
 use crate::error::{ModelError, Result};
-use crate::llama::{Decoder, KvCache};
+use crate::llama::{Decoder, KvCache, Step};
 use crate::scaling::Scaling;
 
 /// Rows of logits computed at once (`rows × V` floats).
@@ -39,7 +39,8 @@ pub fn loss_per_position(model: &Decoder, tokens: &[u32], rope: &Rope) -> Result
     loss_per_position_observed(model, tokens, rope, &mut |_| {})
 }
 
-/// [`loss_per_position`], calling `on_layer(l)` after each layer.
+/// [`loss_per_position`], calling `on_layer` after each layer and
+/// between its parts ([`Decoder::hidden_states_observed`]).
 ///
 /// # Errors
 /// As [`loss_per_position`].
@@ -47,7 +48,7 @@ pub fn loss_per_position_observed(
     model: &Decoder,
     tokens: &[u32],
     rope: &Rope,
-    on_layer: &mut dyn FnMut(usize),
+    on_layer: &mut dyn FnMut(Step),
 ) -> Result<Vec<f64>> {
     if tokens.len() < 2 {
         return Err(ModelError::Invalid(
@@ -143,7 +144,7 @@ pub fn run_scaling(
     tokens: &[u32],
     scaling: &Scaling,
     band: usize,
-    on_layer: &mut dyn FnMut(usize),
+    on_layer: &mut dyn FnMut(Step),
 ) -> Result<ScalingRun> {
     Ok(run_scaling_cached(model, tokens, scaling, band, None, on_layer)?.0)
 }
@@ -162,7 +163,7 @@ pub fn run_scaling_cached(
     scaling: &Scaling,
     band: usize,
     cache: Option<&mut KvCache>,
-    on_layer: &mut dyn FnMut(usize),
+    on_layer: &mut dyn FnMut(Step),
 ) -> Result<(ScalingRun, Vec<f32>)> {
     let cfg = scaling.rope_config(model.config())?;
     let rope = rope_of(cfg.clone())?;
@@ -268,7 +269,7 @@ pub struct Study {
 }
 
 /// Runs every scaling of `scalings` over `tokens`, in order; `on_layer(s,
-/// l)` is called after layer `l` of scaling `s`.
+/// step)` is called at each [`Step`] of scaling `s`'s pass.
 ///
 /// # Errors
 /// Those of [`run_scaling`].
@@ -278,7 +279,7 @@ pub fn study(
     tokens: &[u32],
     scalings: &[Scaling],
     band: usize,
-    mut on_layer: impl FnMut(usize, usize),
+    mut on_layer: impl FnMut(usize, Step),
 ) -> Result<Study> {
     if band == 0 {
         return Err(ModelError::Invalid(

@@ -29,6 +29,9 @@ pub struct Watch {
     error: Mutex<Option<PyErr>>,
     stop: AtomicBool,
     last_signal_check: Mutex<Instant>,
+    /// The last `(done, total)` passed to the callback: a repeated one (a
+    /// forward pass between a layer's parts) only checks for Ctrl-C.
+    last_report: Mutex<Option<(usize, usize)>>,
 }
 
 impl Watch {
@@ -52,6 +55,7 @@ impl Watch {
             error: Mutex::new(None),
             stop: AtomicBool::new(false),
             last_signal_check: Mutex::new(Instant::now()),
+            last_report: Mutex::new(None),
         }
     }
 
@@ -66,15 +70,23 @@ impl Watch {
     }
 
     /// Reports `done` of `total` steps of `what`; returns `false` when the
-    /// call must stop (Ctrl-C, or the callback raised).
+    /// call must stop (Ctrl-C, or the callback raised). The callback sees
+    /// each count once: a repeat of the last `(done, total)` only checks
+    /// for Ctrl-C.
     pub fn tick(&self, done: usize, total: usize, what: &str) -> bool {
         if self.stopped() {
             return false;
         }
+        let new = {
+            let mut last = self.last_report.lock().unwrap_or_else(|e| e.into_inner());
+            let same = *last == Some((done, total));
+            *last = Some((done, total));
+            !same
+        };
         Python::attach(|py| {
             let r = py.check_signals().and_then(|_| match &self.callback {
-                Some(cb) => cb.call1(py, (done, total, what)).map(|_| ()),
-                None => Ok(()),
+                Some(cb) if new => cb.call1(py, (done, total, what)).map(|_| ()),
+                _ => Ok(()),
             });
             if let Err(e) = r {
                 self.fail(e);
@@ -83,7 +95,7 @@ impl Watch {
         !self.stopped()
     }
 
-    /// Checks for Ctrl-C at most every 100 ms (for loops with many small
+    /// Checks for Ctrl-C at most every 20 ms (for loops with many small
     /// steps); returns `false` when the call must stop.
     pub fn poll(&self) -> bool {
         if self.stopped() {
@@ -94,7 +106,7 @@ impl Watch {
                 .last_signal_check
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            if last.elapsed() < Duration::from_millis(100) {
+            if last.elapsed() < Duration::from_millis(20) {
                 return true;
             }
             *last = Instant::now();

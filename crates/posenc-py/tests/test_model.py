@@ -94,8 +94,10 @@ def test_perplexity_equals_the_cli(model, tmp_path):
         "--scaling", "none,yarn:2", "--band", "16", "--per-position",
     )
     assert untimed(got) == untimed(want)
-    # A description first, then one tick per layer per scaling.
+    # A description first, then one tick per layer per scaling (the
+    # pass's places to stop inside a layer repeat a count: not shown).
     assert ticks[0][0] == 0 and "window of 64 tokens" in ticks[0][2]
+    assert [d for d, _, _ in ticks] == list(range(61))
     assert ticks[-1][:2] == (60, 60) and ticks[-1][2] == "yarn:2"
     # The same text given as a string scores the same.
     again = model.perplexity(text=posenc_text(), length=64, scalings="none,yarn:2", band=16)

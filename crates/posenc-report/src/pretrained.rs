@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use posenc_models::generate::{self, Sampling};
 use posenc_models::perplexity::{self, Study};
-use posenc_models::{Decoder, DecoderConfig, KvCache, ModelFiles, Scaling};
+use posenc_models::{Decoder, DecoderConfig, KvCache, ModelFiles, Scaling, Step};
 use posenc_plot::{LinePlot, Series};
 
 use crate::claims::experiments as ce;
@@ -675,13 +675,15 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
                 &scaling,
                 1024,
                 Some(&mut kv),
-                &mut |li| {
-                    eprint!(
-                        "\rposenc report: experiment {ID}: {name} ({}/{}), layer {}/{layers}   ",
-                        si + 1,
-                        SCALINGS.len(),
-                        li + 1
-                    );
+                &mut |step| {
+                    if let Step::Done(li) = step {
+                        eprint!(
+                            "\rposenc report: experiment {ID}: {name} ({}/{}), layer {}/{layers}   ",
+                            si + 1,
+                            SCALINGS.len(),
+                            li + 1
+                        );
+                    }
                 },
             )
             .map_err(err)?;

@@ -6,7 +6,7 @@
 //! prompts; each paper's claim as a rule.
 
 use posenc_models::perplexity::{self, Study};
-use posenc_models::Scaling;
+use posenc_models::{Scaling, Step};
 
 use crate::claims::experiments as ce;
 use crate::experiments::ExpOutput;
@@ -99,13 +99,15 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
         let n = names.len();
         let band = band(l);
         let study: Study =
-            perplexity::study(&decoder, &source, &window, &scalings, band, |s, li| {
-                eprint!(
-                    "\rposenc report: experiment {ID}: {} ({}/{n}), layer {}/{layers}   ",
-                    names[s],
-                    s + 1,
-                    li + 1
-                );
+            perplexity::study(&decoder, &source, &window, &scalings, band, |s, step| {
+                if let Step::Done(li) = step {
+                    eprint!(
+                        "\rposenc report: experiment {ID}: {} ({}/{n}), layer {}/{layers}   ",
+                        names[s],
+                        s + 1,
+                        li + 1
+                    );
+                }
             })
             .map_err(err)?;
         eprintln!();

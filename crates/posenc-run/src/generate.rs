@@ -105,8 +105,9 @@ impl Session {
     /// (`model`, `scaling`, `prompt_ids`, `new_ids`, `text`, `seconds`,
     /// `tokens_per_second`). `on_token` is called first with the run's
     /// description (`done = 0`), then after each layer of the prompt's pass
-    /// (`what` = [`PREFILL`], `done` layers of `total`: where a long
-    /// prefill stops), then with every new token ([`Progress::token`]).
+    /// and between its parts (`what` = [`PREFILL`], `done` layers of
+    /// `total`: where a long prefill stops), then with every new token
+    /// ([`Progress::token`]).
     ///
     /// # Errors
     /// The command's messages; [`RunError::Cancelled`] when `on_token`
@@ -168,8 +169,8 @@ impl Session {
                     &rope,
                     request.sampling,
                     &stop,
-                    &mut |l| {
-                        let p = Progress::new(l + 1, layers, PREFILL);
+                    &mut |step| {
+                        let p = Progress::new(step.layers_done(), layers, PREFILL);
                         crate::report_or_stop(&mut **report.borrow_mut(), p);
                     },
                     |t| {

@@ -97,7 +97,9 @@ pub type Result<T, E = RunError> = std::result::Result<T, E>;
 /// tokenizer, window or grid: the line the command prints before its
 /// progress bar); then once per layer (perplexity), trial (passkey), new
 /// token (generation) or step (fine-tuning; at least every 200 ms), with
-/// `what` the item being run.
+/// `what` the item being run. A forward pass also reports between the
+/// parts of each layer, with the count unchanged: a repeated report is a
+/// place to stop, nothing new to show.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress<'a> {
     /// Units done.

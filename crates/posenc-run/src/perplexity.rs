@@ -200,8 +200,9 @@ impl Session {
                     &tokens,
                     &scalings,
                     band,
-                    |s, l| {
-                        let p = Progress::new(s * layers + l + 1, total, &scalings[s].name);
+                    |s, step| {
+                        let done = s * layers + step.layers_done();
+                        let p = Progress::new(done, total, &scalings[s].name);
                         report_or_stop(progress, p);
                     },
                 )?)

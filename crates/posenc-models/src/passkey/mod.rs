@@ -41,7 +41,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
-use crate::llama::{Decoder, KvCache};
+use crate::llama::{Decoder, KvCache, Step};
 use crate::scaling::{Scaling, ScalingKind};
 use crate::tokenizer::TextTokenizer;
 use posenc_nn::loss::log_prob;
@@ -538,7 +538,7 @@ impl<'a> Prober<'a> {
         prompt: &Prompt,
         length: usize,
         depth: f64,
-        on_layer: &mut dyn FnMut(usize),
+        on_layer: &mut dyn FnMut(Step),
     ) -> Result<TrialResult> {
         if prompt.ids.is_empty() || prompt.answer_ids.is_empty() {
             return Err(ModelError::Invalid("an empty prompt or answer".into()));
