@@ -71,15 +71,7 @@ impl PasskeyProbe {
         haystack: Option<String>,
         seed: u64,
     ) -> PyResult<Self> {
-        let request = PasskeyRequest {
-            lengths: counts(lengths, "lengths")?,
-            depths,
-            trials: count(trials, "trials")?,
-            scalings: methods,
-            haystack: haystack.map_or(HaystackSource::Landmark, HaystackSource::String),
-            seed,
-            ..PasskeyRequest::default()
-        };
+        let request = grid_request(lengths, depths, trials, methods, haystack, seed)?;
         let tokenizer_json = tokenizer_json.to_owned();
         detached(py, move || {
             let plan = request.plan().py()?;
@@ -104,6 +96,23 @@ impl PasskeyProbe {
                 prompt_tokens: 0,
             })
         })
+    }
+
+    /// Checks a grid as the constructor does, without a tokenizer (before
+    /// a model is loaded): the lengths, depths, trials and names.
+    ///
+    /// Raises `PosencError` with the command's one-line message.
+    #[staticmethod]
+    #[pyo3(signature = (lengths, depths, trials, methods))]
+    fn check(
+        py: Python<'_>,
+        lengths: Vec<i64>,
+        depths: Vec<f64>,
+        trials: i64,
+        methods: Vec<String>,
+    ) -> PyResult<()> {
+        let request = grid_request(lengths, depths, trials, methods, None, 0)?;
+        detached(py, move || request.plan().py().map(|_| ()))
     }
 
     /// The methods' names, as parsed.
@@ -224,4 +233,24 @@ impl PasskeyProbe {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PasskeyProbe>()?;
     Ok(())
+}
+
+/// The `posenc passkey` request of a grid given from Python.
+fn grid_request(
+    lengths: Vec<i64>,
+    depths: Vec<f64>,
+    trials: i64,
+    methods: Vec<String>,
+    haystack: Option<String>,
+    seed: u64,
+) -> PyResult<PasskeyRequest> {
+    Ok(PasskeyRequest {
+        lengths: counts(lengths, "lengths")?,
+        depths,
+        trials: count(trials, "trials")?,
+        scalings: methods,
+        haystack: haystack.map_or(HaystackSource::Landmark, HaystackSource::String),
+        seed,
+        ..PasskeyRequest::default()
+    })
 }

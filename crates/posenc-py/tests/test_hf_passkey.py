@@ -288,3 +288,28 @@ def test_cli_errors_are_one_line_exit_2(saved, args, words):
     assert p.returncode == 2, (p.stdout, p.stderr)
     err = p.stderr.strip()
     assert "\n" not in err and words in err and err.startswith("python -m posenc.hf"), err
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["passkey", "--model", "{saved}", "--depths", "0,2", "--lengths", "400"], "depth 2 is outside [0, 1]"),
+        (["passkey", "--model", "{saved}", "--lengths", "400", "--trials", "0"], "--trials"),
+        (["passkey", "--model", "{saved}", "--lengths", "400", "--methods", "warp:2"], "warp"),
+        (["passkey", "--model", "/nonexistent/dir/model.gguf"], "no such file"),
+        (["perplexity", "--model", "/nonexistent/dir/model.gguf", "--text", "t.txt"], "no such file"),
+    ],
+)
+def test_cli_refuses_a_bad_grid_before_importing_torch(saved, args, words):
+    """A bad grid, name or model file is refused before torch and
+    transformers are imported (seconds) or the model is read."""
+    code = (
+        "import sys; from posenc._hf_cli import main; rc = main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported'; "
+        "sys.exit(rc)"
+    )
+    p = subprocess.run([sys.executable, "-c", code, *[a.replace("{saved}", str(saved)) for a in args]],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    err = p.stderr.strip()
+    assert "\n" not in err and words in err, err

@@ -122,17 +122,31 @@ def _perplexity_table(r) -> str:
     return "\n".join(lines)
 
 
+def _check_early(a) -> None:
+    """What can be refused before torch and transformers are imported
+    (seconds) and the model is read: the grid and the names of a passkey
+    run (as ``posenc passkey`` checks them), a ``.gguf`` file that is not
+    there."""
+    from ._posenc import PasskeyProbe
+
+    path = pathlib.Path(a.model)
+    if a.gguf_file is None and path.suffix == ".gguf" and not path.is_file():
+        raise FileNotFoundError(f"--model {a.model}: no such file")
+    if a.command == "passkey":
+        PasskeyProbe.check(a.lengths, a.depths, a.trials, a.methods.split(","))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     a = _parser().parse_args(argv)
     try:
-        from . import hf
         from ._posenc import PosencError
     except ImportError as e:  # pragma: no cover - depends on the install
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return 2
     try:
-        if a.command == "passkey" and (a.trials < 1):
-            raise PosencError("--trials must be at least 1")
+        _check_early(a)
+        from . import hf
+
         for name in a.methods.split(","):  # refused before the model is read
             hf._split(name)
         model, tok = _load(a)
@@ -148,6 +162,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 model, tok, a.text, a.length, a.methods, band=a.band, per_position=a.per_position, backend=a.backend,
             )
             text = json.dumps(r, indent=2) if a.json else _perplexity_table(r)
+    except ImportError as e:  # pragma: no cover - depends on the install
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return 130

@@ -357,6 +357,10 @@ class PasskeyProbe:
         haystack: Optional[str] = None,
         seed: int = 0,
     ) -> None: ...
+    @staticmethod
+    def check(lengths: Sequence[int], depths: Sequence[float], trials: int, methods: Sequence[str]) -> None:
+        """Checks a grid as the constructor does, without a tokenizer
+        (before a model is loaded); raises ``PosencError``."""
     @property
     def methods(self) -> List[str]:
         """The scaling and method names, as parsed."""

@@ -29,6 +29,14 @@ PyTorch path (posenc's method ranges, ``tanh`` capping before the softmax).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m posenc.hf passkey|perplexity ...
+    # Before torch is imported (seconds): a bad argument is refused at once.
+    import sys as _sys
+
+    from posenc._hf_cli import main as _main
+
+    _sys.exit(_main())
+
 import itertools
 import sys
 from typing import Any, Dict, List, Optional
@@ -665,9 +673,3 @@ def passkey(
             remove(model)
         probe.add_method(name, json.dumps(results), time.perf_counter() - t0)
     return probe.document(type(model).__name__, trained, time.perf_counter() - t_all)
-
-
-if __name__ == "__main__":  # python -m posenc.hf passkey|perplexity ...
-    from posenc._hf_cli import main as _main
-
-    sys.exit(_main())
