@@ -74,7 +74,7 @@ use std::path::{Path, PathBuf};
 
 pub use config::{Arch, DecoderConfig};
 pub use error::{ModelError, Result};
-pub use llama::{Decoder, KvCache, Step};
+pub use llama::{Decoder, KvCache, Step, DEFAULT_BLOCK_ROWS};
 pub use scaling::{Scaling, ScalingKind};
 pub use tokenizer::TextTokenizer;
 
