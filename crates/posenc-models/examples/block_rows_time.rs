@@ -20,7 +20,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds: usize = args.get(2).map_or(Ok(3), |s| s.parse())?;
     let mut m = posenc_models::PretrainedModel::load(Path::new(path), None)?;
     let vocab = m.decoder.config().vocab_size as u64;
-    let tokens: Vec<u32> = (0..t as u64).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let tokens: Vec<u32> = (0..t as u64)
+        .map(|i| ((i * 7919 + 13) % vocab) as u32)
+        .collect();
     let sc: Scaling = "none".parse()?;
     let rope = rope_of(sc.rope_config(m.decoder.config())?)?;
     let mut best = [f64::INFINITY; 2];
