@@ -544,9 +544,8 @@ impl Decoder {
                     self.attend_blocks(&qkv, t, kv, rope, m, (offset, rows), between)?
                 }
                 None if t > rows => {
-                    let mut kv = KvCache::new(cfg);
-                    kv.append(li, &qkv, t, hq, hk, dh);
-                    let (kc, vc) = &kv.layers[li];
+                    let (mut kc, mut vc) = (Vec::new(), Vec::new());
+                    push_kv((&mut kc, &mut vc), &qkv, t, (hq, hk, dh));
                     let kv = (&kc[..], &vc[..]);
                     self.attend_blocks(&qkv, t, kv, rope, None, (0, rows), between)?
                 }
@@ -638,13 +637,14 @@ impl Decoder {
         let attn = self
             .attention()?
             .with_layout(posenc::kernels::HeadLayout::Bthd);
+        debug_assert!(rows > 0, "set_block_rows refuses 0, and t > 0");
         let mut out = Vec::with_capacity(t * hq * dh); // (T, H_q·Dh)
         let mut start = 0;
         while start < t {
             if start > 0 {
                 between();
             }
-            let end = start.saturating_add(rows.max(1)).min(t);
+            let end = (start + rows).min(t);
             let n = end - start;
             let mut q = Vec::with_capacity(n * hq * dh);
             for r in start..end {
@@ -720,13 +720,23 @@ impl KvCache {
     }
 
     fn append(&mut self, layer: usize, qkv: &[f32], t: usize, hq: usize, hk: usize, dh: usize) {
-        let w = (hq + 2 * hk) * dh;
         let (k, v) = &mut self.layers[layer];
-        for r in 0..t {
-            let row = &qkv[r * w..][..w];
-            k.extend_from_slice(&row[hq * dh..][..hk * dh]);
-            v.extend_from_slice(&row[(hq + hk) * dh..][..hk * dh]);
-        }
+        push_kv((k, v), qkv, t, (hq, hk, dh));
+    }
+}
+
+/// Appends the key and value columns of the `t` rows of a packed projection
+/// `qkv` `(T, (H_q + 2·H_k)·Dh)` to `k` and `v`, each `(·, H_k, Dh)`.
+fn push_kv(
+    (k, v): (&mut Vec<f32>, &mut Vec<f32>),
+    qkv: &[f32],
+    t: usize,
+    (hq, hk, dh): (usize, usize, usize),
+) {
+    let w = (hq + 2 * hk) * dh;
+    for row in qkv[..t * w].chunks_exact(w) {
+        k.extend_from_slice(&row[hq * dh..][..hk * dh]);
+        v.extend_from_slice(&row[(hq + hk) * dh..][..hk * dh]);
     }
 }
 

@@ -86,9 +86,7 @@ def _load(a):
 
     name, gguf = a.model, a.gguf_file
     path = pathlib.Path(name)
-    if gguf is None and path.suffix == ".gguf":
-        if not path.is_file():
-            raise FileNotFoundError(f"--model {name}: no such file")
+    if gguf is None and path.suffix == ".gguf":  # there: _check_early
         name, gguf = str(path.parent), path.name
     kw = {"gguf_file": gguf} if gguf else {}
     transformers.logging.set_verbosity_error()
