@@ -202,11 +202,14 @@ fn tune_allocator() {
 /// own kernels do the threading, so the CLI gives candle's pool no workers
 /// unless the user set the variable. Measured with `posenc bench train`
 /// (docs/kernels.md).
+/// And candle's matmul reads `/proc/cpuinfo` on every call unless
+/// `RAYON_NUM_THREADS` is set ([`posenc::kernels::default_rayon_threads_env`]).
 fn configure_candle_threads() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         // Before any thread starts and before candle reads it.
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
+    posenc::kernels::default_rayon_threads_env();
 }
 
 fn main() {

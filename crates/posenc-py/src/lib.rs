@@ -21,6 +21,9 @@ pub mod rope;
 /// The native module.
 #[pymodule]
 fn _posenc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // At import, before posenc starts a thread: spares candle's matmul (the
+    // fine-tuner's frozen products) a read of /proc/cpuinfo per call.
+    posenc::kernels::default_rayon_threads_env();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     error::register(m)?;
     rope::register(m)?;

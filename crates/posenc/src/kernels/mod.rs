@@ -133,6 +133,30 @@ pub fn threads() -> usize {
     }
 }
 
+/// Sets `RAYON_NUM_THREADS`, if it is unset, to the count rayon's pool
+/// takes by default (`std::thread::available_parallelism`), for a program's
+/// entry point to call before any thread starts (the `posenc` binary, the
+/// Python module).
+///
+/// candle 0.11's CPU matmul asks for its thread count on every call and,
+/// without the variable, reads and parses `/proc/cpuinfo` to count physical
+/// cores: a system call and a file of some kilobytes per core per product.
+/// The fine-tuner's frozen products and every candle reference path pay it
+/// (`strace -f -e openat` of `tests/fused.rs`: 27,020 opens in 20 s; the
+/// binary 52 s, 34 s with the variable, Zen 3, 2 cores). Returns the value
+/// set, `None` when the user had set one.
+///
+/// Not for a library's own code: changing the environment while other
+/// threads may read it is a data race.
+pub fn default_rayon_threads_env() -> Option<usize> {
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return None;
+    }
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    Some(n)
+}
+
 /// An instruction-set level for the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SimdLevel {
