@@ -8,12 +8,32 @@ import json
 import os
 import pathlib
 import shutil
+import signal
+import threading
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "crates" / "posenc" / "tests" / "fixtures"
 METHOD_FIXTURES = REPO / "crates" / "posenc-models" / "tests" / "fixtures" / "methods"
+
+
+@pytest.fixture(autouse=True)
+def _sigint_raises_keyboard_interrupt():
+    """Python's own SIGINT handler during each test.
+
+    A runner started in the background by a script (``cmd &`` without job
+    control) starts Python with SIGINT ignored, and Python then installs no
+    handler: the Ctrl-C tests' signal would be dropped and the call they
+    interrupt would run to its end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def load(path):
