@@ -13,5 +13,5 @@ rustup target add aarch64-unknown-linux-gnu
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
 cargo clippy -p posenc --target aarch64-unknown-linux-gnu --lib -- -D warnings
-cargo test -p posenc --target aarch64-unknown-linux-gnu --test kernels --test tensor_rope -- --nocapture 2>&1 \
+cargo test -p posenc --target aarch64-unknown-linux-gnu --test integration -- --nocapture kernels:: tensor_rope:: 2>&1 \
   | grep -E "levels:|test result|FAILED|panicked"

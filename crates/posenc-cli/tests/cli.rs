@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::{argv, f64s as as_f64s, ok_json, posenc, read_json, words};
 

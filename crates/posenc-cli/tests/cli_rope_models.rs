@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-mod common;
+use crate::common;
 
 use common::{argv, f64s, ok_json, posenc, read_json};
 

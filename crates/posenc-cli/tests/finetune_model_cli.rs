@@ -4,7 +4,7 @@
 //! every refusal the issue lists: one line, exit 2, before the model's
 //! weights (or the model at all) are read.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

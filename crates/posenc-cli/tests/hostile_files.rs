@@ -14,11 +14,9 @@
 //! edges (the largest length that fits runs, one more is refused) are in
 //! `memory_plan.rs`.
 
-mod common;
-#[path = "../../posenc-models/tests/common/hostile.rs"]
-mod hostile;
-#[path = "../../posenc-models/tests/common/model.rs"]
-mod model;
+use crate::common;
+use crate::hostile;
+use crate::model;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -68,16 +66,22 @@ fn s(p: &Path) -> String {
 }
 
 /// The word-level tokenizer over the tiny models' 256 ids and a text of
-/// `words` of its words, written once.
+/// 3,000 of its words, written once (the tests run side by side: a second
+/// write would truncate the file under another test's run).
 fn inputs() -> (String, String) {
-    let tk = scratch("tokenizer.json");
-    std::fs::write(&tk, common::word_tokenizer_json()).unwrap();
-    let words: Vec<String> = (0..3000)
-        .map(|i| format!("w{}", ((i % 97) * 89 + 13) % 255))
-        .collect();
-    let text = scratch("text.txt");
-    std::fs::write(&text, words.join(" ")).unwrap();
-    (s(&tk), s(&text))
+    static INPUTS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    INPUTS
+        .get_or_init(|| {
+            let tk = scratch("tokenizer.json");
+            std::fs::write(&tk, common::word_tokenizer_json()).unwrap();
+            let words: Vec<String> = (0..3000)
+                .map(|i| format!("w{}", ((i % 97) * 89 + 13) % 255))
+                .collect();
+            let text = scratch("text.txt");
+            std::fs::write(&text, words.join(" ")).unwrap();
+            (s(&tk), s(&text))
+        })
+        .clone()
 }
 
 /// Runs `posenc args` under RLIMIT_AS 1 GiB, killed (and failed) after

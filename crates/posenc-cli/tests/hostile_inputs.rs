@@ -8,11 +8,10 @@
 //! eight kinds and confusing messages continue this suite in
 //! `hostile_files.rs`, the memory plan's edges in `memory_plan.rs`.
 
-mod common;
+use crate::common;
 
+use crate::hostile;
 use common::argv;
-#[path = "../../posenc-models/tests/common/hostile.rs"]
-mod hostile;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -42,11 +41,16 @@ fn refused(args: &[&str]) -> String {
     common::one_line_error(out, args)
 }
 
-/// A word-level tokenizer.json over `w0`..`w254` and `[UNK]`.
+/// A word-level tokenizer.json over `w0`..`w254` and `[UNK]`, written once
+/// (a second write would truncate it under a test running beside).
 fn word_tokenizer() -> PathBuf {
-    let p = scratch("words.json");
-    std::fs::write(&p, common::word_tokenizer_json()).unwrap();
-    p
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = scratch("words.json");
+        std::fs::write(&p, common::word_tokenizer_json()).unwrap();
+        p
+    })
+    .clone()
 }
 
 fn words_text(name: &str, bytes: usize) -> PathBuf {

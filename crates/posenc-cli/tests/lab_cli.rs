@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-mod common;
+use crate::common;
 
 use common::{argv, fails_mentioning, posenc, words};
 

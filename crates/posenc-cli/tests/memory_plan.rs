@@ -9,12 +9,10 @@
 //! fixture model (the real one's trainable copy alone does not fit in
 //! 1 GiB, which is refused by the plan).
 
-mod common;
+use crate::common;
 
-#[path = "../../posenc-models/tests/common/hostile.rs"]
-mod hostile;
-#[path = "../../posenc-models/tests/common/model.rs"]
-mod model;
+use crate::hostile;
+use crate::model;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

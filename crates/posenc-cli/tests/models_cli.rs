@@ -9,7 +9,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::argv;
 

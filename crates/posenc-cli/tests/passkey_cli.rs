@@ -2,9 +2,8 @@
 //! model is read: the model given here is not a model at all, so any error
 //! about the arguments proves they were checked first.
 
-mod common;
-#[path = "../../posenc-models/tests/common/model.rs"]
-mod model;
+use crate::common;
+use crate::model;
 
 use std::path::PathBuf;
 

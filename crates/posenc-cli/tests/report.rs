@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-mod common;
+use crate::common;
 
 use common::argv;
 

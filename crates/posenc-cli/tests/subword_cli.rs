@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Output;
 
-mod common;
+use crate::common;
 
 use common::argv;
 

@@ -6,7 +6,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::{argv, f64s, ok, words};
 

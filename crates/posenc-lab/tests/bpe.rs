@@ -3,7 +3,7 @@
 //! too short for its size, travels with the checkpoint, and bits per
 //! character count every character once.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! windows, the prefix of a causal decoder does not depend on what follows,
 //! and classifiers are refused.
 
-mod common;
+use crate::common;
 
 use candle_core::Device;
 use posenc::analysis::SplitMix64;

@@ -2,7 +2,7 @@
 //! its scaling for later evaluation, resumes exactly, and refuses what it
 //! cannot do with typed errors.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! gradients), and whole training runs: fused and composed give the same
 //! losses, and the fused run does not depend on the thread count.
 
-mod common;
+use crate::common;
 
 use candle_core::{Device, Tensor, Var};
 use posenc::analysis::SplitMix64;

@@ -1,7 +1,7 @@
 //! The lab's model and training loop: hooks, gradients, learning, exact
 //! resume, and clear errors for bad checkpoints.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

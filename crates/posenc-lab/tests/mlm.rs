@@ -6,7 +6,7 @@
 //! per-token head, NoPE's identical predictions at every `[MASK]`, a
 //! checkpoint round trip, a corpus file, and learning.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -1,7 +1,7 @@
 //! Line plots, bar charts and panels: PNG size and content, SVG structure,
 //! typed errors.
 
-mod common;
+use crate::common;
 
 use common::*;
 use posenc_plot::{

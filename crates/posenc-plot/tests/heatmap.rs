@@ -1,6 +1,6 @@
 //! Heatmaps rendered to PNG and SVG, checked as pictures and documents.
 
-mod common;
+use crate::common;
 
 use common::*;
 use posenc_plot::{Colormap, Figure, Heatmap, Orientation, PlotError, Rgb, Ticks, ValueRange};

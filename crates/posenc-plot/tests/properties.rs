@@ -1,7 +1,7 @@
 //! Property tests (proptest with a fixed seed, so runs are reproducible),
 //! at edge sizes 1, 2, 3, 127, 128, 129.
 
-mod common;
+use crate::common;
 
 use common::decode_png;
 use posenc_plot::terminal::{render, TerminalMode, PLAIN_RAMP};

@@ -27,7 +27,7 @@ use posenc_models::{Decoder, Scaling};
 use posenc_tune::{LoraConfig, Target, Trainable, TrainableDecoder, TuneError};
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::{floats, ids};
 

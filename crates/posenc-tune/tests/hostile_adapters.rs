@@ -13,7 +13,7 @@ use posenc_tune::peft::{safetensors_head, Adapter, CONFIG_FILE, WEIGHTS_FILE};
 use posenc_tune::TuneError;
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 
 use common::{load, model_dir};
 

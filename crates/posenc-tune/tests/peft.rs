@@ -19,7 +19,7 @@ use posenc_tune::train::{Finetune, FinetuneConfig, RunOptions, Sources};
 use posenc_tune::{Target, Trainable, TuneError};
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::{ids, load, model_dir};
 

@@ -9,7 +9,7 @@ use posenc_tune::data::{TrainText, WindowPlan, Windows};
 use posenc_tune::pose::{PoseSampler, PyRandom};
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::ids;
 

@@ -15,7 +15,7 @@ use posenc_tune::train::{
 };
 use posenc_tune::{LoraConfig, Target, Trainable, TuneError};
 
-mod common;
+use crate::common;
 
 fn tiny() -> Decoder {
     common::load(&common::model_dir("tiny-llama31"))

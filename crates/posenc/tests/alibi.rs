@@ -6,7 +6,7 @@
 use posenc::relative::{alibi_slopes, Alibi, AlibiMode};
 use posenc::{AttentionBias, Error, Hooks, PositionalEncoding};
 
-mod common;
+use crate::common;
 
 #[test]
 fn slopes_match_reference_fixture() {

@@ -6,7 +6,7 @@
 // Naive reference loops index by position on purpose.
 #![allow(clippy::needless_range_loop)]
 
-mod learned_common;
+use crate::learned_common;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};

@@ -12,7 +12,7 @@ use posenc::absolute::{Floater, FloaterConfig, Integrator};
 use posenc::tensor::absolute::{FloaterEmbedding, Positions};
 use posenc::{AbsoluteEncoding, Error, Hooks, PositionalEncoding};
 
-mod common;
+use crate::common;
 use common::max_abs_diff;
 
 /// dy/dt = A y with A = diag(λ) has y(t) = y0 · exp(λ t).

@@ -6,7 +6,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
-mod learned_common;
+use crate::learned_common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};

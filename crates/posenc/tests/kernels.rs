@@ -11,7 +11,7 @@ use posenc::rope::{PairLayout, RopeFrequencies};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
-mod common;
+use crate::common;
 use common::Rng;
 
 /// Largest allowed |fast − reference| for an output `r` whose products

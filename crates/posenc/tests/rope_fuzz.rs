@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-mod config_fuzz;
+use crate::config_fuzz;
 use config_fuzz::mutate;
 
 const MUTANTS: usize = 3000;

@@ -25,7 +25,7 @@
 //! from ours is checked against the bound `2e-7 + a · p · θ · δ` that its
 //! frequency difference `δ` implies (exactly equal where the bits agree).
 
-mod rope_common;
+use crate::rope_common;
 use rope_common as common;
 
 use posenc::rope::{PairLayout, RopeConfig, RopeFrequencies};

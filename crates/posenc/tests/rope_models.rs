@@ -17,7 +17,7 @@
 //! checked against the bound its one-ulp frequency differences imply),
 //! position ids and layer maps exactly.
 
-mod rope_common;
+use crate::rope_common;
 
 use std::path::PathBuf;
 

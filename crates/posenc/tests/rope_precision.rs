@@ -4,7 +4,7 @@
 //! checkpoint fixture) at positions 0, 1, 4095, 10^6 and 10^7, where an f32
 //! angle (transformers' own path) is off by more than 1e-2.
 
-mod rope_common;
+use crate::rope_common;
 use rope_common as common;
 
 use posenc::rope::RopeConfig;

@@ -16,7 +16,7 @@ use posenc::RotaryEncoding;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-mod common;
+use crate::common;
 
 fn runner() -> TestRunner {
     common::seeded(Config {

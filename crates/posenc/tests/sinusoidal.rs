@@ -8,7 +8,7 @@ use posenc::absolute::{FrequencySpacing, Sinusoidal, SinusoidalLayout};
 use posenc::{AbsoluteEncoding, Error, Hooks, PositionalEncoding};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{max_abs_diff, runner};
 use std::f64::consts::PI;
 

@@ -7,7 +7,7 @@ use posenc::relative::{relative_position_bucket, T5Bias, T5Buckets};
 use posenc::{AttentionBias, Error, Hooks, PositionalEncoding};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::runner;
 
 #[test]

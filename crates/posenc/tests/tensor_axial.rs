@@ -14,7 +14,7 @@ use posenc::tensor::axial::{AxialRope, AxisPositions};
 use posenc::tensor::rope::{HeadLayout, Positions, Rope};
 use posenc::Error;
 
-mod common;
+use crate::common;
 use common::{assert_heads_rotated, dims, vals, Rng};
 
 const CPU: Device = Device::Cpu;

@@ -7,7 +7,7 @@ use posenc::rope::{PairLayout, RopeFrequencies};
 use posenc::tensor::rope::{FrequencySchedule, HeadLayout, Positions, Role, Rope};
 use posenc::Error;
 
-mod common;
+use crate::common;
 use common::{assert_heads_rotated, dims, vals, Rng};
 
 const CPU: Device = Device::Cpu;

@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 use posenc::rope::RopeConfig;
 use posenc::tensor::rope::Rope;
 
-mod learned_common;
+use crate::learned_common;
 use learned_common::flat;
 
 /// A seeded `(1, heads, t, d)` tensor.
