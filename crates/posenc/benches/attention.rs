@@ -85,9 +85,19 @@ fn main() {
         .chain(&o)
         .map(|x| *x as f64)
         .sum();
+    // FNV-1a over the bits of the output and the three gradients: equal
+    // hashes before and after a kernel change mean equal bits.
+    let bits = o
+        .iter()
+        .chain(&dq)
+        .chain(&dk)
+        .chain(&dv)
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+            (h ^ x.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
+        });
     println!(
         "(B, H, T, D) = ({b}, {h}, {t}, {d}), causal, RoPE inside, {} threads, median of {rounds}: \
-         forward {:.2} ms, backward {:.2} ms, total {:.2} ms (checksum {checksum:.6e})",
+         forward {:.2} ms, backward {:.2} ms, total {:.2} ms (checksum {checksum:.6e}, bits {bits:016x})",
         rayon::current_num_threads(),
         fwd,
         bwd,
