@@ -79,99 +79,95 @@ pub unsafe fn gemm(
     ldc: usize,
     accumulate: bool,
 ) {
+    let ops = Operands {
+        kp,
+        a: Strided { ptr: a, ld: lda },
+        b: Strided { ptr: b, ld: ldb },
+        c: Strided { ptr: c, ld: ldc },
+        accumulate,
+    };
     let mut j = 0;
     while j + 32 <= n {
-        rows::<2>(
-            m,
-            kp,
-            a,
-            lda,
-            b.add(j),
-            ldb,
-            c.add(j),
-            ldc,
-            accumulate,
-            0xFFFF,
-        );
+        rows::<2>(m, ops.columns_from(j), 0xFFFF);
         j += 32;
     }
     if j + 16 < n {
-        let mask = ((1u32 << (n - j - 16)) - 1) as u16;
-        rows::<2>(
-            m,
-            kp,
-            a,
-            lda,
-            b.add(j),
-            ldb,
-            c.add(j),
-            ldc,
-            accumulate,
-            mask,
-        );
+        rows::<2>(m, ops.columns_from(j), ((1u32 << (n - j - 16)) - 1) as u16);
     } else if j < n {
-        let mask = ((1u32 << (n - j)) - 1) as u16;
-        rows::<1>(
-            m,
-            kp,
-            a,
-            lda,
-            b.add(j),
-            ldb,
-            c.add(j),
-            ldc,
-            accumulate,
-            mask,
-        );
+        rows::<1>(m, ops.columns_from(j), ((1u32 << (n - j)) - 1) as u16);
     }
 }
 
+/// A matrix in memory: its first element and the distance in elements
+/// from one row to the next.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Strided<P> {
+    ptr: P,
+    ld: usize,
+}
+
+/// The operands of one [`gemm()`] call, handed down to its column strips
+/// and register tiles.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Operands {
+    kp: usize,
+    a: Strided<*const u32>,
+    b: Strided<*const u32>,
+    c: Strided<*mut f32>,
+    accumulate: bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Operands {
+    /// The same product restricted to the columns from `j` on.
+    ///
+    /// # Safety
+    /// `j` is a column of `B` and `C`.
+    #[inline(always)]
+    unsafe fn columns_from(self, j: usize) -> Self {
+        let b = Strided {
+            ptr: self.b.ptr.add(j),
+            ..self.b
+        };
+        let c = Strided {
+            ptr: self.c.ptr.add(j),
+            ..self.c
+        };
+        Operands { b, c, ..self }
+    }
+}
+
+/// Rows of `C` in tiles of 8, 4, then 1, over `W` registers of 16 columns
+/// (the last one masked by `mask`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn rows<const W: usize>(
-    m: usize,
-    kp: usize,
-    a: *const u32,
-    lda: usize,
-    b: *const u32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    mask: u16,
-) {
+unsafe fn rows<const W: usize>(m: usize, o: Operands, mask: u16) {
     let mut i = 0;
     while i + 8 <= m {
-        block::<8, W>(i, kp, a, lda, b, ldb, c, ldc, accumulate, mask);
+        block::<8, W>(i, o, mask);
         i += 8;
     }
     if i + 4 <= m {
-        block::<4, W>(i, kp, a, lda, b, ldb, c, ldc, accumulate, mask);
+        block::<4, W>(i, o, mask);
         i += 4;
     }
     while i < m {
-        block::<1, W>(i, kp, a, lda, b, ldb, c, ldc, accumulate, mask);
+        block::<1, W>(i, o, mask);
         i += 1;
     }
 }
 
+/// One register tile: rows `i..i + R` of `C`, `W` registers of columns.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block<const R: usize, const W: usize>(
-    i: usize,
-    kp: usize,
-    a: *const u32,
-    lda: usize,
-    b: *const u32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    mask: u16,
-) {
+unsafe fn block<const R: usize, const W: usize>(i: usize, o: Operands, mask: u16) {
     use std::arch::x86_64::*;
+    let (kp, accumulate) = (o.kp, o.accumulate);
+    let (a, lda) = (o.a.ptr, o.a.ld);
+    let (b, ldb) = (o.b.ptr, o.b.ld);
+    let (c, ldc) = (o.c.ptr, o.c.ld);
     let mk = |w: usize| if w + 1 == W { mask } else { 0xFFFF };
     let mut acc = [[_mm512_setzero_ps(); W]; R];
     if accumulate {
