@@ -164,10 +164,26 @@ impl RowMap<'_> {
     }
 }
 
-/// One head vector: `src` and `dst` may be equal (in place), never partially
-/// overlapping; `cos`, `sin` point to `nf` values.
-pub(crate) type VecFn<T> =
-    unsafe fn(src: *const T, dst: *mut T, cos: *const f32, sin: *const f32, nf: usize, neg: bool);
+/// One head vector's memory: read from `src`, written to `dst`, which may
+/// be equal (in place), never partially overlapping.
+#[doc(hidden)]
+#[derive(Clone, Copy)]
+pub struct Io<T> {
+    pub(crate) src: *const T,
+    pub(crate) dst: *mut T,
+}
+
+/// One row of the tables: `cos` and `sin` each point to `nf` values.
+#[doc(hidden)]
+#[derive(Clone, Copy)]
+pub struct Angles {
+    pub(crate) cos: *const f32,
+    pub(crate) sin: *const f32,
+}
+
+/// Rotates pairs `from..nf` of one head vector by one row of the tables
+/// (by its inverse with `neg`).
+pub(crate) type VecFn<T> = unsafe fn(v: Io<T>, row: Angles, nf: usize, from: usize, neg: bool);
 
 mod sealed {
     pub trait Sealed {}
@@ -192,17 +208,17 @@ pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
 
 fn scalar_kernel<T: Element>(pairs: PairLayout) -> VecFn<T> {
     match pairs {
-        PairLayout::HalfSplit => scalar_pairs::<T, false>,
-        PairLayout::Interleaved => scalar_pairs::<T, true>,
+        PairLayout::HalfSplit => scalar_pairs_from::<T, false>,
+        PairLayout::Interleaved => scalar_pairs_from::<T, true>,
     }
 }
 
 /// `impl Element` for one activation type: its name, its widening and
-/// rounding (`|x| …` from `Self` to `f32`, `|v| …` back), and its SIMD
-/// kernels on x86-64 and, where it has them, aarch64 (others: scalar).
+/// rounding (`|x| …` from `Self` to `f32`, `|v| …` back), and whether it
+/// has NEON kernels on aarch64 (`neon`; others: scalar); every type has
+/// the x86-64 ones.
 macro_rules! element {
-    ($T:ty, $name:literal, |$x:ident| $to:expr, |$v:ident| $from:expr,
-     $avx512:ident, $avx2:ident $(, $neon:ident)?) => {
+    ($T:ty, $name:literal, |$x:ident| $to:expr, |$v:ident| $from:expr $(, $neon:ident)?) => {
         impl Element for $T {
             const NAME: &'static str = $name;
             #[inline(always)]
@@ -217,12 +233,12 @@ macro_rules! element {
             fn vec_kernel(level: SimdLevel, pairs: PairLayout) -> VecFn<Self> {
                 match level {
                     #[cfg(target_arch = "x86_64")]
-                    SimdLevel::Avx512 => super::x86::$avx512(pairs),
+                    SimdLevel::Avx512 => super::x86::avx512::select::<$T>(pairs),
                     #[cfg(target_arch = "x86_64")]
-                    SimdLevel::Avx2 => super::x86::$avx2(pairs),
+                    SimdLevel::Avx2 => super::x86::avx2::select::<$T>(pairs),
                     $(
                         #[cfg(target_arch = "aarch64")]
-                        SimdLevel::Neon => super::neon::$neon(pairs),
+                        SimdLevel::Neon => super::$neon::select::<$T>(pairs),
                     )?
                     _ => scalar_kernel::<$T>(pairs),
                 }
@@ -231,37 +247,28 @@ macro_rules! element {
     };
 }
 
-element!(f32, "f32", |x| x, |v| v, avx512_f32, avx2_f32, neon_f32);
-element!(
-    half::f16,
-    "f16",
-    |x| half::f16::to_f32(x),
-    |v| half::f16::from_f32(v),
-    avx512_f16,
-    avx2_f16
-);
+element!(f32, "f32", |x| x, |v| v, neon);
+element!(half::f16, "f16", |x| half::f16::to_f32(x), |v| {
+    half::f16::from_f32(v)
+});
 element!(
     half::bf16,
     "bf16",
     |x| half::bf16::to_f32(x),
     |v| half::bf16::from_f32(v),
-    avx512_bf16,
-    avx2_bf16,
-    neon_bf16
+    neon
 );
 
 /// Scalar pairs `from..nf` of one head vector, half-split (`(i, i + nf)`)
 /// or, with `INTERLEAVED`, interleaved (`(2i, 2i + 1)`); also the SIMD
-/// kernels' tail.
+/// kernels' tail and the scalar level's [`VecFn`].
 ///
 /// # Safety
 /// `src`/`dst` valid for `2·nf` elements, `cos`/`sin` for `nf`.
 #[inline(always)]
 pub(crate) unsafe fn scalar_pairs_from<T: Element, const INTERLEAVED: bool>(
-    src: *const T,
-    dst: *mut T,
-    cos: *const f32,
-    sin: *const f32,
+    Io { src, dst }: Io<T>,
+    Angles { cos, sin }: Angles,
     nf: usize,
     from: usize,
     neg: bool,
@@ -279,18 +286,6 @@ pub(crate) unsafe fn scalar_pairs_from<T: Element, const INTERLEAVED: bool>(
         *dst.add(a) = T::from_f32(x0 * c - x1 * s);
         *dst.add(b) = T::from_f32(x1 * c + x0 * s);
     }
-}
-
-/// The scalar [`VecFn`]: every pair of the vector.
-unsafe fn scalar_pairs<T: Element, const INTERLEAVED: bool>(
-    src: *const T,
-    dst: *mut T,
-    cos: *const f32,
-    sin: *const f32,
-    nf: usize,
-    neg: bool,
-) {
-    scalar_pairs_from::<T, INTERLEAVED>(src, dst, cos, sin, nf, 0, neg)
 }
 
 /// Checks tables and rows against the geometry.
@@ -613,7 +608,11 @@ impl<T: Element> Kernel<'_, T> {
             let r = self.rows.row(b, t, tt);
             let s = src.add(v * d);
             let o = dst.add(v * d);
-            (self.f)(s, o, cos.add(r * nf), sin.add(r * nf), nf, self.inverse);
+            let row = Angles {
+                cos: cos.add(r * nf),
+                sin: sin.add(r * nf),
+            };
+            (self.f)(Io { src: s, dst: o }, row, nf, 0, self.inverse);
             if !in_place && rd < d {
                 std::ptr::copy_nonoverlapping(s.add(rd), o.add(rd), d - rd);
             }
