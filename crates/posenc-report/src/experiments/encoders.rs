@@ -14,14 +14,12 @@ use crate::figures::{BarSpec, Fig, FigSpec};
 use crate::preset::EncodersMlm;
 use crate::Result;
 
-pub const EXPERIMENT: Experiment = Experiment {
-    id: 1,
-    slug: "encoders",
-    source: include_str!("encoders.rs"),
-    config: |p| json!({"encoders": p.encoders, "seeds": p.seeds}),
-    runs,
-    run,
-};
+experiment!(
+    1,
+    "encoders",
+    "encoders.rs",
+    |p| json!({"encoders": p.encoders, "seeds": p.seeds})
+);
 
 /// The order task's run of `pe` at the preset's first seed.
 fn order_spec(p: &crate::preset::Encoders, pe: &str, seed: u64) -> RunSpec {

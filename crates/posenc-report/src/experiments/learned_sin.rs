@@ -9,15 +9,12 @@ use crate::claims::Stat;
 use crate::figures::{Fig, FigSpec, LineSpec};
 use crate::Result;
 
-/// Experiment 4.
-pub const EXPERIMENT: Experiment = Experiment {
-    id: 4,
-    slug: "learned-vs-sinusoidal",
-    source: include_str!("learned_sin.rs"),
-    config: |p| json!({"lm": p.lm.run, "seeds": p.seeds}),
-    runs,
-    run,
-};
+experiment!(
+    4,
+    "learned-vs-sinusoidal",
+    "learned_sin.rs",
+    |p| json!({"lm": p.lm.run, "seeds": p.seeds})
+);
 
 /// The encodings this experiment reads (experiment 2's runs of them).
 const ENCODINGS: [&str; 2] = ["learned", "sinusoidal"];

@@ -7,15 +7,12 @@ use crate::claims::experiments as rules;
 use crate::figures::{BarSpec, Fig, FigSpec};
 use crate::Result;
 
-/// Experiment 5.
-pub const EXPERIMENT: Experiment = Experiment {
-    id: 5,
-    slug: "length-generalisation",
-    source: include_str!("lengthgen.rs"),
-    config: |p| json!({"lengthgen": p.lengthgen, "seed": p.seeds[0]}),
-    runs,
-    run,
-};
+experiment!(
+    5,
+    "length-generalisation",
+    "lengthgen.rs",
+    |p| json!({"lengthgen": p.lengthgen, "seed": p.seeds[0]})
+);
 
 /// A task's run of `pe`, evaluated at every length.
 fn task_spec(p: &crate::preset::LengthGen, task: &str, pe: &str, seed: u64) -> RunSpec {

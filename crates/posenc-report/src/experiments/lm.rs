@@ -13,14 +13,7 @@ use crate::figures::{BarSpec, Fig, FigSpec, LineSpec};
 use crate::preset::{Preset, Stage};
 use crate::Result;
 
-pub const EXPERIMENT: Experiment = Experiment {
-    id: 2,
-    slug: "lm",
-    source: include_str!("lm.rs"),
-    config: |p| json!({"lm": p.lm, "seeds": p.seeds}),
-    runs,
-    run,
-};
+experiment!(2, "lm", "lm.rs", |p| json!({"lm": p.lm, "seeds": p.seeds}));
 
 /// Every run this experiment trains: each encoding at the preset's size,
 /// the trend's smaller sizes, the second tokenization.

@@ -15,6 +15,23 @@ use crate::figures::Fig;
 use crate::preset::Preset;
 use crate::{ReportError, Result};
 
+/// A module's `pub const EXPERIMENT`: its id, slug, source file (a name
+/// beside this one, read with `include_str!`) and the part of the preset
+/// it reads; `runs` and `run` are the module's functions of those names.
+macro_rules! experiment {
+    ($id:literal, $slug:literal, $file:literal, $config:expr) => {
+        #[doc = concat!("Experiment ", stringify!($id), ".")]
+        pub const EXPERIMENT: Experiment = Experiment {
+            id: $id,
+            slug: $slug,
+            source: include_str!($file),
+            config: $config,
+            runs,
+            run,
+        };
+    };
+}
+
 mod analytic;
 mod encoders;
 mod learned_sin;
@@ -458,7 +475,8 @@ mod tests {
     fn every_experiment_hashes_its_own_source() {
         for e in all() {
             assert!(
-                e.source.contains("pub const EXPERIMENT") && e.source.contains(e.slug),
+                (e.source.contains("pub const EXPERIMENT") || e.source.contains("\nexperiment!("))
+                    && e.source.contains(e.slug),
                 "experiment {} ({}) does not carry its own source",
                 e.id,
                 e.slug

@@ -15,15 +15,12 @@ use crate::claims::Stat;
 use crate::figures::{Fig, FigSpec, LineSpec};
 use crate::Result;
 
-/// Experiment 3.
-pub const EXPERIMENT: Experiment = Experiment {
-    id: 3,
-    slug: "rope-length",
-    source: include_str!("rope.rs"),
-    config: |p| json!({"rope": p.rope, "seeds": p.first_seeds(p.rope.n_seeds)}),
-    runs,
-    run,
-};
+experiment!(
+    3,
+    "rope-length",
+    "rope.rs",
+    |p| json!({"rope": p.rope, "seeds": p.first_seeds(p.rope.n_seeds)})
+);
 
 /// The RoPE language models, one per seed, evaluated at L.
 fn runs(preset: &crate::preset::Preset) -> Vec<RunSpec> {

@@ -8,15 +8,12 @@ use crate::claims::Stat;
 use crate::figures::{Fig, FigSpec, LineSpec};
 use crate::Result;
 
-/// Experiment 6.
-pub const EXPERIMENT: Experiment = Experiment {
-    id: 6,
-    slug: "shaw-clipping",
-    source: include_str!("shaw.rs"),
-    config: |p| json!({"shaw": p.shaw, "seeds": p.first_seeds(p.shaw.n_seeds)}),
-    runs,
-    run,
-};
+experiment!(
+    6,
+    "shaw-clipping",
+    "shaw.rs",
+    |p| json!({"shaw": p.shaw, "seeds": p.first_seeds(p.shaw.n_seeds)})
+);
 
 /// Shaw's encoder on the order task with clipping distance `k`.
 fn k_spec(p: &crate::preset::ShawExp, k: usize, seed: u64) -> RunSpec {
