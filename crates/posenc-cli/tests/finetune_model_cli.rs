@@ -28,18 +28,11 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// A word-level tokenizer (`w0`..`w254`, `[UNK]`) and a text of `words`
-/// words of period 97, in `dir`.
-fn inputs(dir: &Path, words: usize) -> (String, String) {
-    let tk_path = dir.join("tokenizer.json");
-    std::fs::write(&tk_path, common::word_tokenizer_json()).unwrap();
-    let words: Vec<String> = (0..words)
-        .map(|i| format!("w{}", ((i % 97) * 89 + 13) % 255))
-        .collect();
-    let text = dir.join("text.txt");
-    std::fs::write(&text, words.join(" ")).unwrap();
+/// words of period 97 (written once for the whole test binary).
+fn inputs(words: usize) -> (String, String) {
     (
-        tk_path.to_string_lossy().into_owned(),
-        text.to_string_lossy().into_owned(),
+        common::word_tokenizer_file().to_string_lossy().into_owned(),
+        common::word_text_file(words).to_string_lossy().into_owned(),
     )
 }
 
@@ -78,7 +71,7 @@ fn mean_loss(out: Output, name: &str) -> f64 {
 #[test]
 fn finetune_writes_a_peft_adapter_and_a_merged_checkpoint() {
     let d = scratch("run");
-    let (tk, text) = inputs(&d, 3000);
+    let (tk, text) = inputs(3000);
     let out = d.join("out");
     let m = tiny();
     let mut args = on("finetune", &m, &tk, &["--text", &text]);
@@ -238,7 +231,7 @@ fn bad_arguments_are_refused_before_the_model_is_read() {
 #[test]
 fn misfits_are_refused_before_the_weights_are_read() {
     let d = scratch("misfit");
-    let (tk, text) = inputs(&d, 100);
+    let (tk, text) = inputs(100);
     let model = config_only_model(&d, None);
     let m = s(&model);
     let out = d.join("out");
@@ -312,7 +305,7 @@ fn misfits_are_refused_before_the_weights_are_read() {
 #[test]
 fn an_interrupted_finetune_checkpoints_and_resumes_exactly() {
     let d = scratch("ctrl-c");
-    let (tk, text) = inputs(&d, 3000);
+    let (tk, text) = inputs(3000);
     let m = tiny();
     let (cut, whole) = (d.join("cut"), d.join("whole"));
     let args = |out: &Path| -> Vec<String> {
@@ -360,7 +353,7 @@ fn an_interrupted_finetune_checkpoints_and_resumes_exactly() {
 #[test]
 fn checkpointed_layers_train_the_same_adapter() {
     let d = scratch("ckpt-layers");
-    let (tk, text) = inputs(&d, 3000);
+    let (tk, text) = inputs(3000);
     let m = tiny();
     let run = |out: &Path, extra: &[&str]| {
         let mut args = on("finetune", &m, &tk, &["--text", &text]);
@@ -390,7 +383,7 @@ fn checkpointed_layers_train_the_same_adapter() {
 #[test]
 fn perplexity_scores_the_held_out_tail() {
     let d = scratch("held-out");
-    let (tk, text) = inputs(&d, 3000);
+    let (tk, text) = inputs(3000);
     let all: Vec<String> = std::fs::read_to_string(&text)
         .unwrap()
         .split_whitespace()

@@ -66,22 +66,12 @@ fn s(p: &Path) -> String {
 }
 
 /// The word-level tokenizer over the tiny models' 256 ids and a text of
-/// 3,000 of its words, written once (the tests run side by side: a second
-/// write would truncate the file under another test's run).
+/// 3,000 of its words (each written once for the whole test binary).
 fn inputs() -> (String, String) {
-    static INPUTS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
-    INPUTS
-        .get_or_init(|| {
-            let tk = scratch("tokenizer.json");
-            std::fs::write(&tk, common::word_tokenizer_json()).unwrap();
-            let words: Vec<String> = (0..3000)
-                .map(|i| format!("w{}", ((i % 97) * 89 + 13) % 255))
-                .collect();
-            let text = scratch("text.txt");
-            std::fs::write(&text, words.join(" ")).unwrap();
-            (s(&tk), s(&text))
-        })
-        .clone()
+    (
+        s(&common::word_tokenizer_file()),
+        s(&common::word_text_file(3000)),
+    )
 }
 
 /// Runs `posenc args` under RLIMIT_AS 1 GiB, killed (and failed) after

@@ -41,18 +41,6 @@ fn refused(args: &[&str]) -> String {
     common::one_line_error(out, args)
 }
 
-/// A word-level tokenizer.json over `w0`..`w254` and `[UNK]`, written once
-/// (a second write would truncate it under a test running beside).
-fn word_tokenizer() -> PathBuf {
-    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        let p = scratch("words.json");
-        std::fs::write(&p, common::word_tokenizer_json()).unwrap();
-        p
-    })
-    .clone()
-}
-
 fn words_text(name: &str, bytes: usize) -> PathBuf {
     let mut t = String::with_capacity(bytes + 8);
     let mut i = 0usize;
@@ -70,7 +58,7 @@ fn every_hostile_model_is_refused_with_one_line_in_1_gib() {
     let dir = scratch("variants");
     let (base, variants) = hostile::model_variants(&fixtures(), &dir);
     let text = words_text("text.txt", 4096);
-    let tk = word_tokenizer();
+    let tk = common::word_tokenizer_file();
     let args_for = |model: &Path| -> Vec<String> {
         let mut a: Vec<String> = argv(
             "perplexity --model {} --text {} --length 16 --band 8 --scaling none --quiet --json",
@@ -132,7 +120,7 @@ fn special_files_huge_prompts_and_unwritable_outputs_are_refused_first() {
         (base, v.len())
     };
     let model = model.to_str().unwrap().to_string();
-    let tk = word_tokenizer();
+    let tk = common::word_tokenizer_file();
     let tk = tk.to_str().unwrap();
     let text = words_text("ok.txt", 2048);
     let text = text.to_str().unwrap();

@@ -32,15 +32,9 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// A word-level `tokenizer.json` over the 256 ids of the tiny models: words
-/// `w0`..`w254`, `[UNK]` last.
+/// `w0`..`w254`, `[UNK]` last (written once for the whole test binary).
 fn tokenizer() -> String {
-    // one file per call: the tests of this binary run in parallel, and one
-    // must never read the file while another rewrites it
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let p = scratch(&format!("tokenizer-{n}.json"));
-    std::fs::write(&p, common::word_tokenizer_json()).unwrap();
-    p.to_string_lossy().into_owned()
+    common::word_tokenizer_file().to_string_lossy().into_owned()
 }
 
 fn text(words: usize) -> String {

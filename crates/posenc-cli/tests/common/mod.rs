@@ -179,6 +179,47 @@ pub fn word_tokenizer_json() -> String {
     .to_string()
 }
 
+/// This test process's directory of shared input files, created once.
+fn shared_inputs_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("posenc-cli-inputs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// [`word_tokenizer_json`] as a file, written once for every test of this
+/// process (the tests run side by side: a second write would truncate the
+/// file under another test's run).
+pub fn word_tokenizer_file() -> std::path::PathBuf {
+    static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = shared_inputs_dir().join("words-tokenizer.json");
+        std::fs::write(&p, word_tokenizer_json()).unwrap();
+        p
+    })
+    .clone()
+}
+
+/// A text of `words` of [`word_tokenizer_json`]'s words with period 97
+/// (`w{((i mod 97)·89 + 13) mod 255}`), as a file written once per length
+/// for every test of this process.
+pub fn word_text_file(words: usize) -> std::path::PathBuf {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static FILES: OnceLock<Mutex<HashMap<usize, std::path::PathBuf>>> = OnceLock::new();
+    let mut files = FILES.get_or_init(Default::default).lock().unwrap();
+    files
+        .entry(words)
+        .or_insert_with(|| {
+            let text: Vec<String> = (0..words)
+                .map(|i| format!("w{}", ((i % 97) * 89 + 13) % 255))
+                .collect();
+            let p = shared_inputs_dir().join(format!("words-{words}.txt"));
+            std::fs::write(&p, text.join(" ")).unwrap();
+            p
+        })
+        .clone()
+}
+
 /// Starts `posenc args`, lets `started` read its standard error until the
 /// run is under way (its Ctrl-C handler set), sends it SIGINT and returns
 /// its exit status.
