@@ -32,8 +32,21 @@ pub enum Sampling {
     },
 }
 
-/// Generates up to `max_new` tokens after `prompt`, stopping early at any
-/// of `stop` ids; returns the new ids.
+/// What to decode and how: at most `max_new` new tokens, each step through
+/// `rope`, chosen by `sampling`, stopping early at any of the `stop` ids.
+#[derive(Clone, Copy)]
+pub struct Decoding<'a> {
+    /// The most new tokens.
+    pub max_new: usize,
+    /// The RoPE every step runs through.
+    pub rope: &'a Rope,
+    /// How the next token is chosen.
+    pub sampling: Sampling,
+    /// Ids that end the generation early (the stop id is returned too).
+    pub stop: &'a [u32],
+}
+
+/// Generates after `prompt` as `decoding` says; returns the new ids.
 ///
 /// # Errors
 /// [`ModelError::Invalid`] for an empty prompt or bad sampling parameters;
@@ -41,22 +54,10 @@ pub enum Sampling {
 pub fn generate(
     model: &Decoder,
     prompt: &[u32],
-    max_new: usize,
-    rope: &Rope,
-    sampling: Sampling,
-    stop: &[u32],
+    decoding: Decoding<'_>,
     on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>> {
-    generate_observed(
-        model,
-        prompt,
-        max_new,
-        rope,
-        sampling,
-        stop,
-        &mut |_| {},
-        on_token,
-    )
+    generate_observed(model, prompt, decoding, &mut |_| {}, on_token)
 }
 
 /// [`generate`], calling `on_layer` at each [`Step`] of the prompt's pass
@@ -66,48 +67,44 @@ pub fn generate(
 ///
 /// # Errors
 /// As [`generate`].
-#[allow(clippy::too_many_arguments)]
 pub fn generate_observed(
     model: &Decoder,
     prompt: &[u32],
-    max_new: usize,
-    rope: &Rope,
-    sampling: Sampling,
-    stop: &[u32],
+    decoding: Decoding<'_>,
     on_layer: &mut dyn FnMut(Step),
     on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>> {
     if prompt.is_empty() {
         return Err(ModelError::Invalid("the prompt has no tokens".into()));
     }
-    check_sampling(sampling)?;
+    check_sampling(decoding.sampling)?;
     let d = model.config().hidden_size;
     let mut cache = KvCache::new(model.config());
-    let hidden = model.hidden_states_observed(prompt, rope, Some(&mut cache), on_layer)?;
+    let hidden = model.hidden_states_observed(prompt, decoding.rope, Some(&mut cache), on_layer)?;
     let last = hidden[(prompt.len() - 1) * d..].to_vec();
-    continue_from(
-        model, &mut cache, last, max_new, rope, sampling, stop, on_token,
-    )
+    continue_from(model, &mut cache, last, decoding, on_token)
 }
 
-/// Generates up to `max_new` tokens after a prefix already in `cache`,
-/// whose last final hidden state is `last` (as [`Decoder::hidden_states`]
+/// Generates as `decoding` says after a prefix already in `cache`, whose
+/// last final hidden state is `last` (as [`Decoder::hidden_states`]
 /// returned it); returns the new ids.
 ///
 /// # Errors
 /// [`ModelError::Invalid`] for an empty cache or a hidden state of another
 /// width; the model's errors.
-#[allow(clippy::too_many_arguments)]
 pub fn continue_from(
     model: &Decoder,
     cache: &mut KvCache,
     mut last: Vec<f32>,
-    max_new: usize,
-    rope: &Rope,
-    sampling: Sampling,
-    stop: &[u32],
+    decoding: Decoding<'_>,
     mut on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>> {
+    let Decoding {
+        max_new,
+        rope,
+        sampling,
+        stop,
+    } = decoding;
     if cache.is_empty() || last.len() != model.config().hidden_size {
         return Err(ModelError::Invalid(
             "continuing needs a filled cache and the last hidden state".into(),

@@ -15,7 +15,7 @@
 mod common;
 
 use common::{floats, ids};
-use posenc_models::generate::{generate, Sampling};
+use posenc_models::generate::{generate, Decoding, Sampling};
 use posenc_models::gguf::GgufFile;
 use posenc_models::perplexity::{loss_per_position, rope_of};
 use posenc_models::{PretrainedModel, Scaling, TextTokenizer};
@@ -135,16 +135,13 @@ fn smollm2_losses_logits_and_generation_match_transformers() {
             .unwrap(),
     )
     .unwrap();
-    let got = generate(
-        model,
-        &prompt,
-        want.len(),
-        &rope,
-        Sampling::Greedy,
-        &[],
-        |_| {},
-    )
-    .unwrap();
+    let greedy = Decoding {
+        max_new: want.len(),
+        rope: &rope,
+        sampling: Sampling::Greedy,
+        stop: &[],
+    };
+    let got = generate(model, &prompt, greedy, |_| {}).unwrap();
     assert_eq!(got, want);
     assert_eq!(
         m.tokenizer.decode(&got).unwrap(),

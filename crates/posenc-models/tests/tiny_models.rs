@@ -17,7 +17,7 @@
 mod common;
 
 use common::{fixture, floats, ids, max_abs_diff};
-use posenc_models::generate::{generate, Sampling};
+use posenc_models::generate::{generate, Decoding, Sampling};
 use posenc_models::perplexity::{loss_per_position, rope_of};
 use posenc_models::{Decoder, ModelFiles, Scaling};
 
@@ -139,16 +139,13 @@ fn greedy_generation_with_the_cache_matches_transformers() {
         let prompt = &ids(&m["input_ids"])[..8];
         let rope = rope_for(&model, "model");
         let mut streamed = Vec::new();
-        let got = generate(
-            &model,
-            prompt,
-            want.len(),
-            &rope,
-            Sampling::Greedy,
-            &[],
-            |t| streamed.push(t),
-        )
-        .unwrap();
+        let greedy = Decoding {
+            max_new: want.len(),
+            rope: &rope,
+            sampling: Sampling::Greedy,
+            stop: &[],
+        };
+        let got = generate(&model, prompt, greedy, |t| streamed.push(t)).unwrap();
         assert_eq!(got, want, "{name}");
         assert_eq!(streamed, want);
     }
@@ -197,16 +194,25 @@ fn sampling_is_seeded() {
         top_p: 0.95,
         seed,
     };
-    let a = generate(&model, &[1, 2, 3], 24, &rope, s(7), &[], |_| {}).unwrap();
-    let b = generate(&model, &[1, 2, 3], 24, &rope, s(7), &[], |_| {}).unwrap();
-    let c = generate(&model, &[1, 2, 3], 24, &rope, s(8), &[], |_| {}).unwrap();
+    let run = |prompt: &[u32], max_new, sampling| {
+        let decoding = Decoding {
+            max_new,
+            rope: &rope,
+            sampling,
+            stop: &[],
+        };
+        generate(&model, prompt, decoding, |_| {})
+    };
+    let a = run(&[1, 2, 3], 24, s(7)).unwrap();
+    let b = run(&[1, 2, 3], 24, s(7)).unwrap();
+    let c = run(&[1, 2, 3], 24, s(8)).unwrap();
     assert_eq!(a, b);
     assert_ne!(a, c);
-    assert!(generate(&model, &[], 4, &rope, Sampling::Greedy, &[], |_| {}).is_err());
+    assert!(run(&[], 4, Sampling::Greedy).is_err());
     let bad = Sampling::Sample {
         temperature: 0.0,
         top_p: 1.0,
         seed: 0,
     };
-    assert!(generate(&model, &[1], 4, &rope, bad, &[], |_| {}).is_err());
+    assert!(run(&[1], 4, bad).is_err());
 }

@@ -693,10 +693,12 @@ pub fn experiment(run: &ModelRun) -> Result<ExpOutput> {
                 &decoder,
                 &mut kv,
                 last,
-                CONTINUATION,
-                &rope,
-                Sampling::Greedy,
-                tk.eos(),
+                generate::Decoding {
+                    max_new: CONTINUATION,
+                    rope: &rope,
+                    sampling: Sampling::Greedy,
+                    stop: tk.eos(),
+                },
                 |_| {},
             )
             .map_err(err)?;

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use std::cell::RefCell;
 
-use posenc_models::generate::{check_sampling, generate_observed, Sampling};
+use posenc_models::generate::{check_sampling, generate_observed, Decoding, Sampling};
 use posenc_models::input::{self, Prompt};
 use posenc_models::perplexity::rope_of;
 use posenc_models::Scaling;
@@ -165,10 +165,12 @@ impl Session {
                 Ok(generate_observed(
                     model,
                     &ids,
-                    max_new,
-                    &rope,
-                    request.sampling,
-                    &stop,
+                    Decoding {
+                        max_new,
+                        rope: &rope,
+                        sampling: request.sampling,
+                        stop: &stop,
+                    },
                     &mut |step| {
                         let p = Progress::new(step.layers_done(), layers, PREFILL);
                         crate::report_or_stop(&mut **report.borrow_mut(), p);
