@@ -753,10 +753,15 @@ fn rope() -> Result<Family> {
     let d = 128;
     let plain = RopeConfig::new(10000.0, d)?;
     let rope = posenc::rope::Rope::new(plain.clone())?;
-    let norm_dev = analysis::norm_change(&rope, 200, 1_000_000, 7)?;
-    let rel_dev = analysis::relative_invariance(&rope, 200, 100_000, 11)?;
+    let draws = |max_position, seed| analysis::Draws {
+        trials: 200,
+        max_position,
+        seed,
+    };
+    let norm_dev = analysis::norm_change(&rope, draws(1_000_000, 7))?;
+    let rel_dev = analysis::relative_invariance(&rope, draws(100_000, 11))?;
     let rope_i = posenc::rope::Rope::new(plain.clone().with_layout(PairLayout::Interleaved))?;
-    let rel_dev_i = analysis::relative_invariance(&rope_i, 200, 100_000, 12)?;
+    let rel_dev_i = analysis::relative_invariance(&rope_i, draws(100_000, 12))?;
     let dists = rules::ROFORMER_DECAY.map(|(r, _)| r);
     let decay = analysis::rope_decay_bound(d, 10000.0, &dists)?;
     // Precision at long context: Llama 3.1's frequencies, angle in f32 (as
@@ -777,7 +782,7 @@ fn rope() -> Result<Family> {
         }
     }
     let xpos = posenc::rope::XPos::new(d)?;
-    let xpos_rel = analysis::relative_invariance(&xpos, 200, 2_000, 13)?;
+    let xpos_rel = analysis::relative_invariance(&xpos, draws(2_000, 13))?;
     let small = RopeFrequencies::plain(10000.0, 8, PairLayout::HalfSplit)?;
     let rows: Vec<Vec<f64>> = (0..5u64)
         .map(|p| {
@@ -919,7 +924,12 @@ fn rope_scalings() -> Result<Family> {
         }
         rows.push(r);
         let rope = posenc::rope::Rope::at_seq_len(cfg.clone(), Some(16384))?;
-        let dev = analysis::relative_invariance(&rope, 100, 16384, 99)?;
+        let draws = analysis::Draws {
+            trials: 100,
+            max_position: 16384,
+            seed: 99,
+        };
+        let dev = analysis::relative_invariance(&rope, draws)?;
         props.push(judged(
             &format!("rope-scaling.relative.{}", cfg.rope_type()),
             &format!("{name}: scores still depend on m − n only"),

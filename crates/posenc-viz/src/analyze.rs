@@ -560,7 +560,12 @@ fn rotary(enc: &Encoding, a: &AnalyzeOptions, xpos_theta: f64, c: &mut Collector
     let inv = enc.inv_freq().unwrap_or_default();
 
     // 1. Relative invariance.
-    let inv_err = analysis::relative_invariance(rot, 200, 4096, 0)?;
+    let draws = analysis::Draws {
+        trials: 200,
+        max_position: 4096,
+        seed: 0,
+    };
+    let inv_err = analysis::relative_invariance(rot, draws)?;
     c.add(
         "relative-invariance",
         "max |⟨f(q, m), f(k, n)⟩ − ⟨f(q, m + s), f(k, n + s)⟩| / (‖q‖‖k‖) over 200 seeded draws, positions ≤ 4096",
@@ -574,7 +579,7 @@ fn rotary(enc: &Encoding, a: &AnalyzeOptions, xpos_theta: f64, c: &mut Collector
     );
 
     // 2. Norm.
-    let nc = analysis::norm_change(rot, 200, 4096, 0)?;
+    let nc = analysis::norm_change(rot, draws)?;
     c.add(
         "norm-change",
         "max |‖f(x, m)‖ − ‖x‖| / ‖x‖ over 200 seeded draws",

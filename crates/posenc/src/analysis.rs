@@ -347,17 +347,26 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<Vec<f64>>) -> Result<Vec<Vec<f64>>> {
     Ok(b)
 }
 
+/// The random trials of [`relative_invariance`] and [`norm_change`]:
+/// how many, the largest position drawn, and the generator's seed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draws {
+    /// How many trials.
+    pub trials: usize,
+    /// Positions are drawn from `0..=max_position`.
+    pub max_position: u64,
+    /// Seed of the generator.
+    pub seed: u64,
+}
+
 /// The largest deviation of `⟨f_q(q, m), f_k(k, n)⟩` from its value at
-/// `(m − n, 0)`-shifted positions, over `trials` random `q`, `k`, `m`, `n`
-/// (seeded): 0 when the score depends on `m − n` only. Relative to `‖q‖‖k‖`.
-pub fn relative_invariance(
-    enc: &dyn RotaryEncoding,
-    trials: usize,
-    max_position: u64,
-    seed: u64,
-) -> Result<f64> {
+/// `(m − n, 0)`-shifted positions, over `draws.trials` random `q`, `k`, `m`,
+/// `n` (seeded): 0 when the score depends on `m − n` only. Relative to
+/// `‖q‖‖k‖`.
+pub fn relative_invariance(enc: &dyn RotaryEncoding, draws: Draws) -> Result<f64> {
     let d = enc.head_dim();
-    worst_of(trials, seed, |rng| {
+    let max_position = draws.max_position;
+    worst_of(draws, |rng| {
         let q = rng.normal_vec(d);
         let k = rng.normal_vec(d);
         let m = rng.below(max_position + 1);
@@ -376,34 +385,25 @@ pub fn relative_invariance(
     })
 }
 
-/// The largest of `trial`'s values over `trials` trials drawing from one
-/// generator seeded with `seed` (0 for no trial).
-fn worst_of(
-    trials: usize,
-    seed: u64,
-    mut trial: impl FnMut(&mut SplitMix64) -> Result<f64>,
-) -> Result<f64> {
-    let mut rng = SplitMix64::new(seed);
+/// The largest of `trial`'s values over `draws.trials` trials drawing from
+/// one generator seeded with `draws.seed` (0 for no trial).
+fn worst_of(draws: Draws, mut trial: impl FnMut(&mut SplitMix64) -> Result<f64>) -> Result<f64> {
+    let mut rng = SplitMix64::new(draws.seed);
     let mut worst = 0.0f64;
-    for _ in 0..trials {
+    for _ in 0..draws.trials {
         worst = worst.max(trial(&mut rng)?);
     }
     Ok(worst)
 }
 
-/// The largest relative change of `‖x‖` under the encoding, over `trials`
-/// random vectors and positions (0 for a pure rotation).
-pub fn norm_change(
-    enc: &dyn RotaryEncoding,
-    trials: usize,
-    max_position: u64,
-    seed: u64,
-) -> Result<f64> {
+/// The largest relative change of `‖x‖` under the encoding, over
+/// `draws.trials` random vectors and positions (0 for a pure rotation).
+pub fn norm_change(enc: &dyn RotaryEncoding, draws: Draws) -> Result<f64> {
     let d = enc.head_dim();
-    worst_of(trials, seed, |rng| {
+    worst_of(draws, |rng| {
         let x = rng.normal_vec(d);
         let mut y = x.clone();
-        enc.apply_query(&mut y, rng.below(max_position + 1))?;
+        enc.apply_query(&mut y, rng.below(draws.max_position + 1))?;
         Ok((norm(&y) - norm(&x)).abs() / norm(&x))
     })
 }
