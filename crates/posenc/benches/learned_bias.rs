@@ -39,7 +39,7 @@ fn fire_forward(bencher: Bencher, t: usize) {
 fn fire_forward_grid(bencher: Bencher, t: usize) {
     let vm = VarMap::new();
     let fire = FireBias::new(FireConfig::new(H).unwrap(), vb(&vm)).unwrap();
-    bencher.bench_local(|| fire.forward_grid(t, t, 0.into(), 0.into()).unwrap());
+    bencher.bench_local(|| fire.direct().forward(t, t, 0.into(), 0.into()).unwrap());
 }
 
 #[divan::bench(args = LENGTHS)]

@@ -101,7 +101,10 @@ fn tensor_equals_plain_for_offsets() {
                     |_, j| (ko + j) as u64,
                     1e-12,
                 );
-                let grid = module.forward_grid(tq, tk, qo.into(), ko.into()).unwrap();
+                let grid = module
+                    .direct()
+                    .forward(tq, tk, qo.into(), ko.into())
+                    .unwrap();
                 let diff = (fast - grid).unwrap().abs().unwrap();
                 assert!(flat(&diff).iter().all(|&d| d < 1e-13));
             }
@@ -266,7 +269,7 @@ fn gradients_match_finite_differences() {
             let w = det_tensor(&[1, 3, tq, tk], 0.4, 1.0);
             let loss = || {
                 let b = if grid {
-                    module.forward_grid(tq, tk, 4.into(), 0.into())
+                    module.direct().forward(tq, tk, 4.into(), 0.into())
                 } else {
                     module.forward(tq, tk, 4.into(), 0.into())
                 }

@@ -382,20 +382,12 @@ impl FireBias {
         }
     }
 
-    /// The bias evaluated on the whole grid without the distinct-input
-    /// table: the direct path, for tests and comparison.
-    ///
-    /// # Errors
-    /// As [`FireBias::forward`].
-    pub fn forward_grid(
-        &self,
-        q_len: usize,
-        k_len: usize,
-        q_pos: Positions<'_>,
-        k_pos: Positions<'_>,
-    ) -> Result<Tensor> {
+    /// A copy of this bias whose [`forward`](Self::forward) evaluates the
+    /// MLP on the whole grid without the distinct-input table: the direct
+    /// path, for tests and comparison.
+    pub fn direct(&self) -> Self {
         let mut direct = self.clone();
         direct.force_grid = true;
-        direct.forward(q_len, k_len, q_pos, k_pos)
+        direct
     }
 }
