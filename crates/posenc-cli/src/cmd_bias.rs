@@ -97,11 +97,11 @@ fn t5(a: T5Args) -> CliResult {
         return Err(CliError("choose --bidirectional or --causal".into()));
     }
     let (lo, hi) = parse_relative_range(&a.relative)?;
+    let buckets = T5Buckets::new(a.buckets, a.max_distance, a.bidirectional)?;
     if a.json {
-        let v = t5_json(a.buckets, a.max_distance, a.bidirectional, lo, hi)?;
+        let v = t5_json(&buckets, lo, hi);
         println!("{}", serde_json::to_string(&v)?);
     } else {
-        let buckets = T5Buckets::new(a.buckets, a.max_distance, a.bidirectional)?;
         let rel: Vec<i64> = (lo..=hi).collect();
         let bucket: Vec<usize> = rel.iter().map(|&r| buckets.bucket(r)).collect();
         println!(

@@ -5,6 +5,7 @@
 
 use axum::body::{to_bytes, Body};
 use axum::http::{Request, StatusCode};
+use posenc::relative::t5::T5Buckets;
 use posenc::rope::HfRopeConfig;
 use posenc_explore::configs::CONFIGS;
 use posenc_explore::json::{
@@ -381,7 +382,8 @@ async fn the_teaching_views_give_the_library_s_numbers() {
     assert_eq!(v["slopes"], reparse(&alibi_json(12).unwrap()["slopes"]));
     let v =
         get_ok("/api/bias/t5?buckets=32&max_distance=128&bidirectional=false&lo=-200&hi=20").await;
-    assert_eq!(v, reparse(&t5_json(32, 128, false, -200, 20).unwrap()));
+    let buckets = T5Buckets::new(32, 128, false).unwrap();
+    assert_eq!(v, reparse(&t5_json(&buckets, -200, 20)));
     let v = get_ok("/api/bias/shaw?max_relative=4&lo=-6&hi=6").await;
     assert_eq!(
         v["clipped"],

@@ -198,25 +198,15 @@ pub fn alibi_json(heads: usize) -> Result<Value> {
 /// `posenc bias t5 --json`: the bucket of every relative position
 /// `lo..=hi` (key − query), as transformers' `_relative_position_bucket`
 /// (Raffel et al. 2020).
-///
-/// # Errors
-/// The library's errors for the bucket parameters.
-pub fn t5_json(
-    buckets: usize,
-    max_distance: usize,
-    bidirectional: bool,
-    lo: i64,
-    hi: i64,
-) -> Result<Value> {
-    let b = T5Buckets::new(buckets, max_distance, bidirectional)?;
+pub fn t5_json(b: &T5Buckets, lo: i64, hi: i64) -> Value {
     let rel: Vec<i64> = (lo..=hi).collect();
     let bucket: Vec<usize> = rel.iter().map(|&r| b.bucket(r)).collect();
-    Ok(json!({
-        "bidirectional": bidirectional,
-        "num_buckets": buckets,
-        "max_distance": max_distance,
+    json!({
+        "bidirectional": b.bidirectional(),
+        "num_buckets": b.num_buckets(),
+        "max_distance": b.max_distance(),
         "relative_position": "key_position - query_position",
         "relative": rel,
         "bucket": bucket,
-    }))
+    })
 }

@@ -9,6 +9,7 @@ use posenc::absolute::sinusoidal::SinusoidalLayout;
 use posenc::analysis::{mat_vec, rope_decay_bound, similarity_curve, wavelengths};
 use posenc::relative::alibi::{Alibi, AlibiMode};
 use posenc::relative::shaw::Shaw;
+use posenc::relative::t5::T5Buckets;
 use posenc::rope::default_inv_freq;
 use posenc::{AbsoluteEncoding, Error, Result};
 use serde_json::{json, Value};
@@ -254,7 +255,8 @@ pub fn t5_view(
     relative_order(lo, hi)?;
     relative_length(lo, hi)?;
     bound("num_buckets", buckets as u64, 1 << 20)?;
-    t5_json(buckets, max_distance, bidirectional, lo, hi)
+    let b = T5Buckets::new(buckets, max_distance, bidirectional)?;
+    Ok(t5_json(&b, lo, hi))
 }
 
 /// Shaw et al. (2018): the clipped distance `clip(key − query, −k, k)` and
