@@ -406,7 +406,9 @@ impl Decoder {
     /// ([`DEFAULT_BLOCK_ROWS`] by default, at least 1): a long pass runs its
     /// plain attention in blocks of query rows, each over the keys up to its
     /// last position, and can stop between two blocks (Ctrl-C from Python).
-    /// The rows' values are those of one call, up to the summation order.
+    /// The rows' values are those of one call, bit for bit: the first block
+    /// reaches past [`posenc::kernels::attention::LONG_KEYS`] keys when the
+    /// pass does, so every block runs one call's tiles.
     /// A training-free method's attention stays one call per layer (its
     /// views pack every key at each call).
     ///
@@ -639,12 +641,21 @@ impl Decoder {
             .with_layout(posenc::kernels::HeadLayout::Bthd);
         debug_assert!(rows > 0, "set_block_rows refuses 0, and t > 0");
         let mut out = Vec::with_capacity(t * hq * dh); // (T, H_q·Dh)
+                                                       // The kernels take longer tiles past LONG_KEYS keys: the first block
+                                                       // reaches past them when the whole pass does, so that every block
+                                                       // runs the tiles of one call and the blocks keep its bits.
+        let long = posenc::kernels::attention::LONG_KEYS;
+        let first_end = if offset + t > long && offset <= long {
+            rows.max(long + 1 - offset)
+        } else {
+            rows
+        };
         let mut start = 0;
         while start < t {
             if start > 0 {
                 between();
             }
-            let end = (start + rows).min(t);
+            let end = if start == 0 { first_end } else { start + rows }.min(t);
             let n = end - start;
             let mut q = Vec::with_capacity(n * hq * dh);
             for r in start..end {
@@ -828,8 +839,47 @@ mod tests {
         }
     }
 
+    /// Past the kernels' long-tile threshold, blocks of query rows keep one
+    /// call's bits: a 1,100-token pass, and 100 tokens after 1,000 in a KV
+    /// cache (so the blocks straddle the threshold), in blocks of 7, 300 and
+    /// 512 rows, equal one call to the bit.
+    #[test]
+    fn long_attention_in_blocks_keeps_the_bits() {
+        use crate::perplexity::rope_of;
+        use crate::scaling::Scaling;
+        let (cfg, mut st) = fixture(FIXTURES[0]);
+        let mut decoder = Decoder::load(cfg.clone(), &mut st).unwrap();
+        let tokens: Vec<u32> = (0..1100)
+            .map(|i| (i * 7 + 3) % cfg.vocab_size as u32)
+            .collect();
+        let sc: Scaling = "none".parse().unwrap();
+        let rope = rope_of(sc.rope_config(&cfg).unwrap()).unwrap();
+        let run = |d: &Decoder, split: Option<usize>| {
+            let mut cache = KvCache::new(&cfg);
+            match split {
+                None => d
+                    .hidden_states_observed(&tokens, &rope, None, &mut |_| {})
+                    .unwrap(),
+                Some(at) => {
+                    d.hidden_states_observed(&tokens[..at], &rope, Some(&mut cache), &mut |_| {})
+                        .unwrap();
+                    d.hidden_states_observed(&tokens[at..], &rope, Some(&mut cache), &mut |_| {})
+                        .unwrap()
+                }
+            }
+        };
+        for split in [None, Some(1000)] {
+            decoder.set_block_rows(usize::MAX).unwrap();
+            let one = run(&decoder, split);
+            for rows in [7, 300, DEFAULT_BLOCK_ROWS] {
+                decoder.set_block_rows(rows).unwrap();
+                assert!(run(&decoder, split) == one, "{split:?} in blocks of {rows}");
+            }
+        }
+    }
+
     /// A pass whose plain attention runs in blocks of query rows (with and
-    /// without a KV cache) gives the hidden states of one call within 1e-5
+    /// without a KV cache) gives the hidden states of one call to the bit
     /// and calls its observer between the blocks; with a method (one call
     /// per layer) the block size changes nothing.
     #[test]
@@ -876,6 +926,7 @@ mod tests {
                         .map(|(a, b)| (a - b).abs())
                         .fold(0f32, f32::max);
                     assert!(diff < 1e-5, "{name} {scaling} cached {cached}: {diff}");
+                    assert_eq!(one, blocks, "{name} {scaling} cached {cached}");
                     // 40 rows in blocks of 7: six blocks, five places between them.
                     let inside =
                         |v: &[Step]| v.iter().filter(|s| matches!(s, Step::Inside(0))).count();

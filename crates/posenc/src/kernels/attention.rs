@@ -89,8 +89,11 @@ const BK_LONG: usize = 512;
 /// within 1% of each other at 4,096 tokens with 512 keys; 128 was 3%
 /// slower). Each row's softmax runs over the same key tiles for any value.
 const BQ_LONG: usize = 96;
-/// Keys beyond which the forward pass takes the long-sequence tiles.
-const LONG_KEYS: usize = 1024;
+/// Keys beyond which the forward pass takes the long-sequence tiles. A
+/// caller that splits one pass's queries into several calls (each with the
+/// keys up to its last query) keeps one call's bits when every call has more
+/// keys than this, or the whole pass has at most this many.
+pub const LONG_KEYS: usize = 1024;
 
 /// Queries per forward tile for `k_len` keys.
 #[inline(always)]
