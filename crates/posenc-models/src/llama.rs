@@ -406,9 +406,11 @@ impl Decoder {
     /// ([`DEFAULT_BLOCK_ROWS`] by default, at least 1): a long pass runs its
     /// plain attention in blocks of query rows, each over the keys up to its
     /// last position, and can stop between two blocks (Ctrl-C from Python).
-    /// The rows' values are those of one call, bit for bit: the first block
-    /// reaches past [`posenc::kernels::attention::LONG_KEYS`] keys when the
-    /// pass does, so every block runs one call's tiles.
+    /// The rows' values are those of one call, bit for bit: past
+    /// [`posenc::kernels::attention::LONG_KEYS`] keys, the first block reaches
+    /// past them and every block is rounded up to a multiple of
+    /// [`posenc::kernels::attention::LONG_QUERY_TILE`] rows, so every block
+    /// runs one call's tiles.
     /// A training-free method's attention stays one call per layer (its
     /// views pack every key at each call).
     ///
@@ -640,15 +642,20 @@ impl Decoder {
             .attention()?
             .with_layout(posenc::kernels::HeadLayout::Bthd);
         debug_assert!(rows > 0, "set_block_rows refuses 0, and t > 0");
-        let mut out = Vec::with_capacity(t * hq * dh); // (T, H_q·Dh)
-                                                       // The kernels take longer tiles past LONG_KEYS keys: the first block
-                                                       // reaches past them when the whole pass does, so that every block
-                                                       // runs the tiles of one call and the blocks keep its bits.
-        let long = posenc::kernels::attention::LONG_KEYS;
-        let first_end = if offset + t > long && offset <= long {
-            rows.max(long + 1 - offset)
+        // (T, H_q·Dh)
+        let mut out = Vec::with_capacity(t * hq * dh);
+        // Blocks that keep one call's bits: the kernels take longer tiles past
+        // LONG_KEYS keys, so the first block reaches past them whenever the
+        // pass does; and each row's sums depend on the query tile it falls
+        // in, so a long pass's blocks start where one call's query tiles do
+        // (multiples of LONG_QUERY_TILE rows).
+        use posenc::kernels::attention::{LONG_KEYS, LONG_QUERY_TILE};
+        let (rows, first_end) = if offset + t > LONG_KEYS {
+            let rows = rows.min(t).next_multiple_of(LONG_QUERY_TILE);
+            let first = rows.max((LONG_KEYS + 1).saturating_sub(offset));
+            (rows, first.next_multiple_of(LONG_QUERY_TILE))
         } else {
-            rows
+            (rows, rows)
         };
         let mut start = 0;
         while start < t {
@@ -840,16 +847,16 @@ mod tests {
     }
 
     /// Past the kernels' long-tile threshold, blocks of query rows keep one
-    /// call's bits: a 1,100-token pass, and 100 tokens after 1,000 in a KV
-    /// cache (so the blocks straddle the threshold), in blocks of 7, 300 and
-    /// 512 rows, equal one call to the bit.
+    /// call's bits: a 2,100-token pass, and its tokens after 1,000 or 1,026
+    /// in a KV cache (blocks that straddle the threshold, or start past it),
+    /// in blocks of 7, 300 and 512 rows, equal one call to the bit.
     #[test]
     fn long_attention_in_blocks_keeps_the_bits() {
         use crate::perplexity::rope_of;
         use crate::scaling::Scaling;
         let (cfg, mut st) = fixture(FIXTURES[0]);
         let mut decoder = Decoder::load(cfg.clone(), &mut st).unwrap();
-        let tokens: Vec<u32> = (0..1100)
+        let tokens: Vec<u32> = (0..2100)
             .map(|i| (i * 7 + 3) % cfg.vocab_size as u32)
             .collect();
         let sc: Scaling = "none".parse().unwrap();
@@ -868,7 +875,7 @@ mod tests {
                 }
             }
         };
-        for split in [None, Some(1000)] {
+        for split in [None, Some(1000), Some(1026)] {
             decoder.set_block_rows(usize::MAX).unwrap();
             let one = run(&decoder, split);
             for rows in [7, 300, DEFAULT_BLOCK_ROWS] {

@@ -87,12 +87,18 @@ const BK: usize = 128;
 const BK_LONG: usize = 512;
 /// Queries per tile of the forward pass on long sequences (96 and 64 ran
 /// within 1% of each other at 4,096 tokens with 512 keys; 128 was 3%
-/// slower). Each row's softmax runs over the same key tiles for any value.
+/// slower). Each row's softmax runs over the same key tiles for any value,
+/// but the last tile's width (up to the tile's last visible key) and so the
+/// products' sums depend on the tile a row falls in: a caller that splits
+/// one pass's queries into several calls keeps one call's bits when each
+/// call starts at a multiple of this many rows (see [`LONG_KEYS`]).
+pub const LONG_QUERY_TILE: usize = BQ_LONG;
 const BQ_LONG: usize = 96;
 /// Keys beyond which the forward pass takes the long-sequence tiles. A
 /// caller that splits one pass's queries into several calls (each with the
 /// keys up to its last query) keeps one call's bits when every call has more
-/// keys than this, or the whole pass has at most this many.
+/// keys than this and starts at a multiple of [`LONG_QUERY_TILE`] rows, or
+/// the whole pass has at most this many keys.
 pub const LONG_KEYS: usize = 1024;
 
 /// Queries per forward tile for `k_len` keys.
