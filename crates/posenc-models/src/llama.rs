@@ -642,21 +642,9 @@ impl Decoder {
             .attention()?
             .with_layout(posenc::kernels::HeadLayout::Bthd);
         debug_assert!(rows > 0, "set_block_rows refuses 0, and t > 0");
-        // (T, H_q·Dh)
-        let mut out = Vec::with_capacity(t * hq * dh);
-        // Blocks that keep one call's bits: the kernels take longer tiles past
-        // LONG_KEYS keys, so the first block reaches past them whenever the
-        // pass does; and each row's sums depend on the query tile it falls
-        // in, so a long pass's blocks start where one call's query tiles do
-        // (multiples of LONG_QUERY_TILE rows).
-        use posenc::kernels::attention::{LONG_KEYS, LONG_QUERY_TILE};
-        let (rows, first_end) = if offset + t > LONG_KEYS {
-            let rows = rows.min(t).next_multiple_of(LONG_QUERY_TILE);
-            let first = rows.max((LONG_KEYS + 1).saturating_sub(offset));
-            (rows, first.next_multiple_of(LONG_QUERY_TILE))
-        } else {
-            (rows, rows)
-        };
+        let mut out = Vec::with_capacity(t * hq * dh); // (T, H_q·Dh)
+                                                       // Blocks that keep one call's bits (the kernels' tiles decide where).
+        let (rows, first_end) = posenc::kernels::attention::query_blocks(offset, t, rows);
         let mut start = 0;
         while start < t {
             if start > 0 {

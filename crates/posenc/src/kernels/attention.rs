@@ -101,6 +101,23 @@ const BQ_LONG: usize = 96;
 /// the whole pass has at most this many keys.
 pub const LONG_KEYS: usize = 1024;
 
+/// The blocks of query rows that split one causal pass of `t` queries after
+/// `offset` cached keys (each block over the keys up to its last query)
+/// into calls of about `rows` queries with one call's bits: `(rows,
+/// first_end)`, the rows of every block after the first and the end of the
+/// first. Past [`LONG_KEYS`] keys the first block reaches past them and every
+/// block starts at a multiple of [`LONG_QUERY_TILE`], so each block runs the
+/// tiles one call would.
+pub fn query_blocks(offset: usize, t: usize, rows: usize) -> (usize, usize) {
+    if offset + t > LONG_KEYS {
+        let rows = rows.min(t).max(1).next_multiple_of(LONG_QUERY_TILE);
+        let first = rows.max((LONG_KEYS + 1).saturating_sub(offset));
+        (rows, first.next_multiple_of(LONG_QUERY_TILE))
+    } else {
+        (rows, rows)
+    }
+}
+
 /// Queries per forward tile for `k_len` keys.
 #[inline(always)]
 fn query_tile(k_len: usize) -> usize {
