@@ -78,23 +78,11 @@ fn main() {
             flops / crate_s / 1e9
         );
         for level in SimdLevel::available().into_iter().skip(1) {
-            let s = time(&mut || unsafe {
-                tile::gemm_blocked(
-                    level,
-                    m,
-                    nn,
-                    k,
-                    a.as_ptr(),
-                    a_rs,
-                    a_cs,
-                    b.as_ptr(),
-                    ldb,
-                    c.as_mut_ptr(),
-                    nn,
-                    false,
-                    1,
-                )
-            });
+            let g = tile::Gemm::new(m, nn, k)
+                .a_strided(a.as_ptr(), a_rs, a_cs)
+                .b(b.as_ptr(), ldb)
+                .to(c.as_mut_ptr(), nn);
+            let s = time(&mut || unsafe { tile::gemm_blocked(level, g, 1) });
             print!(
                 "  {level} {:6.3} ms ({:5.1} GFLOP/s)",
                 s * 1e3,

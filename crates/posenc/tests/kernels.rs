@@ -469,7 +469,7 @@ fn extended_table_equals_built_at_once() {
 /// give the same bits as the portable panels.
 #[test]
 fn tile_gemm_every_level_matches_reference_at_edge_sizes() {
-    use posenc::kernels::tile::gemm;
+    use posenc::kernels::tile::{gemm, Gemm};
     let levels = SimdLevel::available();
     eprintln!("levels: {levels:?}");
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
@@ -501,6 +501,9 @@ fn tile_gemm_every_level_matches_reference_at_edge_sizes() {
                                 want[i * n + j] = (sum, mag);
                             }
                         }
+                        let g = Gemm::new(m, n, k)
+                            .a_strided(a.as_ptr(), a_rs, a_cs)
+                            .b(b.as_ptr(), ldb);
                         let mut first: Option<Vec<f32>> = None;
                         for &level in &levels {
                             for dirt in [f32::NAN, 1e30] {
@@ -512,22 +515,7 @@ fn tile_gemm_every_level_matches_reference_at_edge_sizes() {
                                 // SAFETY: A holds (m-1)·a_rs + (k-1)·a_cs + 1
                                 // ≤ m·k entries, B k rows of ldb ≥ n, C m rows
                                 // of ldc ≥ n; `level` is one this CPU has.
-                                unsafe {
-                                    gemm(
-                                        level,
-                                        m,
-                                        n,
-                                        k,
-                                        a.as_ptr(),
-                                        a_rs,
-                                        a_cs,
-                                        b.as_ptr(),
-                                        ldb,
-                                        c.as_mut_ptr(),
-                                        ldc,
-                                        accumulate,
-                                    )
-                                };
+                                unsafe { gemm(level, g.c(c.as_mut_ptr(), ldc, accumulate)) };
                                 for i in 0..m {
                                     for j in 0..ldc {
                                         let got = c[i * ldc + j];

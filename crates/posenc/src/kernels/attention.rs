@@ -842,39 +842,29 @@ fn pack_kt(p: &Problem, b: usize, hk: usize, n: usize, kt: &mut [f32], rows: &mu
     unsafe { tile::transpose(n, d, rows.as_ptr(), d, kt.as_mut_ptr(), n) };
 }
 
-/// `C[m×n] (+)= A[m×k] · B[k×n]` for the long-sequence tiles, `[m, n, k]`,
-/// each matrix row-major as (pointer, leading dimension);
-/// `accumulate = false` overwrites `C`. On the gemm crate's kernel
-/// (`crate_gemm`, one thread) or on [`tile::gemm_nn`] at `level`.
+/// The product `g` for the long-sequence tiles: on the gemm crate's kernel
+/// (`crate_gemm`, one thread) or on [`tile::gemm`] at `level`.
 ///
 /// # Safety
-/// As [`tile::gemm_nn`].
+/// As [`tile::gemm`].
 #[inline(always)]
-unsafe fn block_product(
-    crate_gemm: bool,
-    level: SimdLevel,
-    [m, n, k]: [usize; 3],
-    (a, lda): (*const f32, usize),
-    (b, ldb): (*const f32, usize),
-    (c, ldc): (*mut f32, usize),
-    accumulate: bool,
-) {
+unsafe fn block_product(crate_gemm: bool, level: SimdLevel, g: tile::Gemm) {
     if crate_gemm {
         gemm::gemm(
-            m,
-            n,
-            k,
-            c,
+            g.m,
+            g.n,
+            g.k,
+            g.c,
             1,
-            ldc as isize,
-            accumulate,
-            a,
+            g.ldc as isize,
+            g.accumulate,
+            g.a.p,
+            g.a.cs as isize,
+            g.a.rs as isize,
+            g.b,
             1,
-            lda as isize,
-            b,
-            1,
-            ldb as isize,
-            if accumulate { 1.0 } else { 0.0 },
+            g.ldb as isize,
+            if g.accumulate { 1.0 } else { 0.0 },
             1.0,
             false,
             false,
@@ -882,7 +872,7 @@ unsafe fn block_product(
             gemm::Parallelism::None,
         )
     } else {
-        tile::gemm_nn(level, m, n, k, a, lda, b, ldb, c, ldc, accumulate)
+        tile::gemm(level, g)
     }
 }
 
@@ -956,19 +946,10 @@ fn forward_task(
                 // q̃·a^K for every table row: (rows, nv).
                 unsafe {
                     tile::transpose(nv, d, ak.as_ptr(), d, akt.as_mut_ptr(), nv);
-                    tile::gemm_nn(
-                        level,
-                        rows,
-                        nv,
-                        d,
-                        q.as_ptr(),
-                        d,
-                        akt.as_ptr(),
-                        nv,
-                        qa.as_mut_ptr(),
-                        nv,
-                        false,
-                    )
+                    let g = tile::Gemm::new(rows, nv, d)
+                        .a(q.as_ptr(), d)
+                        .b(akt.as_ptr(), nv);
+                    tile::gemm(level, g.to(qa.as_mut_ptr(), nv))
                 };
             }
             m.fill(f32::NEG_INFINITY);
@@ -981,17 +962,8 @@ fn forward_task(
                 let kb = unsafe { kt.as_ptr().add(if tiled { j0 / bk * d * ldk } else { j0 }) };
                 // SAFETY: q holds rows × d, the key block d × n with
                 // leading dimension ldk, s rows × n.
-                unsafe {
-                    block_product(
-                        crate_gemm,
-                        level,
-                        [rows, n, d],
-                        (q.as_ptr(), d),
-                        (kb, ldk),
-                        (s.as_mut_ptr(), n),
-                        false,
-                    )
-                };
+                let g = tile::Gemm::new(rows, n, d).a(q.as_ptr(), d).b(kb, ldk);
+                unsafe { block_product(crate_gemm, level, g.to(s.as_mut_ptr(), n)) };
                 for r in 0..rows {
                     let i = i0 + r;
                     let sr = &mut s[r * n..][..n];
@@ -1030,17 +1002,10 @@ fn forward_task(
                 let vb = unsafe { p.v.as_ptr().add(v0) };
                 // SAFETY: s holds rows × n, the values n rows of d at
                 // stride st, acc rows × d.
-                unsafe {
-                    block_product(
-                        crate_gemm,
-                        level,
-                        [rows, d, n],
-                        (s.as_ptr(), n),
-                        (vb, p.v_rows.st),
-                        (acc.as_mut_ptr(), d),
-                        true,
-                    )
-                };
+                let g = tile::Gemm::new(rows, d, n)
+                    .a(s.as_ptr(), n)
+                    .b(vb, p.v_rows.st);
+                unsafe { block_product(crate_gemm, level, g.add_to(acc.as_mut_ptr(), d)) };
                 j0 += n;
             }
             for r in 0..rows {

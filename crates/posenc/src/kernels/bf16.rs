@@ -164,24 +164,18 @@ unsafe fn rows<const W: usize>(m: usize, o: Operands, mask: u16) {
 #[inline(always)]
 unsafe fn block<const R: usize, const W: usize>(i: usize, o: Operands, mask: u16) {
     use std::arch::x86_64::*;
-    let (kp, accumulate) = (o.kp, o.accumulate);
+
+    use super::tile::x86_512::{lanes, load_c, store_c};
     let (a, lda) = (o.a.ptr, o.a.ld);
     let (b, ldb) = (o.b.ptr, o.b.ld);
-    let (c, ldc) = (o.c.ptr, o.c.ld);
-    let mk = |w: usize| if w + 1 == W { mask } else { 0xFFFF };
-    let mut acc = [[_mm512_setzero_ps(); W]; R];
-    if accumulate {
-        for (r, row) in acc.iter_mut().enumerate() {
-            for (w, v) in row.iter_mut().enumerate() {
-                *v = _mm512_maskz_loadu_ps(mk(w), c.add((i + r) * ldc + 16 * w));
-            }
-        }
-    }
-    for p in 0..kp {
+    // C from row i on.
+    let (c, ldc) = (o.c.ptr.add(i * o.c.ld), o.c.ld);
+    let mut acc = load_c::<R, W>(c, ldc, o.accumulate, mask);
+    for p in 0..o.kp {
         let bp = b.add(p * ldb);
         let mut bv = [_mm512_setzero_si512(); W];
         for (w, v) in bv.iter_mut().enumerate() {
-            *v = _mm512_maskz_loadu_epi32(mk(w), bp.add(16 * w) as *const i32);
+            *v = _mm512_maskz_loadu_epi32(lanes::<W>(w, mask), bp.add(16 * w) as *const i32);
         }
         for (r, row) in acc.iter_mut().enumerate() {
             let av: __m512bh =
@@ -191,11 +185,7 @@ unsafe fn block<const R: usize, const W: usize>(i: usize, o: Operands, mask: u16
             }
         }
     }
-    for (r, row) in acc.iter().enumerate() {
-        for (w, v) in row.iter().enumerate() {
-            _mm512_mask_storeu_ps(c.add((i + r) * ldc + 16 * w), mk(w), *v);
-        }
-    }
+    store_c(&acc, c, ldc, mask);
 }
 
 #[cfg(test)]

@@ -105,25 +105,13 @@ pub fn matmul(
             packed = pack_rows(k, n, b, (b_rs, b_cs));
             (packed.as_ptr(), n)
         };
+        let g = tile::Gemm::new(m, n, k)
+            .a_strided(a.as_ptr(), a_rs as usize, a_cs as usize)
+            .b(bp, ldb)
+            .c(c.as_mut_ptr(), c_rs as usize, accumulate);
         // SAFETY: the callers pass slices holding every addressed element;
         // `packed` is k × n; the level is the one this CPU runs.
-        unsafe {
-            tile::gemm_blocked(
-                SimdLevel::Avx512,
-                m,
-                n,
-                k,
-                a.as_ptr(),
-                a_rs as usize,
-                a_cs as usize,
-                bp,
-                ldb,
-                c.as_mut_ptr(),
-                c_rs as usize,
-                accumulate,
-                threads,
-            )
-        };
+        unsafe { tile::gemm_blocked(SimdLevel::Avx512, g, threads) };
         return;
     }
     let par = if threads > 1 {

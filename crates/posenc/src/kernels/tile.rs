@@ -90,32 +90,155 @@ pub unsafe fn vec_for_overwrite(n: usize) -> Vec<f32> {
 /// Lanes of the fixed-order reductions.
 const LANES: usize = 16;
 
-/// `C[m×n] (+)= A[m×k] · B[k×n]`, all row-major with leading dimensions
-/// `lda`, `ldb`, `ldc`; `accumulate = false` overwrites `C`.
+/// The operands of one product `C[m×n] (+)= A[m×k] · B[k×n]` for [`gemm`]
+/// and [`gemm_blocked`]: element `A[i][p]` is `a.at(i, p)` (so `A` may be a
+/// transposed view), `B` and `C` row-major with leading dimensions `ldb`,
+/// `ldc`; `accumulate = false` overwrites `C`.
 ///
-/// # Safety
-/// As [`gemm`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_nn(
-    level: SimdLevel,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    gemm(level, m, n, k, a, lda, 1, b, ldb, c, ldc, accumulate)
+/// Built by [`Gemm::new`] and the methods that set each operand:
+/// `Gemm::new(m, n, k).a(a, lda).b(b, ldb).to(c, ldc)` for `C = A·B`.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemm {
+    /// Rows of `A` and `C`.
+    pub m: usize,
+    /// Columns of `B` and `C`.
+    pub n: usize,
+    /// Columns of `A`, rows of `B`: the length of each sum.
+    pub k: usize,
+    /// `A`, with any strides.
+    pub a: Strided,
+    /// `B[0][0]`.
+    pub b: *const f32,
+    /// The distance from one row of `B` to the next.
+    pub ldb: usize,
+    /// `C[0][0]`.
+    pub c: *mut f32,
+    /// The distance from one row of `C` to the next.
+    pub ldc: usize,
+    /// Whether the product is added to `C` (else it overwrites `C`).
+    pub accumulate: bool,
 }
 
-/// `C[m×n] (+)= A[m×k] · B[k×n]`: element `A[i][p]` is `a[i·a_rs + p·a_cs]`
-/// (so `A` may be a transposed view: `a_rs = 1`), `B` and `C` row-major with
-/// leading dimensions `ldb`, `ldc`; `accumulate = false` overwrites `C`.
+impl Gemm {
+    /// An `m × n × k` product whose operands are not set yet (null
+    /// pointers): set `A`, `B` and `C` before running it.
+    #[inline(always)]
+    pub fn new(m: usize, n: usize, k: usize) -> Gemm {
+        Gemm {
+            m,
+            n,
+            k,
+            a: Strided::rows(std::ptr::null(), 0),
+            b: std::ptr::null(),
+            ldb: 0,
+            c: std::ptr::null_mut(),
+            ldc: 0,
+            accumulate: false,
+        }
+    }
+
+    /// `A` row-major: `A[i][p] = a[i·lda + p]`.
+    #[inline(always)]
+    pub fn a(self, a: *const f32, lda: usize) -> Gemm {
+        Gemm {
+            a: Strided::rows(a, lda),
+            ..self
+        }
+    }
+
+    /// `A` given as its transpose, row-major: `A[i][p] = at[p·ld + i]`.
+    #[inline(always)]
+    pub fn a_t(self, at: *const f32, ld: usize) -> Gemm {
+        Gemm {
+            a: Strided {
+                p: at,
+                rs: 1,
+                cs: ld,
+            },
+            ..self
+        }
+    }
+
+    /// `A` with any strides: `A[i][p] = a[i·rs + p·cs]`.
+    #[inline(always)]
+    pub fn a_strided(self, a: *const f32, rs: usize, cs: usize) -> Gemm {
+        Gemm {
+            a: Strided { p: a, rs, cs },
+            ..self
+        }
+    }
+
+    /// `B` row-major: `B[p][j] = b[p·ldb + j]`.
+    #[inline(always)]
+    pub fn b(self, b: *const f32, ldb: usize) -> Gemm {
+        Gemm { b, ldb, ..self }
+    }
+
+    /// `C = A·B`, row-major: `C[i][j] = c[i·ldc + j]` (overwritten).
+    #[inline(always)]
+    pub fn to(self, c: *mut f32, ldc: usize) -> Gemm {
+        self.c(c, ldc, false)
+    }
+
+    /// `C += A·B`, row-major: `C[i][j] = c[i·ldc + j]`.
+    #[inline(always)]
+    pub fn add_to(self, c: *mut f32, ldc: usize) -> Gemm {
+        self.c(c, ldc, true)
+    }
+
+    /// `C (+)= A·B`, row-major: `C[i][j] = c[i·ldc + j]`, added to when
+    /// `accumulate`, else overwritten.
+    #[inline(always)]
+    pub fn c(self, c: *mut f32, ldc: usize, accumulate: bool) -> Gemm {
+        Gemm {
+            c,
+            ldc,
+            accumulate,
+            ..self
+        }
+    }
+
+    /// The same product restricted to the columns from `j` on.
+    ///
+    /// # Safety
+    /// `j ≤ n`, and the pointers address the operands.
+    #[inline(always)]
+    unsafe fn columns_from(self, j: usize) -> Gemm {
+        Gemm {
+            n: self.n - j,
+            b: self.b.add(j),
+            c: self.c.add(j),
+            ..self
+        }
+    }
+
+    /// The block of rows `i0..i0 + m`, columns `j0..j0 + n` and steps
+    /// `p0..p0 + k` of the product, continuing the sums already in `C` when
+    /// `p0 > 0`.
+    ///
+    /// # Safety
+    /// The block lies within the product, whose pointers address the
+    /// operands.
+    #[inline(always)]
+    unsafe fn block(self, [i0, j0, p0]: [usize; 3], [m, n, k]: [usize; 3]) -> Gemm {
+        let a = self.a;
+        Gemm {
+            m,
+            n,
+            k,
+            a: Strided {
+                p: a.p.add(i0 * a.rs + p0 * a.cs),
+                ..a
+            },
+            b: self.b.add(p0 * self.ldb + j0),
+            c: self.c.add(i0 * self.ldc + j0),
+            accumulate: self.accumulate || p0 > 0,
+            ..self
+        }
+    }
+}
+
+/// Runs the product `g` (see [`Gemm`]).
 ///
 /// Register tiles, run with the instructions of `level` (which the CPU must
 /// have): with AVX-512, 8 rows × 32 (or 16, or 1 to 15 masked) columns of
@@ -131,40 +254,22 @@ pub unsafe fn gemm_nn(
 /// `b[(k−1)·ldb + n − 1]`; `c[(m−1)·ldc + n − 1]` (for non-empty sizes);
 /// `level` must be supported by this CPU.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm(
-    level: SimdLevel,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    a_rs: usize,
-    a_cs: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    let a = Strided {
-        p: a,
-        rs: a_rs,
-        cs: a_cs,
-    };
+pub unsafe fn gemm(level: SimdLevel, g: Gemm) {
+    let n = g.n;
     let mut j = 0;
     #[cfg(target_arch = "x86_64")]
     match level {
         SimdLevel::Avx512 => {
-            x86_512::gemm(m, n, k, a, b, ldb, c, ldc, accumulate);
+            x86_512::gemm(g);
             return;
         }
         SimdLevel::Avx2 if n >= 8 => {
             while j + 16 <= n {
-                x86::panel16(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
+                x86::panel16(g.columns_from(j));
                 j += 16;
             }
             if j + 8 <= n {
-                x86::panel8(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
+                x86::panel8(g.columns_from(j));
                 j += 8;
             }
         }
@@ -173,19 +278,19 @@ pub unsafe fn gemm(
     #[cfg(not(target_arch = "x86_64"))]
     let _ = level;
     while j + 16 <= n {
-        panel::<16>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
+        panel::<16>(g.columns_from(j));
         j += 16;
     }
     if j + 8 <= n {
-        panel::<8>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
+        panel::<8>(g.columns_from(j));
         j += 8;
     }
     if j + 4 <= n {
-        panel::<4>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
+        panel::<4>(g.columns_from(j));
         j += 4;
     }
     while j < n {
-        panel::<1>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate);
+        panel::<1>(g.columns_from(j));
         j += 1;
     }
 }
@@ -207,39 +312,25 @@ const BLOCK_K: usize = 256;
 ///
 /// # Safety
 /// As [`gemm`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_blocked(
-    level: SimdLevel,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    a_rs: usize,
-    a_cs: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    threads: usize,
-) {
+pub unsafe fn gemm_blocked(level: SimdLevel, g: Gemm, threads: usize) {
+    let Gemm { m, n, k, .. } = g;
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        if !accumulate {
+        if !g.accumulate {
             for i in 0..m {
-                std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0);
+                std::slice::from_raw_parts_mut(g.c.add(i * g.ldc), n).fill(0.0);
             }
         }
         return;
     }
-    // Addresses as integers, so that the row blocks may cross threads:
-    // they write disjoint rows of C.
-    let (ap, bp, cp) = (a as usize, b as usize, c as usize);
+    // The operands may cross threads: the row blocks write disjoint rows
+    // of C.
+    let g = SendGemm(g);
     let rows = move |i0: usize| {
+        let g = g.get();
         let mb = BLOCK_M.min(m - i0);
-        let (a, b, c) = (ap as *const f32, bp as *const f32, cp as *mut f32);
         let mut p0 = 0;
         while p0 < k {
             let kb = BLOCK_K.min(k - p0);
@@ -247,22 +338,7 @@ pub unsafe fn gemm_blocked(
             while j0 < n {
                 let nb = BLOCK_N.min(n - j0);
                 // SAFETY: a sub-block of the caller's product.
-                unsafe {
-                    gemm(
-                        level,
-                        mb,
-                        nb,
-                        kb,
-                        a.add(i0 * a_rs + p0 * a_cs),
-                        a_rs,
-                        a_cs,
-                        b.add(p0 * ldb + j0),
-                        ldb,
-                        c.add(i0 * ldc + j0),
-                        ldc,
-                        accumulate || p0 > 0,
-                    )
-                };
+                unsafe { gemm(level, g.block([i0, j0, p0], [mb, nb, kb])) };
                 j0 += nb;
             }
             p0 += kb;
@@ -280,6 +356,22 @@ pub unsafe fn gemm_blocked(
     }
 }
 
+/// A [`Gemm`] handed to [`gemm_blocked`]'s threads, which write disjoint
+/// rows of `C`.
+#[derive(Clone, Copy)]
+struct SendGemm(Gemm);
+// SAFETY: the threads read A and B and write disjoint blocks of C.
+unsafe impl Send for SendGemm {}
+unsafe impl Sync for SendGemm {}
+
+impl SendGemm {
+    /// The product (a method, so that closures capture the whole wrapper).
+    #[inline(always)]
+    fn get(self) -> Gemm {
+        self.0
+    }
+}
+
 /// AVX-512 micro-kernels of [`gemm`]: `R` rows × `W` registers of 16
 /// columns of `C` stay in registers (8 × 32 at most: 16 of the 32 vector
 /// registers), one row of `B` is loaded and `R` entries of `A` broadcast per
@@ -287,102 +379,120 @@ pub unsafe fn gemm_blocked(
 /// without a scalar tail. Products at most 8 columns wide run on 8-lane
 /// registers. Same summation order as the other levels.
 #[cfg(target_arch = "x86_64")]
-mod x86_512 {
+pub(crate) mod x86_512 {
     use std::arch::x86_64::*;
 
-    use super::Strided;
+    use super::Gemm;
 
     /// The whole product, column panels of 32, then 16, then a masked rest.
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn gemm(
-        m: usize,
-        n: usize,
-        k: usize,
-        a: Strided,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
+    pub(super) unsafe fn gemm(g: Gemm) {
+        let n = g.n;
         if n <= 8 {
             let mask = ((1u32 << n) - 1) as __mmask8;
-            rows8(m, k, a, b, ldb, c, ldc, accumulate, mask);
+            rows8(g, mask);
             return;
         }
         let mut j = 0;
         while j + 32 <= n {
-            rows::<2>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate, 0xFFFF);
+            rows::<2>(g.columns_from(j), 0xFFFF);
             j += 32;
         }
         if j + 16 < n {
             // 17 to 31 columns: one full register and one masked.
             let mask = ((1u32 << (n - j - 16)) - 1) as __mmask16;
-            rows::<2>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate, mask);
+            rows::<2>(g.columns_from(j), mask);
         } else if j < n {
             let mask = ((1u32 << (n - j)) - 1) as __mmask16;
-            rows::<1>(m, k, a, b.add(j), ldb, c.add(j), ldc, accumulate, mask);
+            rows::<1>(g.columns_from(j), mask);
         }
     }
 
     /// Every row of one panel of `W` registers (the last one masked).
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn rows<const W: usize>(
-        m: usize,
-        k: usize,
-        a: Strided,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-        mask: __mmask16,
-    ) {
+    unsafe fn rows<const W: usize>(g: Gemm, mask: __mmask16) {
+        let m = g.m;
         let mut i = 0;
         while i + 8 <= m {
-            block::<8, W>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            block::<8, W>(i, g, mask);
             i += 8;
         }
         if i + 4 <= m {
-            block::<4, W>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            block::<4, W>(i, g, mask);
             i += 4;
         }
         while i < m {
-            block::<1, W>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            block::<1, W>(i, g, mask);
             i += 1;
+        }
+    }
+
+    /// `R` rows of `C` from `c` (leading dimension `ldc`), `W` registers
+    /// of 16 columns, the last one masked by `mask`: loaded when
+    /// `accumulate`, else zeros. The register tile of [`gemm`] and of
+    /// [`crate::kernels::bf16::gemm`].
+    #[inline(always)]
+    pub(crate) unsafe fn load_c<const R: usize, const W: usize>(
+        c: *const f32,
+        ldc: usize,
+        accumulate: bool,
+        mask: __mmask16,
+    ) -> [[__m512; W]; R] {
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
+        if accumulate {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (w, v) in row.iter_mut().enumerate() {
+                    *v = _mm512_maskz_loadu_ps(lanes::<W>(w, mask), c.add(r * ldc + 16 * w));
+                }
+            }
+        }
+        acc
+    }
+
+    /// Stores a tile of [`load_c`]'s shape back to `c`.
+    #[inline(always)]
+    pub(crate) unsafe fn store_c<const R: usize, const W: usize>(
+        acc: &[[__m512; W]; R],
+        c: *mut f32,
+        ldc: usize,
+        mask: __mmask16,
+    ) {
+        for (r, row) in acc.iter().enumerate() {
+            for (w, v) in row.iter().enumerate() {
+                _mm512_mask_storeu_ps(c.add(r * ldc + 16 * w), lanes::<W>(w, mask), *v);
+            }
+        }
+    }
+
+    /// The lanes of register `w` of `W` in a row: all, or `mask` for the
+    /// last one.
+    #[inline(always)]
+    pub(crate) fn lanes<const W: usize>(w: usize, mask: __mmask16) -> __mmask16 {
+        if w + 1 == W {
+            mask
+        } else {
+            0xFFFF
         }
     }
 
     /// Rows `i..i + R` of one panel.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn block<const R: usize, const W: usize>(
-        i: usize,
-        k: usize,
-        a: Strided,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-        mask: __mmask16,
-    ) {
-        let mk = |w: usize| if w + 1 == W { mask } else { 0xFFFF };
-        let mut acc = [[_mm512_setzero_ps(); W]; R];
-        if accumulate {
-            for (r, row) in acc.iter_mut().enumerate() {
-                for (w, v) in row.iter_mut().enumerate() {
-                    *v = _mm512_maskz_loadu_ps(mk(w), c.add((i + r) * ldc + 16 * w));
-                }
-            }
-        }
+    unsafe fn block<const R: usize, const W: usize>(i: usize, g: Gemm, mask: __mmask16) {
+        let Gemm {
+            k,
+            a,
+            b,
+            ldb,
+            c,
+            ldc,
+            ..
+        } = g;
+        let mut acc = load_c::<R, W>(c.add(i * ldc), ldc, g.accumulate, mask);
         for p in 0..k {
             let bp = b.add(p * ldb);
             let mut bv = [_mm512_setzero_ps(); W];
             for (w, v) in bv.iter_mut().enumerate() {
-                *v = _mm512_maskz_loadu_ps(mk(w), bp.add(16 * w));
+                *v = _mm512_maskz_loadu_ps(lanes::<W>(w, mask), bp.add(16 * w));
             }
             for (r, row) in acc.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(a.at(i + r, p));
@@ -391,58 +501,42 @@ mod x86_512 {
                 }
             }
         }
-        for (r, row) in acc.iter().enumerate() {
-            for (w, v) in row.iter().enumerate() {
-                _mm512_mask_storeu_ps(c.add((i + r) * ldc + 16 * w), mk(w), *v);
-            }
-        }
+        store_c(&acc, c.add(i * ldc), ldc, mask);
     }
 
     /// Every row of a product at most 8 columns wide, on 8-lane registers.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn rows8(
-        m: usize,
-        k: usize,
-        a: Strided,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-        mask: __mmask8,
-    ) {
+    unsafe fn rows8(g: Gemm, mask: __mmask8) {
+        let m = g.m;
         let mut i = 0;
         while i + 8 <= m {
-            block8::<8>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            block8::<8>(i, g, mask);
             i += 8;
         }
         if i + 4 <= m {
-            block8::<4>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            block8::<4>(i, g, mask);
             i += 4;
         }
         while i < m {
-            block8::<1>(i, k, a, b, ldb, c, ldc, accumulate, mask);
+            block8::<1>(i, g, mask);
             i += 1;
         }
     }
 
     /// Rows `i..i + R` of a product at most 8 columns wide.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn block8<const R: usize>(
-        i: usize,
-        k: usize,
-        a: Strided,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-        mask: __mmask8,
-    ) {
+    unsafe fn block8<const R: usize>(i: usize, g: Gemm, mask: __mmask8) {
+        let Gemm {
+            k,
+            a,
+            b,
+            ldb,
+            c,
+            ldc,
+            ..
+        } = g;
         let mut acc = [_mm256_setzero_ps(); R];
-        if accumulate {
+        if g.accumulate {
             for (r, v) in acc.iter_mut().enumerate() {
                 *v = _mm256_maskz_loadu_ps(mask, c.add((i + r) * ldc));
             }
@@ -467,33 +561,25 @@ mod x86_512 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::Strided;
+    use super::Gemm;
 
+    /// The first 16 columns of `g`.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn panel16(
-        m: usize,
-        k: usize,
-        a: Strided,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
+    pub(super) unsafe fn panel16(g: Gemm) {
+        let m = g.m;
         let mut i = 0;
         while i + 6 <= m {
-            block16::<6>(i, k, a, b, ldb, c, ldc, accumulate);
+            block16::<6>(i, g);
             i += 6;
         }
         // The last rows in one block (a block of one row runs two chains of
         // fused multiply-adds, a quarter of what hides their latency).
         match m - i {
-            5 => block16::<5>(i, k, a, b, ldb, c, ldc, accumulate),
-            4 => block16::<4>(i, k, a, b, ldb, c, ldc, accumulate),
-            3 => block16::<3>(i, k, a, b, ldb, c, ldc, accumulate),
-            2 => block16::<2>(i, k, a, b, ldb, c, ldc, accumulate),
-            1 => block16::<1>(i, k, a, b, ldb, c, ldc, accumulate),
+            5 => block16::<5>(i, g),
+            4 => block16::<4>(i, g),
+            3 => block16::<3>(i, g),
+            2 => block16::<2>(i, g),
+            1 => block16::<1>(i, g),
             _ => {}
         }
     }
@@ -503,19 +589,18 @@ mod x86 {
     /// hides behind independent chains), two loads of `B` and `R`
     /// broadcasts of `A` per step of `k`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn block16<const R: usize>(
-        i: usize,
-        k: usize,
-        a: Strided,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
+    unsafe fn block16<const R: usize>(i: usize, g: Gemm) {
+        let Gemm {
+            k,
+            a,
+            b,
+            ldb,
+            c,
+            ldc,
+            ..
+        } = g;
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        if accumulate {
+        if g.accumulate {
             for (r, row) in acc.iter_mut().enumerate() {
                 row[0] = _mm256_loadu_ps(c.add((i + r) * ldc));
                 row[1] = _mm256_loadu_ps(c.add((i + r) * ldc + 8));
@@ -537,18 +622,20 @@ mod x86 {
         }
     }
 
+    /// The first 8 columns of `g`.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn panel8(
-        m: usize,
-        k: usize,
-        a: Strided,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
+    pub(super) unsafe fn panel8(g: Gemm) {
+        let Gemm {
+            m,
+            k,
+            a,
+            b,
+            ldb,
+            c,
+            ldc,
+            accumulate,
+            ..
+        } = g;
         let ld = |r: usize| -> __m256 {
             if accumulate {
                 _mm256_loadu_ps(c.add(r * ldc))
@@ -586,34 +673,48 @@ mod x86 {
     }
 }
 
-/// A strided read-only matrix.
-#[derive(Clone, Copy)]
-struct Strided {
-    p: *const f32,
-    rs: usize,
-    cs: usize,
+/// A strided read-only matrix: element `(i, j)` is `p[i·rs + j·cs]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Strided {
+    /// Element `(0, 0)`.
+    pub p: *const f32,
+    /// The distance from one row to the next.
+    pub rs: usize,
+    /// The distance from one column to the next.
+    pub cs: usize,
 }
 
 impl Strided {
+    /// A row-major matrix with leading dimension `ld`.
     #[inline(always)]
-    unsafe fn at(&self, i: usize, j: usize) -> f32 {
+    pub fn rows(p: *const f32, ld: usize) -> Strided {
+        Strided { p, rs: ld, cs: 1 }
+    }
+
+    /// Element `(i, j)`.
+    ///
+    /// # Safety
+    /// The element is in bounds.
+    #[inline(always)]
+    pub unsafe fn at(&self, i: usize, j: usize) -> f32 {
         *self.p.add(i * self.rs + j * self.cs)
     }
 }
 
 /// One column panel of width `NR` of [`gemm`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn panel<const NR: usize>(
-    m: usize,
-    k: usize,
-    a: Strided,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
+unsafe fn panel<const NR: usize>(g: Gemm) {
+    let Gemm {
+        m,
+        k,
+        a,
+        b,
+        ldb,
+        c,
+        ldc,
+        accumulate,
+        ..
+    } = g;
     let mut i = 0;
     while i + 4 <= m {
         let mut acc = [[0f32; NR]; 4];
@@ -1007,21 +1108,8 @@ mod tests {
             {
                 let mut c: Vec<f32> = (0..m * ldc).map(|i| i as f32).collect();
                 let c0 = c.clone();
-                unsafe {
-                    gemm_nn(
-                        level,
-                        m,
-                        n,
-                        k,
-                        a.as_ptr(),
-                        lda,
-                        b.as_ptr(),
-                        ldb,
-                        c.as_mut_ptr(),
-                        ldc,
-                        accumulate,
-                    )
-                };
+                let g = Gemm::new(m, n, k).a(a.as_ptr(), lda).b(b.as_ptr(), ldb);
+                unsafe { gemm(level, g.c(c.as_mut_ptr(), ldc, accumulate)) };
                 for i in 0..m {
                     for j in 0..ldc {
                         let want = if j < n {
@@ -1047,22 +1135,8 @@ mod tests {
         let at: Vec<f32> = (0..k * m).map(|i| (i % 9) as f32 - 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| (i % 4) as f32).collect();
         let mut c = vec![f32::NAN; m * n];
-        unsafe {
-            gemm(
-                SimdLevel::detect(),
-                m,
-                n,
-                k,
-                at.as_ptr(),
-                1,
-                m,
-                b.as_ptr(),
-                n,
-                c.as_mut_ptr(),
-                n,
-                false,
-            )
-        };
+        let g = Gemm::new(m, n, k).a_t(at.as_ptr(), m).b(b.as_ptr(), n);
+        unsafe { gemm(SimdLevel::detect(), g.to(c.as_mut_ptr(), n)) };
         for i in 0..m {
             for j in 0..n {
                 let want: f32 = (0..k).map(|p| at[p * m + i] * b[p * n + j]).sum();

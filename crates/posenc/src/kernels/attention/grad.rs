@@ -307,38 +307,19 @@ fn backward_task(
                 dqs.fill(0.0);
                 if keys.is_some() {
                     unsafe {
-                        tile::gemm_nn(
-                            level,
-                            tq,
-                            nv,
-                            d,
-                            qs.as_ptr(),
-                            ldq,
-                            akt.as_ptr(),
-                            nv,
-                            qa.as_mut_ptr(),
-                            nv,
-                            false,
-                        )
+                        let g = tile::Gemm::new(tq, nv, d)
+                            .a(qs.as_ptr(), ldq)
+                            .b(akt.as_ptr(), nv);
+                        tile::gemm(level, g.to(qa.as_mut_ptr(), nv))
                     };
                     wk.fill(0.0);
                 }
                 if values.is_some() {
                     unsafe {
-                        tile::gemm(
-                            level,
-                            tq,
-                            nv,
-                            d,
-                            d_o.as_ptr().add(do0),
-                            do_rows.st,
-                            1,
-                            avt.as_ptr(),
-                            nv,
-                            doa.as_mut_ptr(),
-                            nv,
-                            false,
-                        )
+                        let g = tile::Gemm::new(tq, nv, d)
+                            .a(d_o.as_ptr().add(do0), do_rows.st)
+                            .b(avt.as_ptr(), nv);
+                        tile::gemm(level, g.to(doa.as_mut_ptr(), nv))
                     };
                     wv.fill(0.0);
                 }
@@ -346,33 +327,15 @@ fn backward_task(
                 for &(i0, rows, j0, n) in &tile_pairs {
                     unsafe {
                         // S (rows × n) = Q̃[i0..] · K̃ᵀ[:, j0..]
-                        tile::gemm_nn(
-                            level,
-                            rows,
-                            n,
-                            d,
-                            qs.as_ptr().add(i0 * ldq),
-                            ldq,
-                            kt.as_ptr().add(j0 / BK * d * ldt),
-                            ldt,
-                            pm.as_mut_ptr(),
-                            ldt,
-                            false,
-                        );
+                        let g = tile::Gemm::new(rows, n, d)
+                            .a(qs.as_ptr().add(i0 * ldq), ldq)
+                            .b(kt.as_ptr().add(j0 / BK * d * ldt), ldt);
+                        tile::gemm(level, g.to(pm.as_mut_ptr(), ldt));
                         // dP (rows × n) = dO[i0..] · Vᵀ[:, j0..]
-                        tile::gemm_nn(
-                            level,
-                            rows,
-                            n,
-                            d,
-                            dos.as_ptr().add(i0 * ldq),
-                            ldq,
-                            vt.as_ptr().add(j0 / BK * d * ldt),
-                            ldt,
-                            dp.as_mut_ptr(),
-                            ldt,
-                            false,
-                        );
+                        let g = tile::Gemm::new(rows, n, d)
+                            .a(dos.as_ptr().add(i0 * ldq), ldq)
+                            .b(vt.as_ptr().add(j0 / BK * d * ldt), ldt);
+                        tile::gemm(level, g.to(dp.as_mut_ptr(), ldt));
                     }
                     for r in 0..rows {
                         let i = i0 + r;
@@ -440,101 +403,43 @@ fn backward_task(
                     }
                     unsafe {
                         // dV[j0..] += Pᵀ · dO[i0..]
-                        tile::gemm(
-                            level,
-                            n,
-                            d,
-                            rows,
-                            pm.as_ptr(),
-                            1,
-                            ldt,
-                            dos.as_ptr().add(i0 * ldq),
-                            ldq,
-                            dv.as_mut_ptr().add(j0 * d),
-                            d,
-                            true,
-                        );
+                        let g = tile::Gemm::new(n, d, rows)
+                            .a_t(pm.as_ptr(), ldt)
+                            .b(dos.as_ptr().add(i0 * ldq), ldq);
+                        tile::gemm(level, g.add_to(dv.as_mut_ptr().add(j0 * d), d));
                         // dK̃[j0..] += dSᵀ · Q̃[i0..]
-                        tile::gemm(
-                            level,
-                            n,
-                            d,
-                            rows,
-                            dp.as_ptr(),
-                            1,
-                            ldt,
-                            qs.as_ptr().add(i0 * ldq),
-                            ldq,
-                            dkr.as_mut_ptr().add(j0 * d),
-                            d,
-                            true,
-                        );
+                        let g = tile::Gemm::new(n, d, rows)
+                            .a_t(dp.as_ptr(), ldt)
+                            .b(qs.as_ptr().add(i0 * ldq), ldq);
+                        tile::gemm(level, g.add_to(dkr.as_mut_ptr().add(j0 * d), d));
                         // dQ̃[i0..] += dS · K̃[j0..]
-                        tile::gemm_nn(
-                            level,
-                            rows,
-                            d,
-                            n,
-                            dp.as_ptr(),
-                            ldt,
-                            kr.as_ptr().add(j0 * ldr),
-                            ldr,
-                            dqs.as_mut_ptr().add(i0 * d),
-                            d,
-                            true,
-                        );
+                        let g = tile::Gemm::new(rows, d, n)
+                            .a(dp.as_ptr(), ldt)
+                            .b(kr.as_ptr().add(j0 * ldr), ldr);
+                        tile::gemm(level, g.add_to(dqs.as_mut_ptr().add(i0 * d), d));
                     }
                 }
                 // Shaw's tables: dQ̃ += Wk·a^K, d a^K += Wkᵀ·Q̃, d a^V += Wvᵀ·dO.
                 if let Some(ak) = keys {
                     unsafe {
-                        tile::gemm_nn(
-                            level,
-                            tq,
-                            d,
-                            nv,
-                            wk.as_ptr(),
-                            nv,
-                            ak.as_ptr(),
-                            d,
-                            dqs.as_mut_ptr(),
-                            d,
-                            true,
-                        );
+                        let g = tile::Gemm::new(tq, d, nv)
+                            .a(wk.as_ptr(), nv)
+                            .b(ak.as_ptr(), d);
+                        tile::gemm(level, g.add_to(dqs.as_mut_ptr(), d));
                         if want.1 {
-                            tile::gemm(
-                                level,
-                                nv,
-                                d,
-                                tq,
-                                wk.as_ptr(),
-                                1,
-                                nv,
-                                qs.as_ptr(),
-                                ldq,
-                                part.keys.as_mut_ptr(),
-                                d,
-                                true,
-                            );
+                            let g = tile::Gemm::new(nv, d, tq)
+                                .a_t(wk.as_ptr(), nv)
+                                .b(qs.as_ptr(), ldq);
+                            tile::gemm(level, g.add_to(part.keys.as_mut_ptr(), d));
                         }
                     }
                 }
                 if values.is_some() && want.2 {
                     unsafe {
-                        tile::gemm(
-                            level,
-                            nv,
-                            d,
-                            tq,
-                            wv.as_ptr(),
-                            1,
-                            nv,
-                            d_o.as_ptr().add(do0),
-                            do_rows.st,
-                            part.values.as_mut_ptr(),
-                            d,
-                            true,
-                        )
+                        let g = tile::Gemm::new(nv, d, tq)
+                            .a_t(wv.as_ptr(), nv)
+                            .b(d_o.as_ptr().add(do0), do_rows.st);
+                        tile::gemm(level, g.add_to(part.values.as_mut_ptr(), d))
                     };
                 }
                 // dq = scale·Rᵀ·dQ̃.
