@@ -12,6 +12,11 @@
 //! contiguous `f32` row gives. [`gemm()`] is tested against the same sums in
 //! `f64` over the rounded values.
 
+#[cfg(target_arch = "x86_64")]
+use super::tile::x86_512::{lanes, load_c, panels, store_c, Panel, RowTiles};
+#[cfg(target_arch = "x86_64")]
+use super::tile::Gemm;
+
 /// `x` rounded to bfloat16 (nearest, ties to even), as its 16 bits.
 #[inline(always)]
 pub fn to_bf16(x: f32) -> u16 {
@@ -55,137 +60,51 @@ pub fn supported() -> bool {
     }
 }
 
-/// `C[m×n] (+)= A·B` over `kp` pairs: `C[i][j] = Σ_p a_lo·b_lo + a_hi·b_hi`
-/// with `A[i][p] = a[i·lda + p]`, `B[p][j] = b[p·ldb + j]` (pairs),
+/// `C[m×n] (+)= A·B` over `g.k` pairs: `C[i][j] = Σ_p a_lo·b_lo + a_hi·b_hi`
+/// with `A[i][p] = a[i·lda + p]` (row-major: `g.a.cs = 1`, as
+/// [`Gemm::a`] sets it), `B[p][j] = b[p·ldb + j]` (pairs),
 /// `accumulate = false` overwrites `C`. Register tiles of 8 rows × 32 (or
 /// 16, or a masked rest) columns, as `tile::gemm`'s `f32` ones.
 ///
 /// # Safety
 /// [`supported`] must be true; the pointers must address every element
-/// (`a[(m−1)·lda + kp − 1]`, `b[(kp−1)·ldb + n − 1]`, `c[(m−1)·ldc + n − 1]`
+/// (`a[(m−1)·lda + k − 1]`, `b[(k−1)·ldb + n − 1]`, `c[(m−1)·ldc + n − 1]`
 /// for non-empty sizes).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm(
-    m: usize,
-    n: usize,
-    kp: usize,
-    a: *const u32,
-    lda: usize,
-    b: *const u32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    let ops = Operands {
-        kp,
-        a: Strided { ptr: a, ld: lda },
-        b: Strided { ptr: b, ld: ldb },
-        c: Strided { ptr: c, ld: ldc },
-        accumulate,
-    };
-    let mut j = 0;
-    while j + 32 <= n {
-        rows::<2>(m, ops.columns_from(j), 0xFFFF);
-        j += 32;
-    }
-    if j + 16 < n {
-        rows::<2>(m, ops.columns_from(j), ((1u32 << (n - j - 16)) - 1) as u16);
-    } else if j < n {
-        rows::<1>(m, ops.columns_from(j), ((1u32 << (n - j)) - 1) as u16);
-    }
-}
-
-/// A matrix in memory: its first element and the distance in elements
-/// from one row to the next.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct Strided<P> {
-    ptr: P,
-    ld: usize,
-}
-
-/// The operands of one [`gemm()`] call, handed down to its column strips
-/// and register tiles.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct Operands {
-    kp: usize,
-    a: Strided<*const u32>,
-    b: Strided<*const u32>,
-    c: Strided<*mut f32>,
-    accumulate: bool,
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Operands {
-    /// The same product restricted to the columns from `j` on.
-    ///
-    /// # Safety
-    /// `j` is a column of `B` and `C`.
-    #[inline(always)]
-    unsafe fn columns_from(self, j: usize) -> Self {
-        let b = Strided {
-            ptr: self.b.ptr.add(j),
-            ..self.b
-        };
-        let c = Strided {
-            ptr: self.c.ptr.add(j),
-            ..self.c
-        };
-        Operands { b, c, ..self }
-    }
-}
-
-/// Rows of `C` in tiles of 8, 4, then 1, over `W` registers of 16 columns
-/// (the last one masked by `mask`).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn rows<const W: usize>(m: usize, o: Operands, mask: u16) {
-    let mut i = 0;
-    while i + 8 <= m {
-        block::<8, W>(i, o, mask);
-        i += 8;
-    }
-    if i + 4 <= m {
-        block::<4, W>(i, o, mask);
-        i += 4;
-    }
-    while i < m {
-        block::<1, W>(i, o, mask);
-        i += 1;
-    }
+pub unsafe fn gemm(g: Gemm<u32>) {
+    debug_assert_eq!(g.a.cs, 1, "bf16::gemm reads A row-major");
+    panels(g);
 }
 
 /// One register tile: rows `i..i + R` of `C`, `W` registers of columns.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn block<const R: usize, const W: usize>(i: usize, o: Operands, mask: u16) {
-    use std::arch::x86_64::*;
-
-    use super::tile::x86_512::{lanes, load_c, store_c};
-    let (a, lda) = (o.a.ptr, o.a.ld);
-    let (b, ldb) = (o.b.ptr, o.b.ld);
-    // C from row i on.
-    let (c, ldc) = (o.c.ptr.add(i * o.c.ld), o.c.ld);
-    let mut acc = load_c::<R, W>(c, ldc, o.accumulate, mask);
-    for p in 0..o.kp {
-        let bp = b.add(p * ldb);
-        let mut bv = [_mm512_setzero_si512(); W];
-        for (w, v) in bv.iter_mut().enumerate() {
-            *v = _mm512_maskz_loadu_epi32(lanes::<W>(w, mask), bp.add(16 * w) as *const i32);
-        }
-        for (r, row) in acc.iter_mut().enumerate() {
-            let av: __m512bh =
-                std::mem::transmute(_mm512_set1_epi32(*a.add((i + r) * lda + p) as i32));
-            for (w, v) in row.iter_mut().enumerate() {
-                *v = _mm512_dpbf16_ps(*v, av, std::mem::transmute::<__m512i, __m512bh>(bv[w]));
+impl<const W: usize> RowTiles for Panel<u32, W> {
+    #[inline(always)]
+    unsafe fn tile<const R: usize>(self, i: usize) {
+        use std::arch::x86_64::*;
+        let Panel { g, mask } = self;
+        let (a, lda) = (g.a.p, g.a.rs);
+        let (b, ldb) = (g.b, g.ldb);
+        // C from row i on.
+        let (c, ldc) = (g.c.add(i * g.ldc), g.ldc);
+        let mut acc = load_c::<R, W>(c, ldc, g.accumulate, mask);
+        for p in 0..g.k {
+            let bp = b.add(p * ldb);
+            let mut bv = [_mm512_setzero_si512(); W];
+            for (w, v) in bv.iter_mut().enumerate() {
+                *v = _mm512_maskz_loadu_epi32(lanes::<W>(w, mask), bp.add(16 * w) as *const i32);
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av: __m512bh =
+                    std::mem::transmute(_mm512_set1_epi32(*a.add((i + r) * lda + p) as i32));
+                for (w, v) in row.iter_mut().enumerate() {
+                    *v = _mm512_dpbf16_ps(*v, av, std::mem::transmute::<__m512i, __m512bh>(bv[w]));
+                }
             }
         }
+        store_c(&acc, c, ldc, mask);
     }
-    store_c(&acc, c, ldc, mask);
 }
 
 #[cfg(test)]
@@ -246,20 +165,8 @@ mod tests {
             }
             for accumulate in [false, true] {
                 let mut c = vec![0.25f32; m * n];
-                unsafe {
-                    gemm(
-                        m,
-                        n,
-                        kp,
-                        ap.as_ptr(),
-                        kp,
-                        bp.as_ptr(),
-                        n,
-                        c.as_mut_ptr(),
-                        n,
-                        accumulate,
-                    )
-                };
+                let g = Gemm::new(m, n, kp).a(ap.as_ptr(), kp).b(bp.as_ptr(), n);
+                unsafe { gemm(g.c(c.as_mut_ptr(), n, accumulate)) };
                 for i in 0..m {
                     for j in 0..n {
                         let exact: f64 = (0..k)

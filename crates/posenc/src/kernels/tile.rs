@@ -93,12 +93,14 @@ const LANES: usize = 16;
 /// The operands of one product `C[m×n] (+)= A[m×k] · B[k×n]` for [`gemm`]
 /// and [`gemm_blocked`]: element `A[i][p]` is `a.at(i, p)` (so `A` may be a
 /// transposed view), `B` and `C` row-major with leading dimensions `ldb`,
-/// `ldc`; `accumulate = false` overwrites `C`.
+/// `ldc`; `accumulate = false` overwrites `C`. `C` is `f32`; `A` and `B`
+/// hold `T`s: `f32`, or pairs of bfloat16 values (`u32`) for
+/// [`crate::kernels::bf16::gemm`], where `k` counts pairs.
 ///
 /// Built by [`Gemm::new`] and the methods that set each operand:
 /// `Gemm::new(m, n, k).a(a, lda).b(b, ldb).to(c, ldc)` for `C = A·B`.
 #[derive(Clone, Copy, Debug)]
-pub struct Gemm {
+pub struct Gemm<T = f32> {
     /// Rows of `A` and `C`.
     pub m: usize,
     /// Columns of `B` and `C`.
@@ -106,9 +108,9 @@ pub struct Gemm {
     /// Columns of `A`, rows of `B`: the length of each sum.
     pub k: usize,
     /// `A`, with any strides.
-    pub a: Strided,
+    pub a: Strided<T>,
     /// `B[0][0]`.
-    pub b: *const f32,
+    pub b: *const T,
     /// The distance from one row of `B` to the next.
     pub ldb: usize,
     /// `C[0][0]`.
@@ -119,11 +121,11 @@ pub struct Gemm {
     pub accumulate: bool,
 }
 
-impl Gemm {
+impl<T: Copy> Gemm<T> {
     /// An `m × n × k` product whose operands are not set yet (null
     /// pointers): set `A`, `B` and `C` before running it.
     #[inline(always)]
-    pub fn new(m: usize, n: usize, k: usize) -> Gemm {
+    pub fn new(m: usize, n: usize, k: usize) -> Gemm<T> {
         Gemm {
             m,
             n,
@@ -139,13 +141,84 @@ impl Gemm {
 
     /// `A` row-major: `A[i][p] = a[i·lda + p]`.
     #[inline(always)]
-    pub fn a(self, a: *const f32, lda: usize) -> Gemm {
+    pub fn a(self, a: *const T, lda: usize) -> Gemm<T> {
         Gemm {
             a: Strided::rows(a, lda),
             ..self
         }
     }
 
+    /// `B` row-major: `B[p][j] = b[p·ldb + j]`.
+    #[inline(always)]
+    pub fn b(self, b: *const T, ldb: usize) -> Gemm<T> {
+        Gemm { b, ldb, ..self }
+    }
+
+    /// `C = A·B`, row-major: `C[i][j] = c[i·ldc + j]` (overwritten).
+    #[inline(always)]
+    pub fn to(self, c: *mut f32, ldc: usize) -> Gemm<T> {
+        self.c(c, ldc, false)
+    }
+
+    /// `C += A·B`, row-major: `C[i][j] = c[i·ldc + j]`.
+    #[inline(always)]
+    pub fn add_to(self, c: *mut f32, ldc: usize) -> Gemm<T> {
+        self.c(c, ldc, true)
+    }
+
+    /// `C (+)= A·B`, row-major: `C[i][j] = c[i·ldc + j]`, added to when
+    /// `accumulate`, else overwritten.
+    #[inline(always)]
+    pub fn c(self, c: *mut f32, ldc: usize, accumulate: bool) -> Gemm<T> {
+        Gemm {
+            c,
+            ldc,
+            accumulate,
+            ..self
+        }
+    }
+
+    /// The same product restricted to the columns from `j` on.
+    ///
+    /// # Safety
+    /// `j ≤ n`, and the pointers address the operands.
+    #[inline(always)]
+    pub(crate) unsafe fn columns_from(self, j: usize) -> Gemm<T> {
+        Gemm {
+            n: self.n - j,
+            b: self.b.add(j),
+            c: self.c.add(j),
+            ..self
+        }
+    }
+
+    /// The block of rows `i0..i0 + m`, columns `j0..j0 + n` and steps
+    /// `p0..p0 + k` of the product, continuing the sums already in `C` when
+    /// `p0 > 0`.
+    ///
+    /// # Safety
+    /// The block lies within the product, whose pointers address the
+    /// operands.
+    #[inline(always)]
+    unsafe fn block(self, [i0, j0, p0]: [usize; 3], [m, n, k]: [usize; 3]) -> Gemm<T> {
+        let a = self.a;
+        Gemm {
+            m,
+            n,
+            k,
+            a: Strided {
+                p: a.p.add(i0 * a.rs + p0 * a.cs),
+                ..a
+            },
+            b: self.b.add(p0 * self.ldb + j0),
+            c: self.c.add(i0 * self.ldc + j0),
+            accumulate: self.accumulate || p0 > 0,
+            ..self
+        }
+    }
+}
+
+impl Gemm<f32> {
     /// `A` given as its transpose, row-major: `A[i][p] = at[p·ld + i]`.
     #[inline(always)]
     pub fn a_t(self, at: *const f32, ld: usize) -> Gemm {
@@ -164,75 +237,6 @@ impl Gemm {
     pub fn a_strided(self, a: *const f32, rs: usize, cs: usize) -> Gemm {
         Gemm {
             a: Strided { p: a, rs, cs },
-            ..self
-        }
-    }
-
-    /// `B` row-major: `B[p][j] = b[p·ldb + j]`.
-    #[inline(always)]
-    pub fn b(self, b: *const f32, ldb: usize) -> Gemm {
-        Gemm { b, ldb, ..self }
-    }
-
-    /// `C = A·B`, row-major: `C[i][j] = c[i·ldc + j]` (overwritten).
-    #[inline(always)]
-    pub fn to(self, c: *mut f32, ldc: usize) -> Gemm {
-        self.c(c, ldc, false)
-    }
-
-    /// `C += A·B`, row-major: `C[i][j] = c[i·ldc + j]`.
-    #[inline(always)]
-    pub fn add_to(self, c: *mut f32, ldc: usize) -> Gemm {
-        self.c(c, ldc, true)
-    }
-
-    /// `C (+)= A·B`, row-major: `C[i][j] = c[i·ldc + j]`, added to when
-    /// `accumulate`, else overwritten.
-    #[inline(always)]
-    pub fn c(self, c: *mut f32, ldc: usize, accumulate: bool) -> Gemm {
-        Gemm {
-            c,
-            ldc,
-            accumulate,
-            ..self
-        }
-    }
-
-    /// The same product restricted to the columns from `j` on.
-    ///
-    /// # Safety
-    /// `j ≤ n`, and the pointers address the operands.
-    #[inline(always)]
-    unsafe fn columns_from(self, j: usize) -> Gemm {
-        Gemm {
-            n: self.n - j,
-            b: self.b.add(j),
-            c: self.c.add(j),
-            ..self
-        }
-    }
-
-    /// The block of rows `i0..i0 + m`, columns `j0..j0 + n` and steps
-    /// `p0..p0 + k` of the product, continuing the sums already in `C` when
-    /// `p0 > 0`.
-    ///
-    /// # Safety
-    /// The block lies within the product, whose pointers address the
-    /// operands.
-    #[inline(always)]
-    unsafe fn block(self, [i0, j0, p0]: [usize; 3], [m, n, k]: [usize; 3]) -> Gemm {
-        let a = self.a;
-        Gemm {
-            m,
-            n,
-            k,
-            a: Strided {
-                p: a.p.add(i0 * a.rs + p0 * a.cs),
-                ..a
-            },
-            b: self.b.add(p0 * self.ldb + j0),
-            c: self.c.add(i0 * self.ldc + j0),
-            accumulate: self.accumulate || p0 > 0,
             ..self
         }
     }
@@ -384,46 +388,104 @@ pub(crate) mod x86_512 {
 
     use super::Gemm;
 
-    /// The whole product, column panels of 32, then 16, then a masked rest.
+    /// The whole product: at most 8 columns on 8-lane registers, else
+    /// [`panels`].
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
     pub(super) unsafe fn gemm(g: Gemm) {
-        let n = g.n;
-        if n <= 8 {
-            let mask = ((1u32 << n) - 1) as __mmask8;
-            rows8(g, mask);
+        if g.n <= 8 {
+            let mask = ((1u32 << g.n) - 1) as __mmask8;
+            rows(g.m, Narrow { g, mask });
             return;
         }
-        let mut j = 0;
-        while j + 32 <= n {
-            rows::<2>(g.columns_from(j), 0xFFFF);
-            j += 32;
-        }
-        if j + 16 < n {
-            // 17 to 31 columns: one full register and one masked.
-            let mask = ((1u32 << (n - j - 16)) - 1) as __mmask16;
-            rows::<2>(g.columns_from(j), mask);
-        } else if j < n {
-            let mask = ((1u32 << (n - j)) - 1) as __mmask16;
-            rows::<1>(g.columns_from(j), mask);
-        }
+        panels(g);
     }
 
-    /// Every row of one panel of `W` registers (the last one masked).
+    /// Register tiles of `C` for [`rows`]: a product's tile of `R` rows
+    /// from row `i`.
+    pub(crate) trait RowTiles: Copy {
+        /// Rows `i..i + R` of `C`.
+        ///
+        /// # Safety
+        /// The rows are in the product, whose pointers address its
+        /// operands; the CPU has the instructions the tile runs.
+        unsafe fn tile<const R: usize>(self, i: usize);
+    }
+
+    /// Rows `0..m` of `C` in tiles of 8, then one of 4, then single rows.
+    ///
+    /// # Safety
+    /// As [`RowTiles::tile`] for every row.
     #[inline(always)]
-    unsafe fn rows<const W: usize>(g: Gemm, mask: __mmask16) {
-        let m = g.m;
+    pub(crate) unsafe fn rows(m: usize, t: impl RowTiles) {
         let mut i = 0;
         while i + 8 <= m {
-            block::<8, W>(i, g, mask);
+            t.tile::<8>(i);
             i += 8;
         }
         if i + 4 <= m {
-            block::<4, W>(i, g, mask);
+            t.tile::<4>(i);
             i += 4;
         }
         while i < m {
-            block::<1, W>(i, g, mask);
+            t.tile::<1>(i);
             i += 1;
+        }
+    }
+
+    /// One column panel of a product: `W` registers of 16 columns from its
+    /// first column, the last register masked by `mask`. [`RowTiles`] for
+    /// `f32` operands here, for bfloat16 pairs in
+    /// [`crate::kernels::bf16`].
+    #[derive(Clone, Copy)]
+    pub(crate) struct Panel<T, const W: usize> {
+        /// The product from the panel's first column on.
+        pub(crate) g: Gemm<T>,
+        /// The lanes of the last register.
+        pub(crate) mask: __mmask16,
+    }
+
+    /// The whole product in column panels of 32, then 17 to 31 (one full
+    /// register and one masked) or 1 to 16 (one masked).
+    ///
+    /// # Safety
+    /// As [`RowTiles::tile`] for every tile.
+    #[inline(always)]
+    pub(crate) unsafe fn panels<T: Copy>(g: Gemm<T>)
+    where
+        Panel<T, 1>: RowTiles,
+        Panel<T, 2>: RowTiles,
+    {
+        let n = g.n;
+        let mut j = 0;
+        while j + 32 <= n {
+            let mask = 0xFFFF;
+            rows(
+                g.m,
+                Panel::<T, 2> {
+                    g: g.columns_from(j),
+                    mask,
+                },
+            );
+            j += 32;
+        }
+        if j + 16 < n {
+            let mask = ((1u32 << (n - j - 16)) - 1) as __mmask16;
+            rows(
+                g.m,
+                Panel::<T, 2> {
+                    g: g.columns_from(j),
+                    mask,
+                },
+            );
+        } else if j < n {
+            let mask = ((1u32 << (n - j)) - 1) as __mmask16;
+            rows(
+                g.m,
+                Panel::<T, 1> {
+                    g: g.columns_from(j),
+                    mask,
+                },
+            );
         }
     }
 
@@ -475,80 +537,60 @@ pub(crate) mod x86_512 {
         }
     }
 
-    /// Rows `i..i + R` of one panel.
-    #[inline(always)]
-    unsafe fn block<const R: usize, const W: usize>(i: usize, g: Gemm, mask: __mmask16) {
-        let Gemm {
-            k,
-            a,
-            b,
-            ldb,
-            c,
-            ldc,
-            ..
-        } = g;
-        let mut acc = load_c::<R, W>(c.add(i * ldc), ldc, g.accumulate, mask);
-        for p in 0..k {
-            let bp = b.add(p * ldb);
-            let mut bv = [_mm512_setzero_ps(); W];
-            for (w, v) in bv.iter_mut().enumerate() {
-                *v = _mm512_maskz_loadu_ps(lanes::<W>(w, mask), bp.add(16 * w));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(a.at(i + r, p));
-                for (w, v) in row.iter_mut().enumerate() {
-                    *v = _mm512_fmadd_ps(av, bv[w], *v);
+    impl<const W: usize> RowTiles for Panel<f32, W> {
+        /// Rows `i..i + R` of the panel.
+        #[inline(always)]
+        unsafe fn tile<const R: usize>(self, i: usize) {
+            let Panel { g, mask } = self;
+            let (k, a, b, ldb, c, ldc) = (g.k, g.a, g.b, g.ldb, g.c, g.ldc);
+            let mut acc = load_c::<R, W>(c.add(i * ldc), ldc, g.accumulate, mask);
+            for p in 0..k {
+                let bp = b.add(p * ldb);
+                let mut bv = [_mm512_setzero_ps(); W];
+                for (w, v) in bv.iter_mut().enumerate() {
+                    *v = _mm512_maskz_loadu_ps(lanes::<W>(w, mask), bp.add(16 * w));
+                }
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let av = _mm512_set1_ps(a.at(i + r, p));
+                    for (w, v) in row.iter_mut().enumerate() {
+                        *v = _mm512_fmadd_ps(av, bv[w], *v);
+                    }
                 }
             }
-        }
-        store_c(&acc, c.add(i * ldc), ldc, mask);
-    }
-
-    /// Every row of a product at most 8 columns wide, on 8-lane registers.
-    #[inline(always)]
-    unsafe fn rows8(g: Gemm, mask: __mmask8) {
-        let m = g.m;
-        let mut i = 0;
-        while i + 8 <= m {
-            block8::<8>(i, g, mask);
-            i += 8;
-        }
-        if i + 4 <= m {
-            block8::<4>(i, g, mask);
-            i += 4;
-        }
-        while i < m {
-            block8::<1>(i, g, mask);
-            i += 1;
+            store_c(&acc, c.add(i * ldc), ldc, mask);
         }
     }
 
-    /// Rows `i..i + R` of a product at most 8 columns wide.
-    #[inline(always)]
-    unsafe fn block8<const R: usize>(i: usize, g: Gemm, mask: __mmask8) {
-        let Gemm {
-            k,
-            a,
-            b,
-            ldb,
-            c,
-            ldc,
-            ..
-        } = g;
-        let mut acc = [_mm256_setzero_ps(); R];
-        if g.accumulate {
-            for (r, v) in acc.iter_mut().enumerate() {
-                *v = _mm256_maskz_loadu_ps(mask, c.add((i + r) * ldc));
+    /// A product at most 8 columns wide, on 8-lane registers.
+    #[derive(Clone, Copy)]
+    struct Narrow {
+        /// The product.
+        g: Gemm,
+        /// Its columns.
+        mask: __mmask8,
+    }
+
+    impl RowTiles for Narrow {
+        /// Rows `i..i + R` of the product.
+        #[inline(always)]
+        unsafe fn tile<const R: usize>(self, i: usize) {
+            let Narrow { g, mask } = self;
+            let (k, a, b, ldb, c, ldc) = (g.k, g.a, g.b, g.ldb, g.c, g.ldc);
+            let mut acc = [_mm256_setzero_ps(); R];
+            if g.accumulate {
+                for (r, v) in acc.iter_mut().enumerate() {
+                    *v = _mm256_maskz_loadu_ps(mask, c.add((i + r) * ldc));
+                }
             }
-        }
-        for p in 0..k {
-            let bv = _mm256_maskz_loadu_ps(mask, b.add(p * ldb));
-            for (r, v) in acc.iter_mut().enumerate() {
-                *v = _mm256_fmadd_ps(_mm256_set1_ps(a.at(i + r, p)), bv, *v);
+            for p in 0..k {
+                let bv = _mm256_maskz_loadu_ps(mask, b.add(p * ldb));
+                for (r, v) in acc.iter_mut().enumerate() {
+                    *v = _mm256_fmadd_ps(_mm256_set1_ps(a.at(i + r, p)), bv, *v);
+                }
             }
-        }
-        for (r, v) in acc.iter().enumerate() {
-            _mm256_mask_storeu_ps(c.add((i + r) * ldc), mask, *v);
+            for (r, v) in acc.iter().enumerate() {
+                _mm256_mask_storeu_ps(c.add((i + r) * ldc), mask, *v);
+            }
         }
     }
 }
@@ -590,15 +632,7 @@ mod x86 {
     /// broadcasts of `A` per step of `k`.
     #[inline(always)]
     unsafe fn block16<const R: usize>(i: usize, g: Gemm) {
-        let Gemm {
-            k,
-            a,
-            b,
-            ldb,
-            c,
-            ldc,
-            ..
-        } = g;
+        let (k, a, b, ldb, c, ldc) = (g.k, g.a, g.b, g.ldb, g.c, g.ldc);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         if g.accumulate {
             for (r, row) in acc.iter_mut().enumerate() {
@@ -625,17 +659,8 @@ mod x86 {
     /// The first 8 columns of `g`.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn panel8(g: Gemm) {
-        let Gemm {
-            m,
-            k,
-            a,
-            b,
-            ldb,
-            c,
-            ldc,
-            accumulate,
-            ..
-        } = g;
+        let (m, k, a, b, ldb, c, ldc, accumulate) =
+            (g.m, g.k, g.a, g.b, g.ldb, g.c, g.ldc, g.accumulate);
         let ld = |r: usize| -> __m256 {
             if accumulate {
                 _mm256_loadu_ps(c.add(r * ldc))
@@ -675,19 +700,19 @@ mod x86 {
 
 /// A strided read-only matrix: element `(i, j)` is `p[i·rs + j·cs]`.
 #[derive(Clone, Copy, Debug)]
-pub struct Strided {
+pub struct Strided<T = f32> {
     /// Element `(0, 0)`.
-    pub p: *const f32,
+    pub p: *const T,
     /// The distance from one row to the next.
     pub rs: usize,
     /// The distance from one column to the next.
     pub cs: usize,
 }
 
-impl Strided {
+impl<T: Copy> Strided<T> {
     /// A row-major matrix with leading dimension `ld`.
     #[inline(always)]
-    pub fn rows(p: *const f32, ld: usize) -> Strided {
+    pub fn rows(p: *const T, ld: usize) -> Strided<T> {
         Strided { p, rs: ld, cs: 1 }
     }
 
@@ -696,7 +721,7 @@ impl Strided {
     /// # Safety
     /// The element is in bounds.
     #[inline(always)]
-    pub unsafe fn at(&self, i: usize, j: usize) -> f32 {
+    pub unsafe fn at(&self, i: usize, j: usize) -> T {
         *self.p.add(i * self.rs + j * self.cs)
     }
 }
@@ -704,17 +729,8 @@ impl Strided {
 /// One column panel of width `NR` of [`gemm`].
 #[inline(always)]
 unsafe fn panel<const NR: usize>(g: Gemm) {
-    let Gemm {
-        m,
-        k,
-        a,
-        b,
-        ldb,
-        c,
-        ldc,
-        accumulate,
-        ..
-    } = g;
+    let (m, k, a, b, ldb, c, ldc, accumulate) =
+        (g.m, g.k, g.a, g.b, g.ldb, g.c, g.ldc, g.accumulate);
     let mut i = 0;
     while i + 4 <= m {
         let mut acc = [[0f32; NR]; 4];

@@ -155,18 +155,10 @@ fn forward_task_bf16(
         // SAFETY: bf16_forward checked the CPU; qp holds rows × dp pairs,
         // the key tile dp × bk, s rows × n.
         unsafe {
-            crate::kernels::bf16::gemm(
-                rows,
-                n,
-                dp,
-                qp.as_ptr(),
-                dp,
-                kp.as_ptr().add(jt * dp * bk),
-                bk,
-                s.as_mut_ptr(),
-                n,
-                false,
-            )
+            let g = tile::Gemm::new(rows, n, dp)
+                .a(qp.as_ptr(), dp)
+                .b(kp.as_ptr().add(jt * dp * bk), bk);
+            crate::kernels::bf16::gemm(g.to(s.as_mut_ptr(), n))
         };
         for r in 0..rows {
             let sr = &mut s[r * n..][..n];
@@ -185,18 +177,10 @@ fn forward_task_bf16(
         // SAFETY: as above; pp holds rows × np pairs, the value tile np
         // (≤ bk/2) × d pairs, acc rows × d.
         unsafe {
-            crate::kernels::bf16::gemm(
-                rows,
-                d,
-                np,
-                pp.as_ptr(),
-                np,
-                vp.as_ptr().add(jt * (bk / 2) * d),
-                d,
-                acc.as_mut_ptr(),
-                d,
-                true,
-            )
+            let g = tile::Gemm::new(rows, d, np)
+                .a(pp.as_ptr(), np)
+                .b(vp.as_ptr().add(jt * (bk / 2) * d), d);
+            crate::kernels::bf16::gemm(g.add_to(acc.as_mut_ptr(), d))
         };
         j0 += n;
     }
