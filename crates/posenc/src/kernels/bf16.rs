@@ -139,14 +139,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         };
-        for &(m, n, k) in &[
-            (1, 1, 1),
-            (3, 2, 3),
-            (8, 16, 2),
-            (9, 33, 64),
-            (13, 127, 129),
-            (96, 129, 128),
-        ] {
+        for &(m, n, k) in &crate::kernels::tile::TEST_SIZES {
             let kp = k / 2 + k % 2;
             let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
             let bt: Vec<f32> = (0..n * k).map(|_| rnd()).collect(); // B transposed: n rows of k

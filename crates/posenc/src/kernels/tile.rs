@@ -925,14 +925,50 @@ pub unsafe fn transpose(
     dst: *mut f32,
     ldd: usize,
 ) {
+    let src = Strided::rows(src, lds);
+    let t = Transpose {
+        rows,
+        cols,
+        src,
+        dst,
+        ldd,
+    };
     #[cfg(target_arch = "x86_64")]
     if rows >= 8 && cols >= 8 && matches!(SimdLevel::detect(), SimdLevel::Avx2 | SimdLevel::Avx512)
     {
         // SAFETY: AVX is part of both levels, which `detect` only returns
         // on CPUs that have them.
-        return unsafe { transpose_avx(rows, cols, src, lds, dst, ldd) };
+        return unsafe { transpose_avx(t) };
     }
-    unsafe { transpose_scalar(rows, cols, src, lds, dst, ldd) }
+    unsafe { transpose_scalar(t) }
+}
+
+/// The operands of one [`transpose`]: the `rows × cols` block `src`
+/// (row-major) into `dst` (leading dimension `ldd`).
+#[derive(Clone, Copy)]
+struct Transpose {
+    rows: usize,
+    cols: usize,
+    src: Strided,
+    dst: *mut f32,
+    ldd: usize,
+}
+
+impl Transpose {
+    /// The part of the block from row `i0`, column `j0` of the source on.
+    ///
+    /// # Safety
+    /// `i0 ≤ rows`, `j0 ≤ cols`.
+    #[inline(always)]
+    unsafe fn part_from(self, i0: usize, j0: usize) -> Transpose {
+        Transpose {
+            rows: self.rows - i0,
+            cols: self.cols - j0,
+            src: Strided::rows(self.src.p.add(i0 * self.src.rs + j0), self.src.rs),
+            dst: self.dst.add(j0 * self.ldd + i0),
+            ..self
+        }
+    }
 }
 
 /// [`transpose`] element by element in 8 × 8 blocks: the reference, and
@@ -941,14 +977,8 @@ pub unsafe fn transpose(
 /// # Safety
 /// As [`transpose`].
 #[inline(always)]
-pub unsafe fn transpose_scalar(
-    rows: usize,
-    cols: usize,
-    src: *const f32,
-    lds: usize,
-    dst: *mut f32,
-    ldd: usize,
-) {
+unsafe fn transpose_scalar(t: Transpose) {
+    let (rows, cols, src, lds, dst, ldd) = (t.rows, t.cols, t.src.p, t.src.rs, t.dst, t.ldd);
     const B: usize = 8;
     let mut i0 = 0;
     while i0 < rows {
@@ -976,15 +1006,9 @@ pub unsafe fn transpose_scalar(
 /// As [`transpose`], on a CPU with AVX.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
-unsafe fn transpose_avx(
-    rows: usize,
-    cols: usize,
-    src: *const f32,
-    lds: usize,
-    dst: *mut f32,
-    ldd: usize,
-) {
+unsafe fn transpose_avx(t: Transpose) {
     use std::arch::x86_64::*;
+    let (rows, cols, src, lds, dst, ldd) = (t.rows, t.cols, t.src.p, t.src.rs, t.dst, t.ldd);
     let (fr, fc) = (rows / 8 * 8, cols / 8 * 8);
     let mut i0 = 0;
     while i0 < fr {
@@ -1027,10 +1051,31 @@ unsafe fn transpose_avx(
     }
     // The ragged right columns of the full rows, then the ragged bottom rows.
     unsafe {
-        transpose_scalar(fr, cols - fc, src.add(fc), lds, dst.add(fc * ldd), ldd);
-        transpose_scalar(rows - fr, cols, src.add(fr * lds), lds, dst.add(fr), ldd);
+        transpose_scalar(Transpose {
+            rows: fr,
+            ..t.part_from(0, fc)
+        });
+        transpose_scalar(t.part_from(fr, 0));
     }
 }
+
+/// Sizes `(m, n, k)` for the tests of [`gemm`] and of
+/// [`crate::kernels::bf16::gemm`]: single rows and columns, a row tile and a
+/// half, the 8-lane, 16- and 32-column panels with and without masked rests.
+#[cfg(test)]
+pub(crate) const TEST_SIZES: [(usize, usize, usize); 11] = [
+    (1, 1, 1),
+    (3, 2, 3),
+    (3, 5, 2),
+    (4, 16, 8),
+    (5, 21, 40),
+    (7, 33, 13),
+    (8, 16, 2),
+    (9, 8, 1),
+    (9, 33, 64),
+    (13, 127, 129),
+    (96, 129, 128),
+];
 
 #[cfg(test)]
 mod tests {
@@ -1049,8 +1094,15 @@ mod tests {
                 let dirty = vec![f32::NAN; cols * ldd];
                 let mut want = dirty.clone();
                 let mut got = dirty.clone();
+                let t = |dst: &mut Vec<f32>| Transpose {
+                    rows,
+                    cols,
+                    src: Strided::rows(src.as_ptr(), lds),
+                    dst: dst.as_mut_ptr(),
+                    ldd,
+                };
                 unsafe {
-                    transpose_scalar(rows, cols, src.as_ptr(), lds, want.as_mut_ptr(), ldd);
+                    transpose_scalar(t(&mut want));
                     transpose(rows, cols, src.as_ptr(), lds, got.as_mut_ptr(), ldd);
                 }
                 for j in 0..cols {
@@ -1066,7 +1118,7 @@ mod tests {
                 #[cfg(target_arch = "x86_64")]
                 if std::arch::is_x86_feature_detected!("avx") && rows >= 8 && cols >= 8 {
                     let mut avx = dirty.clone();
-                    unsafe { transpose_avx(rows, cols, src.as_ptr(), lds, avx.as_mut_ptr(), ldd) };
+                    unsafe { transpose_avx(t(&mut avx)) };
                     assert!(
                         want.iter()
                             .zip(&avx)
@@ -1107,14 +1159,7 @@ mod tests {
 
     #[test]
     fn gemm_matches_the_triple_loop() {
-        for &(m, n, k) in &[
-            (1, 1, 1),
-            (3, 5, 2),
-            (4, 16, 8),
-            (7, 33, 13),
-            (9, 8, 1),
-            (5, 21, 40),
-        ] {
+        for &(m, n, k) in &TEST_SIZES {
             let (lda, ldb, ldc) = (k + 3, n + 1, n + 2);
             let a: Vec<f32> = (0..m * lda).map(|i| ((i * 7 % 11) as f32) - 5.0).collect();
             let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 5 % 13) as f32) * 0.5).collect();
