@@ -501,6 +501,37 @@ pub struct Grads<'a> {
 }
 
 impl Problem<'_> {
+    /// Writes `scale·R·src` (`scale·Rᵀ·src` with `inverse`) into `dst`, `R`
+    /// the rotation of time step `(b, t)` of the queries (`query`) or the
+    /// keys; without a rotation `scale·src` (a copy for `scale = 1`).
+    #[inline(always)]
+    fn rotate(
+        &self,
+        query: bool,
+        (b, t): (usize, usize),
+        src: &[f32],
+        dst: &mut [f32],
+        inverse: bool,
+        scale: f32,
+    ) {
+        match &self.rotation {
+            Some(rot) => {
+                let row = if query {
+                    rot.q_rows.row(b, t, self.dims.q_len)
+                } else {
+                    rot.k_rows.row(b, t, self.dims.k_len)
+                };
+                rot.row(query, row, src, dst, inverse, scale);
+            }
+            None if scale == 1.0 => dst.copy_from_slice(src),
+            None => {
+                for (o, i) in dst.iter_mut().zip(src) {
+                    *o = i * scale;
+                }
+            }
+        }
+    }
+
     fn group(&self) -> usize {
         self.dims.q_heads / self.dims.kv_heads
     }
@@ -712,33 +743,15 @@ fn prefetch_kv(p: &Problem, b: usize, h: usize, t: usize) {
 /// Copies query `(b, h, t)` into `dst`, rotated and scaled.
 #[inline(always)]
 fn load_q(p: &Problem, b: usize, h: usize, t: usize, dst: &mut [f32]) {
-    let d = p.dims.head_dim;
-    let src = &p.q[p.q_rows.at(b, h, t)..][..d];
-    match &p.rotation {
-        Some(rot) => {
-            let row = rot.q_rows.row(b, t, p.dims.q_len);
-            rot.row(true, row, src, dst, false, p.scale);
-        }
-        None => {
-            for (o, i) in dst.iter_mut().zip(src) {
-                *o = i * p.scale;
-            }
-        }
-    }
+    let src = &p.q[p.q_rows.at(b, h, t)..][..p.dims.head_dim];
+    p.rotate(true, (b, t), src, dst, false, p.scale);
 }
 
 /// Copies key `(b, h, t)` into `dst`, rotated.
 #[inline(always)]
 fn load_k(p: &Problem, b: usize, h: usize, t: usize, dst: &mut [f32]) {
-    let d = p.dims.head_dim;
-    let src = &p.k[p.k_rows.at(b, h, t)..][..d];
-    match &p.rotation {
-        Some(rot) => {
-            let row = rot.k_rows.row(b, t, p.dims.k_len);
-            rot.row(false, row, src, dst, false, 1.0);
-        }
-        None => dst.copy_from_slice(src),
-    }
+    let src = &p.k[p.k_rows.at(b, h, t)..][..p.dims.head_dim];
+    p.rotate(false, (b, t), src, dst, false, 1.0);
 }
 
 /// Runs `f` for each task, on rayon's threads if the pass is large enough;

@@ -118,26 +118,6 @@ struct BwdPtrs {
     ck: Option<SendPtr>,
 }
 
-/// Writes `scale·Rᵀ·src` (the adjoint of the rotation) into `dst`.
-#[inline(always)]
-fn unrotate(
-    rot: Option<&Rotation>,
-    tables: bool,
-    row: usize,
-    src: &[f32],
-    dst: &mut [f32],
-    scale: f32,
-) {
-    match rot {
-        Some(rot) => rot.row(tables, row, src, dst, true, scale),
-        None => {
-            for (o, i) in dst.iter_mut().zip(src) {
-                *o = i * scale;
-            }
-        }
-    }
-}
-
 /// The (query tile, key tile) pairs of one head's backward pass, as
 /// `(i0, rows, j0, n)`: queries `i0..i0 + rows` against keys `j0..j0 + n`,
 /// every pair whose last query sees key `j0`.
@@ -447,30 +427,14 @@ fn backward_task(
                     let dst = unsafe {
                         std::slice::from_raw_parts_mut(ptrs.dq.0.add(g.dq_rows.at(b, h, t)), d)
                     };
-                    let row = p.rotation.as_ref().map_or(0, |r| r.q_rows.row(b, t, tq));
-                    unrotate(
-                        p.rotation.as_ref(),
-                        true,
-                        row,
-                        &dqs[t * d..][..d],
-                        dst,
-                        p.scale,
-                    );
+                    p.rotate(true, (b, t), &dqs[t * d..][..d], dst, true, p.scale);
                 }
             }
             for t in 0..tk {
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(ptrs.dk.0.add(g.dk_rows.at(b, hk, t)), d)
                 };
-                let row = p.rotation.as_ref().map_or(0, |r| r.k_rows.row(b, t, tk));
-                unrotate(
-                    p.rotation.as_ref(),
-                    false,
-                    row,
-                    &dkr[t * d..][..d],
-                    dst,
-                    1.0,
-                );
+                p.rotate(false, (b, t), &dkr[t * d..][..d], dst, true, 1.0);
                 let dvd = unsafe {
                     std::slice::from_raw_parts_mut(ptrs.dv.0.add(g.dv_rows.at(b, hk, t)), d)
                 };

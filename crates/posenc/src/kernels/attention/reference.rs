@@ -10,9 +10,18 @@ pub fn reference_forward(p: &Problem) -> Vec<f64> {
     let d = dm.head_dim;
     let mut out = vec![0f64; dm.batch * dm.q_heads * dm.q_len * d];
     let nv = p.n_vec_rows();
-    let rot_f64 = |src: &[f32], tables: &RopeTables, row: usize, rot: &Rotation| -> Vec<f64> {
-        let nf = tables.n_freq;
+    // Time step (b, t) of the queries (`query`) or the keys, rotated.
+    let rotated = |src: &[f32], query: bool, b: usize, t: usize| -> Vec<f64> {
         let mut y: Vec<f64> = src.iter().map(|&v| v as f64).collect();
+        let Some(rot) = &p.rotation else {
+            return y;
+        };
+        let (tables, row) = if query {
+            (&rot.q, rot.q_rows.row(b, t, dm.q_len))
+        } else {
+            (&rot.k, rot.k_rows.row(b, t, dm.k_len))
+        };
+        let nf = tables.n_freq;
         for pi in 0..rot.rotary_dim / 2 {
             let (a, bb) = match rot.pairs {
                 PairLayout::HalfSplit => (pi, pi + rot.rotary_dim / 2),
@@ -32,22 +41,10 @@ pub fn reference_forward(p: &Problem) -> Vec<f64> {
         for h in 0..dm.q_heads {
             let hk = h / p.group();
             let qv: Vec<Vec<f64>> = (0..dm.q_len)
-                .map(|t| {
-                    let src = &p.q[p.q_rows.at(b, h, t)..][..d];
-                    match &p.rotation {
-                        Some(rot) => rot_f64(src, &rot.q, rot.q_rows.row(b, t, dm.q_len), rot),
-                        None => src.iter().map(|&v| v as f64).collect(),
-                    }
-                })
+                .map(|t| rotated(&p.q[p.q_rows.at(b, h, t)..][..d], true, b, t))
                 .collect();
             let kv: Vec<Vec<f64>> = (0..dm.k_len)
-                .map(|t| {
-                    let src = &p.k[p.k_rows.at(b, hk, t)..][..d];
-                    match &p.rotation {
-                        Some(rot) => rot_f64(src, &rot.k, rot.k_rows.row(b, t, dm.k_len), rot),
-                        None => src.iter().map(|&v| v as f64).collect(),
-                    }
-                })
+                .map(|t| rotated(&p.k[p.k_rows.at(b, hk, t)..][..d], false, b, t))
                 .collect();
             for i in 0..dm.q_len {
                 let qp = p.q_pos.at(b, i, dm.q_len);
