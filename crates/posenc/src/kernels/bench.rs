@@ -26,15 +26,31 @@ pub struct BenchOptions {
     pub quick: bool,
 }
 
-/// One timed implementation on one case.
-#[derive(Debug, Clone, Serialize)]
-pub struct BenchCase {
+/// One `(shape, layout, dtype)` case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BenchKey {
     /// Tensor shape, in the order of `layout`.
     pub shape: [usize; 4],
     /// `bhtd` or `bthd`.
     pub layout: &'static str,
     /// `f32` or `bf16`.
     pub dtype: &'static str,
+}
+
+impl BenchKey {
+    /// The case's first three columns of [`BenchReport::to_text`].
+    fn columns(&self) -> String {
+        let shape = format!("{:?}", self.shape);
+        format!("{shape:<22} {:<5} {:<5}", self.layout, self.dtype)
+    }
+}
+
+/// One timed implementation on one case.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchCase {
+    /// The case (its fields inline in JSON).
+    #[serde(flatten)]
+    pub key: BenchKey,
     /// `posenc-inplace`, `posenc`, `candle-rope`, `candle-rope-i`,
     /// `candle-rope-thd` or `copy`.
     #[serde(rename = "impl")]
@@ -48,12 +64,9 @@ pub struct BenchCase {
 /// Ratios of one `(shape, layout, dtype)` case, from the same run.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchRatios {
-    /// Tensor shape.
-    pub shape: [usize; 4],
-    /// `bhtd` or `bthd`.
-    pub layout: &'static str,
-    /// `f32` or `bf16`.
-    pub dtype: &'static str,
+    /// The case (its fields inline in JSON).
+    #[serde(flatten)]
+    pub key: BenchKey,
     /// posenc in-place bandwidth / copy bandwidth.
     pub inplace_vs_copy: f64,
     /// posenc out-of-place bandwidth / copy bandwidth.
@@ -198,12 +211,15 @@ pub fn run_case(
         DType::F16 => "f16",
         _ => "f32",
     };
+    let key = BenchKey {
+        shape: dims,
+        layout: layout.as_str(),
+        dtype: dname,
+    };
     let mut out = Vec::new();
     let mut push = |imp: &'static str, ms: f64| {
         out.push(BenchCase {
-            shape: dims,
-            layout: layout.as_str(),
-            dtype: dname,
+            key,
             imp,
             ms,
             gbps: bytes / (ms * 1e-3) / 1e9,
@@ -257,14 +273,12 @@ fn ratios(cases: &[BenchCase]) -> Vec<BenchRatios> {
     let mut r = Vec::new();
     for (dims, layout) in SHAPES {
         for dtype in ["f32", "bf16"] {
-            let find = |imp: &str| {
-                cases.iter().find(|c| {
-                    c.shape == dims
-                        && c.layout == layout.as_str()
-                        && c.dtype == dtype
-                        && c.imp == imp
-                })
+            let key = BenchKey {
+                shape: dims,
+                layout: layout.as_str(),
+                dtype,
             };
+            let find = |imp: &str| cases.iter().find(|c| c.key == key && c.imp == imp);
             let (Some(ip), Some(op), Some(cp)) =
                 (find("posenc-inplace"), find("posenc"), find("copy"))
             else {
@@ -273,9 +287,7 @@ fn ratios(cases: &[BenchCase]) -> Vec<BenchRatios> {
             let candle = find("candle-rope").or(find("candle-rope-thd"));
             let candle_ms = candle.map(|c| c.ms).unwrap_or(f64::NAN);
             r.push(BenchRatios {
-                shape: dims,
-                layout: layout.as_str(),
-                dtype: ip.dtype,
+                key,
                 inplace_vs_copy: ip.gbps / cp.gbps,
                 posenc_vs_copy: op.gbps / cp.gbps,
                 speedup_vs_candle: candle_ms / op.ms,
@@ -324,25 +336,15 @@ impl BenchReport {
             "shape", "lay", "dtype", "impl", "ms", "GB/s"
         );
         for c in &self.cases {
-            let _ = writeln!(
-                s,
-                "{:<22} {:<5} {:<5} {:<16} {:>10.3} {:>8.2}",
-                format!("{:?}", c.shape),
-                c.layout,
-                c.dtype,
-                c.imp,
-                c.ms,
-                c.gbps
-            );
+            let (key, imp, ms, gbps) = (c.key.columns(), c.imp, c.ms, c.gbps);
+            let _ = writeln!(s, "{key} {imp:<16} {ms:>10.3} {gbps:>8.2}");
         }
         let _ = writeln!(s, "\nratios (same run):");
         for r in &self.ratios {
             let _ = writeln!(
                 s,
-                "{:<22} {:<5} {:<5} inplace/copy {:.2}  posenc/copy {:.2}  candle/posenc {:.1}x  candle/inplace {:.1}x",
-                format!("{:?}", r.shape),
-                r.layout,
-                r.dtype,
+                "{} inplace/copy {:.2}  posenc/copy {:.2}  candle/posenc {:.1}x  candle/inplace {:.1}x",
+                r.key.columns(),
                 r.inplace_vs_copy,
                 r.posenc_vs_copy,
                 r.speedup_vs_candle,
