@@ -198,7 +198,13 @@ pub fn rope_apply<T: Element>(
     } else {
         (tables.tables.query(), tables.q_rows.map())
     };
-    crate::kernels::rope::rope_out(rope.simd_level(), x, out, &g, &tab, rows, inverse)
+    let call = crate::kernels::rope::RopeCall {
+        g: &g,
+        tables: tab,
+        rows,
+        inverse,
+    };
+    crate::kernels::rope::rope_out(rope.simd_level(), x, out, call)
 }
 
 /// Fused attention on `(B, H, T, D)` buffers with optional RoPE inside and

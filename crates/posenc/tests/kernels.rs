@@ -4,7 +4,7 @@
 //! (`kernels::tile::gemm`, beneath the fused attention) the same way.
 
 use half::{bf16, f16};
-use posenc::kernels::rope::{rope_inplace, rope_out, rope_out_uninit, rope_reference};
+use posenc::kernels::rope::{rope_inplace, rope_out, rope_out_uninit, rope_reference, RopeCall};
 use posenc::kernels::table::{TableSpec, Tables};
 use posenc::kernels::{Element, HeadLayout, RopeGeometry, RowMap, SimdLevel};
 use posenc::rope::{PairLayout, RopeFrequencies};
@@ -68,27 +68,23 @@ fn check_case<T: Element>(
     } else {
         RowMap::Offset(5)
     };
-    let tabs = t.query();
+    let call = RopeCall {
+        g: &g,
+        tables: t.query(),
+        rows,
+        inverse,
+    };
     let table_max = t.cos.iter().chain(&t.sin).fold(0f32, |m, v| m.max(v.abs()));
     let mag = 2.0 * 2.0 * table_max;
     let mut want = vec![T::from_f32(f32::NAN); g.len()];
-    rope_reference(&src, &mut want, &g, &tabs, rows, inverse).unwrap();
+    rope_reference(&src, &mut want, call).unwrap();
     let mut scalar = vec![T::from_f32(f32::NAN); g.len()];
-    rope_out(
-        SimdLevel::Scalar,
-        &src,
-        &mut scalar,
-        &g,
-        &tabs,
-        rows,
-        inverse,
-    )
-    .unwrap();
+    rope_out(SimdLevel::Scalar, &src, &mut scalar, call).unwrap();
     for &level in levels {
         // dirty output: NaN everywhere, then 7.0 for the second try.
         for dirt in [f32::NAN, 7.0] {
             let mut got = vec![T::from_f32(dirt); g.len()];
-            rope_out(level, &src, &mut got, &g, &tabs, rows, inverse).unwrap();
+            rope_out(level, &src, &mut got, call).unwrap();
             for (j, ((&a, &w), &s)) in got.iter().zip(&want).zip(&scalar).enumerate() {
                 let (a, w, s) = (a.to_f32(), w.to_f32(), s.to_f32());
                 assert!(
@@ -104,16 +100,16 @@ fn check_case<T: Element>(
             }
             // in place gives bit for bit what out of place gives
             let mut inplace = src.clone();
-            rope_inplace(level, &mut inplace, &g, &tabs, rows, inverse).unwrap();
+            rope_inplace(level, &mut inplace, call).unwrap();
             assert!(inplace
                 .iter()
                 .zip(&got)
                 .all(|(a, b)| a.to_f32().to_bits() == b.to_f32().to_bits()));
         }
         let mut uninit = vec![std::mem::MaybeUninit::<T>::uninit(); g.len()];
-        rope_out_uninit(level, &src, &mut uninit, &g, &tabs, rows, inverse).unwrap();
+        rope_out_uninit(level, &src, &mut uninit, call).unwrap();
         let mut direct = vec![T::from_f32(0.0); g.len()];
-        rope_out(level, &src, &mut direct, &g, &tabs, rows, inverse).unwrap();
+        rope_out(level, &src, &mut direct, call).unwrap();
         for (u, d) in uninit.iter().zip(&direct) {
             // SAFETY: rope_out_uninit returned Ok, so every entry is written.
             let u = unsafe { u.assume_init() };
@@ -243,10 +239,15 @@ fn inverse_undoes_forward() {
     let src: Vec<f32> = (0..g.len()).map(|_| rng.next_f32()).collect();
     for level in SimdLevel::available() {
         let mut x = src.clone();
-        let rows = RowMap::Offset(11);
-        rope_inplace(level, &mut x, &g, &t.query(), rows, false).unwrap();
+        let call = |inverse| RopeCall {
+            g: &g,
+            tables: t.query(),
+            rows: RowMap::Offset(11),
+            inverse,
+        };
+        rope_inplace(level, &mut x, call(false)).unwrap();
         assert!(x.iter().zip(&src).any(|(a, b)| (a - b).abs() > 1e-3));
-        rope_inplace(level, &mut x, &g, &t.query(), rows, true).unwrap();
+        rope_inplace(level, &mut x, call(true)).unwrap();
         for (a, b) in x.iter().zip(&src) {
             assert!(
                 (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
@@ -296,7 +297,7 @@ fn bf16_and_f16_rounding_match_half_crate_on_specials() {
             })
             .collect();
         for level in SimdLevel::available() {
-            let gt = (&g, &tabs);
+            let gt = (&g, tabs);
             rounds_like_half(level, gt, &src32, factor, bf16::from_f32, bf16::to_bits);
             rounds_like_half(level, gt, &src32, factor, f16::from_f32, f16::to_bits);
         }
@@ -308,7 +309,7 @@ fn bf16_and_f16_rounding_match_half_crate_on_specials() {
 /// bit for bit (or both NaN), `from(s · factor)`.
 fn rounds_like_half<T: Element + std::fmt::Display>(
     level: SimdLevel,
-    (g, tabs): (&RopeGeometry, &posenc::kernels::RopeTables),
+    (g, tables): (&RopeGeometry, posenc::kernels::RopeTables),
     src32: &[f32],
     factor: f32,
     from: fn(f32) -> T,
@@ -317,7 +318,13 @@ fn rounds_like_half<T: Element + std::fmt::Display>(
     let n = src32.len();
     let src: Vec<T> = src32.iter().map(|&v| from(v)).collect();
     let mut out = vec![from(0.0); n];
-    rope_out(level, &src, &mut out, g, tabs, RowMap::Offset(0), false).unwrap();
+    let call = RopeCall {
+        g,
+        tables,
+        rows: RowMap::Offset(0),
+        inverse: false,
+    };
+    rope_out(level, &src, &mut out, call).unwrap();
     for (&o, &s) in out.iter().zip(&src).take(n / 2) {
         let want = from(s.to_f32() * factor);
         assert!(
@@ -335,15 +342,13 @@ fn kernel_errors_are_typed() {
     let src = vec![0.0f32; g.len()];
     let mut dst = vec![0.0f32; g.len()];
     let mut run = |src: &[f32], rows: RowMap| {
-        rope_out(
-            SimdLevel::Scalar,
-            src,
-            &mut dst,
-            &g,
-            &t.query(),
+        let call = RopeCall {
+            g: &g,
+            tables: t.query(),
             rows,
-            false,
-        )
+            inverse: false,
+        };
+        rope_out(SimdLevel::Scalar, src, &mut dst, call)
     };
     // row past the table
     let e = run(&src, RowMap::Offset(1));
@@ -368,14 +373,13 @@ fn kernel_errors_are_typed() {
     // odd head dim, rotary_dim > head_dim, zero T
     for (dims, rd) in [([1, 1, 4, 7], 6), ([1, 1, 4, 6], 8), ([1, 1, 0, 8], 8)] {
         let g = RopeGeometry::from_dims(dims, HeadLayout::Bhtd, rd, PairLayout::HalfSplit);
-        let e = rope_inplace::<f32>(
-            SimdLevel::Scalar,
-            &mut [],
-            &g,
-            &t.query(),
-            RowMap::Offset(0),
-            false,
-        );
+        let call = RopeCall {
+            g: &g,
+            tables: t.query(),
+            rows: RowMap::Offset(0),
+            inverse: false,
+        };
+        let e = rope_inplace::<f32>(SimdLevel::Scalar, &mut [], call);
         assert!(
             matches!(e, Err(posenc::Error::InvalidDimension { .. })),
             "{e:?}"

@@ -288,52 +288,72 @@ pub(crate) unsafe fn scalar_pairs_from<T: Element, const INTERLEAVED: bool>(
     }
 }
 
-/// Checks tables and rows against the geometry.
-fn check_tables(g: &RopeGeometry, tables: &RopeTables<'_>, rows: RowMap<'_>) -> Result<()> {
-    g.check()?;
-    if tables.n_freq * 2 != g.rotary_dim {
-        return Err(Error::Shape {
-            what: "rope table width",
-            expected: format!("rotary_dim / 2 = {}", g.rotary_dim / 2),
-            got: format!("{}", tables.n_freq),
-        });
-    }
-    if tables.cos.len() != tables.sin.len() || !tables.cos.len().is_multiple_of(tables.n_freq) {
-        return Err(Error::Shape {
-            what: "rope cos/sin tables",
-            expected: format!("two tables of rows × {} values", tables.n_freq),
-            got: format!("{} and {} values", tables.cos.len(), tables.sin.len()),
-        });
-    }
-    let n_rows = tables.rows();
-    match rows {
-        RowMap::Offset(o) => {
-            if o.checked_add(g.seq_len).is_none_or(|end| end > n_rows) {
-                return Err(Error::PositionOutOfRange {
-                    position: (o as u64).saturating_add(g.seq_len as u64 - 1),
-                    limit: n_rows as u64,
-                    what: "rope table",
-                });
+/// What one rotation reads besides its buffers: the geometry of the
+/// buffers, the cos/sin tables, the table row of every `(b, t)`, and
+/// whether to rotate by the inverse angles (`sin → −sin`).
+#[derive(Debug, Clone, Copy)]
+pub struct RopeCall<'a> {
+    /// Shape of the buffers and how their heads are rotated.
+    pub g: &'a RopeGeometry,
+    /// The cos and sin tables.
+    pub tables: RopeTables<'a>,
+    /// Which table row each `(b, t)` uses.
+    pub rows: RowMap<'a>,
+    /// Rotate by `−θ` instead of `θ`.
+    pub inverse: bool,
+}
+
+impl RopeCall<'_> {
+    /// Checks tables and rows against the geometry.
+    fn check(&self) -> Result<()> {
+        let RopeCall {
+            g, tables, rows, ..
+        } = *self;
+        g.check()?;
+        if tables.n_freq * 2 != g.rotary_dim {
+            return Err(Error::Shape {
+                what: "rope table width",
+                expected: format!("rotary_dim / 2 = {}", g.rotary_dim / 2),
+                got: format!("{}", tables.n_freq),
+            });
+        }
+        if tables.cos.len() != tables.sin.len() || !tables.cos.len().is_multiple_of(tables.n_freq) {
+            return Err(Error::Shape {
+                what: "rope cos/sin tables",
+                expected: format!("two tables of rows × {} values", tables.n_freq),
+                got: format!("{} and {} values", tables.cos.len(), tables.sin.len()),
+            });
+        }
+        let n_rows = tables.rows();
+        match rows {
+            RowMap::Offset(o) => {
+                if o.checked_add(g.seq_len).is_none_or(|end| end > n_rows) {
+                    return Err(Error::PositionOutOfRange {
+                        position: (o as u64).saturating_add(g.seq_len as u64 - 1),
+                        limit: n_rows as u64,
+                        what: "rope table",
+                    });
+                }
+            }
+            RowMap::Ids(ids) => {
+                if ids.len() != g.batch * g.seq_len {
+                    return Err(Error::Shape {
+                        what: "position ids",
+                        expected: format!("{} = batch × seq_len", g.batch * g.seq_len),
+                        got: format!("{}", ids.len()),
+                    });
+                }
+                if let Some(&bad) = ids.iter().find(|&&r| r >= n_rows) {
+                    return Err(Error::PositionOutOfRange {
+                        position: bad as u64,
+                        limit: n_rows as u64,
+                        what: "rope table",
+                    });
+                }
             }
         }
-        RowMap::Ids(ids) => {
-            if ids.len() != g.batch * g.seq_len {
-                return Err(Error::Shape {
-                    what: "position ids",
-                    expected: format!("{} = batch × seq_len", g.batch * g.seq_len),
-                    got: format!("{}", ids.len()),
-                });
-            }
-            if let Some(&bad) = ids.iter().find(|&&r| r >= n_rows) {
-                return Err(Error::PositionOutOfRange {
-                    position: bad as u64,
-                    limit: n_rows as u64,
-                    what: "rope table",
-                });
-            }
-        }
+        Ok(())
     }
-    Ok(())
 }
 
 fn check_len(what: &'static str, got: usize, g: &RopeGeometry) -> Result<()> {
@@ -360,20 +380,13 @@ fn check_len(what: &'static str, got: usize, g: &RopeGeometry) -> Result<()> {
 /// [`Error::InvalidDimension`] / [`Error::Shape`] for an inconsistent
 /// geometry, buffer or tables, [`Error::PositionOutOfRange`] for a row past
 /// the tables, [`Error::InvalidValue`] for a level this CPU lacks.
-pub fn rope_inplace<T: Element>(
-    level: SimdLevel,
-    x: &mut [T],
-    g: &RopeGeometry,
-    tables: &RopeTables<'_>,
-    rows: RowMap<'_>,
-    inverse: bool,
-) -> Result<()> {
+pub fn rope_inplace<T: Element>(level: SimdLevel, x: &mut [T], call: RopeCall<'_>) -> Result<()> {
     level.supported()?;
-    check_tables(g, tables, rows)?;
-    check_len("rope buffer", x.len(), g)?;
+    call.check()?;
+    check_len("rope buffer", x.len(), call.g)?;
     let p = x.as_mut_ptr();
     // SAFETY: lengths checked above; src == dst is allowed by the kernels.
-    unsafe { drive(level, p, p, g, tables, rows, inverse) };
+    unsafe { drive(level, p, p, call) };
     Ok(())
 }
 
@@ -385,15 +398,12 @@ pub fn rope_out<T: Element>(
     level: SimdLevel,
     src: &[T],
     dst: &mut [T],
-    g: &RopeGeometry,
-    tables: &RopeTables<'_>,
-    rows: RowMap<'_>,
-    inverse: bool,
+    call: RopeCall<'_>,
 ) -> Result<()> {
     // SAFETY: the kernels write only initialised values into dst, so it
     // stays initialised; `&mut dst` cannot overlap `&src`.
     let dst = unsafe { &mut *(dst as *mut [T] as *mut [MaybeUninit<T>]) };
-    rope_out_uninit(level, src, dst, g, tables, rows, inverse)
+    rope_out_uninit(level, src, dst, call)
 }
 
 /// [`rope_out`] into uninitialised memory; on `Ok` every element of `dst`
@@ -405,27 +415,14 @@ pub fn rope_out_uninit<T: Element>(
     level: SimdLevel,
     src: &[T],
     dst: &mut [MaybeUninit<T>],
-    g: &RopeGeometry,
-    tables: &RopeTables<'_>,
-    rows: RowMap<'_>,
-    inverse: bool,
+    call: RopeCall<'_>,
 ) -> Result<()> {
     level.supported()?;
-    check_tables(g, tables, rows)?;
-    check_len("rope input", src.len(), g)?;
-    check_len("rope output", dst.len(), g)?;
+    call.check()?;
+    check_len("rope input", src.len(), call.g)?;
+    check_len("rope output", dst.len(), call.g)?;
     // SAFETY: as rope_out; the kernels only write to dst.
-    unsafe {
-        drive(
-            level,
-            src.as_ptr(),
-            dst.as_mut_ptr() as *mut T,
-            g,
-            tables,
-            rows,
-            inverse,
-        )
-    };
+    unsafe { drive(level, src.as_ptr(), dst.as_mut_ptr() as *mut T, call) };
     Ok(())
 }
 
@@ -434,15 +431,14 @@ pub fn rope_out_uninit<T: Element>(
 ///
 /// # Errors
 /// As [`rope_out`].
-pub fn rope_reference<T: Element>(
-    src: &[T],
-    dst: &mut [T],
-    g: &RopeGeometry,
-    tables: &RopeTables<'_>,
-    rows: RowMap<'_>,
-    inverse: bool,
-) -> Result<()> {
-    check_tables(g, tables, rows)?;
+pub fn rope_reference<T: Element>(src: &[T], dst: &mut [T], call: RopeCall<'_>) -> Result<()> {
+    call.check()?;
+    let RopeCall {
+        g,
+        tables,
+        rows,
+        inverse,
+    } = call;
     check_len("rope input", src.len(), g)?;
     check_len("rope output", dst.len(), g)?;
     let (bb, hh, tt, dd) = (g.batch, g.heads, g.seq_len, g.head_dim);
@@ -504,17 +500,10 @@ const TIME_BLOCK: usize = 32;
 ///   leave threads idle (decode, short sequences).
 ///
 /// # Safety
-/// `src` and `dst` valid for `g.len()` elements, equal or disjoint; tables
-/// and rows checked by `check_tables`.
-unsafe fn drive<T: Element>(
-    level: SimdLevel,
-    src: *const T,
-    dst: *mut T,
-    g: &RopeGeometry,
-    tables: &RopeTables<'_>,
-    rows: RowMap<'_>,
-    inverse: bool,
-) {
+/// `src` and `dst` valid for `call.g.len()` elements, equal or disjoint;
+/// `call` checked by [`RopeCall::check`].
+unsafe fn drive<T: Element>(level: SimdLevel, src: *const T, dst: *mut T, call: RopeCall<'_>) {
+    let g = call.g;
     let f = T::vec_kernel(level, g.pairs);
     let (bb, hh, tt, d) = (g.batch, g.heads, g.seq_len, g.head_dim);
     let n_vec = bb * hh * tt;
@@ -523,13 +512,7 @@ unsafe fn drive<T: Element>(
     let want_tasks = (threads * 4).min(total / MIN_TASK_ELEMS).max(1);
     let src = SendPtr(src as *mut T);
     let dst = SendPtr(dst);
-    let k = Kernel {
-        f,
-        g,
-        tables,
-        rows,
-        inverse,
-    };
+    let k = Kernel { f, call };
     match g.layout {
         HeadLayout::Bthd => {
             let chunk = n_vec.div_ceil(want_tasks);
@@ -578,10 +561,7 @@ unsafe fn drive<T: Element>(
 /// Everything a tile needs besides its buffers.
 struct Kernel<'a, T> {
     f: VecFn<T>,
-    g: &'a RopeGeometry,
-    tables: &'a RopeTables<'a>,
-    rows: RowMap<'a>,
-    inverse: bool,
+    call: RopeCall<'a>,
 }
 
 // SAFETY: shared read-only across rayon tasks (slices, plain values, fn pointer).
@@ -594,25 +574,30 @@ impl<T: Element> Kernel<'_, T> {
     /// As `drive`; no other task touches these vectors.
     #[inline(never)]
     unsafe fn run_vectors(&self, src: *const T, dst: *mut T, vs: std::ops::Range<usize>) {
-        let g = self.g;
+        let RopeCall {
+            g,
+            tables,
+            rows,
+            inverse,
+        } = self.call;
         let (hh, tt, d, rd) = (g.heads, g.seq_len, g.head_dim, g.rotary_dim);
-        let nf = self.tables.n_freq;
-        let cos = self.tables.cos.as_ptr();
-        let sin = self.tables.sin.as_ptr();
+        let nf = tables.n_freq;
+        let cos = tables.cos.as_ptr();
+        let sin = tables.sin.as_ptr();
         let in_place = std::ptr::eq(src, dst);
         for v in vs {
             let (b, t) = match g.layout {
                 HeadLayout::Bhtd => (v / (hh * tt), v % tt),
                 HeadLayout::Bthd => (v / (tt * hh), (v / hh) % tt),
             };
-            let r = self.rows.row(b, t, tt);
+            let r = rows.row(b, t, tt);
             let s = src.add(v * d);
             let o = dst.add(v * d);
             let row = Angles {
                 cos: cos.add(r * nf),
                 sin: sin.add(r * nf),
             };
-            (self.f)(Io { src: s, dst: o }, row, nf, 0, self.inverse);
+            (self.f)(Io { src: s, dst: o }, row, nf, 0, inverse);
             if !in_place && rd < d {
                 std::ptr::copy_nonoverlapping(s.add(rd), o.add(rd), d - rd);
             }

@@ -8,7 +8,7 @@ use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Shape, Tensor};
 use super::super::custom::{AsCustomOp, CpuOutput, SliceGrads, SliceOp};
 use super::{check_pair, HeadLayout, Role, Rows, TensorChecks};
 use crate::error::{Error, Result};
-use crate::kernels::rope::{rope_inplace, rope_out_uninit};
+use crate::kernels::rope::{rope_inplace, rope_out_uninit, RopeCall};
 use crate::kernels::table::Tables;
 use crate::kernels::{Element, RopeGeometry, SimdLevel};
 use crate::rope::PairLayout;
@@ -200,6 +200,20 @@ impl RopeOp {
         ))
     }
 
+    /// The kernel's arguments for buffers of geometry `g`: this role's
+    /// tables and the rows.
+    fn call<'a>(&'a self, g: &'a RopeGeometry) -> RopeCall<'a> {
+        RopeCall {
+            g,
+            tables: match self.role {
+                Role::Query => self.tables.query(),
+                Role::Key => self.tables.key(),
+            },
+            rows: self.rows.map(),
+            inverse: self.inverse,
+        }
+    }
+
     fn out<T: Element + candle_core::WithDType>(
         &self,
         src: &[T],
@@ -210,10 +224,6 @@ impl RopeOp {
             .ok_or_else(|| candle_core::Error::Msg("posenc rope: input not contiguous".into()))?;
         let src = &src[o1..o2];
         let g = self.geometry(l)?;
-        let tables = match self.role {
-            Role::Query => self.tables.query(),
-            Role::Key => self.tables.key(),
-        };
         let mut dst: Vec<T> = crate::kernels::mem::with_capacity_huge(src.len());
         // SAFETY: the capacity is ours and unread until rope_out_uninit fills it.
         unsafe {
@@ -223,10 +233,7 @@ impl RopeOp {
             self.level,
             src,
             &mut dst.spare_capacity_mut()[..src.len()],
-            &g,
-            &tables,
-            self.rows.map(),
-            self.inverse,
+            self.call(&g),
         )
         .map_err(to_candle)?;
         // SAFETY: rope_out_uninit returned Ok, so all src.len() entries are written.
@@ -239,19 +246,7 @@ impl RopeOp {
             .contiguous_offsets()
             .ok_or_else(|| candle_core::Error::Msg("posenc rope: input not contiguous".into()))?;
         let g = self.geometry(l)?;
-        let tables = match self.role {
-            Role::Query => self.tables.query(),
-            Role::Key => self.tables.key(),
-        };
-        rope_inplace(
-            self.level,
-            &mut x[o1..o2],
-            &g,
-            &tables,
-            self.rows.map(),
-            self.inverse,
-        )
-        .map_err(to_candle)
+        rope_inplace(self.level, &mut x[o1..o2], self.call(&g)).map_err(to_candle)
     }
 }
 
