@@ -11,7 +11,7 @@ use crate::learned_common;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use learned_common::{check_grads, det_tensor, flat};
-use posenc::relative::cope::{Cope, CopeConfig};
+use posenc::relative::cope::{Cope, CopeConfig, CopeInputs};
 use posenc::tensor::cope::CopeBias;
 use posenc::Error;
 
@@ -74,7 +74,14 @@ fn check_against_plain(
     for bi in 0..b {
         for hi in 0..h {
             let (qs, ks) = (slice(q, bi, hi), slice(k, bi, hi));
-            let want = cope.logits_term(&qs, &ks, &qpos(bi), &kpos(bi)).unwrap();
+            let want = cope
+                .logits_term(CopeInputs {
+                    q: &qs,
+                    k: &ks,
+                    q_pos: &qpos(bi),
+                    k_pos: &kpos(bi),
+                })
+                .unwrap();
             let got = slice(bias, bi, hi);
             for i in 0..want.len() {
                 for j in 0..want[i].len() {
@@ -234,7 +241,14 @@ fn unmasked_counts_to_the_end() {
     let cope = Cope::random(cfg, 3).unwrap();
     let q = rows(&det_tensor(&[3, 4], 0.1, 1.0));
     let k = rows(&det_tensor(&[5, 4], 0.2, 1.0));
-    let g = cope.gates(&q, &k, &[0, 1, 2], &[0, 1, 2, 3, 4]).unwrap();
+    let g = cope
+        .gates(CopeInputs {
+            q: &q,
+            k: &k,
+            q_pos: &[0, 1, 2],
+            k_pos: &[0, 1, 2, 3, 4],
+        })
+        .unwrap();
     let p = cope
         .positions(&q, &k, &[0, 1, 2], &[0, 1, 2, 3, 4])
         .unwrap();
@@ -350,11 +364,21 @@ fn invalid_arguments_are_typed_errors() {
     ));
     let cope = Cope::zeros(cfg).unwrap();
     assert!(matches!(
-        cope.gates(&[vec![0.0; 3]], &[vec![0.0; 2]], &[0], &[0]),
+        cope.gates(CopeInputs {
+            q: &[vec![0.0; 3]],
+            k: &[vec![0.0; 2]],
+            q_pos: &[0],
+            k_pos: &[0],
+        }),
         Err(Error::Shape { .. })
     ));
     assert!(matches!(
-        cope.gates(&[vec![0.0; 2]], &[vec![0.0; 2]], &[0, 1], &[0]),
+        cope.gates(CopeInputs {
+            q: &[vec![0.0; 2]],
+            k: &[vec![0.0; 2]],
+            q_pos: &[0, 1],
+            k_pos: &[0],
+        }),
         Err(Error::Shape { .. })
     ));
     let m = CopeBias::from_plain(&cope, DType::F32, &Device::Cpu).unwrap();
@@ -416,7 +440,17 @@ fn matches_pytorch_reference() {
         for bi in 0..b {
             for hi in 0..h {
                 let (qs, ks) = (slice(&q, bi, hi), slice(&k, bi, hi));
-                plain_bias.extend(plain.logits_term(&qs, &ks, &pos, &pos).unwrap().concat());
+                plain_bias.extend(
+                    plain
+                        .logits_term(CopeInputs {
+                            q: &qs,
+                            k: &ks,
+                            q_pos: &pos,
+                            k_pos: &pos,
+                        })
+                        .unwrap()
+                        .concat(),
+                );
                 plain_pos.extend(plain.positions(&qs, &ks, &pos, &pos).unwrap().concat());
             }
         }

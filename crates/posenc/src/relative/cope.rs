@@ -247,52 +247,15 @@ impl Cope {
         &self.table
     }
 
-    fn check_inputs(
-        &self,
-        q: &[Vec<f64>],
-        k: &[Vec<f64>],
-        q_pos: &[u64],
-        k_pos: &[u64],
-    ) -> Result<()> {
-        let d = self.cfg.head_dim;
-        for (what, m) in [("cope queries", q), ("cope keys", k)] {
-            if let Some((i, row)) = m.iter().enumerate().find(|(_, r)| r.len() != d) {
-                return Err(Error::Shape {
-                    what,
-                    expected: format!("{d} columns"),
-                    got: format!("{} columns in row {i}", row.len()),
-                });
-            }
-        }
-        for (what, p, n) in [
-            ("cope query positions", q_pos, q.len()),
-            ("cope key positions", k_pos, k.len()),
-        ] {
-            if p.len() != n {
-                return Err(Error::Shape {
-                    what,
-                    expected: format!("{n} positions"),
-                    got: format!("{}", p.len()),
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// The gates `g_ij = σ(q_i · k_j / √d)`, zero where the causal mask hides
     /// key `j` from query `i` (`key_pos[j] > query_pos[i]`), `[Tq][Tk]`.
     ///
     /// # Errors
     /// [`Error::Shape`] for inputs of the wrong width or positions of the
     /// wrong length.
-    pub fn gates(
-        &self,
-        q: &[Vec<f64>],
-        k: &[Vec<f64>],
-        q_pos: &[u64],
-        k_pos: &[u64],
-    ) -> Result<Vec<Vec<f64>>> {
-        self.check_inputs(q, k, q_pos, k_pos)?;
+    pub fn gates(&self, x: CopeInputs<'_>) -> Result<Vec<Vec<f64>>> {
+        x.check(self.cfg.head_dim)?;
+        let CopeInputs { q, k, q_pos, k_pos } = x;
         let s = 1.0 / (self.cfg.head_dim as f64).sqrt();
         Ok(q.iter()
             .zip(q_pos)
@@ -313,7 +276,8 @@ impl Cope {
 
     /// The contextual positions `p_ij = min(Σ_{t ≥ j} g_it, P − 1)` (masked
     /// gates are zero, so for sorted causal keys the sum runs from `j` to
-    /// the query), `[Tq][Tk]`.
+    /// the query), `[Tq][Tk]`, for queries `q` and keys `k` at `q_pos` and
+    /// `k_pos` (as [`CopeInputs`]).
     ///
     /// # Errors
     /// As [`Cope::gates`].
@@ -326,7 +290,7 @@ impl Cope {
     ) -> Result<Vec<Vec<f64>>> {
         let cap = (self.cfg.npos_max - 1) as f64;
         Ok(self
-            .gates(q, k, q_pos, k_pos)?
+            .gates(CopeInputs { q, k, q_pos, k_pos })?
             .into_iter()
             .map(|g| {
                 // Explicit double loop: the slow, obviously right reference.
@@ -352,16 +316,10 @@ impl Cope {
     ///
     /// # Errors
     /// As [`Cope::gates`].
-    pub fn logits_term(
-        &self,
-        q: &[Vec<f64>],
-        k: &[Vec<f64>],
-        q_pos: &[u64],
-        k_pos: &[u64],
-    ) -> Result<Vec<Vec<f64>>> {
+    pub fn logits_term(&self, x: CopeInputs<'_>) -> Result<Vec<Vec<f64>>> {
         let s = self.cfg.term_scale();
-        let positions = self.positions(q, k, q_pos, k_pos)?;
-        Ok(per_entry(positions, q, |qi, _, p| {
+        let positions = self.positions(x.q, x.k, x.q_pos, x.k_pos)?;
+        Ok(per_entry(positions, x.q, |qi, _, p| {
             s * self.interpolate(qi, p)
         }))
     }
@@ -370,16 +328,54 @@ impl Cope {
     ///
     /// # Errors
     /// As [`Cope::gates`].
-    pub fn logits(
-        &self,
-        q: &[Vec<f64>],
-        k: &[Vec<f64>],
-        q_pos: &[u64],
-        k_pos: &[u64],
-    ) -> Result<Vec<Vec<f64>>> {
+    pub fn logits(&self, x: CopeInputs<'_>) -> Result<Vec<Vec<f64>>> {
         let s = 1.0 / (self.cfg.head_dim as f64).sqrt();
-        let term = self.logits_term(q, k, q_pos, k_pos)?;
-        Ok(per_entry(term, q, |qi, j, b| dot(qi, &k[j]) * s + b))
+        let term = self.logits_term(x)?;
+        Ok(per_entry(term, x.q, |qi, j, b| dot(qi, &x.k[j]) * s + b))
+    }
+}
+
+/// One call's queries `q` (`[Tq][d]`) and keys `k` (`[Tk][d]`) with their
+/// positions `q_pos` (`Tq` of them) and `k_pos` (`Tk`): the inputs of
+/// [`Cope::gates`], [`Cope::logits_term`] and [`Cope::logits`].
+#[derive(Debug, Clone, Copy)]
+pub struct CopeInputs<'a> {
+    /// Queries, `[Tq][d]`.
+    pub q: &'a [Vec<f64>],
+    /// Keys, `[Tk][d]`.
+    pub k: &'a [Vec<f64>],
+    /// Position of each query.
+    pub q_pos: &'a [u64],
+    /// Position of each key.
+    pub k_pos: &'a [u64],
+}
+
+impl CopeInputs<'_> {
+    /// Checks that every query and key has `d` entries and one position.
+    fn check(&self, d: usize) -> Result<()> {
+        let CopeInputs { q, k, q_pos, k_pos } = *self;
+        for (what, m) in [("cope queries", q), ("cope keys", k)] {
+            if let Some((i, row)) = m.iter().enumerate().find(|(_, r)| r.len() != d) {
+                return Err(Error::Shape {
+                    what,
+                    expected: format!("{d} columns"),
+                    got: format!("{} columns in row {i}", row.len()),
+                });
+            }
+        }
+        for (what, p, n) in [
+            ("cope query positions", q_pos, q.len()),
+            ("cope key positions", k_pos, k.len()),
+        ] {
+            if p.len() != n {
+                return Err(Error::Shape {
+                    what,
+                    expected: format!("{n} positions"),
+                    got: format!("{}", p.len()),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
