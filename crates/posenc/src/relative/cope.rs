@@ -55,7 +55,7 @@
 //! ([`Error::NotFinite`]).
 //!
 //! ```
-//! use posenc::relative::cope::{Cope, CopeConfig};
+//! use posenc::relative::cope::{Cope, CopeConfig, CopeInputs};
 //!
 //! let cfg = CopeConfig::new(2, 4)?; // head_dim 2, positions 0..=3
 //! let table = vec![vec![0.0, 0.0], vec![1.0, 0.0], vec![2.0, 0.0], vec![3.0, 0.0]];
@@ -67,7 +67,8 @@
 //! assert_eq!(p[2], vec![1.5, 1.0, 0.5]);
 //! assert_eq!(p[0], vec![0.5, 0.0, 0.0]); // keys after the query: masked, p = 0
 //! // z[p] = p here, so the term is q·e[p] = p, divided by √d.
-//! let term = cope.logits_term(&q, &k, &[0, 1, 2], &[0, 1, 2])?;
+//! let (q_pos, k_pos) = (&[0, 1, 2], &[0, 1, 2]);
+//! let term = cope.logits_term(CopeInputs { q: &q, k: &k, q_pos, k_pos })?;
 //! assert!((term[2][0] - 1.5 / 2f64.sqrt()).abs() < 1e-15);
 //! # Ok::<(), posenc::Error>(())
 //! ```
