@@ -12,6 +12,8 @@ use numpy::{
     PyUntypedArrayMethods,
 };
 use posenc::buffers::{self, AttentionShape, BufferAttention, BufferPositions};
+use posenc::kernels::Element;
+use posenc::tensor::rope::Rope;
 use pyo3::prelude::*;
 
 use crate::error::{detached, err, IntoPy};
@@ -106,28 +108,54 @@ fn _rope_ptr(
         // SAFETY: the caller's contract above (live, contiguous,
         // non-overlapping buffers of these shapes and dtype).
         unsafe {
+            let (q, k) = ((q, oq, q_shape, nq), (k, ok, k_shape, nk));
             if bf16 {
-                type B = half::bf16;
-                let qs = std::slice::from_raw_parts(q as *const B, nq);
-                let oqs = std::slice::from_raw_parts_mut(oq as *mut B, nq);
-                let ks = std::slice::from_raw_parts(k as *const B, nk);
-                let oks = std::slice::from_raw_parts_mut(ok as *mut B, nk);
-                buffers::rope_apply(r, qs, oqs, q_shape, pos, false, inverse).py()?;
-                buffers::rope_apply(r, ks, oks, k_shape, pos, true, inverse).py()
+                rope_at::<half::bf16>(r, q, k, pos, inverse)
             } else {
-                let qs = std::slice::from_raw_parts(q as *const f32, nq);
-                let oqs = std::slice::from_raw_parts_mut(oq as *mut f32, nq);
-                let ks = std::slice::from_raw_parts(k as *const f32, nk);
-                let oks = std::slice::from_raw_parts_mut(ok as *mut f32, nk);
-                buffers::rope_apply(r, qs, oqs, q_shape, pos, false, inverse).py()?;
-                buffers::rope_apply(r, ks, oks, k_shape, pos, true, inverse).py()
+                rope_at::<f32>(r, q, k, pos, inverse)
             }
         }
     })
 }
 
-/// The shape of an attention call from `q` and `k`, checked against `v`.
-fn shape_of(q: &[usize], k: &[usize], v: &[usize]) -> PyResult<AttentionShape> {
+/// A buffer given by address: `(input, output, shape, elements)`.
+type Addressed = (usize, usize, [usize; 4], usize);
+
+/// Rotates the queries `q` and then the keys `k`, each from its input
+/// buffer of `T` into its output buffer.
+///
+/// # Safety
+/// `_rope_ptr`'s contract: each address is that of a live, contiguous
+/// buffer of that many `T`, outputs overlap no input, and nothing else
+/// touches them during the call.
+unsafe fn rope_at<T: Element>(
+    rope: &Rope,
+    q: Addressed,
+    k: Addressed,
+    pos: BufferPositions<'_>,
+    inverse: bool,
+) -> PyResult<()> {
+    for ((x, out, shape, n), key) in [(q, false), (k, true)] {
+        // SAFETY: this function's contract.
+        let (xs, outs) = unsafe {
+            (
+                std::slice::from_raw_parts(x as *const T, n),
+                std::slice::from_raw_parts_mut(out as *mut T, n),
+            )
+        };
+        buffers::rope_apply(rope, xs, outs, shape, pos, key, inverse).py()?;
+    }
+    Ok(())
+}
+
+/// The inputs `[q, k, v]` of an attention call: float32 arrays
+/// `(B, H_q, T_q, D)`, `(B, H_k, T_k, D)` and `(B, H_k, T_k, D)`.
+type Qkv<'py> = [PyReadonlyArrayDyn<'py, f32>; 3];
+
+/// The shape of an attention call on `qkv` (from `q` and `k`, checked
+/// against `v`) and the inputs' data.
+fn inputs<'a>(qkv: &'a Qkv<'_>) -> PyResult<(AttentionShape, [&'a [f32]; 3])> {
+    let [q, k, v] = qkv.each_ref().map(|a| a.shape());
     let [b, hq, tq, d] = dims4("q", q)?;
     let [bk, hk, tk, dk] = dims4("k", k)?;
     if v != k {
@@ -138,138 +166,122 @@ fn shape_of(q: &[usize], k: &[usize], v: &[usize]) -> PyResult<AttentionShape> {
             "k: expected batch {b} and head_dim {d} as q {q:?}, got {k:?}"
         )));
     }
-    Ok(AttentionShape::new(b, hq, hk, tq, tk, d))
+    let [q, k, v] = qkv;
+    let data = [slice("q", q)?, slice("k", k)?, slice("v", v)?];
+    Ok((AttentionShape::new(b, hq, hk, tq, tk, d), data))
 }
 
-/// What an attention call reads besides its buffers: the shape, the
-/// position ids, and the attention (causal or not, its scale, rope and
-/// ALiBi slopes).
-type Setup<'a> = (AttentionShape, Option<Vec<i64>>, BufferAttention<'a>);
-
-/// The [`Setup`] of an attention call.
-#[allow(clippy::too_many_arguments)]
-fn attention_setup<'a>(
-    q: &PyReadonlyArrayDyn<'_, f32>,
-    k: &PyReadonlyArrayDyn<'_, f32>,
-    v: &PyReadonlyArrayDyn<'_, f32>,
+/// What an attention call reads besides its buffers, as `posenc.torch`
+/// passes it: the tuple `(causal, scale, rope, alibi, offset, ids)`, built
+/// once per forward and kept for the backward.
+#[derive(FromPyObject)]
+struct AttentionArgs<'py> {
+    /// Whether a query sees only the keys at or before its position.
+    #[pyo3(item(0))]
     causal: bool,
+    /// The logits' scale (None: `1/√D`).
+    #[pyo3(item(1))]
     scale: Option<f64>,
-    rope: &'a Option<PyRef<'_, PyRopeConfig>>,
-    alibi: &'a Option<PyReadonlyArray1<'_, f32>>,
-    ids: &Option<PyReadonlyArray2<'_, i64>>,
-) -> PyResult<Setup<'a>> {
-    let s = shape_of(q.shape(), k.shape(), v.shape())?;
-    let rope = match rope {
-        Some(r) => Some(r.rope()?),
-        None => None,
-    };
-    let alibi = match alibi {
-        Some(a) => Some(a.as_slice().map_err(|_| err("alibi: not contiguous"))?),
-        None => None,
-    };
-    let attn = BufferAttention {
-        causal,
-        scale,
-        rope,
-        alibi,
-    };
-    Ok((s, ids_of(ids)?, attn))
+    /// The rotation of queries and keys, if any.
+    #[pyo3(item(2))]
+    rope: Option<PyRef<'py, PyRopeConfig>>,
+    /// ALiBi's per-head slopes `(H_q,)` as float32, if any.
+    #[pyo3(item(3))]
+    alibi: Option<PyReadonlyArray1<'py, f32>>,
+    /// The position of the first key (without `ids`).
+    #[pyo3(item(4))]
+    offset: usize,
+    /// The keys' position ids `(B, T_k)`, if any.
+    #[pyo3(item(5))]
+    ids: Option<PyReadonlyArray2<'py, i64>>,
 }
 
-/// Fused attention forward: writes `out` `(B, H_q, T_q, D)` and `lse`
-/// `(B, H_q, T_q)`.
+impl AttentionArgs<'_> {
+    /// The call's position ids and attention.
+    fn setup(&self) -> PyResult<(Option<Vec<i64>>, BufferAttention<'_>)> {
+        let rope = match &self.rope {
+            Some(r) => Some(r.rope()?),
+            None => None,
+        };
+        let alibi = match &self.alibi {
+            Some(a) => Some(a.as_slice().map_err(|_| err("alibi: not contiguous"))?),
+            None => None,
+        };
+        let attn = BufferAttention {
+            causal: self.causal,
+            scale: self.scale,
+            rope,
+            alibi,
+        };
+        Ok((ids_of(&self.ids)?, attn))
+    }
+}
+
+/// Fused attention forward on `qkv` (`[q, k, v]`): writes `out`
+/// `(B, H_q, T_q, D)` and `lse` `(B, H_q, T_q)`.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, causal, scale, rope, alibi, offset, ids))]
-#[allow(clippy::too_many_arguments)]
 fn _attention_forward(
     py: Python<'_>,
-    q: PyReadonlyArrayDyn<'_, f32>,
-    k: PyReadonlyArrayDyn<'_, f32>,
-    v: PyReadonlyArrayDyn<'_, f32>,
+    qkv: Qkv<'_>,
     mut out: PyReadwriteArrayDyn<'_, f32>,
     mut lse: PyReadwriteArrayDyn<'_, f32>,
-    causal: bool,
-    scale: Option<f64>,
-    rope: Option<PyRef<'_, PyRopeConfig>>,
-    alibi: Option<PyReadonlyArray1<'_, f32>>,
-    offset: usize,
-    ids: Option<PyReadonlyArray2<'_, i64>>,
+    attention: AttentionArgs<'_>,
 ) -> PyResult<()> {
-    let (s, ids, attn) = attention_setup(&q, &k, &v, causal, scale, &rope, &alibi, &ids)?;
-    let (qs, ks, vs) = (slice("q", &q)?, slice("k", &k)?, slice("v", &v)?);
+    let (s, [qs, ks, vs]) = inputs(&qkv)?;
+    let (ids, attn) = attention.setup()?;
     let (o, l) = (slice_mut("out", &mut out)?, slice_mut("lse", &mut lse)?);
     detached(py, || {
-        attn.forward(qs, ks, vs, s, positions(offset, &ids), o, l)
+        attn.forward(qs, ks, vs, s, positions(attention.offset, &ids), o, l)
             .py()
     })
 }
 
-/// Fused attention backward: writes `dq`, `dk`, `dv` from the forward's
-/// `out` and `lse` and the output gradient `dout`.
+/// Fused attention backward on `qkv` (`[q, k, v]`): writes `grads`
+/// (`[dq, dk, dv]`) from the forward's `out` and `lse` and the output
+/// gradient `dout`.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, dout, dq, dk, dv, causal, scale, rope, alibi, offset, ids))]
-#[allow(clippy::too_many_arguments)]
 fn _attention_backward(
     py: Python<'_>,
-    q: PyReadonlyArrayDyn<'_, f32>,
-    k: PyReadonlyArrayDyn<'_, f32>,
-    v: PyReadonlyArrayDyn<'_, f32>,
+    qkv: Qkv<'_>,
     out: PyReadonlyArrayDyn<'_, f32>,
     lse: PyReadonlyArrayDyn<'_, f32>,
     dout: PyReadonlyArrayDyn<'_, f32>,
-    mut dq: PyReadwriteArrayDyn<'_, f32>,
-    mut dk: PyReadwriteArrayDyn<'_, f32>,
-    mut dv: PyReadwriteArrayDyn<'_, f32>,
-    causal: bool,
-    scale: Option<f64>,
-    rope: Option<PyRef<'_, PyRopeConfig>>,
-    alibi: Option<PyReadonlyArray1<'_, f32>>,
-    offset: usize,
-    ids: Option<PyReadonlyArray2<'_, i64>>,
+    grads: [PyReadwriteArrayDyn<'_, f32>; 3],
+    attention: AttentionArgs<'_>,
 ) -> PyResult<()> {
-    let (s, ids, attn) = attention_setup(&q, &k, &v, causal, scale, &rope, &alibi, &ids)?;
-    let (qs, ks, vs) = (slice("q", &q)?, slice("k", &k)?, slice("v", &v)?);
+    let (s, inputs) = inputs(&qkv)?;
+    let (ids, attn) = attention.setup()?;
     let (os, ls, dos) = (
         slice("out", &out)?,
         slice("lse", &lse)?,
         slice("dout", &dout)?,
     );
-    let (dqs, dks, dvs) = (
+    let [mut dq, mut dk, mut dv] = grads;
+    let grads = [
         slice_mut("dq", &mut dq)?,
         slice_mut("dk", &mut dk)?,
         slice_mut("dv", &mut dv)?,
-    );
+    ];
     detached(py, || {
-        attn.backward(
-            [qs, ks, vs],
-            os,
-            ls,
-            dos,
-            s,
-            positions(offset, &ids),
-            [dqs, dks, dvs],
-        )
-        .py()
+        let pos = positions(attention.offset, &ids);
+        attn.backward(inputs, os, ls, dos, s, pos, grads).py()
     })
 }
 
-/// A training-free method's fused forward (causal, keys at `0..T_k`):
-/// writes `out` `(B, H_q, T_q, D)`.
+/// A training-free method's fused forward (causal, keys at `0..T_k`) on
+/// `qkv` (`[q, k, v]`): writes `out` `(B, H_q, T_q, D)`.
 #[pyfunction]
 fn _method_forward(
     py: Python<'_>,
     rope: PyRef<'_, PyRopeConfig>,
-    q: PyReadonlyArrayDyn<'_, f32>,
-    k: PyReadonlyArrayDyn<'_, f32>,
-    v: PyReadonlyArrayDyn<'_, f32>,
+    qkv: Qkv<'_>,
     mut out: PyReadwriteArrayDyn<'_, f32>,
 ) -> PyResult<()> {
-    let s = shape_of(q.shape(), k.shape(), v.shape())?;
+    let (s, [qs, ks, vs]) = inputs(&qkv)?;
     let method = rope
         .context_method()
         .ok_or_else(|| err("this RopeConfig has no attention method"))?;
     let (r, lengths) = (rope.rope()?, rope.lengths());
-    let (qs, ks, vs) = (slice("q", &q)?, slice("k", &k)?, slice("v", &v)?);
     let o = slice_mut("out", &mut out)?;
     detached(py, || {
         buffers::method_forward(method, r, lengths, qs, ks, vs, s, o).py()

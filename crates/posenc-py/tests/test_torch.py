@@ -449,6 +449,6 @@ def test_kernel_errors_reach_python_with_the_library_words():
         posenc._posenc._rope_ptr(base_rope(), False, 8, 8, big, 8, 8, big, 0, None, False)
     with pytest.raises(posenc.PosencError, match="not contiguous"):
         posenc._posenc._attention_forward(
-            q.numpy()[:, :, ::2], k.numpy()[:, :, ::2], v.numpy()[:, :, ::2], np.empty((2, 4, 12, 16), np.float32),
-            np.empty((2, 4, 12), np.float32), True, None, None, None, 0, None,
+            (q.numpy()[:, :, ::2], k.numpy()[:, :, ::2], v.numpy()[:, :, ::2]), np.empty((2, 4, 12, 16), np.float32),
+            np.empty((2, 4, 12), np.float32), (True, None, None, None, 0, None),
         )

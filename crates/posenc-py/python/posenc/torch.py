@@ -437,24 +437,23 @@ def _torch_method_attention(q, k, v, rope, block=METHOD_BLOCK, chunk=KEY_CHUNK, 
 
 
 def _attention_kernel(q, k, v, causal, scale, rope, slopes, offset, ids):
-    """The fused forward on contiguous float32 q, k, v: (out, lse, slopes' view)."""
+    """The fused forward on contiguous float32 q, k, v: (out, lse, the
+    attention tuple the kernels read, kept for the backward)."""
     b, h, t, _ = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((b, h, t), dtype=torch.float32)
     sl = None if slopes is None else _view(slopes.contiguous())
-    _posenc._attention_forward(
-        _view(q), _view(k), _view(v), _view(out), _view(lse), causal, scale, rope, sl, offset, ids
-    )
-    return out, lse, sl
+    attention = (causal, scale, rope, sl, offset, ids)
+    _posenc._attention_forward((_view(q), _view(k), _view(v)), _view(out), _view(lse), attention)
+    return out, lse, attention
 
 
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, rope, slopes, offset, ids):  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out, lse, sl = _attention_kernel(q, k, v, causal, scale, rope, slopes, offset, ids)
+        out, lse, ctx.attention = _attention_kernel(q, k, v, causal, scale, rope, slopes, offset, ids)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (causal, scale, rope, sl, offset, ids)
         return out
 
     @staticmethod
@@ -462,10 +461,9 @@ class _AttentionFn(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        causal, scale, rope, sl, offset, ids = ctx.args
         _posenc._attention_backward(
-            _view(q), _view(k), _view(v), _view(out), _view(lse), _view(dout),
-            _view(dq), _view(dk), _view(dv), causal, scale, rope, sl, offset, ids,
+            (_view(q), _view(k), _view(v)), _view(out), _view(lse), _view(dout),
+            (_view(dq), _view(dk), _view(dv)), ctx.attention,
         )  # fmt: skip
         return dq, dk, dv, None, None, None, None, None, None
 
@@ -477,7 +475,7 @@ class _MethodFn(torch.autograd.Function):
     def forward(ctx, q, k, v, rope):  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = torch.empty_like(q)
-        _posenc._method_forward(rope, _view(q), _view(k), _view(v), _view(out))
+        _posenc._method_forward(rope, (_view(q), _view(k), _view(v)), _view(out))
         ctx.save_for_backward(q, k, v)
         ctx.rope = rope
         return out
