@@ -43,19 +43,27 @@ fn grid<'py, T: numpy::Element + Copy>(
     PyArray1::from_vec(py, flat).reshape([n, width])
 }
 
-/// The index matrix `(q_len, k_len)` that `matrix` computes (with the GIL
-/// released), as int64.
-fn index_grid<'py>(
+/// The `(q_len, k_len)` matrix (`k_len` None: `q_len`) that
+/// `matrix(q_len, k_len)` computes with the GIL released; `what` names the
+/// function in the error of a too large matrix.
+fn pair_grid<'py, T: numpy::Element + Copy + Send>(
     py: Python<'py>,
-    k_len: usize,
-    matrix: impl FnOnce() -> posenc::Result<Vec<Vec<usize>>> + Send,
-) -> PyResult<Bound<'py, PyArray2<i64>>> {
-    let m = py.detach(matrix).py()?;
-    let m: Vec<Vec<i64>> = m
-        .into_iter()
+    what: &str,
+    q_len: usize,
+    k_len: Option<usize>,
+    matrix: impl FnOnce(usize, usize) -> posenc::Result<Vec<Vec<T>>> + Send,
+) -> PyResult<Bound<'py, PyArray2<T>>> {
+    let k_len = k_len.unwrap_or(q_len);
+    bounded(what, &[q_len, k_len])?;
+    let rows = py.detach(|| matrix(q_len, k_len)).py()?;
+    grid(py, rows, k_len)
+}
+
+/// An index matrix as int64 (numpy's index type).
+fn int64(m: Vec<Vec<usize>>) -> Vec<Vec<i64>> {
+    m.into_iter()
         .map(|r| r.into_iter().map(|x| x as i64).collect())
-        .collect();
-    grid(py, m, k_len)
+        .collect()
 }
 
 /// Every head's (queries × keys) matrix of `bias`
@@ -179,11 +187,9 @@ fn t5_buckets<'py>(
     q_offset: u64,
     k_offset: u64,
 ) -> PyResult<Bound<'py, PyArray2<i64>>> {
-    let k_len = k_len.unwrap_or(q_len);
-    bounded("t5_buckets", &[q_len, k_len])?;
-    let b = T5Buckets::new(num_buckets, max_distance, bidirectional).py()?;
-    index_grid(py, k_len, || {
-        b.bucket_matrix(q_len, k_len, q_offset, k_offset)
+    pair_grid(py, "t5_buckets", q_len, k_len, |q_len, k_len| {
+        let b = T5Buckets::new(num_buckets, max_distance, bidirectional)?;
+        Ok(int64(b.bucket_matrix(q_len, k_len, q_offset, k_offset)?))
     })
 }
 
@@ -226,12 +232,10 @@ fn shaw_indices<'py>(
     q_offset: u64,
     k_offset: u64,
 ) -> PyResult<Bound<'py, PyArray2<i64>>> {
-    let k_len = k_len.unwrap_or(q_len);
-    bounded("shaw_indices", &[q_len, k_len])?;
-    // The index matrix does not read the learned tables (head_dim 2, seed 0).
-    let s = Shaw::new(max_relative, 2, 0).py()?;
-    index_grid(py, k_len, || {
-        s.index_matrix(q_len, k_len, q_offset, k_offset)
+    pair_grid(py, "shaw_indices", q_len, k_len, |q_len, k_len| {
+        // The index matrix does not read the learned tables (head_dim 2, seed 0).
+        let s = Shaw::new(max_relative, 2, 0)?;
+        Ok(int64(s.index_matrix(q_len, k_len, q_offset, k_offset)?))
     })
 }
 
@@ -273,22 +277,17 @@ fn fire_distances<'py>(
     c: f64,
     threshold: f64,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
-    let k_len = k_len.unwrap_or(q_len);
-    bounded("fire_distances", &[q_len, k_len])?;
-    let cfg = FireConfig::new(1).py()?.with_init(c, threshold).py()?;
-    let f = Fire::random(cfg, 0).py()?;
-    let rows = py
-        .detach(|| -> posenc::Result<Vec<Vec<f64>>> {
-            (0..q_len as u64)
-                .map(|i| {
-                    (0..k_len as u64)
-                        .map(|j| f.normalized_distance(i, j))
-                        .collect()
-                })
-                .collect()
-        })
-        .py()?;
-    grid(py, rows, k_len)
+    pair_grid(py, "fire_distances", q_len, k_len, |q_len, k_len| {
+        let cfg = FireConfig::new(1)?.with_init(c, threshold)?;
+        let f = Fire::random(cfg, 0)?;
+        (0..q_len as u64)
+            .map(|i| {
+                (0..k_len as u64)
+                    .map(|j| f.normalized_distance(i, j))
+                    .collect()
+            })
+            .collect()
+    })
 }
 
 /// CoPE's contextual positions (Golovneva et al., "Contextual Position

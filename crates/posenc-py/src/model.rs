@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use crate::convert::to_python;
 use crate::error::{detached, err, IntoPy};
+use crate::passkey::grid_request;
 use crate::progress::Watch;
 
 /// A text argument: a `str` is the text itself (`string`), an
@@ -224,16 +225,14 @@ impl Model {
             None => HaystackSource::Landmark,
             Some(h) => text_arg(h, "haystack", HaystackSource::String, HaystackSource::File)?,
         };
+        let grid = grid_request(lengths, depths, trials, scalings_arg(scalings)?)?;
         let request = PasskeyRequest {
-            lengths: counts(lengths, "lengths")?,
-            depths,
-            trials: count(trials, "trials")?,
-            scalings: scalings_arg(scalings)?,
             haystack,
             seed,
             log: None,
             adapter: None,
             max_memory: memory_arg(max_memory)?,
+            ..grid
         };
         watched(py, progress, |on| self.session().passkey(&request, on))
     }

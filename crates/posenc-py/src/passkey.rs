@@ -71,7 +71,11 @@ impl PasskeyProbe {
         haystack: Option<String>,
         seed: u64,
     ) -> PyResult<Self> {
-        let request = grid_request(lengths, depths, trials, methods, haystack, seed)?;
+        let request = PasskeyRequest {
+            haystack: haystack.map_or(HaystackSource::Landmark, HaystackSource::String),
+            seed,
+            ..grid_request(lengths, depths, trials, methods)?
+        };
         let tokenizer_json = tokenizer_json.to_owned();
         detached(py, move || {
             let plan = request.plan().py()?;
@@ -111,7 +115,7 @@ impl PasskeyProbe {
         trials: i64,
         methods: Vec<String>,
     ) -> PyResult<()> {
-        let request = grid_request(lengths, depths, trials, methods, None, 0)?;
+        let request = grid_request(lengths, depths, trials, methods)?;
         detached(py, move || request.plan().py().map(|_| ()))
     }
 
@@ -235,22 +239,21 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The `posenc passkey` request of a grid given from Python.
-fn grid_request(
+/// The `posenc passkey` request of a grid given from Python, on the
+/// landmark prompt with seed 0 (the constructor sets its own).
+pub(crate) fn grid_request(
     lengths: Vec<i64>,
     depths: Vec<f64>,
     trials: i64,
     methods: Vec<String>,
-    haystack: Option<String>,
-    seed: u64,
 ) -> PyResult<PasskeyRequest> {
     Ok(PasskeyRequest {
         lengths: counts(lengths, "lengths")?,
         depths,
         trials: count(trials, "trials")?,
         scalings: methods,
-        haystack: haystack.map_or(HaystackSource::Landmark, HaystackSource::String),
-        seed,
+        haystack: HaystackSource::Landmark,
+        seed: 0,
         ..PasskeyRequest::default()
     })
 }
