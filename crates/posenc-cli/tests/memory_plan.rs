@@ -44,8 +44,8 @@ fn tiny_model_and_text(name: &str, repeats: usize) -> (PathBuf, PathBuf) {
 }
 
 /// Runs `posenc args` under RLIMIT_AS 1 GiB, killed after 300 s.
-fn limited(args: &[String]) -> Output {
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+fn limited(args: &[impl AsRef<str>]) -> Output {
+    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
     let mut cmd = common::command(&args);
     hostile::limit_memory(&mut cmd);
     common::output_within(cmd, Duration::from_secs(300), &args).0
@@ -53,7 +53,7 @@ fn limited(args: &[String]) -> Output {
 
 /// The one-line refusal of `args` by the memory plan (exit 2, no abort),
 /// in less than `secs` seconds (before anything large is allocated).
-fn refused_by_plan(args: &[String], secs: u64) -> String {
+fn refused_by_plan(args: &[impl AsRef<str> + std::fmt::Debug], secs: u64) -> String {
     let start = Instant::now();
     let out = limited(args);
     let took = start.elapsed();
@@ -95,36 +95,39 @@ fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
+/// The [`edge`] of `posenc command --model model flag VALUE args... --json
+/// --max-memory limit` on the real model: the JSON of the run at the
+/// largest value (printed).
+fn model_edge(
+    model: &str,
+    command: &str,
+    flag: &str,
+    too_big: usize,
+    args: &[&str],
+    limit: &str,
+) -> serde_json::Value {
+    let (n, out) = edge(flag, too_big, |value| {
+        let value = value.to_string();
+        let head = [command, "--model", model, flag, &value];
+        strings(&[&head[..], args, &["--json", "--max-memory", limit]].concat())
+    });
+    println!("{command}: {flag} {n} is the largest under --max-memory {limit}");
+    serde_json::from_str(&out).unwrap()
+}
+
 #[test]
 fn perplexity_runs_at_the_largest_length_the_plan_allows_and_not_past_it() {
     let Some(m) = real_model("perplexity") else {
         return;
     };
-    let (n, out) = edge("--length", 100_000, |len| {
-        strings(&[
-            "perplexity",
-            "--model",
-            &m,
-            "--length",
-            &len.to_string(),
-            "--scaling",
-            "none",
-            "--quiet",
-            "--json",
-            "--max-memory",
-            "710M",
-        ])
-    });
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let extra = ["--scaling", "none", "--quiet"];
+    let v = model_edge(&m, "perplexity", "--length", 100_000, &extra, "710M");
     let loss = v["scalings"]["none"]["mean_inside"].as_f64().unwrap();
     assert!(loss.is_finite() && loss < 6.0, "{loss}");
-    println!("perplexity: --length {n} is the largest under --max-memory 710M");
     // Without --max-memory the limit is RLIMIT_AS less what is mapped: the
     // issue's --length 120000 is refused at once, naming it.
-    let err = refused_by_plan(
-        &strings(&["perplexity", "--model", &m, "--length", "120000", "--quiet"]),
-        30,
-    );
+    let args = ["perplexity", "--model", &m, "--length", "120000", "--quiet"];
+    let err = refused_by_plan(&args, 30);
     assert!(err.contains("RLIMIT_AS 1024 MiB less"), "{err}");
 }
 
@@ -133,29 +136,15 @@ fn generate_runs_at_the_largest_token_count_the_plan_allows_and_not_past_it() {
     let Some(m) = real_model("generate") else {
         return;
     };
-    let (n, out) = edge("--max-tokens", 100_000, |new| {
-        strings(&[
-            "generate",
-            "--model",
-            &m,
-            "--prompt",
-            "The capital of France is",
-            "--max-tokens",
-            &new.to_string(),
-            "--json",
-            "--max-memory",
-            "655M",
-        ])
-    });
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let extra = ["--prompt", "The capital of France is"];
+    let v = model_edge(&m, "generate", "--max-tokens", 100_000, &extra, "655M");
     assert!(!v["new_ids"].as_array().unwrap().is_empty());
-    println!("generate: --max-tokens {n} is the largest under --max-memory 655M");
     // The 20,000-token prompt: refused before the prefill, naming
     // --prompt-tokens and what fits.
     let prompt = scratch("prompt.txt");
     std::fs::write(&prompt, "the cat sat on the mat ".repeat(5000)).unwrap();
     let err = refused_by_plan(
-        &strings(&[
+        &[
             "generate",
             "--model",
             &m,
@@ -163,7 +152,7 @@ fn generate_runs_at_the_largest_token_count_the_plan_allows_and_not_past_it() {
             prompt.to_str().unwrap(),
             "--max-tokens",
             "4",
-        ]),
+        ],
         60,
     );
     assert!(
@@ -177,32 +166,19 @@ fn passkey_runs_at_the_largest_length_the_plan_allows_and_not_past_it() {
     let Some(m) = real_model("passkey") else {
         return;
     };
-    let (n, out) = edge("--lengths", 200_000, |len| {
-        strings(&[
-            "passkey",
-            "--model",
-            &m,
-            "--lengths",
-            &len.to_string(),
-            "--depths",
-            "0.5",
-            "--trials",
-            "1",
-            "--scaling",
-            "none",
-            "--quiet",
-            "--json",
-            "--max-memory",
-            "680M",
-        ])
-    });
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let extra = [
+        "--depths",
+        "0.5",
+        "--trials",
+        "1",
+        "--scaling",
+        "none",
+        "--quiet",
+    ];
+    let v = model_edge(&m, "passkey", "--lengths", 200_000, &extra, "680M");
     assert_eq!(v["methods"]["none"]["trials"], 1);
-    println!("passkey: --lengths {n} is the largest under --max-memory 680M");
-    let err = refused_by_plan(
-        &strings(&["passkey", "--model", &m, "--lengths", "200000", "--quiet"]),
-        30,
-    );
+    let args = ["passkey", "--model", &m, "--lengths", "200000", "--quiet"];
+    let err = refused_by_plan(&args, 30);
     assert!(err.contains("RLIMIT_AS"), "{err}");
 }
 
@@ -240,7 +216,7 @@ fn finetune_runs_at_the_largest_window_the_plan_allows_and_not_past_it() {
     if let Some(real) = real_model("finetune") {
         let out = scratch("ft-real");
         let err = refused_by_plan(
-            &strings(&[
+            &[
                 "finetune",
                 "--model",
                 &real,
@@ -250,7 +226,7 @@ fn finetune_runs_at_the_largest_window_the_plan_allows_and_not_past_it() {
                 "1",
                 "--out",
                 out.to_str().unwrap(),
-            ]),
+            ],
             30,
         );
         assert!(
@@ -266,7 +242,7 @@ fn held_out_reads_a_large_text_in_pieces_under_1_gib() {
     // The abort: --held-out --length 64 on a large text tokenized
     // whole. In pieces, only the window's tokens are kept.
     let (model, text) = tiny_model_and_text("tiny-held", 300_000);
-    let out = limited(&strings(&[
+    let out = limited(&[
         "perplexity",
         "--model",
         model.to_str().unwrap(),
@@ -281,7 +257,7 @@ fn held_out_reads_a_large_text_in_pieces_under_1_gib() {
         "none",
         "--quiet",
         "--json",
-    ]));
+    ]);
     let v: serde_json::Value = serde_json::from_str(&common::ok(&out)).unwrap();
     assert!(v["scalings"]["none"]["mean_inside"]
         .as_f64()
