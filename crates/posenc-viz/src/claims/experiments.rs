@@ -930,122 +930,138 @@ pub fn dca_flat(dca: &[f64], none: &[f64], at_l: f64) -> Verdict {
     })
 }
 
+/// Checks a rule on a table of cases, `(inputs, expected outcome)` per
+/// row; a failure names the row's inputs.
+#[cfg(test)]
+fn check_rule<I: Copy + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
+    rule: impl Fn(I) -> V,
+    cases: &[(I, V)],
+) {
+    for &(inputs, ref expected) in cases {
+        assert_eq!(rule(inputs), *expected, "inputs {inputs:?}");
+    }
+}
+
+/// A run's losses per band, as a rule's input in the tests.
+#[cfg(test)]
+type Bands<'a> = &'a [f64];
+
 #[cfg(test)]
 mod training_free_rules {
+    use super::Verdict::*;
     use super::*;
 
     #[test]
     fn self_extend_rule() {
-        assert_eq!(
-            self_extend_retrieves([0.8, 1.0], [0.0, 0.0]),
-            Verdict::Reproduced
-        );
-        assert_eq!(
-            self_extend_retrieves([0.6, 0.5], [0.0, 0.0]),
-            Verdict::Partly
-        );
-        // Not enough above no scaling.
-        assert_eq!(
-            self_extend_retrieves([0.6, 0.5], [0.4, 0.4]),
-            Verdict::NotReproduced
-        );
-        assert_eq!(
-            self_extend_retrieves([0.3, 0.3], [0.0, 0.0]),
-            Verdict::NotReproduced
-        );
-        assert_eq!(
-            self_extend_retrieves([f64::NAN, 1.0], [0.0, 0.0]),
-            Verdict::Nan
+        // (Self-Extend, no scaling): accuracy at 1.5L and 2L.
+        check_rule(
+            |(se, none)| self_extend_retrieves(se, none),
+            &[
+                (([0.8, 1.0], [0.0, 0.0]), Reproduced),
+                (([0.6, 0.5], [0.0, 0.0]), Partly),
+                // Not enough above no scaling.
+                (([0.6, 0.5], [0.4, 0.4]), NotReproduced),
+                (([0.3, 0.3], [0.0, 0.0]), NotReproduced),
+                (([f64::NAN, 1.0], [0.0, 0.0]), Nan),
+            ],
         );
     }
 
     #[test]
     fn rerope_rule() {
-        assert_eq!(
-            rerope_at_most_ntk(&[3.0, 3.1, 3.2], &[3.2, 3.3, 3.4]),
-            Verdict::Reproduced
-        );
-        assert_eq!(
-            rerope_at_most_ntk(&[3.2, 3.3, 3.4], &[3.0, 3.1, 3.2]),
-            Verdict::NotReproduced
-        );
-        assert_eq!(
-            rerope_at_most_ntk(&[3.0, 3.3, 3.1], &[3.1, 3.2, 3.15]),
-            Verdict::Tie
-        );
+        // (ReRoPE, NTK): losses per band.
+        let cases: [((Bands, Bands), Verdict); 3] = [
+            ((&[3.0, 3.1, 3.2], &[3.2, 3.3, 3.4]), Reproduced),
+            ((&[3.2, 3.3, 3.4], &[3.0, 3.1, 3.2]), NotReproduced),
+            ((&[3.0, 3.3, 3.1], &[3.1, 3.2, 3.15]), Tie),
+        ];
+        check_rule(|(rerope, ntk)| rerope_at_most_ntk(rerope, ntk), &cases);
     }
 
     #[test]
     fn sinks_rule() {
-        let v = sinks_flat_no_retrieval;
-        assert_eq!(v(3.1, 3.0, 0.0, 1.0), Verdict::Reproduced);
-        assert_eq!(v(3.5, 3.0, 0.0, 1.0), Verdict::Partly);
-        assert_eq!(v(3.1, 3.0, 0.5, 1.0), Verdict::Partly);
-        assert_eq!(v(3.5, 3.0, 0.5, 1.0), Verdict::NotReproduced);
-        // A model that retrieves nothing says nothing about the window.
-        assert_eq!(v(3.5, 3.0, 0.0, 0.0), Verdict::NotReproduced);
-        assert_eq!(v(3.1, 3.0, 0.0, 0.0), Verdict::Partly);
-        assert_eq!(v(f64::NAN, 3.0, 0.0, 1.0), Verdict::Nan);
+        // (loss beyond L, loss inside, far accuracy, control accuracy).
+        check_rule(
+            |(beyond, inside, far, control)| sinks_flat_no_retrieval(beyond, inside, far, control),
+            &[
+                ((3.1, 3.0, 0.0, 1.0), Reproduced),
+                ((3.5, 3.0, 0.0, 1.0), Partly),
+                ((3.1, 3.0, 0.5, 1.0), Partly),
+                ((3.5, 3.0, 0.5, 1.0), NotReproduced),
+                // A model that retrieves nothing says nothing about the window.
+                ((3.5, 3.0, 0.0, 0.0), NotReproduced),
+                ((3.1, 3.0, 0.0, 0.0), Partly),
+                ((f64::NAN, 3.0, 0.0, 1.0), Nan),
+            ],
+        );
     }
 
     #[test]
     fn dca_rule() {
+        // DCA's losses per band against no scaling's, at a loss of 3 at L.
         let none = [6.0, 6.5, 7.0];
-        assert_eq!(dca_flat(&[3.0, 3.1, 3.1], &none, 3.0), Verdict::Reproduced);
-        assert_eq!(dca_flat(&[4.0, 4.1, 4.2], &none, 3.0), Verdict::Partly);
-        assert_eq!(
-            dca_flat(&[7.0, 7.5, 8.0], &none, 3.0),
-            Verdict::NotReproduced
+        check_rule(
+            |dca: [f64; 3]| dca_flat(&dca, &none, 3.0),
+            &[
+                ([3.0, 3.1, 3.1], Reproduced),
+                ([4.0, 4.1, 4.2], Partly),
+                ([7.0, 7.5, 8.0], NotReproduced),
+            ],
         );
     }
 }
 
 #[cfg(test)]
 mod pretrained_rules {
+    use super::Verdict::*;
     use super::*;
 
     #[test]
     fn retrieval_rule_reads_no_scaling_and_the_best_method_at_2l() {
-        assert_eq!(pretrained_retrieval(0.0, 1.0), Verdict::Reproduced);
-        assert_eq!(pretrained_retrieval(0.2, 0.8), Verdict::Reproduced);
-        assert_eq!(pretrained_retrieval(0.0, 0.6), Verdict::Partly);
-        assert_eq!(pretrained_retrieval(0.0, 0.4), Verdict::NotReproduced);
-        // No scaling still retrieves: the claim's premise fails.
-        assert_eq!(pretrained_retrieval(0.6, 1.0), Verdict::NotReproduced);
-        assert_eq!(pretrained_retrieval(f64::NAN, 1.0), Verdict::Nan);
+        // (no scaling, the best method): accuracy at 2L.
+        check_rule(
+            |(none, best)| pretrained_retrieval(none, best),
+            &[
+                ((0.0, 1.0), Reproduced),
+                ((0.2, 0.8), Reproduced),
+                ((0.0, 0.6), Partly),
+                ((0.0, 0.4), NotReproduced),
+                // No scaling still retrieves: the claim's premise fails.
+                ((0.6, 1.0), NotReproduced),
+                ((f64::NAN, 1.0), Nan),
+            ],
+        );
     }
 
     #[test]
     fn finetune_rules_read_the_held_out_bands_and_retrieval() {
         let zero = [4.0, 4.2, 4.4, 4.1];
         let tuned = [3.05, 3.1, 3.0, 3.12];
-        // Below zero-shot PI on every band and within 5% of the loss at L.
-        assert_eq!(
-            pi_finetune_closes_gap(&tuned, &zero, 3.0),
-            Verdict::Reproduced
+        // (fine-tuned, zero-shot): losses per band, and the loss at L.
+        let cases: [((Bands, Bands, f64), Verdict); 5] = [
+            // Below zero-shot PI on every band and within 5% of the loss at L.
+            ((&tuned, &zero, 3.0), Reproduced),
+            // Below zero-shot PI, but far above the loss at L.
+            ((&tuned, &zero, 2.5), Partly),
+            // No better than zero-shot: never reproduced, however low L's loss.
+            ((&zero, &tuned, 9.0), NotReproduced),
+            ((&[3.0, 3.2], &[3.1, 3.1], 3.0), Tie),
+            ((&tuned, &zero, f64::NAN), Nan),
+        ];
+        check_rule(|(t, z, at_l)| pi_finetune_closes_gap(t, z, at_l), &cases);
+        // The fine-tune's accuracy at 2L against zero-shot's 20%.
+        check_rule(
+            |tuned| finetune_retrieves(tuned, 0.2),
+            &[
+                (0.8, Reproduced),
+                (0.6, Partly),
+                (0.2, Tie),
+                (0.0, NotReproduced),
+                (f64::NAN, Nan),
+            ],
         );
-        // Below zero-shot PI, but far above the loss at L.
-        assert_eq!(pi_finetune_closes_gap(&tuned, &zero, 2.5), Verdict::Partly);
-        // No better than zero-shot: never reproduced, however low L's loss.
-        assert_eq!(
-            pi_finetune_closes_gap(&zero, &tuned, 9.0),
-            Verdict::NotReproduced
-        );
-        assert_eq!(
-            pi_finetune_closes_gap(&[3.0, 3.2], &[3.1, 3.1], 3.0),
-            Verdict::Tie
-        );
-        assert_eq!(
-            pi_finetune_closes_gap(&tuned, &zero, f64::NAN),
-            Verdict::Nan
-        );
-        assert_eq!(finetune_retrieves(0.8, 0.2), Verdict::Reproduced);
-        assert_eq!(finetune_retrieves(0.6, 0.2), Verdict::Partly);
-        assert_eq!(finetune_retrieves(0.2, 0.2), Verdict::Tie);
-        assert_eq!(finetune_retrieves(0.0, 0.2), Verdict::NotReproduced);
         // 80% that zero-shot already had is no gain from the fine-tune.
-        assert_eq!(finetune_retrieves(0.8, 0.8), Verdict::Tie);
-        assert_eq!(finetune_retrieves(f64::NAN, 0.2), Verdict::Nan);
+        assert_eq!(finetune_retrieves(0.8, 0.8), Tie);
     }
 
     #[test]
@@ -1053,31 +1069,36 @@ mod pretrained_rules {
         // Same level shift on every band: lower however noisy the bands.
         let a = [3.0, 5.0, 4.0, 7.0];
         let b = [3.2, 5.2, 4.2, 7.2];
-        assert_eq!(paired_lower(&a, &b), Compare::Lower);
-        assert_eq!(paired_lower(&b, &a), Compare::Higher);
-        // Differences of both signs: a tie.
-        assert_eq!(
-            paired_lower(&[1.0, 2.0, 3.0], &[1.1, 1.9, 3.05]),
-            Compare::Tie
-        );
-        assert_eq!(paired_lower(&[1.0], &[2.0]), Compare::Nan);
-        assert_eq!(paired_lower(&[f64::NAN, 1.0], &[2.0, 2.0]), Compare::Nan);
+        let cases: [((Bands, Bands), Compare); 5] = [
+            ((&a, &b), Compare::Lower),
+            ((&b, &a), Compare::Higher),
+            // Differences of both signs: a tie.
+            ((&[1.0, 2.0, 3.0], &[1.1, 1.9, 3.05]), Compare::Tie),
+            ((&[1.0], &[2.0]), Compare::Nan),
+            ((&[f64::NAN, 1.0], &[2.0, 2.0]), Compare::Nan),
+        ];
+        check_rule(|(x, y)| paired_lower(x, y), &cases);
     }
 
     #[test]
     fn quiz_rule_follows_e3_thresholds() {
         let none = [6.5, 7.0, 7.5];
         let good = [3.0, 3.05, 3.1];
-        assert_eq!(pretrained_quiz(&none, &[&good], 3.0), Verdict::Reproduced);
         let mild = [3.3, 3.4, 3.5];
-        assert_eq!(pretrained_quiz(&none, &[&mild], 3.0), Verdict::Partly);
         let none_mild = [3.4, 4.0, 5.0];
-        assert_eq!(pretrained_quiz(&none_mild, &[&good], 3.0), Verdict::Partly);
-        assert_eq!(
-            pretrained_quiz(&good, &[&none], 3.0),
-            Verdict::NotReproduced
+        // (no scaling, the interpolations): losses per band, at a loss of 3
+        // at L.
+        let cases: [((Bands, &[Bands]), Verdict); 5] = [
+            ((&none, &[&good]), Reproduced),
+            ((&none, &[&mild]), Partly),
+            ((&none_mild, &[&good]), Partly),
+            ((&good, &[&none]), NotReproduced),
+            ((&none, &[]), Nan),
+        ];
+        check_rule(
+            |(n, interpolations)| pretrained_quiz(n, interpolations, 3.0),
+            &cases,
         );
-        assert_eq!(pretrained_quiz(&none, &[], 3.0), Verdict::Nan);
     }
 
     #[test]
@@ -1085,15 +1106,16 @@ mod pretrained_rules {
         let none = [5.0, 6.0, 7.0];
         let pi = [4.0, 4.1, 4.2];
         let good = [3.0, 3.1, 3.2];
-        assert_eq!(
-            pretrained_dynamic_yarn_best(&good, &good, &pi, &none),
-            Verdict::Reproduced
+        // (dynamic, YaRN): losses per band against PI's and no scaling's.
+        let cases: [((Bands, Bands), Verdict); 2] = [
+            ((&good, &good), Reproduced),
+            ((&good, &[4.5, 4.6, 4.7]), Partly),
+        ];
+        check_rule(
+            |(dynamic, yarn)| pretrained_dynamic_yarn_best(dynamic, yarn, &pi, &none),
+            &cases,
         );
-        assert_eq!(
-            pretrained_dynamic_yarn_best(&good, &[4.5, 4.6, 4.7], &pi, &none),
-            Verdict::Partly
-        );
-        assert_eq!(pretrained_pi_zero_shot(&pi, &none), Verdict::Reproduced);
-        assert_eq!(pretrained_pi_zero_shot(&none, &pi), Verdict::NotReproduced);
+        assert_eq!(pretrained_pi_zero_shot(&pi, &none), Reproduced);
+        assert_eq!(pretrained_pi_zero_shot(&none, &pi), NotReproduced);
     }
 }
