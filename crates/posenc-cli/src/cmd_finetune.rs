@@ -12,6 +12,7 @@ use posenc_run::finetune::{finetune_run, FinetuneOptions, FinetuneOutcome};
 use posenc_tune::data::WindowPlan;
 use posenc_tune::TuneError;
 
+use crate::cmd_lab::RunFlags;
 use crate::{CliError, CliResult};
 
 impl From<TuneError> for CliError {
@@ -81,12 +82,8 @@ pub struct FinetuneArgs {
     /// state, metrics.jsonl and finetune.json.
     #[arg(long)]
     pub out: PathBuf,
-    /// Continue the interrupted fine-tune saved in --out.
-    #[arg(long)]
-    pub resume: bool,
-    /// No progress output.
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub run: RunFlags,
     /// Print the summary and the fine-tune record as JSON.
     #[arg(long)]
     pub json: bool,
@@ -183,7 +180,7 @@ impl FinetuneArgs {
         Ok(FinetuneOptions {
             model: self.model.clone(),
             out: self.out.clone(),
-            resume: self.resume,
+            resume: self.run.resume,
             text: self.text.clone(),
             tokenizer: self.tokenizer.clone(),
             length: self.length,
@@ -205,7 +202,7 @@ impl FinetuneArgs {
             checkpoint_every: self.checkpoint_every,
             checkpoint_layers: self.checkpoint_layers,
             merge: self.merge,
-            print_progress: !self.quiet,
+            print_progress: !self.run.quiet,
             max_memory: crate::cmd_models::max_memory(self.max_memory.as_deref())?,
         })
     }
@@ -218,7 +215,7 @@ pub fn model_finetune(a: &FinetuneArgs, stop: &AtomicBool) -> CliResult {
     let outcome = finetune_run(&a.options()?, &mut |p| {
         if first {
             first = false;
-            if !a.quiet {
+            if !a.run.quiet {
                 eprintln!("{}", p.what);
             }
         }

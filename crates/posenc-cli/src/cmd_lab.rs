@@ -85,7 +85,15 @@ pub struct TrainArgs {
     /// Checkpoint directory.
     #[arg(long)]
     pub out: PathBuf,
-    /// Continue the run saved in --out.
+    #[command(flatten)]
+    pub run: RunFlags,
+}
+
+/// `--resume` and `--quiet`, as `posenc train` and `posenc finetune` take
+/// them.
+#[derive(Args, Debug)]
+pub struct RunFlags {
+    /// Continue the interrupted run saved in --out.
     #[arg(long)]
     pub resume: bool,
     /// No progress output.
@@ -134,7 +142,7 @@ pub fn train(a: TrainArgs) -> CliResult {
     let task_kind = TaskKind::parse(&a.task)?;
     let tokens = Tokenization::parse(&a.tokens)?;
     let stop = ctrl_c_flag();
-    let (mut lab, mut opt) = if a.resume {
+    let (mut lab, mut opt) = if a.run.resume {
         let (lab, opt) = Lab::load_resumable(&a.out)?;
         if lab.meta.finetune.is_some() {
             return Err(CliError(format!(
@@ -170,7 +178,7 @@ pub fn train(a: TrainArgs) -> CliResult {
         let opt = AdamW::new(lab.params(), lab.meta.train.weight_decay).map_err(LabError::from)?;
         (lab, opt)
     };
-    let summary = train_with_progress(&mut lab, &mut opt, &a.out, a.quiet, &stop)?;
+    let summary = train_with_progress(&mut lab, &mut opt, &a.out, a.run.quiet, &stop)?;
     println!(
         "{}: {}",
         headline(&summary, &lab, "trained", "interrupted"),
@@ -258,7 +266,7 @@ fn exit_if_interrupted(summary: &Summary) {
 
 pub fn finetune(a: FinetuneArgs) -> CliResult {
     let stop = ctrl_c_flag();
-    if a.model.is_some() || (a.resume && posenc_run::finetune::is_model_finetune(&a.out)) {
+    if a.model.is_some() || (a.run.resume && posenc_run::finetune::is_model_finetune(&a.out)) {
         return crate::cmd_finetune::model_finetune(&a, &stop);
     }
     if a.text.is_some() || a.tokenizer.is_some() || a.merge {
@@ -266,7 +274,7 @@ pub fn finetune(a: FinetuneArgs) -> CliResult {
             "--text, --tokenizer and --merge are for --model (a pretrained model)".into(),
         ));
     }
-    let (lab, summary) = if a.resume {
+    let (lab, summary) = if a.run.resume {
         let (mut lab, mut opt) = Lab::load_resumable(&a.out)?;
         if lab.meta.finetune.is_none() {
             return Err(CliError(format!(
@@ -274,10 +282,10 @@ pub fn finetune(a: FinetuneArgs) -> CliResult {
                 a.out.display()
             )));
         }
-        if !a.quiet {
+        if !a.run.quiet {
             eprintln!("resuming {} at step {}", a.out.display(), lab.meta.step);
         }
-        let summary = train_with_progress(&mut lab, &mut opt, &a.out, a.quiet, &stop)?;
+        let summary = train_with_progress(&mut lab, &mut opt, &a.out, a.run.quiet, &stop)?;
         (lab, summary)
     } else {
         let need = |what: &str| CliError(format!("--{what} is required (or --resume)"));
@@ -303,7 +311,7 @@ pub fn finetune(a: FinetuneArgs) -> CliResult {
         o.base = Some(base);
         o.out = Some(&a.out);
         o.progress = true;
-        o.quiet = a.quiet;
+        o.quiet = a.run.quiet;
         o.stop = Some(&stop);
         let summary = finetune::finetune(&mut lab, &o)?;
         (lab, summary)
