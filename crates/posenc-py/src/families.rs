@@ -98,7 +98,7 @@ fn bias_cube<'py>(
 /// `1/base`). Returns `(length, dim)` float64.
 #[pyfunction]
 #[pyo3(signature = (length, dim, base = 10000.0, offset = 0, layout = "interleaved", spacing = "paper"))]
-fn sinusoidal<'py>(
+pub(crate) fn sinusoidal<'py>(
     py: Python<'py>,
     length: usize,
     dim: usize,
@@ -136,7 +136,10 @@ fn sinusoidal<'py>(
 /// Long", 2022): a geometric sequence, interleaved for a number of heads
 /// that is not a power of two. Returns `(heads,)` float64.
 #[pyfunction]
-fn alibi_slopes<'py>(py: Python<'py>, heads: usize) -> PyResult<Bound<'py, PyArray1<f64>>> {
+pub(crate) fn alibi_slopes<'py>(
+    py: Python<'py>,
+    heads: usize,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
     bounded("alibi_slopes", &[heads])?;
     Ok(PyArray1::from_vec(
         py,
@@ -149,7 +152,7 @@ fn alibi_slopes<'py>(py: Python<'py>, heads: usize) -> PyResult<Bound<'py, PyArr
 /// `q_len` of the keys) and key `j` at `k_offset + s`.
 #[pyfunction]
 #[pyo3(signature = (heads, q_len, k_len = None, causal = true, q_offset = None, k_offset = 0))]
-fn alibi_bias<'py>(
+pub(crate) fn alibi_bias<'py>(
     py: Python<'py>,
     heads: usize,
     q_len: usize,
@@ -177,7 +180,7 @@ fn alibi_bias<'py>(
 #[pyfunction]
 #[pyo3(signature = (q_len, k_len = None, num_buckets = 32, max_distance = 128, bidirectional = true, q_offset = 0, k_offset = 0))]
 #[allow(clippy::too_many_arguments)]
-fn t5_buckets<'py>(
+pub(crate) fn t5_buckets<'py>(
     py: Python<'py>,
     q_len: usize,
     k_len: Option<usize>,
@@ -197,7 +200,7 @@ fn t5_buckets<'py>(
 /// table (float64): `table[bucket(j − i), h]`.
 #[pyfunction]
 #[pyo3(signature = (table, q_len, k_len = None, max_distance = 128, bidirectional = true))]
-fn t5_bias<'py>(
+pub(crate) fn t5_bias<'py>(
     py: Python<'py>,
     table: PyReadonlyArray2<'py, f64>,
     q_len: usize,
@@ -224,7 +227,7 @@ fn t5_bias<'py>(
 /// reads. Returns `(q_len, k_len)` int64.
 #[pyfunction]
 #[pyo3(signature = (q_len, k_len = None, max_relative = 16, q_offset = 0, k_offset = 0))]
-fn shaw_indices<'py>(
+pub(crate) fn shaw_indices<'py>(
     py: Python<'py>,
     q_len: usize,
     k_len: Option<usize>,
@@ -245,7 +248,7 @@ fn shaw_indices<'py>(
 /// `(len(positions), head_dim/2)` float64.
 #[pyfunction]
 #[pyo3(signature = (positions, head_dim, scale_base = 512.0, gamma = 0.4, key = false))]
-fn xpos_scales<'py>(
+pub(crate) fn xpos_scales<'py>(
     py: Python<'py>,
     positions: Vec<u64>,
     head_dim: usize,
@@ -270,7 +273,7 @@ fn xpos_scales<'py>(
 /// 1)`, the input of its MLP. Returns `(q_len, k_len)` float64.
 #[pyfunction]
 #[pyo3(signature = (q_len, k_len = None, c = 0.1, threshold = 512.0))]
-fn fire_distances<'py>(
+pub(crate) fn fire_distances<'py>(
     py: Python<'py>,
     q_len: usize,
     k_len: Option<usize>,
@@ -296,7 +299,7 @@ fn fire_distances<'py>(
 /// causal by default. Returns `(T_q, T_k)` float64.
 #[pyfunction]
 #[pyo3(signature = (q, k, npos_max = 64, causal = true))]
-fn cope_positions<'py>(
+pub(crate) fn cope_positions<'py>(
     py: Python<'py>,
     q: PyReadonlyArray2<'py, f64>,
     k: PyReadonlyArray2<'py, f64>,
@@ -328,18 +331,4 @@ fn cope_positions<'py>(
     let kp: Vec<u64> = (0..tk as u64).collect();
     let m = py.detach(|| c.positions(&qv, &kv, &qp, &kp)).py()?;
     grid(py, m, tk)
-}
-
-/// Adds the family functions.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(sinusoidal, m)?)?;
-    m.add_function(wrap_pyfunction!(alibi_slopes, m)?)?;
-    m.add_function(wrap_pyfunction!(alibi_bias, m)?)?;
-    m.add_function(wrap_pyfunction!(t5_buckets, m)?)?;
-    m.add_function(wrap_pyfunction!(t5_bias, m)?)?;
-    m.add_function(wrap_pyfunction!(shaw_indices, m)?)?;
-    m.add_function(wrap_pyfunction!(xpos_scales, m)?)?;
-    m.add_function(wrap_pyfunction!(fire_distances, m)?)?;
-    m.add_function(wrap_pyfunction!(cope_positions, m)?)?;
-    Ok(())
 }

@@ -352,7 +352,7 @@ impl Model {
                     checkpoint_layers=false, merge=false, resume=false, progress=None,
                     max_memory=None))]
 #[allow(clippy::too_many_arguments)]
-fn finetune(
+pub(crate) fn finetune(
     py: Python<'_>,
     model: Option<PathBuf>,
     out: PathBuf,
@@ -411,11 +411,4 @@ fn finetune(
         max_memory: memory_arg(max_memory)?,
     };
     watched(py, progress, |on| posenc_run::finetune(&options, on))
-}
-
-/// Adds `Model` and `finetune`.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<Model>()?;
-    m.add_function(wrap_pyfunction!(finetune, m)?)?;
-    Ok(())
 }

@@ -82,7 +82,7 @@ fn elements(shape: [usize; 4]) -> PyResult<usize> {
 #[pyfunction]
 #[pyo3(signature = (rope, bf16, q, oq, q_shape, k, ok, k_shape, offset, ids, inverse))]
 #[allow(clippy::too_many_arguments)]
-fn _rope_ptr(
+pub(crate) fn _rope_ptr(
     py: Python<'_>,
     rope: &PyRopeConfig,
     bf16: bool,
@@ -150,7 +150,7 @@ unsafe fn rope_at<T: Element>(
 
 /// The inputs `[q, k, v]` of an attention call: float32 arrays
 /// `(B, H_q, T_q, D)`, `(B, H_k, T_k, D)` and `(B, H_k, T_k, D)`.
-type Qkv<'py> = [PyReadonlyArrayDyn<'py, f32>; 3];
+pub(crate) type Qkv<'py> = [PyReadonlyArrayDyn<'py, f32>; 3];
 
 /// The shape of an attention call on `qkv` (from `q` and `k`, checked
 /// against `v`) and the inputs' data.
@@ -175,7 +175,7 @@ fn inputs<'a>(qkv: &'a Qkv<'_>) -> PyResult<(AttentionShape, [&'a [f32]; 3])> {
 /// passes it: the tuple `(causal, scale, rope, alibi, offset, ids)`, built
 /// once per forward and kept for the backward.
 #[derive(FromPyObject)]
-struct AttentionArgs<'py> {
+pub(crate) struct AttentionArgs<'py> {
     /// Whether a query sees only the keys at or before its position.
     #[pyo3(item(0))]
     causal: bool,
@@ -220,7 +220,7 @@ impl AttentionArgs<'_> {
 /// Fused attention forward on `qkv` (`[q, k, v]`): writes `out`
 /// `(B, H_q, T_q, D)` and `lse` `(B, H_q, T_q)`.
 #[pyfunction]
-fn _attention_forward(
+pub(crate) fn _attention_forward(
     py: Python<'_>,
     qkv: Qkv<'_>,
     mut out: PyReadwriteArrayDyn<'_, f32>,
@@ -240,7 +240,7 @@ fn _attention_forward(
 /// (`[dq, dk, dv]`) from the forward's `out` and `lse` and the output
 /// gradient `dout`.
 #[pyfunction]
-fn _attention_backward(
+pub(crate) fn _attention_backward(
     py: Python<'_>,
     qkv: Qkv<'_>,
     out: PyReadonlyArrayDyn<'_, f32>,
@@ -271,7 +271,7 @@ fn _attention_backward(
 /// A training-free method's fused forward (causal, keys at `0..T_k`) on
 /// `qkv` (`[q, k, v]`): writes `out` `(B, H_q, T_q, D)`.
 #[pyfunction]
-fn _method_forward(
+pub(crate) fn _method_forward(
     py: Python<'_>,
     rope: PyRef<'_, PyRopeConfig>,
     qkv: Qkv<'_>,
@@ -290,7 +290,10 @@ fn _method_forward(
 
 /// ALiBi's slopes for `heads` heads as float32 (the kernels' values).
 #[pyfunction]
-fn _alibi_slopes_f32(py: Python<'_>, heads: usize) -> PyResult<Bound<'_, numpy::PyArray1<f32>>> {
+pub(crate) fn _alibi_slopes_f32(
+    py: Python<'_>,
+    heads: usize,
+) -> PyResult<Bound<'_, numpy::PyArray1<f32>>> {
     Ok(numpy::PyArray1::from_vec(
         py,
         buffers::alibi_slopes_f32(heads).py()?,
@@ -300,17 +303,6 @@ fn _alibi_slopes_f32(py: Python<'_>, heads: usize) -> PyResult<Bound<'_, numpy::
 /// The SIMD level the kernels run at on this CPU (`avx512`, `avx2`,
 /// `neon`, `scalar`).
 #[pyfunction]
-fn simd_level() -> &'static str {
+pub(crate) fn simd_level() -> &'static str {
     posenc::kernels::SimdLevel::detect().as_str()
-}
-
-/// Adds the kernels' entry points.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_rope_ptr, m)?)?;
-    m.add_function(wrap_pyfunction!(_attention_forward, m)?)?;
-    m.add_function(wrap_pyfunction!(_attention_backward, m)?)?;
-    m.add_function(wrap_pyfunction!(_method_forward, m)?)?;
-    m.add_function(wrap_pyfunction!(_alibi_slopes_f32, m)?)?;
-    m.add_function(wrap_pyfunction!(simd_level, m)?)?;
-    Ok(())
 }

@@ -233,12 +233,6 @@ impl PasskeyProbe {
     }
 }
 
-/// Adds `PasskeyProbe`.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PasskeyProbe>()?;
-    Ok(())
-}
-
 /// The `posenc passkey` request of a grid given from Python, on the
 /// landmark prompt with seed 0 (the constructor sets its own).
 pub(crate) fn grid_request(

@@ -566,10 +566,3 @@ pub fn positions_of(a: &PyReadonlyArray1<'_, i64>) -> PyResult<Vec<u64>> {
         .map(|&p| u64::try_from(p).map_err(|_| err(format!("position {p} is negative"))))
         .collect()
 }
-
-/// Adds `RopeConfig` and `Frequencies`.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyRopeConfig>()?;
-    m.add_class::<PyFrequencies>()?;
-    Ok(())
-}
