@@ -90,8 +90,9 @@ impl From<usize> for AxisPositions<'_> {
 /// Multi-axis RoPE on candle tensors. See [the module](self).
 pub struct AxialRope {
     freqs: AxialFrequencies,
-    layout: HeadLayout,
-    level: SimdLevel,
+    /// Rope's fused paths with this rope's checks (layout, and the fixed
+    /// frequencies' rotary_dim and pairs) and SIMD level.
+    fused: FusedRope,
 }
 
 impl std::fmt::Debug for AxialRope {
@@ -101,8 +102,8 @@ impl std::fmt::Debug for AxialRope {
             .field("axes", &self.freqs.num_axes())
             .field("rotary_dim", &self.freqs.rotary_dim())
             .field("pairs", &self.freqs.layout())
-            .field("layout", &self.layout)
-            .field("simd", &self.level)
+            .field("layout", &self.fused.checks.layout)
+            .field("simd", &self.fused.level)
             .finish()
     }
 }
@@ -119,16 +120,23 @@ impl AxialRope {
     /// None today (the frequencies were checked when built); kept fallible
     /// like [`Rope::new`](super::rope::Rope::new).
     pub fn new(freqs: AxialFrequencies) -> Result<Self> {
+        let checks = TensorChecks {
+            layout: HeadLayout::Bhtd,
+            rotary_dim: freqs.rotary_dim(),
+            pairs: freqs.layout(),
+        };
         Ok(AxialRope {
             freqs,
-            layout: HeadLayout::Bhtd,
-            level: SimdLevel::detect(),
+            fused: FusedRope {
+                checks,
+                level: SimdLevel::detect(),
+            },
         })
     }
 
     /// Sets the axis order of the tensors.
     pub fn with_layout(mut self, layout: HeadLayout) -> Self {
-        self.layout = layout;
+        self.fused.checks.layout = layout;
         self
     }
 
@@ -137,7 +145,7 @@ impl AxialRope {
     /// # Errors
     /// [`Error::InvalidValue`] if this CPU lacks it.
     pub fn with_simd_level(mut self, level: SimdLevel) -> Result<Self> {
-        self.level = level.supported()?;
+        self.fused.level = level.supported()?;
         Ok(self)
     }
 
@@ -148,23 +156,7 @@ impl AxialRope {
 
     /// The tensor layout.
     pub fn layout(&self) -> HeadLayout {
-        self.layout
-    }
-
-    fn checks(&self) -> TensorChecks {
-        TensorChecks {
-            layout: self.layout,
-            rotary_dim: self.freqs.rotary_dim(),
-            pairs: self.freqs.layout(),
-        }
-    }
-
-    /// Rope's fused paths, with this rope's checks and SIMD level.
-    fn fused(&self) -> FusedRope {
-        FusedRope {
-            checks: self.checks(),
-            level: self.level,
-        }
+        self.fused.checks.layout
     }
 
     /// Tables and rows of a call at `positions`, for `b` sequences of `t`
@@ -298,7 +290,7 @@ impl AxialRope {
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<(Tensor, Tensor)> {
         let p = positions.into();
-        self.fused().apply(q, k, |b, t| self.rows_at(p, b, t))
+        self.fused.apply(q, k, |b, t| self.rows_at(p, b, t))
     }
 
     /// Rotates one tensor (fused, out of place, differentiable).
@@ -311,7 +303,7 @@ impl AxialRope {
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<Tensor> {
         let p = positions.into();
-        self.fused()
+        self.fused
             .rotate(x, Role::Query, |b, t| self.rows_at(p, b, t))
     }
 
@@ -328,8 +320,7 @@ impl AxialRope {
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<()> {
         let p = positions.into();
-        self.fused()
-            .apply_inplace(q, k, |b, t| self.rows_at(p, b, t))
+        self.fused.apply_inplace(q, k, |b, t| self.rows_at(p, b, t))
     }
 
     /// The reference path for queries and keys (see [the module](self)).
@@ -342,7 +333,7 @@ impl AxialRope {
         k: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<(Tensor, Tensor)> {
-        self.checks().reference_pair(q, k)?;
+        self.fused.checks.reference_pair(q, k)?;
         let p = positions.into();
         Ok((self.rotate_reference(q, p)?, self.rotate_reference(k, p)?))
     }
@@ -356,7 +347,7 @@ impl AxialRope {
         x: &Tensor,
         positions: impl Into<AxisPositions<'a>>,
     ) -> Result<Tensor> {
-        let g = self.checks().reference(x, "input")?;
+        let g = self.fused.checks.reference(x, "input")?;
         let h = self.host(positions.into(), g.batch, g.seq_len)?;
         let (na, nf) = (self.freqs.num_axes(), self.freqs.num_freqs());
         let (b, t) = (g.batch, g.seq_len);
@@ -379,6 +370,6 @@ impl AxialRope {
         let mask = Tensor::from_vec(mask, (na, 1, 1, nf), dev)?;
         let cos = ang.cos()?.broadcast_mul(&mask)?.sum(0)?; // (B, T, nf)
         let sin = ang.sin()?.broadcast_mul(&mask)?.sum(0)?;
-        rotate_reference_with(x, &cos, &sin, self.layout, &g)
+        rotate_reference_with(x, &cos, &sin, self.layout(), &g)
     }
 }
