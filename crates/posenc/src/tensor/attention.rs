@@ -228,18 +228,8 @@ impl Attention {
         }
         let g = self.geometry(q, k, v)?;
         let plan = self.plan(&g, hooks, positions)?;
-        let mut inputs = vec![q.clone(), k.clone(), v.clone()];
-        let layouts = Inputs::Separate;
-        inputs.extend(plan.params.iter().cloned());
-        apply(Arc::new(Shared {
-            plan,
-            g,
-            layouts,
-            inputs,
-            out_shape: q.shape().clone(),
-            lse: Mutex::new(Vec::new()),
-            grads: Mutex::new(None),
-        }))
+        let qkv = vec![q.clone(), k.clone(), v.clone()];
+        Shared::launch(plan, g, Inputs::Separate, qkv, q.shape().clone())
     }
 
     /// Attention over a packed projection `qkv` of shape `(B, T, (H_q +
@@ -265,42 +255,26 @@ impl Attention {
         }
         let w = (q_heads + 2 * kv_heads) * d;
         let qkv = &qkv.contiguous()?;
+        // q, k and v rows of the packed projection: heads of `d` entries
+        // from `offset` in each `w`-wide time step
+        let rows = |offset: usize| k::Rows {
+            offset,
+            sb: t * w,
+            sh: d,
+            st: w,
+        };
         let g = Geometry {
             layout: HeadLayout::Bthd,
             dims: k::Dims::new(b, q_heads, kv_heads, t, t, d),
-            q_rows: k::Rows {
-                offset: 0,
-                sb: t * w,
-                sh: d,
-                st: w,
-            },
-            k_rows: k::Rows {
-                offset: q_heads * d,
-                sb: t * w,
-                sh: d,
-                st: w,
-            },
-            v_rows: k::Rows {
-                offset: (q_heads + kv_heads) * d,
-                sb: t * w,
-                sh: d,
-                st: w,
-            },
+            q_rows: rows(0),
+            k_rows: rows(q_heads * d),
+            v_rows: rows((q_heads + kv_heads) * d),
             out_rows: k::Rows::bthd(q_heads, t, d),
         };
         check_dims(&g.dims)?;
         let plan = self.plan(&g, hooks, positions)?;
-        let mut inputs = vec![qkv.clone()];
-        inputs.extend(plan.params.iter().cloned());
-        apply(Arc::new(Shared {
-            plan,
-            g,
-            layouts: Inputs::Packed,
-            inputs,
-            out_shape: Shape::from((b, t, q_heads * d)),
-            lse: Mutex::new(Vec::new()),
-            grads: Mutex::new(None),
-        }))
+        let out_shape = Shape::from((b, t, q_heads * d));
+        Shared::launch(plan, g, Inputs::Packed, vec![qkv.clone()], out_shape)
     }
 
     /// The reference path of [`forward_packed`](Self::forward_packed).
@@ -790,6 +764,28 @@ fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
 }
 
 impl Shared {
+    /// Runs the fused op on `inputs` (q, k, v, or the packed qkv, as
+    /// `layouts` says) and the plan's parameter tensors after them,
+    /// returning an output of `out_shape`.
+    fn launch(
+        plan: Plan,
+        g: Geometry,
+        layouts: Inputs,
+        mut inputs: Vec<Tensor>,
+        out_shape: Shape,
+    ) -> Result<Tensor> {
+        inputs.extend(plan.params.iter().cloned());
+        apply(Arc::new(Shared {
+            plan,
+            g,
+            layouts,
+            inputs,
+            out_shape,
+            lse: Mutex::new(Vec::new()),
+            grads: Mutex::new(None),
+        }))
+    }
+
     /// Kernel-ready parameter data (contiguous `f32` copies: they are small,
     /// except a dense bias).
     fn param_data(&self) -> Result<Vec<Vec<f32>>> {
