@@ -250,12 +250,17 @@ impl ShawRelative {
         k_offset: u64,
         device: &Device,
     ) -> Result<Tensor> {
-        let k = self.max_relative.min(i64::MAX as usize / 2) as i64;
         let ids: Vec<u32> = relative_grid(q_len, k_len, q_offset, k_offset)?
             .into_iter()
-            .map(|r| (r.clamp(-k, k) + k) as u32)
+            .map(|r| self.table_row(r) as u32)
             .collect();
         Ok(Tensor::from_vec(ids, (q_len, k_len), device)?)
+    }
+
+    /// The table row `clip(r, −k, k) + k` of the relative distance `r`.
+    fn table_row(&self, r: i64) -> usize {
+        let k = self.max_relative.min(i64::MAX as usize / 2) as i64;
+        (r.clamp(-k, k) + k) as usize
     }
 
     fn check_last(&self, what: &'static str, t: &Tensor, last: usize) -> Result<()> {
@@ -282,13 +287,12 @@ impl ShawRelative {
         device: &Device,
     ) -> Result<Tensor> {
         let r = 2 * self.max_relative + 1;
-        let k = self.max_relative.min(i64::MAX as usize / 2) as i64;
         let mut data = vec![0f32; q_len * k_len * r];
         for (n, rel) in relative_grid(q_len, k_len, q_offset, k_offset)?
             .into_iter()
             .enumerate()
         {
-            data[n * r + (rel.clamp(-k, k) + k) as usize] = 1.0;
+            data[n * r + self.table_row(rel)] = 1.0;
         }
         Ok(Tensor::from_vec(data, (q_len, k_len, r), device)?.to_dtype(dtype)?)
     }
