@@ -253,22 +253,14 @@ impl Attention {
         if !fusable(&[qkv]) {
             return self.forward_packed_reference(qkv, q_heads, kv_heads, hooks, positions);
         }
-        let w = (q_heads + 2 * kv_heads) * d;
         let qkv = &qkv.contiguous()?;
-        // q, k and v rows of the packed projection: heads of `d` entries
-        // from `offset` in each `w`-wide time step
-        let rows = |offset: usize| k::Rows {
-            offset,
-            sb: t * w,
-            sh: d,
-            st: w,
-        };
+        let [q_rows, k_rows, v_rows] = packed_rows(q_heads, kv_heads, t, d);
         let g = Geometry {
             layout: HeadLayout::Bthd,
             dims: k::Dims::new(b, q_heads, kv_heads, t, t, d),
-            q_rows: rows(0),
-            k_rows: rows(q_heads * d),
-            v_rows: rows((q_heads + kv_heads) * d),
+            q_rows,
+            k_rows,
+            v_rows,
             out_rows: k::Rows::bthd(q_heads, t, d),
         };
         check_dims(&g.dims)?;
@@ -931,6 +923,21 @@ pub(crate) fn packed_dims(qkv: &Tensor) -> Result<(usize, usize, usize)> {
         expected: "(batch, seq_len, (q_heads + 2·kv_heads)·head_dim)".into(),
         got: format!("{:?}", qkv.dims()),
     })
+}
+
+/// The rows `[q, k, v]` of a contiguous packed `qkv` projection of `t`
+/// steps and `q_heads` query and `kv_heads` key/value heads of `d`
+/// entries: each step holds the query heads, then the key heads, then the
+/// value heads, each head's `d` entries together.
+pub(crate) fn packed_rows(q_heads: usize, kv_heads: usize, t: usize, d: usize) -> [k::Rows; 3] {
+    let w = (q_heads + 2 * kv_heads) * d;
+    let rows = |offset: usize| k::Rows {
+        offset,
+        sb: t * w,
+        sh: d,
+        st: w,
+    };
+    [rows(0), rows(q_heads * d), rows((q_heads + kv_heads) * d)]
 }
 
 /// The `(batch, seq_len, head_dim)` of a packed `qkv` projection of

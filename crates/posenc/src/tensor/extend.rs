@@ -202,20 +202,15 @@ impl<'r> MethodAttention<'r> {
         }
         let d = w / heads;
         let data = host_f32(qkv)?;
-        let rows = |offset: usize| k::Rows {
-            offset,
-            sb: t * w,
-            sh: d,
-            st: w,
-        };
+        let [q_rows, k_rows, v_rows] = super::attention::packed_rows(hq, hk, t, d);
         let call = Call {
             dims: k::Dims::new(b, hq, hk, t, t, d),
             q: &data,
-            q_rows: rows(0),
+            q_rows,
             k: &data,
-            k_rows: rows(hq * d),
+            k_rows,
             v: &data,
-            v_rows: rows((hq + hk) * d),
+            v_rows,
         };
         let out = self.run(&call, reference)?;
         Ok(Tensor::from_vec(out, (b, t, hq * d), &Device::Cpu)?)
