@@ -122,10 +122,50 @@ fn fused_equals_reference_on_long_tiles() {
         "sinks:4:500",
     ] {
         let method: ContextMethod = m.parse().unwrap();
+        for level in levels() {
+            let attn = MethodAttention::new(method, &r, lengths)
+                .unwrap()
+                .with_simd_level(level)
+                .unwrap();
+            let t = 1100;
+            let qkv = packed(t, hq, hk, d, 7);
+            assert_fused_equals_reference(&attn, &qkv, (hq, hk), &format!("{m} {level:?}"));
+        }
+    }
+}
+
+/// The same long tiles with bfloat16 products (AVX-512 BF16 CPUs only):
+/// a range's first key tile starts inside a packed bfloat16 block, and the
+/// output stays within bfloat16's rounding of the reference.
+#[test]
+fn bf16_products_on_long_tiles() {
+    if !posenc::kernels::bf16::supported() {
+        eprintln!("skipped: this CPU has no AVX512_BF16");
+        return;
+    }
+    let lengths = trained_at(600);
+    let (hq, hk, d) = (2, 1, 8);
+    let r = rope(d);
+    for m in [
+        "self-extend:4:200",
+        "rerope:300",
+        "dca:700:100",
+        "sinks:4:500",
+    ] {
+        let method: ContextMethod = m.parse().unwrap();
         let attn = MethodAttention::new(method, &r, lengths).unwrap();
-        let t = 1100;
-        let qkv = packed(t, hq, hk, d, 7);
-        assert_fused_equals_reference(&attn, &qkv, (hq, hk), m);
+        let qkv = packed(1100, hq, hk, d, 11);
+        let reference = attn.forward_packed_reference(&qkv, hq, hk).unwrap();
+        let f32s = attn.forward_packed(&qkv, hq, hk).unwrap();
+        let bf16 = attn
+            .with_products(posenc::kernels::attention::Products::Bf16)
+            .unwrap()
+            .forward_packed(&qkv, hq, hk)
+            .unwrap();
+        let e = max_diff(&bf16, &reference);
+        assert!(e < 3e-2, "{m}: bfloat16 output differs by {e}");
+        assert!(e > 0.0, "{m}: no bfloat16 rounding at all");
+        assert!(max_diff(&f32s, &reference) < 2e-5, "{m}: f32 output");
     }
 }
 

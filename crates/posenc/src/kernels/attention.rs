@@ -146,6 +146,27 @@ fn packed_ld(bk: usize) -> usize {
 }
 
 /// Multiply-adds below which a pass runs on the calling thread.
+/// The alignment of a window's first key tile ([`Problem::tile_span`]):
+/// 16 floats, one AVX-512 register.
+const WINDOW_ALIGN: usize = 16;
+
+/// The key tiles `(j0, n)` over keys `start..end`: the first up to the next
+/// multiple of `bk`, then whole tiles of `bk` (the last one shorter). With
+/// `start` a multiple of `bk` (always, without a window) these are the
+/// tiles at multiples of `bk`.
+fn key_tiles(start: usize, end: usize, bk: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut j0 = start;
+    std::iter::from_fn(move || {
+        if j0 >= end {
+            return None;
+        }
+        let n = (bk - j0 % bk).min(end - j0);
+        let tile = (j0, n);
+        j0 += n;
+        Some(tile)
+    })
+}
+
 const PARALLEL_WORK: usize = 1 << 17;
 
 /// Where the vectors of a `(B, H, T, D)`-shaped buffer are: element
@@ -564,10 +585,13 @@ impl Problem<'_> {
         }
     }
 
-    /// The first key tile start (a multiple of `bk`) and the end of the keys
-    /// the queries `i0..i0 + rows` see together.
+    /// The first key and the end of the keys the queries `i0..i0 + rows`
+    /// see together. The first key is a multiple of [`WINDOW_ALIGN`] (0
+    /// without a window): the key tiles then run from it to the next
+    /// multiple of the key tile and on by whole tiles ([`key_tiles`]), so a
+    /// window's tiles start where its keys do, not up to a tile before.
     #[inline(always)]
-    fn tile_span(&self, i0: usize, rows: usize, bk: usize) -> (usize, usize) {
+    fn tile_span(&self, i0: usize, rows: usize) -> (usize, usize) {
         let (_, end) = self.span(i0 + rows - 1);
         match self.window {
             None => (0, end),
@@ -575,7 +599,7 @@ impl Problem<'_> {
                 // Both ends of a window are non-decreasing in the query.
                 let (lo, _) = self.span(i0);
                 let lo = lo.min(end);
-                (lo / bk * bk, end)
+                (lo / WINDOW_ALIGN * WINDOW_ALIGN, end)
             }
         }
     }
@@ -914,7 +938,7 @@ fn forward_task(
     let keys = p.vector.and_then(|v| v.keys);
     let values = p.vector.and_then(|v| v.values);
     let bk = key_tile(dm.k_len);
-    let (k_start, k_end) = p.tile_span(i0, rows, bk);
+    let (k_start, k_end) = p.tile_span(i0, rows);
     let nqa = if keys.is_some() { rows * nv } else { 0 };
     let nwv = if values.is_some() { rows * nv } else { 0 };
     let nakt = if keys.is_some() { d * nv } else { 0 };
@@ -969,10 +993,14 @@ fn forward_task(
             l.fill(0.0);
             acc.fill(0.0);
             wv.fill(0.0);
-            let mut j0 = k_start;
-            while j0 < k_end {
-                let n = bk.min(k_end - j0);
-                let kb = unsafe { kt.as_ptr().add(if tiled { j0 / bk * d * ldk } else { j0 }) };
+            for (j0, n) in key_tiles(k_start, k_end, bk) {
+                // Column j0 % bk of its packed block (tiled), else column j0.
+                let at = if tiled {
+                    j0 / bk * d * ldk + j0 % bk
+                } else {
+                    j0
+                };
+                let kb = unsafe { kt.as_ptr().add(at) };
                 // SAFETY: q holds rows × d, the key block d × n with
                 // leading dimension ldk, s rows × n.
                 let g = tile::Gemm::new(rows, n, d).a(q.as_ptr(), d).b(kb, ldk);
@@ -1019,7 +1047,6 @@ fn forward_task(
                     .a(s.as_ptr(), n)
                     .b(vb, p.v_rows.st);
                 unsafe { block_product(crate_gemm, level, g.add_to(acc.as_mut_ptr(), d)) };
-                j0 += n;
             }
             for r in 0..rows {
                 let i = i0 + r;

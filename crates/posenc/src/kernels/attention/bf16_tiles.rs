@@ -134,7 +134,7 @@ fn forward_task_bf16(
     let b = task / (q_tiles * dm.q_heads);
     let i0 = qt * BQ_LONG;
     let rows = BQ_LONG.min(dm.q_len - i0);
-    let (k_start, k_end) = p.tile_span(i0, rows, bk);
+    let (k_start, k_end) = p.tile_span(i0, rows);
     let mut q = vec![0f32; d];
     let mut qp = vec![0u32; rows * dp];
     let mut pp = vec![0u32; rows * bk / 2];
@@ -147,17 +147,18 @@ fn forward_task_bf16(
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
     acc.fill(0.0);
-    let mut j0 = k_start;
-    while j0 < k_end {
-        let n = bk.min(k_end - j0);
+    for (j0, n) in key_tiles(k_start, k_end, bk) {
         let np = n.div_ceil(2);
-        let jt = j0 / bk;
+        // The tile's block and column (even: a window's first key is a
+        // multiple of WINDOW_ALIGN, every other tile of bk).
+        let (jt, jc) = (j0 / bk, j0 % bk);
+        debug_assert!(jc % 2 == 0);
         // SAFETY: bf16_forward checked the CPU; qp holds rows × dp pairs,
-        // the key tile dp × bk, s rows × n.
+        // the key tile dp × bk from column jc, s rows × n.
         unsafe {
             let g = tile::Gemm::new(rows, n, dp)
                 .a(qp.as_ptr(), dp)
-                .b(kp.as_ptr().add(jt * dp * bk), bk);
+                .b(kp.as_ptr().add(jt * dp * bk + jc), bk);
             crate::kernels::bf16::gemm(g.to(s.as_mut_ptr(), n))
         };
         for r in 0..rows {
@@ -179,10 +180,9 @@ fn forward_task_bf16(
         unsafe {
             let g = tile::Gemm::new(rows, d, np)
                 .a(pp.as_ptr(), np)
-                .b(vp.as_ptr().add(jt * (bk / 2) * d), d);
+                .b(vp.as_ptr().add((jt * (bk / 2) + jc / 2) * d), d);
             crate::kernels::bf16::gemm(g.add_to(acc.as_mut_ptr(), d))
         };
-        j0 += n;
     }
     for r in 0..rows {
         let i = i0 + r;
