@@ -269,22 +269,41 @@ pub(crate) fn _attention_backward(
 }
 
 /// A training-free method's fused forward (causal, keys at `0..T_k`) on
-/// `qkv` (`[q, k, v]`): writes `out` `(B, H_q, T_q, D)`.
+/// `qkv` (`[q, k, v]`): writes `out` `(B, H_q, T_q, D)`, or `(B, T_q, H_q,
+/// D)` when `bthd` (a transformers layer's layout, no transpose after).
 #[pyfunction]
+#[pyo3(signature = (rope, qkv, out, bthd=false))]
 pub(crate) fn _method_forward(
     py: Python<'_>,
     rope: PyRef<'_, PyRopeConfig>,
     qkv: Qkv<'_>,
     mut out: PyReadwriteArrayDyn<'_, f32>,
+    bthd: bool,
 ) -> PyResult<()> {
     let (s, [qs, ks, vs]) = inputs(&qkv)?;
     let method = rope
         .context_method()
         .ok_or_else(|| err("this RopeConfig has no attention method"))?;
     let (r, lengths) = (rope.rope()?, rope.lengths());
+    let want = if bthd {
+        [s.batch, s.q_len, s.q_heads, s.head_dim]
+    } else {
+        [s.batch, s.q_heads, s.q_len, s.head_dim]
+    };
+    if out.shape() != want {
+        return Err(err(format!(
+            "out: expected shape {want:?}, got {:?}",
+            out.shape()
+        )));
+    }
+    let layout = if bthd {
+        buffers::OutLayout::Bthd
+    } else {
+        buffers::OutLayout::Bhtd
+    };
     let o = slice_mut("out", &mut out)?;
     detached(py, || {
-        buffers::method_forward(method, r, lengths, qs, ks, vs, s, o).py()
+        buffers::method_forward(method, r, lengths, qs, ks, vs, s, o, layout).py()
     })
 }
 

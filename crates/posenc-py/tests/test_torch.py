@@ -364,6 +364,22 @@ def test_method_window_covering_input_is_plain_attention():
         close(pt.attention(q, k, v, rope=rope, method=spec), plain, rel=2e-6)
 
 
+def test_method_fused_writes_the_layers_layout():
+    """posenc.hf's entry: the kernel writes (B, T, H, D), returned as its
+    (B, H, T, D) view, the bits of ``attention`` (merged ranges and the one
+    range of a covering window alike); transpose(1, 2) is the buffer itself."""
+    rope = base_rope(mpe=64)
+    q, k, v = inputs(t=70, grad=False)
+    for spec in ["self-extend:4:16", "self-extend:4:512", "sinks:4:32", "dca:48:16"]:
+        r = rope.with_scaling(spec)
+        out = pt._method_fused(q, k, v, r)
+        assert out.shape == q.shape
+        layer = out.transpose(1, 2)
+        assert layer.is_contiguous()
+        assert layer.contiguous().data_ptr() == layer.data_ptr()
+        assert torch.equal(out, pt.attention(q, k, v, rope=r)), spec
+
+
 # ---------------------------------------------------------------- no copy
 
 

@@ -405,9 +405,19 @@ pub fn alibi_mode(causal: bool) -> AlibiMode {
     }
 }
 
+/// The layout of an attention output buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutLayout {
+    /// `(B, H_q, T_q, D)` row-major, as the queries.
+    Bhtd,
+    /// `(B, T_q, H_q, D)` row-major: the layout a transformers layer
+    /// projects from, so that it needs no transpose.
+    Bthd,
+}
+
 /// A training-free context method ([`crate::extend`]) on `(B, H, T, D)`
-/// buffers: causal, keys at `0..T_k`, queries at the last `T_q`; writes the
-/// output `(B, H_q, T_q, D)`. Forward only.
+/// buffers: causal, keys at `0..T`, queries at the last `T_q`; writes the
+/// output laid out as `layout`. Forward only.
 ///
 /// # Errors
 /// As [`MethodAttention::forward`], and [`Error::Shape`] for buffers that
@@ -422,6 +432,7 @@ pub fn method_forward(
     v: &[f32],
     s: AttentionShape,
     out: &mut [f32],
+    layout: OutLayout,
 ) -> Result<()> {
     s.check()?;
     check_len("queries", q.len(), s.q_elements())?;
@@ -429,17 +440,10 @@ pub fn method_forward(
     check_len("values", v.len(), s.kv_elements())?;
     check_len("output", out.len(), s.q_elements())?;
     let attn = MethodAttention::new(method, rope, lengths)?;
-    let bthd = attn.forward_buffers(q, kk, v, s)?;
-    // (B, T, H, D) → (B, H, T, D)
     let (h, t, d) = (s.q_heads, s.q_len, s.head_dim);
-    for b in 0..s.batch {
-        for ti in 0..t {
-            for hi in 0..h {
-                let src = ((b * t + ti) * h + hi) * d;
-                let dst = ((b * h + hi) * t + ti) * d;
-                out[dst..dst + d].copy_from_slice(&bthd[src..src + d]);
-            }
-        }
-    }
-    Ok(())
+    let rows = match layout {
+        OutLayout::Bhtd => k::Rows::bhtd(h, t, d),
+        OutLayout::Bthd => k::Rows::bthd(h, t, d),
+    };
+    attn.forward_buffers_into(q, kk, v, s, out, rows)
 }

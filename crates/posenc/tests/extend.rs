@@ -169,6 +169,61 @@ fn bf16_products_on_long_tiles() {
     }
 }
 
+/// `buffers::method_forward` writes the bits of
+/// `MethodAttention::forward_buffers` in either layout: two ranges merged,
+/// and one range written directly (Self-Extend with a window covering the
+/// input: its grouped range holds no key).
+#[test]
+fn buffer_layouts_hold_the_same_bits() {
+    use posenc::buffers::{method_forward, AttentionShape, OutLayout};
+    let (b, hq, hk, t, d) = (2, 4, 2, 300, 16);
+    let r = rope(d);
+    let lengths = trained_at(40);
+    let all = packed(b * t, hq, hk, d, 5)
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let (nq, nkv) = (b * hq * t * d, b * hk * t * d);
+    let (q, rest) = all.split_at(nq);
+    let (k, rest) = rest.split_at(nkv);
+    let v = &rest[..nkv];
+    let s = AttentionShape::new(b, hq, hk, t, t, d);
+    for m in [
+        "self-extend:4:16",
+        "self-extend:2:1000",
+        "sinks:4:32",
+        "dca:48:16",
+    ] {
+        let method: ContextMethod = m.parse().unwrap();
+        let attn = MethodAttention::new(method, &r, lengths).unwrap();
+        let want = attn.forward_buffers(q, k, v, s).unwrap();
+        let mut bthd = vec![f32::NAN; nq];
+        method_forward(method, &r, lengths, q, k, v, s, &mut bthd, OutLayout::Bthd).unwrap();
+        assert_eq!(bthd, want, "{m}: (B, T, H, D)");
+        let mut bhtd = vec![f32::NAN; nq];
+        method_forward(method, &r, lengths, q, k, v, s, &mut bhtd, OutLayout::Bhtd).unwrap();
+        for bi in 0..b {
+            for h in 0..hq {
+                for ti in 0..t {
+                    let x = &bhtd[((bi * hq + h) * t + ti) * d..][..d];
+                    let y = &want[((bi * t + ti) * hq + h) * d..][..d];
+                    assert_eq!(x, y, "{m}: (B, H, T, D) at {bi} {h} {ti}");
+                }
+            }
+        }
+        let mut short = vec![0f32; nq - 1];
+        assert!(
+            method_forward(method, &r, lengths, q, k, v, s, &mut short, OutLayout::Bthd).is_err()
+        );
+    }
+    // The covering window is plain causal RoPE attention.
+    let cover: ContextMethod = "self-extend:2:1000".parse().unwrap();
+    let attn = MethodAttention::new(cover, &r, lengths).unwrap();
+    let qkv = packed(t, hq, hk, d, 9);
+    assert_fused_equals_reference(&attn, &qkv, (hq, hk), "self-extend:2:1000");
+}
+
 /// A prefill followed by decode steps over the KV cache gives the rows of
 /// one prefill over the whole sequence (every rule is a function of
 /// absolute positions). DCA's mscale depends on the call's key count (as

@@ -208,7 +208,7 @@ def _method_attention(q, k, v, rope: RopeConfig, backend, softcap: Optional[floa
     length) in query blocks of at most ``BLOCK_BYTES`` of logits per step,
     with Gemma 2's soft-capping where ``softcap`` is given."""
     if softcap is None and not _pt._forced_torch(backend) and _pt.fused_available(q, k, v):
-        return _pt.attention(q, k, v, rope=rope, backend=backend)
+        return _pt._method_fused(q, k, v, rope)
     b, h, _, _ = q.shape
     per_row = b * h * min(_pt.KEY_CHUNK, k.shape[2]) * q.element_size()
     block = int(max(16, min(_pt.QUERY_BLOCK, BLOCK_BYTES // max(per_row, 1))))

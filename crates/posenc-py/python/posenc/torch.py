@@ -469,13 +469,22 @@ class _AttentionFn(torch.autograd.Function):
 
 
 class _MethodFn(torch.autograd.Function):
-    """A method's fused forward; its backward recomputes the torch path."""
+    """A method's fused forward; its backward recomputes the torch path.
+    With ``bthd`` the kernel writes a ``(B, T, H, D)`` buffer and the output
+    is its ``(B, H, T, D)`` view (``transpose(1, 2)`` of it is contiguous:
+    what a transformers layer projects from, with no copy)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rope):  # type: ignore[override]
+    def forward(ctx, q, k, v, rope, bthd=False):  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out = torch.empty_like(q)
-        _posenc._method_forward(rope, (_view(q), _view(k), _view(v)), _view(out))
+        if bthd:
+            b, h, t, d = q.shape
+            buf = torch.empty((b, t, h, d), dtype=q.dtype)
+            _posenc._method_forward(rope, (_view(q), _view(k), _view(v)), _view(buf), True)
+            out = buf.transpose(1, 2)
+        else:
+            out = torch.empty_like(q)
+            _posenc._method_forward(rope, (_view(q), _view(k), _view(v)), _view(out))
         ctx.save_for_backward(q, k, v)
         ctx.rope = rope
         return out
@@ -486,7 +495,15 @@ class _MethodFn(torch.autograd.Function):
         with torch.enable_grad():
             out = _torch_method_attention(q, k, v, ctx.rope)
             dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None
+
+
+def _method_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    """A method's fused attention (CPU, checked by the caller) returning
+    ``(B, H, T, D)`` as a view of a ``(B, T, H, D)`` buffer in the dtype of
+    ``q`` (posenc.hf: the layer's ``transpose(1, 2)`` is then contiguous)."""
+    out = _MethodFn.apply(q.float(), k.float(), v.float(), rope, True)
+    return out if out.dtype == q.dtype else out.transpose(1, 2).to(q.dtype).transpose(1, 2)
 
 
 def attention(

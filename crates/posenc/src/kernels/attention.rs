@@ -486,7 +486,7 @@ pub enum Products {
 
 /// A raw pointer that may cross threads: tasks write disjoint elements.
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(crate) struct SendPtr(pub(crate) *mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 

@@ -376,8 +376,65 @@ impl<'r> MethodAttention<'r> {
         self.run(&call, false)
     }
 
+    /// [`forward_buffers`](Self::forward_buffers) writing its output into
+    /// `out`, laid out as `out_rows` (`k::Rows::bhtd` or `k::Rows::bthd` of
+    /// `(H_q, T_q, D)`): a one-range method's pass writes there directly,
+    /// the ranges of the others are merged there.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for an `out` shorter than `out_rows` needs; as
+    /// [`forward_buffers`](Self::forward_buffers).
+    pub fn forward_buffers_into(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        dims: k::Dims,
+        out: &mut [f32],
+        out_rows: k::Rows,
+    ) -> Result<()> {
+        let d = dims.head_dim;
+        let need = out_rows.extent(dims.batch, dims.q_heads, dims.q_len, d);
+        if need > out.len() {
+            return Err(Error::Shape {
+                what: "output",
+                expected: format!("{need} elements"),
+                got: format!("{}", out.len()),
+            });
+        }
+        let call = Call {
+            dims,
+            q,
+            q_rows: k::Rows::bhtd(dims.q_heads, dims.q_len, d),
+            k,
+            k_rows: k::Rows::bhtd(dims.kv_heads, dims.k_len, d),
+            v,
+            v_rows: k::Rows::bhtd(dims.kv_heads, dims.k_len, d),
+        };
+        self.check(&call)?;
+        self.fused_into(&call, out, out_rows)
+    }
+
     /// Output `(B, T_q, H_q, D)` row-major.
     fn run(&self, c: &Call, reference: bool) -> Result<Vec<f32>> {
+        self.check(c)?;
+        let dm = c.dims;
+        if reference {
+            let scaled_q = self.scaled_queries(c);
+            let q = scaled_q.as_deref().unwrap_or(c.q);
+            let scale =
+                self.method.logit_scale(dm.k_len, &self.lengths) / (dm.head_dim as f64).sqrt();
+            return self.reference(c, q, scale);
+        }
+        let mut out = vec![0f32; dm.batch * dm.q_heads * dm.q_len * dm.head_dim];
+        let out_rows = k::Rows::bthd(dm.q_heads, dm.q_len, dm.head_dim);
+        self.fused_into(c, &mut out, out_rows)?;
+        Ok(out)
+    }
+
+    /// The buffers of `c` hold its shapes; the rope rotates at most
+    /// `head_dim` entries.
+    fn check(&self, c: &Call) -> Result<()> {
         let dm = c.dims;
         for (what, data, rows, heads, len) in [
             ("queries", c.q, c.q_rows, dm.q_heads, dm.q_len),
@@ -401,17 +458,37 @@ impl<'r> MethodAttention<'r> {
                 reason: "must be at most head_dim",
             });
         }
+        Ok(())
+    }
+
+    /// The fused passes of `c` (checked), their output written into `out`
+    /// laid out as `out_rows`.
+    fn fused_into(&self, c: &Call, out: &mut [f32], out_rows: k::Rows) -> Result<()> {
+        let dm = c.dims;
         let scaled_q = self.scaled_queries(c);
         let q = scaled_q.as_deref().unwrap_or(c.q);
         let scale = self.method.logit_scale(dm.k_len, &self.lengths) / (dm.head_dim as f64).sqrt();
-        if reference {
-            return self.reference(c, q, scale);
-        }
         let shift = dm.k_len - dm.q_len;
         let n_out = dm.batch * dm.q_heads * dm.q_len;
-        let out_rows = k::Rows::bthd(dm.q_heads, dm.q_len, dm.head_dim);
-        let mut parts: Vec<(Vec<f32>, Vec<f32>)> = Vec::with_capacity(self.views.len());
-        for view in &self.views {
+        // The ranges some query sees a key in (Self-Extend's grouped range
+        // is empty while the input fits its window): an empty one adds
+        // nothing to the merge but its pass's packing.
+        let views: Vec<&View> = self
+            .views
+            .iter()
+            .filter(|v| {
+                (shift..dm.k_len).any(|a| {
+                    let (lo, hi) = v.keys.range(a);
+                    lo < hi.min(a + 1)
+                })
+            })
+            .collect();
+        // One range: its pass is the output (the merge of one part would
+        // multiply each row by exactly 1: the same bits).
+        let direct = views.len() == 1;
+        let part_rows = k::Rows::bthd(dm.q_heads, dm.q_len, dm.head_dim);
+        let mut parts: Vec<(Vec<f32>, Vec<f32>)> = Vec::with_capacity(views.len());
+        for view in views {
             let tables = self.view_tables(view, dm.batch, dm.q_len, dm.k_len)?;
             let prob = k::Problem {
                 dims: dm,
@@ -434,12 +511,17 @@ impl<'r> MethodAttention<'r> {
                 products: self.products,
                 window: Some(view.keys),
             };
-            let mut out = vec![0f32; n_out * dm.head_dim];
             let mut lse = vec![0f32; n_out];
-            k::forward(&prob, &mut out, out_rows, &mut lse, self.level);
-            parts.push((out, lse));
+            if direct {
+                k::forward(&prob, out, out_rows, &mut lse, self.level);
+                return Ok(());
+            }
+            let mut part = vec![0f32; n_out * dm.head_dim];
+            k::forward(&prob, &mut part, part_rows, &mut lse, self.level);
+            parts.push((part, lse));
         }
-        Ok(merge(&parts, dm))
+        merge(&parts, dm, out, out_rows);
+        Ok(())
     }
 
     /// Every logit written out, in `f64`.
@@ -539,41 +621,60 @@ pub struct MethodPlan {
 }
 
 /// Merges per-view outputs `(B, T_q, H_q, D)` and log-sum-exps `(B, H_q,
-/// T_q)` into one softmax's output.
-fn merge(parts: &[(Vec<f32>, Vec<f32>)], dm: k::Dims) -> Vec<f32> {
+/// T_q)` into one softmax's output, written into `out` (laid out as
+/// `out_rows`; every row written), rows in parallel.
+fn merge(parts: &[(Vec<f32>, Vec<f32>)], dm: k::Dims, out: &mut [f32], out_rows: k::Rows) {
+    use rayon::prelude::*;
     let d = dm.head_dim;
-    let mut out = vec![0f32; dm.batch * dm.q_len * dm.q_heads * d];
-    let mut w = vec![0f32; parts.len()];
-    for b in 0..dm.batch {
-        for h in 0..dm.q_heads {
-            for t in 0..dm.q_len {
-                let li = (b * dm.q_heads + h) * dm.q_len + t;
-                let m = parts
-                    .iter()
-                    .map(|(_, l)| l[li])
-                    .fold(f32::NEG_INFINITY, f32::max);
-                if m == f32::NEG_INFINITY {
-                    continue;
-                }
-                for (wv, (_, l)) in w.iter_mut().zip(parts) {
-                    *wv = (l[li] - m).exp();
-                }
-                let z: f32 = w.iter().sum();
-                let oi = ((b * dm.q_len + t) * dm.q_heads + h) * d;
-                let dst = &mut out[oi..oi + d];
-                for (wv, (o, _)) in w.iter().zip(parts) {
-                    if *wv == 0.0 {
-                        continue;
-                    }
-                    let f = wv / z;
-                    for (x, y) in dst.iter_mut().zip(&o[oi..oi + d]) {
-                        *x += f * y;
-                    }
-                }
+    assert!(out.len() >= out_rows.extent(dm.batch, dm.q_heads, dm.q_len, d));
+    let dst_ptr = k::SendPtr(out.as_mut_ptr());
+    let row = |li: usize| {
+        // The whole SendPtr moves in (not its raw pointer field alone).
+        let base = dst_ptr;
+        // li = (b · H_q + h) · T_q + t, the log-sum-exps' order.
+        let (t, bh) = (li % dm.q_len, li / dm.q_len);
+        let (b, h) = (bh / dm.q_heads, bh % dm.q_heads);
+        let at = out_rows.offset + b * out_rows.sb + h * out_rows.sh + t * out_rows.st;
+        // SAFETY: each row (b, h, t) is its own d elements of `out`, in
+        // bounds by the assert above.
+        let dst = unsafe { std::slice::from_raw_parts_mut(base.0.add(at), d) };
+        dst.fill(0.0);
+        let m = parts
+            .iter()
+            .map(|(_, l)| l[li])
+            .fold(f32::NEG_INFINITY, f32::max);
+        if m == f32::NEG_INFINITY {
+            return;
+        }
+        let mut w = [0f32; 8];
+        let mut w_heap = Vec::new();
+        let w: &mut [f32] = if parts.len() <= w.len() {
+            &mut w[..parts.len()]
+        } else {
+            w_heap.resize(parts.len(), 0f32);
+            &mut w_heap
+        };
+        for (wv, (_, l)) in w.iter_mut().zip(parts) {
+            *wv = (l[li] - m).exp();
+        }
+        let z: f32 = w.iter().sum();
+        let oi = ((b * dm.q_len + t) * dm.q_heads + h) * d;
+        for (wv, (o, _)) in w.iter().zip(parts) {
+            if *wv == 0.0 {
+                continue;
+            }
+            let f = wv / z;
+            for (x, y) in dst.iter_mut().zip(&o[oi..oi + d]) {
+                *x += f * y;
             }
         }
+    };
+    let rows = dm.batch * dm.q_heads * dm.q_len;
+    if crate::kernels::threads() > 1 && rows * d >= 1 << 16 {
+        (0..rows).into_par_iter().with_min_len(256).for_each(row);
+    } else {
+        (0..rows).for_each(row);
     }
-    out
 }
 
 fn to_u32(p: usize) -> Result<u32> {
