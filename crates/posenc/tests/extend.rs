@@ -69,6 +69,20 @@ fn levels() -> Vec<SimdLevel> {
         .collect()
 }
 
+/// The method named `m` on `r`, its kernels at `level`.
+fn method_at<'r>(
+    m: &str,
+    r: &'r Rope,
+    lengths: ModelLengths,
+    level: SimdLevel,
+) -> MethodAttention<'r> {
+    let method: ContextMethod = m.parse().unwrap();
+    MethodAttention::new(method, r, lengths)
+        .unwrap()
+        .with_simd_level(level)
+        .unwrap()
+}
+
 /// The fused and the reference packed paths of `attn` agree within 2e-5.
 fn assert_fused_equals_reference(
     attn: &MethodAttention<'_>,
@@ -88,12 +102,8 @@ fn fused_equals_reference_at_edge_sizes() {
     let (hq, hk, d) = (4, 2, 16);
     let r = rope(d);
     for m in METHODS {
-        let method: ContextMethod = m.parse().unwrap();
         for level in levels() {
-            let attn = MethodAttention::new(method, &r, lengths)
-                .unwrap()
-                .with_simd_level(level)
-                .unwrap();
+            let attn = method_at(m, &r, lengths, level);
             for t in [1, 2, 3, 127, 128, 129] {
                 let qkv = packed(t, hq, hk, d, t as u64);
                 assert_fused_equals_reference(
@@ -107,6 +117,16 @@ fn fused_equals_reference_at_edge_sizes() {
     }
 }
 
+/// Methods whose range boundaries fall inside the long tiles at 1,100
+/// tokens (a model trained at 600).
+const LONG_TILE_METHODS: [&str; 5] = [
+    "self-extend:4:200",
+    "rerope:300",
+    "leaky-rerope:300:2",
+    "dca:700:100",
+    "sinks:4:500",
+];
+
 /// More than 1,024 keys: the long-sequence tiles (512 keys, 96 queries),
 /// where a range boundary falls inside a tile.
 #[test]
@@ -114,19 +134,9 @@ fn fused_equals_reference_on_long_tiles() {
     let lengths = trained_at(600);
     let (hq, hk, d) = (2, 1, 8);
     let r = rope(d);
-    for m in [
-        "self-extend:4:200",
-        "rerope:300",
-        "leaky-rerope:300:2",
-        "dca:700:100",
-        "sinks:4:500",
-    ] {
-        let method: ContextMethod = m.parse().unwrap();
+    for m in LONG_TILE_METHODS {
         for level in levels() {
-            let attn = MethodAttention::new(method, &r, lengths)
-                .unwrap()
-                .with_simd_level(level)
-                .unwrap();
+            let attn = method_at(m, &r, lengths, level);
             let t = 1100;
             let qkv = packed(t, hq, hk, d, 7);
             assert_fused_equals_reference(&attn, &qkv, (hq, hk), &format!("{m} {level:?}"));
@@ -146,12 +156,7 @@ fn bf16_products_on_long_tiles() {
     let lengths = trained_at(600);
     let (hq, hk, d) = (2, 1, 8);
     let r = rope(d);
-    for m in [
-        "self-extend:4:200",
-        "rerope:300",
-        "dca:700:100",
-        "sinks:4:500",
-    ] {
+    for m in LONG_TILE_METHODS {
         let method: ContextMethod = m.parse().unwrap();
         let attn = MethodAttention::new(method, &r, lengths).unwrap();
         let qkv = packed(1100, hq, hk, d, 11);
