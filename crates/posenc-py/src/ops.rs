@@ -285,10 +285,12 @@ pub(crate) fn _method_forward(
         .context_method()
         .ok_or_else(|| err("this RopeConfig has no attention method"))?;
     let (r, lengths) = (rope.rope()?, rope.lengths());
-    let want = if bthd {
-        [s.batch, s.q_len, s.q_heads, s.head_dim]
+    let (layout, want) = if bthd {
+        let shape = [s.batch, s.q_len, s.q_heads, s.head_dim];
+        (buffers::OutLayout::Bthd, shape)
     } else {
-        [s.batch, s.q_heads, s.q_len, s.head_dim]
+        let shape = [s.batch, s.q_heads, s.q_len, s.head_dim];
+        (buffers::OutLayout::Bhtd, shape)
     };
     if out.shape() != want {
         return Err(err(format!(
@@ -296,11 +298,6 @@ pub(crate) fn _method_forward(
             out.shape()
         )));
     }
-    let layout = if bthd {
-        buffers::OutLayout::Bthd
-    } else {
-        buffers::OutLayout::Bhtd
-    };
     let o = slice_mut("out", &mut out)?;
     detached(py, || {
         buffers::method_forward(method, r, lengths, qs, ks, vs, s, o, layout).py()

@@ -416,7 +416,7 @@ pub enum OutLayout {
 }
 
 /// A training-free context method ([`crate::extend`]) on `(B, H, T, D)`
-/// buffers: causal, keys at `0..T`, queries at the last `T_q`; writes the
+/// buffers: causal, keys at `0..T_k`, queries at the last `T_q`; writes the
 /// output laid out as `layout`. Forward only.
 ///
 /// # Errors

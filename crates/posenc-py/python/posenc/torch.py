@@ -477,14 +477,10 @@ class _MethodFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rope, bthd=False):  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        if bthd:
-            b, h, t, d = q.shape
-            buf = torch.empty((b, t, h, d), dtype=q.dtype)
-            _posenc._method_forward(rope, (_view(q), _view(k), _view(v)), _view(buf), True)
-            out = buf.transpose(1, 2)
-        else:
-            out = torch.empty_like(q)
-            _posenc._method_forward(rope, (_view(q), _view(k), _view(v)), _view(out))
+        b, h, t, d = q.shape
+        buf = torch.empty((b, t, h, d) if bthd else (b, h, t, d), dtype=q.dtype)
+        _posenc._method_forward(rope, (_view(q), _view(k), _view(v)), _view(buf), bthd)
+        out = buf.transpose(1, 2) if bthd else buf
         ctx.save_for_backward(q, k, v)
         ctx.rope = rope
         return out

@@ -145,7 +145,6 @@ fn packed_ld(bk: usize) -> usize {
     bk + 16
 }
 
-/// Multiply-adds below which a pass runs on the calling thread.
 /// The alignment of a window's first key tile ([`Problem::tile_span`]):
 /// 16 floats, one AVX-512 register.
 const WINDOW_ALIGN: usize = 16;
@@ -167,6 +166,7 @@ fn key_tiles(start: usize, end: usize, bk: usize) -> impl Iterator<Item = (usize
     })
 }
 
+/// Multiply-adds below which a pass runs on the calling thread.
 const PARALLEL_WORK: usize = 1 << 17;
 
 /// Where the vectors of a `(B, H, T, D)`-shaped buffer are: element

@@ -78,6 +78,22 @@ struct Call<'a> {
     v_rows: k::Rows,
 }
 
+impl<'a> Call<'a> {
+    /// Contiguous `(B, H, T, D)` buffers of `dims`.
+    fn bhtd(q: &'a [f32], k: &'a [f32], v: &'a [f32], dims: k::Dims) -> Call<'a> {
+        let d = dims.head_dim;
+        Call {
+            dims,
+            q,
+            q_rows: k::Rows::bhtd(dims.q_heads, dims.q_len, d),
+            k,
+            k_rows: k::Rows::bhtd(dims.kv_heads, dims.k_len, d),
+            v,
+            v_rows: k::Rows::bhtd(dims.kv_heads, dims.k_len, d),
+        }
+    }
+}
+
 impl<'r> MethodAttention<'r> {
     /// `method` over `rope` (any frequency scaling; the method remaps the
     /// positions it rotates at). `lengths` gives ReRoPE's training length
@@ -363,17 +379,7 @@ impl<'r> MethodAttention<'r> {
         v: &[f32],
         dims: k::Dims,
     ) -> Result<Vec<f32>> {
-        let d = dims.head_dim;
-        let call = Call {
-            dims,
-            q,
-            q_rows: k::Rows::bhtd(dims.q_heads, dims.q_len, d),
-            k,
-            k_rows: k::Rows::bhtd(dims.kv_heads, dims.k_len, d),
-            v,
-            v_rows: k::Rows::bhtd(dims.kv_heads, dims.k_len, d),
-        };
-        self.run(&call, false)
+        self.run(&Call::bhtd(q, k, v, dims), false)
     }
 
     /// [`forward_buffers`](Self::forward_buffers) writing its output into
@@ -393,8 +399,7 @@ impl<'r> MethodAttention<'r> {
         out: &mut [f32],
         out_rows: k::Rows,
     ) -> Result<()> {
-        let d = dims.head_dim;
-        let need = out_rows.extent(dims.batch, dims.q_heads, dims.q_len, d);
+        let need = out_rows.extent(dims.batch, dims.q_heads, dims.q_len, dims.head_dim);
         if need > out.len() {
             return Err(Error::Shape {
                 what: "output",
@@ -402,15 +407,7 @@ impl<'r> MethodAttention<'r> {
                 got: format!("{}", out.len()),
             });
         }
-        let call = Call {
-            dims,
-            q,
-            q_rows: k::Rows::bhtd(dims.q_heads, dims.q_len, d),
-            k,
-            k_rows: k::Rows::bhtd(dims.kv_heads, dims.k_len, d),
-            v,
-            v_rows: k::Rows::bhtd(dims.kv_heads, dims.k_len, d),
-        };
+        let call = Call::bhtd(q, k, v, dims);
         self.check(&call)?;
         self.fused_into(&call, out, out_rows)
     }
@@ -422,14 +419,17 @@ impl<'r> MethodAttention<'r> {
         if reference {
             let scaled_q = self.scaled_queries(c);
             let q = scaled_q.as_deref().unwrap_or(c.q);
-            let scale =
-                self.method.logit_scale(dm.k_len, &self.lengths) / (dm.head_dim as f64).sqrt();
-            return self.reference(c, q, scale);
+            return self.reference(c, q, self.scale(dm));
         }
         let mut out = vec![0f32; dm.batch * dm.q_heads * dm.q_len * dm.head_dim];
         let out_rows = k::Rows::bthd(dm.q_heads, dm.q_len, dm.head_dim);
         self.fused_into(c, &mut out, out_rows)?;
         Ok(out)
+    }
+
+    /// The factor of every logit: the method's (DCA's `mscale²`) over `√D`.
+    fn scale(&self, dm: k::Dims) -> f64 {
+        self.method.logit_scale(dm.k_len, &self.lengths) / (dm.head_dim as f64).sqrt()
     }
 
     /// The buffers of `c` hold its shapes; the rope rotates at most
@@ -467,7 +467,7 @@ impl<'r> MethodAttention<'r> {
         let dm = c.dims;
         let scaled_q = self.scaled_queries(c);
         let q = scaled_q.as_deref().unwrap_or(c.q);
-        let scale = self.method.logit_scale(dm.k_len, &self.lengths) / (dm.head_dim as f64).sqrt();
+        let scale = self.scale(dm);
         let shift = dm.k_len - dm.q_len;
         let n_out = dm.batch * dm.q_heads * dm.q_len;
         // The ranges some query sees a key in (Self-Extend's grouped range
@@ -646,21 +646,14 @@ fn merge(parts: &[(Vec<f32>, Vec<f32>)], dm: k::Dims, out: &mut [f32], out_rows:
         if m == f32::NEG_INFINITY {
             return;
         }
-        let mut w = [0f32; 8];
-        let mut w_heap = Vec::new();
-        let w: &mut [f32] = if parts.len() <= w.len() {
-            &mut w[..parts.len()]
-        } else {
-            w_heap.resize(parts.len(), 0f32);
-            &mut w_heap
-        };
-        for (wv, (_, l)) in w.iter_mut().zip(parts) {
-            *wv = (l[li] - m).exp();
-        }
-        let z: f32 = w.iter().sum();
+        // Each part's weight e^{lse − m} (computed again below: the same
+        // values, no buffer per row).
+        let weight = |l: &[f32]| (l[li] - m).exp();
+        let z: f32 = parts.iter().map(|(_, l)| weight(l)).sum();
         let oi = ((b * dm.q_len + t) * dm.q_heads + h) * d;
-        for (wv, (o, _)) in w.iter().zip(parts) {
-            if *wv == 0.0 {
+        for (o, l) in parts {
+            let wv = weight(l);
+            if wv == 0.0 {
                 continue;
             }
             let f = wv / z;
