@@ -81,9 +81,19 @@ const BK: usize = 128;
 /// `gemm` crate's products on 256-key tiles; at 16,384 tokens in
 /// 1,983–2,282 ms against 2,070–2,143 ms with the `gemm` crate, the same
 /// within this machine's spread (`cargo run --release -p posenc-models
-/// --example attention_time -- 4096 3`, `-- 16384 2`). At lower levels they
-/// run on the `gemm` crate, which beat the AVX2 tile kernel on an AVX2-only
-/// CPU; larger tiles amortise the crate's packing.
+/// --example attention_time -- 4096 3`, `-- 16384 2`). With AVX2 they run on
+/// posenc's 6 × 16 AVX2 panel, which needs no packing: with every library at
+/// AVX2 on that Zen 4 (docs/speed.md, "A Zen 3 stand-in"), one layer of
+/// SmolLM2's attention at 4,096 tokens took 123.8–135.4 ms against
+/// 133.9–134.3 ms on the `gemm` crate, and Self-Extend's two ranges (more,
+/// partial tiles, each packed by the crate) 135.4–137.0 ms against
+/// 142.2–143.8 ms (`python scripts/bench/hf_attention.py --lengths 4096`,
+/// four alternated pairs); at 16,384 tokens the same within the machine's
+/// spread (2,061–2,163 ms against 2,087–2,188, Self-Extend 2,175–2,184
+/// against 2,160–2,205). The tile kernel's products have the same bits at
+/// every level.
+/// Elsewhere (no AVX2, or aarch64) they run on the `gemm` crate, whose own
+/// kernels beat the portable panels; larger tiles amortise its packing.
 const BK_LONG: usize = 512;
 /// Queries per tile of the forward pass on long sequences (96 and 64 ran
 /// within 1% of each other at 4,096 tokens with 512 keys; 128 was 3%
@@ -945,9 +955,9 @@ fn forward_task(
     // Keys of (b, hk), rotated and transposed: from `shared` (all of them,
     // leading dimension T_k), else packed here (0..k_end).
     let nk = if shared.is_empty() { d * k_end } else { 0 };
-    // The long tiles' products on the `gemm` crate below AVX-512 (see
+    // The long tiles' products on the `gemm` crate without AVX2 (see
     // BK_LONG).
-    let crate_gemm = bk == BK_LONG && level != SimdLevel::Avx512;
+    let crate_gemm = bk == BK_LONG && !matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2);
     let mut scratch = tile::Scratch::take();
     let [kt, krow, q, qa, wv, m, l, acc, s, akt] = scratch.split([
         nk,
