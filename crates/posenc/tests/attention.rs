@@ -750,3 +750,41 @@ fn long_sequences_stream_without_a_square_matrix() {
         assert!((v[x] - first[x]).abs() < 1e-6);
     }
 }
+
+/// Past [`ka::LONG_KEYS`] keys the forward's tile products run on posenc's
+/// tile kernel at AVX2 and at AVX-512 (the `gemm` crate only without
+/// AVX2), whose sums have the same order at every level: the two levels
+/// give the same bits.
+#[test]
+fn long_tiles_have_the_same_bits_at_avx2_and_avx512() {
+    let levels = SimdLevel::available();
+    if !(levels.contains(&SimdLevel::Avx2) && levels.contains(&SimdLevel::Avx512)) {
+        eprintln!("skipped: this CPU lacks AVX2 or AVX-512 ({levels:?})");
+        return;
+    }
+    let (t, d) = (ka::LONG_KEYS + 300, 64);
+    let q = Tensor::from_vec(data(2 * t * d, 1), (1, 2, t, d), &DEV).unwrap();
+    let k = Tensor::from_vec(data(t * d, 2), (1, 1, t, d), &DEV).unwrap();
+    let v = Tensor::from_vec(data(t * d, 3), (1, 1, t, d), &DEV).unwrap();
+    let f = RopeFrequencies::plain(10000.0, d, PairLayout::HalfSplit).unwrap();
+    let rope = Rope::new(f).unwrap();
+    let hooks = AttentionHooks {
+        query_key: Some(&rope),
+        ..Default::default()
+    };
+    let run = |level: SimdLevel| -> Vec<u32> {
+        Attention::new(true)
+            .with_simd_level(level)
+            .unwrap()
+            .forward(&q, &k, &v, &hooks, AttnPositions::default())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    assert_eq!(run(SimdLevel::Avx2), run(SimdLevel::Avx512));
+}
