@@ -14,6 +14,9 @@
 
 use std::time::Instant;
 
+mod common;
+use common::fill;
+
 use posenc::kernels::{tile, SimdLevel};
 
 /// One product: `(name, m, n, k, A's row stride, A's column stride, ldb,
@@ -30,14 +33,6 @@ const CASES: [Case; 6] = [
 ];
 
 fn main() {
-    let fill = |len: usize, s: u32| -> Vec<f32> {
-        (0..len)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(s) >> 8) as f32 / 16_777_216.0
-                    - 0.5
-            })
-            .collect()
-    };
     let best = |flops: f64, f: &mut dyn FnMut()| -> f64 {
         let reps = (2e9 / flops).max(1.0) as usize;
         f();

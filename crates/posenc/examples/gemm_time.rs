@@ -6,6 +6,9 @@
 
 use std::time::Instant;
 
+mod common;
+use common::fill;
+
 use posenc::kernels::{tile, SimdLevel};
 
 fn main() {
@@ -18,14 +21,6 @@ fn main() {
         *args.get(1).unwrap_or(&128),
         *args.get(2).unwrap_or(&512),
     );
-    let fill = |len: usize, s: u32| -> Vec<f32> {
-        (0..len)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(s) >> 8) as f32 / 16_777_216.0
-                    - 0.5
-            })
-            .collect()
-    };
     // (name, m, n, k, A strides, ldb, a len, b len)
     let cases = [
         ("x·Wᵀ", n, d_out, d_in, (d_in, 1), d_out),
