@@ -3,9 +3,8 @@
 (issue 39), without the rest of the model.
 
 On random queries `(1, 9, T, 64)` and keys and values `(1, 3, T, 64)`, no
-gradient, `--threads` threads for both (`torch.set_num_threads`, and
-`RAYON_NUM_THREADS` set before posenc is imported), one call of each in turn
-per round:
+gradient, `--threads` threads for both (set as `hf_models.py` sets them,
+before posenc is imported), one call of each in turn per round:
 
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention(q, k, v,
   is_causal=True, enable_gqa=True)`, what transformers' sdpa layer calls on
@@ -15,8 +14,8 @@ per round:
 - `method`: the fused path `posenc.hf` runs for a method (`--method`,
   default `self-extend:4:1024`), on the same tensors.
 
-Prints each call's seconds, the best and the median of `--rounds`, and sdpa's
-median over each one's. The floating-point work of the causal products is
+Prints, for each, the best and the median of `--rounds` calls, and sdpa's
+median over its median. The floating-point work of the causal products is
 `T(T+1)/2 · 9 heads · 64 · 2 products · 2` FLOP; the script prints the rate
 each median reaches.
 
@@ -24,10 +23,11 @@ Usage: python scripts/bench/hf_attention.py [--lengths 4096,16384] [--rounds 2] 
 """
 
 import argparse
-import os
 import statistics
 import sys
 import time
+
+from hf_models import setup_threads
 
 
 def main():
@@ -37,7 +37,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--method", default="self-extend:4:1024")
     args = ap.parse_args()
-    os.environ["RAYON_NUM_THREADS"] = str(args.threads)
+    setup_threads(args.threads)
 
     import torch
     import torch.nn.functional as F
@@ -46,7 +46,6 @@ def main():
     import posenc.hf as ph
     import posenc.torch as pt
 
-    torch.set_num_threads(args.threads)
     heads, kv_heads, d = 9, 3, 64
     cfg = dict(
         hidden_size=heads * d,

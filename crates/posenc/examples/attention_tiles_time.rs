@@ -7,9 +7,9 @@
 //!
 //! Each figure is the best of 7 rounds of about 2 GFLOP each, operands in
 //! cache: the rate the register tiles reach, to set beside one core's FMA
-//! rate (`scripts/bench/fma_peak.c`). The forward's long tiles run on the
-//! `gemm` crate below AVX-512; its rate on every shape is printed too, at
-//! the level the crate picks (AVX-512 where the CPU has it: posenc enables
+//! rate (`scripts/bench/fma_peak.c`). Without AVX2 the forward's long tiles
+//! run on the `gemm` crate; its rate on every shape is printed too, at the
+//! level the crate picks (AVX-512 where the CPU has it: posenc enables
 //! the crate's `x86-v4` feature).
 
 use std::time::Instant;
