@@ -365,19 +365,36 @@ impl TextTokenizer {
     /// large or invalid file.
     pub fn from_file(path: &Path) -> Result<TextTokenizer> {
         let bytes = crate::fsio::read_bounded(path, MAX_TOKENIZER_BYTES)?;
-        let inner = Tokenizer::from_bytes(&bytes).map_err(|e| {
-            ModelError::Tokenizer(format!(
-                "{}: {}",
-                crate::safe::path(path),
-                esc(&e.to_string())
-            ))
-        })?;
+        Self::from_bytes(&bytes, crate::safe::path(path))
+    }
+
+    /// A `tokenizer.json` given as its text, as [`from_file`](Self::from_file)
+    /// reads one from a file (no file is written); `source` names it in
+    /// errors.
+    ///
+    /// # Errors
+    /// [`ModelError::Tokenizer`] for a text over [`MAX_TOKENIZER_BYTES`] or
+    /// one the `tokenizers` crate cannot read.
+    pub fn from_json(json: &str, source: &str) -> Result<TextTokenizer> {
+        let source = esc(source);
+        if json.len() as u64 > MAX_TOKENIZER_BYTES {
+            return Err(ModelError::Tokenizer(format!(
+                "{source}: {} bytes is over the {MAX_TOKENIZER_BYTES}-byte limit",
+                json.len()
+            )));
+        }
+        Self::from_bytes(json.as_bytes(), source)
+    }
+
+    fn from_bytes(bytes: &[u8], source: String) -> Result<TextTokenizer> {
+        let inner = Tokenizer::from_bytes(bytes)
+            .map_err(|e| ModelError::Tokenizer(format!("{source}: {}", esc(&e.to_string()))))?;
         Ok(TextTokenizer {
             inner,
             bos: None,
             add_bos: false,
             eos: Vec::new(),
-            source: crate::safe::path(path),
+            source,
         })
     }
 
@@ -446,5 +463,53 @@ impl TextTokenizer {
     /// [`ModelError::Tokenizer`] from the serialiser.
     pub fn to_json(&self) -> Result<String> {
         self.inner.to_string(true).map_err(tok_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A word-level `tokenizer.json`: `w0`..`w9`, `[UNK]`.
+    fn words_json() -> String {
+        let mut vocab = serde_json::Map::new();
+        for i in 0..10u32 {
+            vocab.insert(format!("w{i}"), i.into());
+        }
+        vocab.insert("[UNK]".into(), 10.into());
+        serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn a_tokenizer_json_text_reads_as_its_file_does() {
+        let t = TextTokenizer::from_json(&words_json(), "words").unwrap();
+        assert_eq!(t.encode("w3 w1 x w9").unwrap(), vec![3, 1, 10, 9]);
+        assert_eq!(t.vocab_size(), 11);
+        assert_eq!(t.source(), "words");
+        // The same tokenizer written back reads the same.
+        let again = TextTokenizer::from_json(&t.to_json().unwrap(), "again").unwrap();
+        assert_eq!(again.encode("w3 w1 x w9").unwrap(), vec![3, 1, 10, 9]);
+    }
+
+    #[test]
+    fn a_bad_tokenizer_json_text_names_its_source_on_one_line() {
+        for bad in ["", "{", "{\"model\": 3}", "[1, 2]"] {
+            let Err(e) = TextTokenizer::from_json(bad, "the\nmodel's tokenizer") else {
+                panic!("{bad:?} was read as a tokenizer");
+            };
+            let msg = e.to_string();
+            assert!(matches!(e, ModelError::Tokenizer(_)), "{msg}");
+            assert!(
+                msg.starts_with("tokenizer: the\\nmodel's tokenizer: "),
+                "{msg}"
+            );
+            assert!(!msg.contains('\n'), "{msg}");
+        }
     }
 }

@@ -11,7 +11,6 @@
 //! ([`posenc_run::passkey::method_json`], [`posenc_run::passkey::run_json`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use posenc_models::passkey::{self, Haystack, ProbeGrid, PromptBuilder, TrialResult};
 use posenc_models::tokenizer::TextTokenizer;
@@ -23,19 +22,9 @@ use crate::convert::to_python;
 use crate::error::{detached, err, IntoPy};
 use crate::model::{count, counts};
 
-/// A `tokenizer.json` text as posenc's tokenizer (through a private file:
-/// the crate reads tokenizers from files).
+/// A `tokenizer.json` text as posenc's tokenizer.
 fn tokenizer_from_json(json: &str) -> PyResult<TextTokenizer> {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let path = std::env::temp_dir().join(format!(
-        "posenc-hf-tokenizer-{}-{}.json",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::write(&path, json).map_err(|e| err(format!("the tokenizer: {e}")))?;
-    let t = TextTokenizer::from_file(&path);
-    let _ = std::fs::remove_file(&path);
-    t.map_err(|e| err(format!("the tokenizer's tokenizer.json: {e}")))
+    TextTokenizer::from_json(json, "the tokenizer's tokenizer.json").map_err(err)
 }
 
 /// The prompts, keys and scoring of a `posenc passkey` grid, on a

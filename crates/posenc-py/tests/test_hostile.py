@@ -205,6 +205,22 @@ def test_bad_arguments_raise_the_commands_line(model, files, call, words):
     one_line(e, *words)
 
 
+@pytest.mark.parametrize("text", ["", "{", '{"model": 3}', "[1, 2]", "\x1b[2J{"])
+def test_a_bad_tokenizer_json_text_raises_one_line_and_writes_no_file(text):
+    """``posenc.hf.passkey`` hands the model's ``tokenizer.json`` over as
+    text; a bad one is refused in one line naming it, and nothing is
+    written to the temp dir on the way."""
+    import tempfile
+
+    before = set(os.listdir(tempfile.gettempdir()))
+    with pytest.raises(posenc.PosencError) as e:
+        posenc._posenc.PasskeyProbe(text, [256], [0.5], 1, ["none"])
+    one_line(e, "tokenizer: the tokenizer's tokenizer.json: ")
+    # (It was once read through a file named so, with a name others could guess.)
+    after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("posenc-hf-tokenizer")}
+    assert after <= before
+
+
 def test_finetune_checks_out_and_its_record(tmp_path, files):
     _, tk, text = files
     f = tmp_path / "a-file"
