@@ -162,8 +162,11 @@ mod tests {
 
     #[test]
     fn result_files_are_checked_first_and_replaced_whole() {
-        let dir = std::env::temp_dir().join(format!("posenc-output-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("posenc-output-")
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path();
         let missing = dir.join("no-such-dir").join("loss.svg");
         let e = check_writable(&missing, "--out").unwrap_err().0;
         assert!(e.starts_with("--out ") && e.contains("no-such-dir"), "{e}");
@@ -176,9 +179,8 @@ mod tests {
         write_atomic(&out, b"old").unwrap();
         write_atomic(&out, b"new").unwrap();
         assert_eq!(std::fs::read(&out).unwrap(), b"new");
-        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        let left: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
         assert_eq!(left.len(), 1, "no temporary file left: {left:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

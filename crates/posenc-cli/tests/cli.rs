@@ -236,16 +236,12 @@ fn readable_outputs_without_json() {
     );
 }
 
-fn write_temp(name: &str, contents: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, contents).unwrap();
-    p
-}
-
+/// `posenc rope inspect --config` on `json` as the file `name` (in a
+/// scratch directory removed afterwards), which must fail: the error line.
 fn inspect_fails(name: &str, json: &str) -> String {
-    let p = write_temp(name, json);
+    let dir = common::tempdir("cli-test");
+    let p = dir.path().join(name);
+    std::fs::write(&p, json).unwrap();
     fails(&["rope", "inspect", "--config", p.to_str().unwrap()])
 }
 
@@ -351,8 +347,7 @@ fn bad_table_and_bias_arguments_are_one_line_errors() {
 
 #[test]
 fn report_writes_markdown_and_json_with_computed_verdicts() {
-    let dir = std::env::temp_dir().join(format!("posenc-report-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let (_tmp, dir) = common::scratch("report-test", "report");
     let out = posenc(&argv(
         "report --preset smoke --out {}",
         &[dir.to_str().unwrap()],

@@ -28,10 +28,9 @@ fn inspect_json(path: &std::path::Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("stdout is JSON")
 }
 
-fn tmp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-cli-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A new scratch directory for one test, removed when dropped.
+fn tmp_dir(name: &str) -> tempfile::TempDir {
+    crate::common::tempdir(&format!("cli-{name}"))
 }
 
 fn with_vision(config: &str, vision: Value, dir: &std::path::Path) -> PathBuf {
@@ -53,7 +52,7 @@ fn qwen2_vl_with_a_bare_vision_config_inspects_like_the_full_one() {
     let bare = with_vision(
         "qwen2-vl-7b-instruct.config.json",
         serde_json::json!({"depth": 32}),
-        &dir,
+        dir.path(),
     );
     let got = inspect_json(&bare);
     assert_eq!(got, full);
@@ -76,7 +75,7 @@ fn empty_vision_configs_take_the_class_defaults() {
         ("llama-4-scout-17b-16e-instruct.config.json", 48),
     ] {
         let full = inspect_json(&fixture(config));
-        let got = inspect_json(&with_vision(config, serde_json::json!({}), &dir));
+        let got = inspect_json(&with_vision(config, serde_json::json!({}), dir.path()));
         assert_eq!(got["vision"]["head_dim"], head_dim, "{config}");
         let mut a = full.clone();
         let mut b = got.clone();

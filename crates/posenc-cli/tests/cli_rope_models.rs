@@ -246,8 +246,7 @@ fn table_needs_a_layer_type_when_they_differ() {
 
 #[test]
 fn hostile_configs_exit_2_with_one_line() {
-    let dir = std::env::temp_dir().join(format!("posenc-cli-hostile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::tempdir("cli-hostile");
     let cases = [
         // head_dim 2^31 aborted ("memory allocation of 34359738368 bytes failed")
         (
@@ -278,7 +277,7 @@ fn hostile_configs_exit_2_with_one_line() {
         (r#"{"head_dim": 64, "text_config": 3}"#, "JSON"),
     ];
     for (i, (text, word)) in cases.iter().enumerate() {
-        let p = dir.join(format!("hostile-{i}.json"));
+        let p = dir.path().join(format!("hostile-{i}.json"));
         std::fs::write(&p, text).unwrap();
         for cmd in ["inspect", "table"] {
             let e = fails(&["rope", cmd, "--config", p.to_str().unwrap()]);
@@ -289,9 +288,8 @@ fn hostile_configs_exit_2_with_one_line() {
 
 #[test]
 fn show_rope2d_draws_and_rejects_bad_grids() {
-    let dir = std::env::temp_dir().join(format!("posenc-cli-rope2d-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let png = dir.join("sim.png");
+    let dir = common::tempdir("cli-rope2d");
+    let png = dir.path().join("sim.png");
     let out = posenc(&argv(
         "show rope2d:variant=pixtral --grid 12x20 --dim 32 -o {}",
         &[png.to_str().unwrap()],

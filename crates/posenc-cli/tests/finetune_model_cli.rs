@@ -19,12 +19,9 @@ fn tiny() -> String {
         .into_owned()
 }
 
-/// A fresh scratch directory for one test.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-ftm-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh scratch directory for one test, removed when dropped.
+fn scratch(name: &str) -> tempfile::TempDir {
+    common::tempdir(&format!("ftm-{name}"))
 }
 
 /// A word-level tokenizer (`w0`..`w254`, `[UNK]`) and a text of `words`
@@ -70,7 +67,8 @@ fn mean_loss(out: Output, name: &str) -> f64 {
 
 #[test]
 fn finetune_writes_a_peft_adapter_and_a_merged_checkpoint() {
-    let d = scratch("run");
+    let tmp = scratch("run");
+    let d = tmp.path();
     let (tk, text) = inputs(3000);
     let out = d.join("out");
     let m = tiny();
@@ -170,7 +168,8 @@ fn finetune_writes_a_peft_adapter_and_a_merged_checkpoint() {
 
 #[test]
 fn bad_arguments_are_refused_before_the_model_is_read() {
-    let d = scratch("args");
+    let tmp = scratch("args");
+    let d = tmp.path();
     let not_a_model = d.join("not-a-model.gguf");
     std::fs::write(&not_a_model, b"this is not a GGUF file").unwrap();
     let m = s(&not_a_model);
@@ -214,7 +213,7 @@ fn bad_arguments_are_refused_before_the_model_is_read() {
     // Flags of the other mode.
     fails_mentioning(
         &[
-            ["finetune", "--checkpoint", s(&d)].as_slice(),
+            ["finetune", "--checkpoint", s(d)].as_slice(),
             &words("--len 8 --steps 1"),
             &["--model", m, "--out", s(&out)],
         ]
@@ -230,9 +229,10 @@ fn bad_arguments_are_refused_before_the_model_is_read() {
 
 #[test]
 fn misfits_are_refused_before_the_weights_are_read() {
-    let d = scratch("misfit");
+    let tmp = scratch("misfit");
+    let d = tmp.path();
     let (tk, text) = inputs(100);
-    let model = config_only_model(&d, None);
+    let model = config_only_model(d, None);
     let m = s(&model);
     let out = d.join("out");
     let base = on(
@@ -268,7 +268,8 @@ fn misfits_are_refused_before_the_weights_are_read() {
     args.extend(words("--length 32 --steps 2 --lora 4"));
     args.extend(["--out", s(&good), "--quiet"]);
     common::ok(&posenc(&args));
-    let one_layer = config_only_model(&scratch("one-layer"), Some(1));
+    let one_layer_dir = scratch("one-layer");
+    let one_layer = config_only_model(one_layer_dir.path(), Some(1));
     let ol = s(&one_layer);
     let needle = "layer 1, the model has 1";
     // `cmd` on `model` with `adapter`, refused with a line holding `needle`.
@@ -296,7 +297,7 @@ fn misfits_are_refused_before_the_weights_are_read() {
     )
     .unwrap();
     adapter_refused(m, &ppl, &bad, "the model needs [8, 64] (r = 8)");
-    adapter_refused(m, &ppl, &d, "no adapter_config.json");
+    adapter_refused(m, &ppl, d, "no adapter_config.json");
 }
 
 /// Ctrl-C during a fine-tune: a checkpoint, exit status 130, and `--resume`
@@ -304,7 +305,8 @@ fn misfits_are_refused_before_the_weights_are_read() {
 #[cfg(unix)]
 #[test]
 fn an_interrupted_finetune_checkpoints_and_resumes_exactly() {
-    let d = scratch("ctrl-c");
+    let tmp = scratch("ctrl-c");
+    let d = tmp.path();
     let (tk, text) = inputs(3000);
     let m = tiny();
     let (cut, whole) = (d.join("cut"), d.join("whole"));
@@ -352,7 +354,8 @@ fn an_interrupted_finetune_checkpoints_and_resumes_exactly() {
 /// checkpointed; without `--model` the flag is refused.
 #[test]
 fn checkpointed_layers_train_the_same_adapter() {
-    let d = scratch("ckpt-layers");
+    let tmp = scratch("ckpt-layers");
+    let d = tmp.path();
     let (tk, text) = inputs(3000);
     let m = tiny();
     let run = |out: &Path, extra: &[&str]| {
@@ -382,7 +385,8 @@ fn checkpointed_layers_train_the_same_adapter() {
 /// than the window is refused in one line.
 #[test]
 fn perplexity_scores_the_held_out_tail() {
-    let d = scratch("held-out");
+    let tmp = scratch("held-out");
+    let d = tmp.path();
     let (tk, text) = inputs(3000);
     let all: Vec<String> = std::fs::read_to_string(&text)
         .unwrap()

@@ -41,17 +41,16 @@ fn real_model(test: &str) -> Option<String> {
     model::model_path(test).map(|p| p.to_str().unwrap().to_string())
 }
 
-/// `posenc-cli-files-{pid}/{name}` in the temp dir (the directory made).
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-cli-files-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A new scratch directory `posenc-cli-files-…` in the temp dir for one
+/// test, removed when dropped.
+fn scratch() -> tempfile::TempDir {
+    common::tempdir("cli-files")
 }
 
-/// A [`scratch`] directory `name` holding the tiny Llama 3.1's
+/// A directory `name` in `scratch` holding the tiny Llama 3.1's
 /// `config.json` only.
-fn with_tiny_config(name: &str) -> PathBuf {
-    let dir = scratch(name);
+fn with_tiny_config(scratch: &Path, name: &str) -> PathBuf {
+    let dir = scratch.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(
         fixtures().join("tiny-llama31/config.json"),
@@ -184,7 +183,8 @@ fn mean_loss(out: &Output) -> f64 {
 /// the YaRN factor 1e308 on `generate` and `passkey --scaling model` too.
 #[test]
 fn hostile_models_are_refused_naming_the_key_in_1_gib() {
-    let dir = scratch("models");
+    let tmp = scratch();
+    let dir = tmp.path().join("models");
     let (tk, text) = inputs();
     let variants = hostile::issue_37_variants(&fixtures(), &dir.join("issue-37"));
     let mut cases = Vec::new();
@@ -257,10 +257,15 @@ fn adapter_tensors() -> Tensors {
     t
 }
 
-/// An adapter directory `name`: the fixture's config edited by `config`,
-/// its tensors by `tensors` (written packed, offsets recomputed).
-fn adapter(name: &str, config: impl Fn(&mut Value), tensors: impl Fn(&mut Tensors)) -> String {
-    let d = scratch(&format!("adapter-{name}"));
+/// An adapter directory `name` in `scratch`: the fixture's config edited by
+/// `config`, its tensors by `tensors` (written packed, offsets recomputed).
+fn adapter(
+    scratch: &Path,
+    name: &str,
+    config: impl Fn(&mut Value),
+    tensors: impl Fn(&mut Tensors),
+) -> String {
+    let d = scratch.join(format!("adapter-{name}"));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     let mut c: Value = serde_json::from_str(
@@ -308,12 +313,13 @@ fn fill(names: &'static [&'static str], v: f32) -> impl Fn(&mut Tensors) {
 /// `perplexity --adapter` (and `generate --adapter`).
 #[test]
 fn hostile_adapters_are_refused_by_name_in_1_gib() {
+    let tmp = scratch();
     let (tk, text) = inputs();
     let m = tiny_llama();
     let keep = |_: &mut Value| {};
     let same = |_: &mut Tensors| {};
     let special = |name: &str, make: &dyn Fn(&Path)| {
-        let d = adapter(name, keep, same);
+        let d = adapter(tmp.path(), name, keep, same);
         let cfg = Path::new(&d).join("adapter_config.json");
         std::fs::remove_file(&cfg).unwrap();
         make(&cfg);
@@ -332,7 +338,7 @@ fn hostile_adapters_are_refused_by_name_in_1_gib() {
     let adapters: Vec<(&str, String, Vec<&str>)> = vec![
         (
             "a tensor relabelled I32",
-            adapter("i32", keep, |t| {
+            adapter(tmp.path(), "i32", keep, |t| {
                 t.iter_mut().for_each(|(n, e, _)| {
                     if n == Q0 {
                         e["dtype"] = "I32".into();
@@ -344,6 +350,7 @@ fn hostile_adapters_are_refused_by_name_in_1_gib() {
         (
             "layers_to_transform [100]",
             adapter(
+                tmp.path(),
                 "layers-100",
                 |c| c["layers_to_transform"] = json!([100]),
                 same,
@@ -355,17 +362,17 @@ fn hostile_adapters_are_refused_by_name_in_1_gib() {
         ),
         (
             "lora_alpha 1e38",
-            adapter("alpha", |c| c["lora_alpha"] = json!(1e38), same),
+            adapter(tmp.path(), "alpha", |c| c["lora_alpha"] = json!(1e38), same),
             vec!["lora_alpha/r = 2.5e37 is outside [0.0009765625, 256]"],
         ),
         (
             "a factor of 1e30",
-            adapter("big", keep, fill(&[Q0], 1e30)),
+            adapter(tmp.path(), "big", keep, fill(&[Q0], 1e30)),
             vec![Q0, "holds 1e30 at index 0"],
         ),
         (
             "factors whose product overflows",
-            adapter("product", keep, move |t| {
+            adapter(tmp.path(), "product", keep, move |t| {
                 fill(&[Q0], 9e3)(t);
                 for (n, _, bytes) in t.iter_mut() {
                     if n == b0 {
@@ -394,12 +401,13 @@ fn hostile_adapters_are_refused_by_name_in_1_gib() {
         ),
         (
             "adapter_config.json holding []",
-            adapter("array", |c| *c = json!([]), same),
+            adapter(tmp.path(), "array", |c| *c = json!([]), same),
             vec!["adapter_config.json is not a JSON object but an array"],
         ),
         (
             "an escape in target_modules",
             adapter(
+                tmp.path(),
                 "escape",
                 |c| c["target_modules"] = json!(["q_proj\u{1b}[2J"]),
                 same,
@@ -432,6 +440,7 @@ fn hostile_adapters_are_refused_by_name_in_1_gib() {
     // layers_to_transform [0] with layer 0's factors alone: honoured (the
     // losses differ from the base's and from the whole adapter's).
     let only_0 = adapter(
+        tmp.path(),
         "only-0",
         |c| c["layers_to_transform"] = json!([0]),
         |t| t.retain(|(n, _, _)| !(n.contains(".layers.1.") && n.contains("lora_"))),
@@ -450,7 +459,7 @@ fn hostile_adapters_are_refused_by_name_in_1_gib() {
         }
         mean_loss(&limited(&a).0)
     };
-    let whole = adapter("whole", keep, same);
+    let whole = adapter(tmp.path(), "whole", keep, same);
     let (base, layer_0, all) = (ppl(None), ppl(Some(&only_0)), ppl(Some(&whole)));
     println!("losses: base {base}, layers_to_transform [0] {layer_0}, whole adapter {all}");
     assert!(layer_0 != base && layer_0 != all, "{base} {layer_0} {all}");
@@ -466,13 +475,14 @@ fn arguments_and_outputs_are_refused_naming_the_flag_in_1_gib() {
     let m = tiny_llama();
     // A config beside weights that are not safetensors: a case refused
     // naming --out was refused before any weight was read.
-    let config_only = with_tiny_config("config-only");
+    let tmp = scratch();
+    let config_only = with_tiny_config(tmp.path(), "config-only");
     std::fs::write(config_only.join("model.safetensors"), b"not safetensors").unwrap();
     let co = s(&config_only);
-    let file = scratch("a-file");
+    let file = tmp.path().join("a-file");
     std::fs::write(&file, "x").unwrap();
     let file = s(&file);
-    let merged_file = scratch("merge-into-a-file");
+    let merged_file = tmp.path().join("merge-into-a-file");
     std::fs::create_dir_all(&merged_file).unwrap();
     std::fs::write(merged_file.join("merged"), "x").unwrap();
     let merged_file = s(&merged_file);
@@ -568,8 +578,9 @@ fn arguments_and_outputs_are_refused_naming_the_flag_in_1_gib() {
 fn a_resumed_finetune_says_what_is_wrong_in_1_gib() {
     let (tk, text) = inputs();
     let m = tiny_llama();
+    let tmp = scratch();
     let train = |name: &str, steps: &str| {
-        let out = scratch(name);
+        let out = tmp.path().join(name);
         let _ = std::fs::remove_dir_all(&out);
         let args = common::argv(
             "finetune --model {} --tokenizer {} --text {} --length 16 --lora 4 --steps {} \
@@ -582,7 +593,7 @@ fn a_resumed_finetune_says_what_is_wrong_in_1_gib() {
     };
     let (three, two) = (train("ft-3", "3"), train("ft-2", "2"));
     let copy = |name: &str, edit: &dyn Fn(&Path)| {
-        let d = scratch(name);
+        let d = tmp.path().join(name);
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         for e in std::fs::read_dir(&three).unwrap() {
@@ -599,7 +610,7 @@ fn a_resumed_finetune_says_what_is_wrong_in_1_gib() {
         std::fs::write(&p, r.to_string()).unwrap();
     };
     // The tiny model with one weight changed.
-    let other = with_tiny_config("other-model");
+    let other = with_tiny_config(tmp.path(), "other-model");
     let mut st = std::fs::read(fixtures().join("tiny-llama31/model.safetensors")).unwrap();
     let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
     let header: Value = serde_json::from_slice(&st[8..8 + n]).unwrap();
@@ -669,12 +680,13 @@ fn a_resumed_finetune_says_what_is_wrong_in_1_gib() {
 #[test]
 fn large_texts_and_prompts_stay_within_1_gib() {
     let (tk, _) = inputs();
-    let big = scratch("big.txt");
+    let tmp = scratch();
+    let big = tmp.path().join("big.txt");
     let piece: String = (0..100_000)
         .map(|i| format!("w{} ", ((i % 97) * 89 + 13) % 255))
         .collect();
     std::fs::write(&big, piece.repeat(48_000_000 / piece.len())).unwrap();
-    let out = scratch("ft-big");
+    let out = tmp.path().join("ft-big");
     let _ = std::fs::remove_dir_all(&out);
     let args: Vec<String> = common::argv(
         "finetune --model {} --tokenizer {} --text {} --length 32 --steps 1 --lora 4 \
@@ -695,7 +707,7 @@ fn large_texts_and_prompts_stay_within_1_gib() {
     let Some(real) = real_model("large prompts") else {
         return;
     };
-    let nul = scratch("nul.txt");
+    let nul = tmp.path().join("nul.txt");
     std::fs::write(&nul, vec![0u8; 100_000]).unwrap();
     let prompt = "the cat sat on the mat and the dog ran. ".repeat(3000);
     let plan = ["needs about", "RLIMIT_AS", "--prompt-tokens"];

@@ -21,10 +21,9 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-cli-hostile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A new scratch directory for one test, removed when dropped.
+fn scratch() -> tempfile::TempDir {
+    common::tempdir("cli-hostile")
 }
 
 /// Runs `posenc args` under the memory limit, killed after 20 s.
@@ -41,23 +40,25 @@ fn refused(args: &[&str]) -> String {
     common::one_line_error(out, args)
 }
 
-fn words_text(name: &str, bytes: usize) -> PathBuf {
+/// A text of `bytes` bytes of words as the file `name` in `scratch`.
+fn words_text(scratch: &Path, name: &str, bytes: usize) -> PathBuf {
     let mut t = String::with_capacity(bytes + 8);
     let mut i = 0usize;
     while t.len() < bytes {
         t.push_str(&format!("w{} ", (i * 37 + 11) % 255));
         i += 1;
     }
-    let p = scratch(name);
+    let p = scratch.join(name);
     std::fs::write(&p, t).unwrap();
     p
 }
 
 #[test]
 fn every_hostile_model_is_refused_with_one_line_in_1_gib() {
-    let dir = scratch("variants");
+    let tmp = scratch();
+    let dir = tmp.path().join("variants");
     let (base, variants) = hostile::model_variants(&fixtures(), &dir);
-    let text = words_text("text.txt", 4096);
+    let text = words_text(tmp.path(), "text.txt", 4096);
     let tk = common::word_tokenizer_file();
     let args_for = |model: &Path| -> Vec<String> {
         let mut a: Vec<String> = argv(
@@ -113,7 +114,8 @@ fn every_hostile_model_is_refused_with_one_line_in_1_gib() {
 
 #[test]
 fn special_files_huge_prompts_and_unwritable_outputs_are_refused_first() {
-    let model_dir = scratch("model");
+    let tmp = scratch();
+    let model_dir = tmp.path().join("model");
     let (model, _) = {
         // Only the base model is needed here.
         let (base, v) = hostile::model_variants(&fixtures(), &model_dir);
@@ -122,14 +124,14 @@ fn special_files_huge_prompts_and_unwritable_outputs_are_refused_first() {
     let model = model.to_str().unwrap().to_string();
     let tk = common::word_tokenizer_file();
     let tk = tk.to_str().unwrap();
-    let text = words_text("ok.txt", 2048);
+    let text = words_text(tmp.path(), "ok.txt", 2048);
     let text = text.to_str().unwrap();
-    let fifo = scratch("fifo");
+    let fifo = tmp.path().join("fifo");
     let _ = std::fs::remove_file(&fifo);
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a valid C string; mkfifo only creates the node.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let dir = scratch("a-directory");
+    let dir = tmp.path().join("a-directory");
     std::fs::create_dir_all(&dir).unwrap();
     let mut tried = 0;
     for special in [
@@ -162,7 +164,7 @@ fn special_files_huge_prompts_and_unwritable_outputs_are_refused_first() {
         }
     }
     // A 1 MiB prompt: refused before any prefill, naming the cap.
-    let prompt = words_text("prompt.txt", 1 << 20);
+    let prompt = words_text(tmp.path(), "prompt.txt", 1 << 20);
     let (out, took) = limited(&argv(
         "generate --model {} --tokenizer {} --prompt-file {}",
         &[&model, tk, prompt.to_str().unwrap()],
@@ -192,7 +194,7 @@ fn special_files_huge_prompts_and_unwritable_outputs_are_refused_first() {
         tried += 1;
     }
     // A 6 MB text with a window of 16 tokens: read only as far as needed.
-    let big = words_text("big.txt", 6 << 20);
+    let big = words_text(tmp.path(), "big.txt", 6 << 20);
     let (out, took) = limited(&[
         "perplexity",
         "--model",
@@ -209,11 +211,11 @@ fn special_files_huge_prompts_and_unwritable_outputs_are_refused_first() {
         "none",
         "--json",
         "--out",
-        scratch("loss.svg").to_str().unwrap(),
+        tmp.path().join("loss.svg").to_str().unwrap(),
     ]);
     common::ok(&out);
     assert!(took < Duration::from_secs(10), "{took:?}");
-    assert!(std::fs::read_to_string(scratch("loss.svg"))
+    assert!(std::fs::read_to_string(tmp.path().join("loss.svg"))
         .unwrap()
         .contains("<svg"));
     println!("special-file, prompt and output cases tried through the CLI: {tried}");

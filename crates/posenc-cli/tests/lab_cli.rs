@@ -1,7 +1,7 @@
 //! `posenc train`, `eval`, `probe`, `shuffle`, `show --checkpoint` and
 //! `bench train` end to end, on tiny models.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::common;
 
@@ -13,8 +13,9 @@ fn ok(args: &[&str]) -> String {
     common::stdout_ok(posenc(args), args)
 }
 
-fn tmp(name: &str) -> PathBuf {
-    common::scratch("lab-cli", name)
+/// A new scratch directory for one test, removed when dropped.
+fn scratch() -> tempfile::TempDir {
+    common::tempdir("lab-cli")
 }
 
 /// The tiny model of every run here.
@@ -29,23 +30,24 @@ fn train(dir: &str, task: &str, pe: &str, steps: &str) -> String {
     ok(&args)
 }
 
-/// A fresh directory `name` with a tiny model trained in it.
-fn trained(name: &str, task: &str, pe: &str, steps: &str) -> PathBuf {
-    let d = tmp(name);
+/// A fresh directory `name` in `scratch` with a tiny model trained in it.
+fn trained(scratch: &Path, name: &str, task: &str, pe: &str, steps: &str) -> PathBuf {
+    let d = scratch.join(name);
     train(d.to_str().unwrap(), task, pe, steps);
     d
 }
 
 /// A tiny RoPE model trained 2 steps in `ft-{name}-base`, and the directory
 /// `ft-{name}-out` (not created) for its fine-tune.
-fn finetune_dirs(name: &str) -> (PathBuf, PathBuf) {
-    let base = trained(&format!("ft-{name}-base"), "copy", "rope", "2");
-    (base, tmp(&format!("ft-{name}-out")))
+fn finetune_dirs(scratch: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let base = trained(scratch, &format!("ft-{name}-base"), "copy", "rope", "2");
+    (base, scratch.join(format!("ft-{name}-out")))
 }
 
 #[test]
 fn train_eval_probe_shuffle_and_show_a_checkpoint() {
-    let d = tmp("learned");
+    let tmp = scratch();
+    let d = tmp.path().join("learned");
     let ds = d.to_str().unwrap();
     let out = train(ds, "lm", "learned", "6");
     assert!(out.contains("step 6/6"), "{out}");
@@ -98,7 +100,8 @@ fn train_eval_probe_shuffle_and_show_a_checkpoint() {
 
 #[test]
 fn resume_and_refusals() {
-    let d = trained("resume", "copy", "rope", "4");
+    let tmp = scratch();
+    let d = trained(tmp.path(), "resume", "copy", "rope", "4");
     let ds = d.to_str().unwrap();
     // The same --out again without --resume is refused.
     let mut args = vec![
@@ -118,7 +121,8 @@ fn resume_and_refusals() {
 
 #[test]
 fn bad_lab_arguments_are_one_line_errors() {
-    let d = tmp("bad");
+    let tmp = scratch();
+    let d = tmp.path().join("bad");
     let ds = d.to_str().unwrap();
     let e = fails_mentioning(
         &argv("train --task juggling --pe rope --out {}", &[ds]),
@@ -162,13 +166,14 @@ fn bad_lab_arguments_are_one_line_errors() {
 
 #[test]
 fn eval_time_scaling_needs_a_rope_model() {
-    let d = trained("scaling", "copy", "alibi", "2");
+    let tmp = scratch();
+    let d = trained(tmp.path(), "scaling", "copy", "alibi", "2");
     let ds = d.to_str().unwrap();
     fails_mentioning(
         &argv("eval --checkpoint {} --lengths 24 --scaling yarn", &[ds]),
         "RoPE",
     );
-    let r = trained("scaling-rope", "copy", "rope", "2");
+    let r = trained(tmp.path(), "scaling-rope", "copy", "rope", "2");
     let rs = r.to_str().unwrap();
     for s in ["none", "linear", "ntk", "dynamic", "yarn"] {
         let v: Value = serde_json::from_str(&ok(&argv(
@@ -213,11 +218,12 @@ fn eval_json(dir: &str, extra: &[&str]) -> Value {
 
 #[test]
 fn finetune_at_a_new_length_and_evaluate_the_result() {
-    let base = trained("ft-base", "copy", "rope", "4");
+    let tmp = scratch();
+    let base = trained(tmp.path(), "ft-base", "copy", "rope", "4");
     let bs = base.to_str().unwrap();
     let base_config = std::fs::read(base.join("config.json")).unwrap();
     // Plain fine-tuning at 24.
-    let plain = tmp("ft-plain");
+    let plain = tmp.path().join("ft-plain");
     let ps = plain.to_str().unwrap();
     let s = finetune(bs, ps, &[]);
     assert_eq!(s["steps"], 3);
@@ -232,7 +238,7 @@ fn finetune_at_a_new_length_and_evaluate_the_result() {
     let e = eval_json(ps, &["--scaling", "linear"]);
     assert_eq!(e["scaling"][2], "linear ×2 (from 24)");
     // Position Interpolation: linear ×2 in training, and by default after.
-    let pi = tmp("ft-pi");
+    let pi = tmp.path().join("ft-pi");
     let pis = pi.to_str().unwrap();
     let s = finetune(
         bs,
@@ -320,7 +326,8 @@ fn finetune_at_a_new_length_and_evaluate_the_result() {
 
 #[test]
 fn bad_finetune_arguments_are_one_line_errors() {
-    let (base, out) = finetune_dirs("bad");
+    let tmp = scratch();
+    let (base, out) = finetune_dirs(tmp.path(), "bad");
     let (bs, os) = (base.to_str().unwrap(), out.to_str().unwrap());
     let ft = |extra: &[&str], needle: &str| {
         let mut args = vec!["finetune", "--steps", "1", "--out", os];
@@ -372,13 +379,13 @@ fn bad_finetune_arguments_are_one_line_errors() {
     );
     fails_mentioning(&["finetune", "--resume", "--out", bs], "not a fine-tune");
     // A learned table past its rows (12 × 8 = 96), and a scaling without RoPE.
-    let learned = trained("ft-bad-learned", "copy", "learned", "1");
+    let learned = trained(tmp.path(), "ft-bad-learned", "copy", "learned", "1");
     let ls = learned.to_str().unwrap();
     ft(
         &["--checkpoint", ls, "--len", "97"],
         "learned position table has 96 rows",
     );
-    let alibi = trained("ft-bad-alibi", "copy", "alibi", "1");
+    let alibi = trained(tmp.path(), "ft-bad-alibi", "copy", "alibi", "1");
     let als = alibi.to_str().unwrap();
     ft(
         &["--checkpoint", als, "--len", "24", "--scaling", "linear"],
@@ -392,7 +399,8 @@ fn bad_finetune_arguments_are_one_line_errors() {
 #[cfg(unix)]
 #[test]
 fn an_interrupted_finetune_checkpoints_and_resumes() {
-    let (base, out) = finetune_dirs("int");
+    let tmp = scratch();
+    let (base, out) = finetune_dirs(tmp.path(), "int");
     let (bs, os) = (base.to_str().unwrap(), out.to_str().unwrap());
     let args = argv(
         "finetune --checkpoint {} --len 24 --steps 1000 --batch 2 --out {}",

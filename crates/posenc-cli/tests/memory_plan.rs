@@ -18,26 +18,25 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-cli-memory-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A new scratch directory for one test, removed when dropped.
+fn scratch() -> tempfile::TempDir {
+    common::tempdir("cli-memory")
 }
 
 fn real_model(test: &str) -> Option<String> {
     model::model_path(test).map(|p| p.to_str().unwrap().to_string())
 }
 
-/// The tiny fixture model as a GGUF file in the scratch directory `name`,
-/// and a text (`name.txt`) of one sentence `repeats` times.
-fn tiny_model_and_text(name: &str, repeats: usize) -> (PathBuf, PathBuf) {
+/// The tiny fixture model as a GGUF file in the directory `name` of
+/// `scratch`, and a text (`name.txt` there) of one sentence `repeats` times.
+fn tiny_model_and_text(scratch: &Path, name: &str, repeats: usize) -> (PathBuf, PathBuf) {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../posenc-models/tests/fixtures");
-    let dir = scratch(name);
+    let dir = scratch.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let (bytes, _) = hostile::Gguf::tiny(&fixtures, &dir).write();
     let model = dir.join("tiny.gguf");
     std::fs::write(&model, bytes).unwrap();
-    let text = scratch(&format!("{name}.txt"));
+    let text = scratch.join(format!("{name}.txt"));
     let sentence = "the cat sat on the mat and the dog ran. ";
     std::fs::write(&text, sentence.repeat(repeats)).unwrap();
     (model, text)
@@ -141,7 +140,8 @@ fn generate_runs_at_the_largest_token_count_the_plan_allows_and_not_past_it() {
     assert!(!v["new_ids"].as_array().unwrap().is_empty());
     // The 20,000-token prompt: refused before the prefill, naming
     // --prompt-tokens and what fits.
-    let prompt = scratch("prompt.txt");
+    let tmp = scratch();
+    let prompt = tmp.path().join("prompt.txt");
     std::fs::write(&prompt, "the cat sat on the mat ".repeat(5000)).unwrap();
     let err = refused_by_plan(
         &[
@@ -184,10 +184,11 @@ fn passkey_runs_at_the_largest_length_the_plan_allows_and_not_past_it() {
 
 #[test]
 fn finetune_runs_at_the_largest_window_the_plan_allows_and_not_past_it() {
-    let (model, text) = tiny_model_and_text("tiny", 2000);
+    let tmp = scratch();
+    let (model, text) = tiny_model_and_text(tmp.path(), "tiny", 2000);
     let (m, t) = (model.to_str().unwrap(), text.to_str().unwrap());
     let (n, _) = edge("--length", 1 << 20, |len| {
-        let out = scratch(&format!("ft-{len}"));
+        let out = tmp.path().join(format!("ft-{len}"));
         let _ = std::fs::remove_dir_all(&out);
         strings(&[
             "finetune",
@@ -207,14 +208,16 @@ fn finetune_runs_at_the_largest_window_the_plan_allows_and_not_past_it() {
             "40M",
         ])
     });
-    assert!(scratch(&format!("ft-{n}"))
+    assert!(tmp
+        .path()
+        .join(format!("ft-{n}"))
         .join("adapter_model.safetensors")
         .is_file());
     println!("finetune (tiny model): --length {n} is the largest under --max-memory 40M");
     // The real model's loaded and trainable weights alone are over 1 GiB:
     // refused before the text is tokenized or a weight read.
     if let Some(real) = real_model("finetune") {
-        let out = scratch("ft-real");
+        let out = tmp.path().join("ft-real");
         let err = refused_by_plan(
             &[
                 "finetune",
@@ -241,7 +244,8 @@ fn finetune_runs_at_the_largest_window_the_plan_allows_and_not_past_it() {
 fn held_out_reads_a_large_text_in_pieces_under_1_gib() {
     // The abort: --held-out --length 64 on a large text tokenized
     // whole. In pieces, only the window's tokens are kept.
-    let (model, text) = tiny_model_and_text("tiny-held", 300_000);
+    let tmp = scratch();
+    let (model, text) = tiny_model_and_text(tmp.path(), "tiny-held", 300_000);
     let out = limited(&[
         "perplexity",
         "--model",

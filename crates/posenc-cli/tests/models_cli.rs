@@ -4,7 +4,7 @@
 //! input the issue lists: one line on stderr, exit status 2, before the
 //! weights are read.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 use serde_json::Value;
@@ -25,10 +25,9 @@ fn fixture(name: &str) -> String {
         .into_owned()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-models-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A new scratch directory for one test, removed when dropped.
+fn scratch() -> tempfile::TempDir {
+    common::tempdir("models-cli")
 }
 
 /// A word-level `tokenizer.json` over the 256 ids of the tiny models: words
@@ -37,11 +36,12 @@ fn tokenizer() -> String {
     common::word_tokenizer_file().to_string_lossy().into_owned()
 }
 
-fn text(words: usize) -> String {
+/// A text of `words` words as a file in `scratch`.
+fn text(scratch: &Path, words: usize) -> String {
     let t: Vec<String> = (0..words)
         .map(|i| format!("w{}", (i * 37 + 11) % 255))
         .collect();
-    let p = scratch(&format!("text-{words}.txt"));
+    let p = scratch.join(format!("text-{words}.txt"));
     std::fs::write(&p, t.join(" ")).unwrap();
     p.to_string_lossy().into_owned()
 }
@@ -53,8 +53,9 @@ fn fails(args: &[&str], needle: &str) {
 #[test]
 fn perplexity_json_bands_means_and_figure() {
     let tk = tokenizer();
-    let txt = text(200);
-    let svg = scratch("loss.svg");
+    let tmp = scratch();
+    let txt = text(tmp.path(), 200);
+    let svg = tmp.path().join("loss.svg");
     let out = posenc(&[
         "perplexity",
         "--model",
@@ -138,6 +139,7 @@ fn generate_is_greedy_by_default_and_seeded_when_sampling() {
 #[test]
 fn bad_input_gets_one_line_and_exit_2() {
     let tk = tokenizer();
+    let tmp = scratch();
     let model = fixture("tiny-qwen25");
     // A precision the attention does not have.
     for cmd in ["perplexity", "generate"] {
@@ -154,7 +156,7 @@ fn bad_input_gets_one_line_and_exit_2() {
     fails(
         &argv(
             "perplexity --model {} --text {} --length 16",
-            &[&model, &text(100)],
+            &[&model, &text(tmp.path(), 100)],
         ),
         "tokenizer",
     );
@@ -162,12 +164,12 @@ fn bad_input_gets_one_line_and_exit_2() {
     fails(
         &argv(
             "perplexity --model {} --tokenizer {} --text {} --length 64",
-            &[&model, &tk, &text(10)],
+            &[&model, &tk, &text(tmp.path(), 10)],
         ),
         "fewer than the window",
     );
     // A non-UTF-8 text.
-    let bad = scratch("latin1.txt");
+    let bad = tmp.path().join("latin1.txt");
     std::fs::write(&bad, b"w1 w2 caf\xe9 w3").unwrap();
     fails(
         &argv(
@@ -178,7 +180,7 @@ fn bad_input_gets_one_line_and_exit_2() {
     );
     // A length beyond what fits in memory: a config of a model far larger
     // than the machine (no weights needed: refused from the config).
-    let big = scratch("huge-model");
+    let big = tmp.path().join("huge-model");
     std::fs::create_dir_all(&big).unwrap();
     std::fs::write(
         big.join("config.json"),
@@ -198,7 +200,7 @@ fn bad_input_gets_one_line_and_exit_2() {
         "MiB limit",
     );
     // An architecture posenc does not run.
-    let gpt2 = scratch("gpt2");
+    let gpt2 = tmp.path().join("gpt2");
     std::fs::create_dir_all(&gpt2).unwrap();
     std::fs::write(gpt2.join("config.json"), r#"{"model_type": "gpt2"}"#).unwrap();
     fails(
@@ -206,7 +208,7 @@ fn bad_input_gets_one_line_and_exit_2() {
         "unsupported architecture",
     );
     // A foreign file and a truncated GGUF.
-    let foreign = scratch("foreign.gguf");
+    let foreign = tmp.path().join("foreign.gguf");
     std::fs::write(&foreign, b"\x7fELF not a model").unwrap();
     fails(
         &["perplexity", "--model", foreign.to_str().unwrap()],
@@ -215,7 +217,7 @@ fn bad_input_gets_one_line_and_exit_2() {
     let mut magic_only = b"GGUF".to_vec();
     magic_only.extend_from_slice(&3u32.to_le_bytes());
     magic_only.extend_from_slice(&u64::MAX.to_le_bytes());
-    let cut = scratch("cut.gguf");
+    let cut = tmp.path().join("cut.gguf");
     std::fs::write(&cut, &magic_only).unwrap();
     fails(
         &[

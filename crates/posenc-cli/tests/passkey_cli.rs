@@ -8,17 +8,18 @@ use crate::model;
 use std::path::PathBuf;
 
 use common::{argv, fails_mentioning};
+use tempfile::TempDir;
 
-/// A fresh scratch directory for one test.
-fn scratch(name: &str) -> PathBuf {
-    common::fresh_dir("passkey", name)
+/// A fresh scratch directory for one test, removed when dropped.
+fn scratch(name: &str) -> TempDir {
+    common::tempdir(&format!("passkey-{name}"))
 }
 
 /// A fresh scratch directory for one test, and a file in it that is not a
 /// model.
-fn with_a_non_model(name: &str) -> (PathBuf, PathBuf) {
+fn with_a_non_model(name: &str) -> (TempDir, PathBuf) {
     let dir = scratch(name);
-    let p = dir.join("not-a-model.gguf");
+    let p = dir.path().join("not-a-model.gguf");
     std::fs::write(&p, b"this is not a GGUF file").unwrap();
     (dir, p)
 }
@@ -61,7 +62,8 @@ fn bad_methods_and_grids_are_refused_before_the_model() {
 
 #[test]
 fn bad_haystacks_are_refused_before_the_model() {
-    let (dir, model) = with_a_non_model("haystack");
+    let (tmp, model) = with_a_non_model("haystack");
+    let dir = tmp.path();
     let m = model.to_str().unwrap();
     let short = dir.join("short.txt");
     std::fs::write(&short, "Too few words here.").unwrap();
@@ -117,7 +119,7 @@ fn a_haystack_shorter_than_the_length_is_refused() {
         return;
     };
     let dir = scratch("short");
-    let hay = dir.join("hay.txt");
+    let hay = dir.path().join("hay.txt");
     std::fs::write(&hay, "The cat sat on the mat. ".repeat(40)).unwrap();
     fails_mentioning(
         &argv(
@@ -130,7 +132,8 @@ fn a_haystack_shorter_than_the_length_is_refused() {
 
 #[test]
 fn bad_logs_are_refused_before_the_model() {
-    let (dir, model) = with_a_non_model("log");
+    let (tmp, model) = with_a_non_model("log");
+    let dir = tmp.path();
     let m = model.to_str().unwrap();
     let d = dir.to_str().unwrap();
     fails_mentioning(&["passkey", "--model", m, "--log", d], "not a regular file");

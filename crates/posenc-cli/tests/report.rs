@@ -15,10 +15,10 @@ fn posenc(args: &[&str]) -> Output {
     common::run(args, &[])
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-report-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// The path `name` (not created) in a new scratch directory, and the
+/// guard that removes that directory when dropped.
+fn tmp(name: &str) -> (tempfile::TempDir, PathBuf) {
+    common::scratch(&format!("report-{name}"), name)
 }
 
 fn report(out: &Path, extra: &[&str]) -> serde_json::Value {
@@ -46,7 +46,7 @@ const VERDICTS: [&str; 6] = [
 
 #[test]
 fn smoke_run_writes_every_file_then_hits_the_cache() {
-    let out = tmp("smoke");
+    let (_tmp, out) = tmp("smoke");
     let r = report(&out, &[]);
     // Every experiment, each with its figures on disk.
     let exps = r["experiments"].as_array().unwrap();
@@ -203,7 +203,7 @@ fn smoke_run_writes_every_file_then_hits_the_cache() {
 
 #[test]
 fn another_text_reruns_the_text_experiments() {
-    let out = tmp("corpus");
+    let (_tmp, out) = tmp("corpus");
     std::fs::create_dir_all(&out).unwrap();
     // Russian text (the Russian introductory article's language): more distinct characters than the
     // default text's letters, every one kept.
@@ -252,7 +252,7 @@ fn another_text_reruns_the_text_experiments() {
 
 #[test]
 fn a_diverged_run_is_named_and_its_claims_say_so() {
-    let out = tmp("diverged");
+    let (_tmp, out) = tmp("diverged");
     std::fs::create_dir_all(&out).unwrap();
     // The smoke preset with a learning rate no model survives.
     let smoke = std::fs::read_to_string(concat!(
@@ -302,7 +302,7 @@ fn a_diverged_run_is_named_and_its_claims_say_so() {
 
 #[test]
 fn only_runs_one_experiment() {
-    let out = tmp("only");
+    let (_tmp, out) = tmp("only");
     let r = report(&out, &["--only", "7"]);
     let exps = r["experiments"].as_array().unwrap();
     assert_eq!(exps.len(), 1);
@@ -318,7 +318,7 @@ fn only_runs_one_experiment() {
 
 #[test]
 fn bad_arguments_are_one_line_errors_with_status_2() {
-    let out = tmp("bad");
+    let (_tmp, out) = tmp("bad");
     for args in [
         vec![
             "report",
@@ -361,7 +361,7 @@ fn bad_arguments_are_one_line_errors_with_status_2() {
 #[test]
 fn concurrent_runs_equal_sequential_runs() {
     let records = |jobs: &str| -> Vec<(String, String)> {
-        let out = tmp(&format!("jobs{jobs}"));
+        let (_tmp, out) = tmp(&format!("jobs{jobs}"));
         report(&out, &["--only", "2", "--jobs", jobs]);
         let mut v: Vec<(String, String)> = std::fs::read_dir(out.join("cache/runs"))
             .unwrap()
@@ -430,7 +430,7 @@ fn tiny_model(out: &Path) -> PathBuf {
 
 #[test]
 fn experiments_8_and_9_run_on_a_tiny_pretrained_model_and_share_trials() {
-    let out = tmp("tiny-model");
+    let (_tmp, out) = tmp("tiny-model");
     let model = tiny_model(&out);
     let m = model.to_str().unwrap();
     let log_lines = |out: &Path| -> usize {
@@ -504,7 +504,7 @@ fn experiments_8_and_9_run_on_a_tiny_pretrained_model_and_share_trials() {
 /// held-out part shorter than 2L refused in one line before any run.
 #[test]
 fn experiment_8_fine_tunes_pi_and_yarn_and_scores_held_out_text() {
-    let out = tmp("tiny-finetune");
+    let (_tmp, out) = tmp("tiny-finetune");
     let model = tiny_model(&out);
     let m = model.to_str().unwrap();
     let r = report(

@@ -12,8 +12,9 @@ use common::argv;
 use serde_json::Value;
 
 fn posenc(args: &[&str]) -> Output {
-    // The tokenizer cache of these runs stays in their scratch space.
-    let cache = std::env::temp_dir().join("posenc-subword-cli-cache");
+    // The tokenizer cache of these runs stays in their scratch space: Cargo's
+    // directory for integration tests' files, under target/.
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("posenc-subword-cli-cache");
     common::run(args, &[("POSENC_CACHE", cache.as_os_str())])
 }
 
@@ -25,8 +26,10 @@ fn fails(args: &[&str]) -> String {
     common::one_line_error(posenc(args), args)
 }
 
-fn tmp(name: &str) -> PathBuf {
-    common::fresh_dir("subword-cli", name)
+/// A fresh directory `name` in a new scratch directory, and the guard that
+/// removes the latter when dropped.
+fn tmp(name: &str) -> (tempfile::TempDir, PathBuf) {
+    common::fresh_dir(&format!("subword-cli-{name}"), name)
 }
 
 const PRIDE: &str = include_str!("../../../assets/corpus/pride-and-prejudice.txt");
@@ -41,7 +44,7 @@ fn train_args<'a>(corpus: &'a str, tokens: &'a str, out: &'a str, task: &'a str)
 
 #[test]
 fn a_bpe_checkpoint_keeps_its_tokenizer_for_every_command() {
-    let d = tmp("bpe");
+    let (_tmp, d) = tmp("bpe");
     let corpus = d.join("pride.txt");
     let end = PRIDE.char_indices().nth(80_000).unwrap().0;
     std::fs::write(&corpus, &PRIDE[..end]).unwrap();
@@ -102,7 +105,7 @@ fn a_bpe_checkpoint_keeps_its_tokenizer_for_every_command() {
 
 #[test]
 fn russian_and_chinese_texts_train_on_subwords() {
-    let d = tmp("scripts");
+    let (_tmp, d) = tmp("scripts");
     let ru = "Все этапы в блоке кодировщика модели трансформера работают независимо для \
               каждого токена. Позиционное кодирование сообщает модели порядок слов. "
         .repeat(60);
@@ -124,7 +127,7 @@ fn russian_and_chinese_texts_train_on_subwords() {
 
 #[test]
 fn a_text_too_short_for_the_vocabulary_is_one_line_and_exit_2() {
-    let d = tmp("short");
+    let (_tmp, d) = tmp("short");
     let f = d.join("short.txt");
     std::fs::write(
         &f,

@@ -27,10 +27,10 @@ fn measurement<'a>(v: &'a Value, id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no measurement {id}"))
 }
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-viz-an-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// The path `name` (not created) in a new scratch directory, and the
+/// guard that removes that directory when dropped.
+fn tmpdir(name: &str) -> (tempfile::TempDir, PathBuf) {
+    common::scratch(&format!("viz-an-{name}"), name)
 }
 
 fn fails(args: &[&str], needle: &str) {
@@ -207,7 +207,7 @@ fn output_dir_gets_a_png_and_an_svg_per_plot_and_the_json() {
         "floater",
         "binary",
     ] {
-        let dir = tmpdir(fam);
+        let (_tmp, dir) = tmpdir(fam);
         let out = ok(&posenc(&argv(
             "analyze {} --dim 16 -o {}",
             &[fam, dir.to_str().unwrap()],
@@ -259,7 +259,7 @@ fn compare_rope_with_and_without_yarn() {
     );
     assert!(out.contains("interpolated by the full factor 8"), "{out}");
     assert!(out.contains("attention factor"), "{out}");
-    let dir = tmpdir("compare");
+    let (_tmp, dir) = tmpdir("compare");
     std::fs::create_dir_all(&dir).unwrap();
     for ext in ["png", "svg"] {
         let path = dir.join(format!("cmp.{ext}"));

@@ -44,10 +44,9 @@ fn show_to(dir: &Path, fam: &str, ext: &str, args: &[&str]) -> PathBuf {
     path
 }
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-viz-show-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A new scratch directory for one test, removed when dropped.
+fn tmpdir(name: &str) -> tempfile::TempDir {
+    common::tempdir(&format!("viz-show-{name}"))
 }
 
 /// Exit code 2 and exactly one line on stderr, starting `posenc: error:`.
@@ -69,18 +68,20 @@ fn png_size(path: &Path) -> (u32, u32) {
 
 #[test]
 fn every_family_writes_a_png_of_the_requested_size() {
-    let dir = tmpdir("png");
+    let tmp = tmpdir("png");
+    let dir = tmp.path();
     for (fam, _) in FAMILIES {
-        let path = show_to(&dir, fam, "png", &["--size", "500x320"]);
+        let path = show_to(dir, fam, "png", &["--size", "500x320"]);
         assert_eq!(png_size(&path), (500, 320), "{fam}");
     }
 }
 
 #[test]
 fn every_family_writes_a_png_at_its_natural_size() {
-    let dir = tmpdir("png-natural");
+    let tmp = tmpdir("png-natural");
+    let dir = tmp.path();
     for (fam, _) in FAMILIES {
-        let path = show_to(&dir, fam, "png", &[]);
+        let path = show_to(dir, fam, "png", &[]);
         let (w, h) = png_size(&path);
         // 32 positions of 18-pixel cells plus axes: wider than the cells.
         assert!(w >= 32 * 18 && h >= 160, "{fam}: {w}x{h}");
@@ -89,9 +90,10 @@ fn every_family_writes_a_png_at_its_natural_size() {
 
 #[test]
 fn every_family_writes_an_svg_that_parses_and_holds_the_title() {
-    let dir = tmpdir("svg");
+    let tmp = tmpdir("svg");
+    let dir = tmp.path();
     for (fam, title) in FAMILIES {
-        let path = show_to(&dir, fam, "SVG", &[]);
+        let path = show_to(dir, fam, "SVG", &[]);
         let text = std::fs::read_to_string(&path).unwrap();
         let doc = roxmltree::Document::parse(&text).expect("SVG parses");
         assert_eq!(doc.root_element().tag_name().name(), "svg");
@@ -229,7 +231,8 @@ fn specs_override_options_and_read_hf_configs() {
 
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
-    let dir = tmpdir("bad");
+    let tmp = tmpdir("bad");
+    let dir = tmp.path();
     let png = dir.join("x.png");
     let png = png.to_str().unwrap();
     for (line, needle) in [

@@ -213,7 +213,7 @@ fn training_is_deterministic_per_seed_and_thread_count_with_either_tokenization(
 
 #[test]
 fn a_checkpoint_keeps_its_tokenizer_and_scores_bits_per_character() {
-    let dir = common::tmp_dir("posenc-bpe", "ckpt");
+    let (_tmp, dir) = common::tmp_dir("posenc-bpe", "ckpt");
     let corpus = dir.join("corpus.txt");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(&corpus, pride(60_000)).unwrap();

@@ -17,7 +17,7 @@ use posenc_lab::{finetune, FactorScaling, FinetuneOptions, LabError, ScalingSpec
 
 const BASE_LEN: usize = 8;
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> (tempfile::TempDir, PathBuf) {
     common::tmp_dir("posenc-ft", name)
 }
 
@@ -51,7 +51,7 @@ fn loss_at(l: &Lab, len: usize, scaling: Option<&ScalingSpec>) -> f64 {
 
 #[test]
 fn finetuning_at_a_new_length_lowers_the_loss_there() {
-    let dir = tmp("lowers");
+    let (_tmp, dir) = tmp("lowers");
     let b = base(&dir, rope(), 120);
     let len = 2 * BASE_LEN;
     let pi = ScalingSpec::for_length(FactorScaling::Linear, len, BASE_LEN).unwrap();
@@ -93,8 +93,8 @@ fn finetuning_at_a_new_length_lowers_the_loss_there() {
 
 #[test]
 fn the_checkpoint_records_the_finetune_and_the_base_is_untouched() {
-    let dir = tmp("record-base");
-    let out = tmp("record-ft");
+    let (_tmp, dir) = tmp("record-base");
+    let (_tmp_out, out) = tmp("record-ft");
     base(&dir, rope(), 3);
     let base_files: Vec<Vec<u8>> = ["config.json", "model.safetensors"]
         .iter()
@@ -167,8 +167,8 @@ fn the_checkpoint_records_the_finetune_and_the_base_is_untouched() {
 
 #[test]
 fn a_scaling_kept_in_finetuning_is_the_default_afterwards() {
-    let dir = tmp("kept-base");
-    let out = tmp("kept-ft");
+    let (_tmp, dir) = tmp("kept-base");
+    let (_tmp_out, out) = tmp("kept-ft");
     base(&dir, rope(), 3);
     let mut l = Lab::load(&dir).unwrap();
     // Without a fine-tune, no scaling unless asked; asked: over the training length.
@@ -209,7 +209,7 @@ fn a_scaling_kept_in_finetuning_is_the_default_afterwards() {
 
 #[test]
 fn an_interrupted_finetune_resumes_exactly() {
-    let dir = tmp("resume-base");
+    let (_tmp, dir) = tmp("resume-base");
     base(&dir, rope(), 3);
     let spec = ScalingSpec::for_length(FactorScaling::Linear, 16, BASE_LEN).unwrap();
     let run = |out: &Path, pause_at: Option<usize>| {
@@ -222,8 +222,9 @@ fn an_interrupted_finetune_resumes_exactly() {
         let s = finetune(&mut l, &o).unwrap();
         (l, s)
     };
-    let (a, _) = run(&tmp("resume-a"), None);
-    let b_dir = tmp("resume-b");
+    let (_tmp_a, a_dir) = tmp("resume-a");
+    let (a, _) = run(&a_dir, None);
+    let (_tmp_b, b_dir) = tmp("resume-b");
     let (_, paused) = run(&b_dir, Some(3));
     assert!(paused.interrupted && paused.steps == 3);
     let (mut b, mut opt) = Lab::load_resumable(&b_dir).unwrap();
@@ -240,7 +241,7 @@ fn an_interrupted_finetune_resumes_exactly() {
 #[test]
 fn in_memory_finetune_matches_a_plain_adamw_loop() {
     for fused in [false, true] {
-        let dir = tmp(if fused {
+        let (_tmp, dir) = tmp(if fused {
             "plain-base-fused"
         } else {
             "plain-base"
@@ -352,7 +353,7 @@ fn what_cannot_be_finetuned_is_a_typed_error() {
     o.batch = Some(0);
     assert!(finetune(&mut l, &o).is_err());
     // The output cannot be the base.
-    let d = common::fresh_dir("posenc-ft", "same");
+    let (_tmp, d) = common::fresh_dir("posenc-ft", "same");
     let mut o = FinetuneOptions::new(16, 1, 1e-3);
     o.base = Some(&d);
     let same = d.join(".");

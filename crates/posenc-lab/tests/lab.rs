@@ -15,7 +15,7 @@ use posenc_lab::train::{self, make_batch, Lab, TrainOptions};
 
 use common::{model, new_lab, pe, run};
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> (tempfile::TempDir, PathBuf) {
     common::tmp_dir("posenc-lab", name)
 }
 
@@ -179,7 +179,7 @@ fn decoder_learns_copy_on_short_sequences() {
     cfg.lr = 1e-2;
     let mut lab = new_lab(Mode::Decoder, task, pe("rope"), cfg);
     let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
-    let out = tmp("copy");
+    let (_tmp, out) = tmp("copy");
     let summary = train::train(&mut lab, &mut opt, &TrainOptions::quiet(&out)).unwrap();
     let eval = train::evaluate(&lab, &[9], 4, 32, None).unwrap();
     assert!(
@@ -197,12 +197,12 @@ fn resume_continues_exactly() {
     let cfg = run(TaskKind::Reverse, 20, 12, 21);
     let lab = || new_lab(Mode::Decoder, task(), pe("learned"), cfg.clone());
     // Straight through.
-    let a_dir = tmp("straight");
+    let (_tmp_a, a_dir) = tmp("straight");
     let mut a = lab();
     let mut opt = AdamW::new(a.params(), 0.01).unwrap();
     train::train(&mut a, &mut opt, &TrainOptions::quiet(&a_dir)).unwrap();
     // Ten steps, save, load, ten more.
-    let b_dir = tmp("resumed");
+    let (_tmp_b, b_dir) = tmp("resumed");
     let mut b = lab();
     let mut opt_b = AdamW::new(b.params(), 0.01).unwrap();
     let paused = train::train(
@@ -253,7 +253,7 @@ fn same_seed_same_losses() {
             run(TaskKind::Sort, 6, 10, 5),
         );
         let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
-        let d = tmp(&format!("det-{}", SplitMix64::new(0).next_u64() % 7));
+        let (_tmp, d) = tmp(&format!("det-{}", SplitMix64::new(0).next_u64() % 7));
         train::train(&mut lab, &mut opt, &TrainOptions::quiet(&d)).unwrap();
         let m = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap();
         m.lines()
@@ -281,11 +281,12 @@ fn corrupt_or_mismatched_checkpoints_are_clear_errors() {
         run(TaskKind::Copy, 2, 8, 1),
     );
     let mut opt = AdamW::new(lab.params(), 0.01).unwrap();
-    let d = tmp("corrupt");
+    let (_tmp, d) = tmp("corrupt");
     train::train(&mut lab, &mut opt, &TrainOptions::quiet(&d)).unwrap();
     assert!(Lab::load(&d).is_ok());
     // Missing directory.
-    let e = Lab::load(&tmp("absent")).err().unwrap().to_string();
+    let (_tmp_absent, absent) = tmp("absent");
+    let e = Lab::load(&absent).err().unwrap().to_string();
     assert!(e.contains("config.json"), "{e}");
     // Corrupt weights.
     let w = d.join("model.safetensors");

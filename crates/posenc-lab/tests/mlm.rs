@@ -211,7 +211,7 @@ fn run(steps: usize, len: usize, seed: u64) -> TrainConfig {
     common::run(TaskKind::Mlm, steps, len, seed)
 }
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> (tempfile::TempDir, PathBuf) {
     common::tmp_dir("posenc-mlm", name)
 }
 
@@ -284,7 +284,7 @@ fn nope_predicts_the_same_at_every_mask_and_positions_break_the_tie() {
 
 #[test]
 fn trains_saves_loads_and_learns() {
-    let out = tmp("train");
+    let (_tmp, out) = tmp("train");
     let task = mlm();
     let unigram = task.corpus().unwrap().unigram_entropy();
     // One layer learns this fastest (a layer of local attention suffices).
@@ -320,7 +320,7 @@ fn trains_saves_loads_and_learns() {
 
 #[test]
 fn a_corpus_file_builds_an_mlm_task() {
-    let dir = common::fresh_dir("posenc-mlm", "corpus");
+    let (_tmp, dir) = common::fresh_dir("posenc-mlm", "corpus");
     let path = dir.join("text.txt");
     let text = "abracadabra, the magic word. ".repeat(20);
     std::fs::write(&path, &text).unwrap();

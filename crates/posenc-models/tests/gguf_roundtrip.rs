@@ -17,10 +17,12 @@ use posenc_models::perplexity::{loss_per_position, rope_of};
 use posenc_models::weights::Safetensors;
 use posenc_models::{ModelError, ModelFiles, Scaling};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-models-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A new scratch directory for one test, removed when dropped.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("posenc-models-test-")
+        .tempdir()
+        .unwrap()
 }
 
 fn losses(path: &Path, scaling: &str, tokens: &[u32]) -> Vec<f64> {
@@ -38,9 +40,9 @@ fn losses(path: &Path, scaling: &str, tokens: &[u32]) -> Vec<f64> {
     loss_per_position(&model, tokens, &rope).unwrap()
 }
 
-/// Writes `name`'s checkpoint as GGUF; `plain` drops its RoPE scaling
-/// first (GGUF has no key for Llama 3's).
-fn convert(name: &str, plain: bool, dtype: GgmlDType) -> PathBuf {
+/// Writes `name`'s checkpoint as GGUF in `scratch`; `plain` drops its RoPE
+/// scaling first (GGUF has no key for Llama 3's).
+fn convert(scratch: &Path, name: &str, plain: bool, dtype: GgmlDType) -> PathBuf {
     let dir = fixture(name);
     let mut files = ModelFiles::open(&dir).unwrap();
     let mut cfg = files.config().unwrap();
@@ -52,7 +54,7 @@ fn convert(name: &str, plain: bool, dtype: GgmlDType) -> PathBuf {
             .unwrap();
     }
     let mut st = Safetensors::open_dir(&dir).unwrap();
-    let out = scratch(&format!("{name}-{dtype:?}.gguf"));
+    let out = scratch.join(format!("{name}-{dtype:?}.gguf"));
     write_gguf(&cfg, &mut st, &out, dtype).unwrap();
     out
 }
@@ -64,7 +66,8 @@ const TOKENS: [u32; 48] = [
 
 #[test]
 fn llama_gguf_with_permuted_rows_equals_its_checkpoint() {
-    let gguf = convert("tiny-llama31", true, GgmlDType::F32);
+    let tmp = scratch();
+    let gguf = convert(tmp.path(), "tiny-llama31", true, GgmlDType::F32);
     let g = GgufFile::open(&gguf).unwrap();
     assert_eq!(g.architecture().unwrap(), "llama");
     // Same arithmetic up to the order of a few f32 sums (pairs rotated in
@@ -80,7 +83,8 @@ fn llama_gguf_with_permuted_rows_equals_its_checkpoint() {
 
 #[test]
 fn qwen2_gguf_keeps_yarn_and_biases() {
-    let gguf = convert("tiny-qwen25", false, GgmlDType::F32);
+    let tmp = scratch();
+    let gguf = convert(tmp.path(), "tiny-qwen25", false, GgmlDType::F32);
     let diff = max_diff(
         &losses(&gguf, "model", &TOKENS),
         &losses(&fixture("tiny-qwen25"), "model", &TOKENS),
@@ -88,7 +92,7 @@ fn qwen2_gguf_keeps_yarn_and_biases() {
     assert!(diff < 1e-5, "losses differ by {diff}");
     // F16 and Q8_0 files load and stay close (quantization error only).
     for dtype in [GgmlDType::F16, GgmlDType::Q8_0] {
-        let q = convert("tiny-qwen25", false, dtype);
+        let q = convert(tmp.path(), "tiny-qwen25", false, dtype);
         let d = max_diff(
             &losses(&q, "model", &TOKENS),
             &losses(&fixture("tiny-qwen25"), "model", &TOKENS),
@@ -99,10 +103,11 @@ fn qwen2_gguf_keeps_yarn_and_biases() {
 
 #[test]
 fn damaged_and_foreign_files_are_refused_with_one_clear_error() {
-    let gguf = convert("tiny-qwen25", false, GgmlDType::F32);
+    let tmp = scratch();
+    let gguf = convert(tmp.path(), "tiny-qwen25", false, GgmlDType::F32);
     let bytes = std::fs::read(&gguf).unwrap();
     // Truncated: the tensor table points past the end.
-    let cut = scratch("truncated.gguf");
+    let cut = tmp.path().join("truncated.gguf");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
     let e = ModelFiles::open(&cut).unwrap_err();
     assert!(matches!(e, ModelError::BadFile { .. }), "{e}");
@@ -110,12 +115,12 @@ fn damaged_and_foreign_files_are_refused_with_one_clear_error() {
     std::fs::write(&cut, &bytes[..40]).unwrap();
     assert!(ModelFiles::open(&cut).is_err());
     // Not a GGUF at all.
-    let foreign = scratch("foreign.gguf");
+    let foreign = tmp.path().join("foreign.gguf");
     std::fs::write(&foreign, b"PK\x03\x04 not a model").unwrap();
     let e = ModelFiles::open(&foreign).unwrap_err();
     assert!(e.to_string().contains("not a GGUF"), "{e}");
     // Another architecture: a config.json of a model posenc does not run.
-    let dir = scratch("gpt2-dir");
+    let dir = tmp.path().join("gpt2-dir");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("config.json"),

@@ -27,10 +27,12 @@ use posenc_models::input::{self, Prompt, MAX_PROMPT_TOKENS};
 use posenc_models::perplexity::{loss_per_position, rope_of};
 use posenc_models::{Decoder, ModelError, ModelFiles, Scaling, TextTokenizer};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-hostile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A new scratch directory for one test, removed when dropped.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("posenc-hostile-")
+        .tempdir()
+        .unwrap()
 }
 
 fn first_layers(path: &Path, k: usize) -> posenc_models::Result<Decoder> {
@@ -91,7 +93,8 @@ fn hostile_child() {
 
 #[test]
 fn every_hostile_model_is_refused_in_1_gib() {
-    let dir = scratch("variants");
+    let tmp = scratch();
+    let dir = tmp.path().join("variants");
     let (base, mut variants) = hostile::model_variants(&fixture(""), &dir);
     assert!(variants.len() > 300, "{} variants", variants.len());
     let issue_37 = hostile::issue_37_variants(&fixture(""), &dir.join("issue-37"));
@@ -195,12 +198,13 @@ fn within_10_s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'st
 
 #[test]
 fn special_files_are_refused_by_type_without_blocking() {
-    let fifo = scratch("fifo");
+    let tmp = scratch();
+    let fifo = tmp.path().join("fifo");
     let _ = std::fs::remove_file(&fifo);
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a valid C string; mkfifo only creates the node.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let tk = hostile_tokenizer();
+    let tk = hostile_tokenizer(tmp.path());
     for path in [fifo.clone(), "/dev/zero".into(), "/dev/urandom".into()] {
         let p = path.clone();
         let e = within_10_s("ModelFiles::open", move || {
@@ -228,14 +232,14 @@ fn special_files_are_refused_by_type_without_blocking() {
         assert!(e.to_string().contains(path.to_str().unwrap()), "{e}");
     }
     // A directory where a file is expected.
-    let e = input::text_tokens(&scratch(""), &load_tokenizer(&tk), 8).unwrap_err();
+    let e = input::text_tokens(&tmp.path().join(""), &load_tokenizer(&tk), 8).unwrap_err();
     assert!(e.to_string().contains("directory"), "{e}");
     let _ = std::fs::remove_file(&fifo);
 }
 
 /// A word-level `tokenizer.json` over `w0`..`w254` and `[UNK]`, written
-/// once; its path.
-fn hostile_tokenizer() -> PathBuf {
+/// in `scratch`; its path.
+fn hostile_tokenizer(scratch: &Path) -> PathBuf {
     let mut vocab = serde_json::Map::new();
     for i in 0..255 {
         vocab.insert(format!("w{i}"), serde_json::Value::from(i));
@@ -247,7 +251,7 @@ fn hostile_tokenizer() -> PathBuf {
         "post_processor": null, "decoder": null,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
     });
-    let p = scratch("words-tokenizer.json");
+    let p = scratch.join("words-tokenizer.json");
     std::fs::write(&p, tk.to_string()).unwrap();
     p
 }
@@ -258,15 +262,15 @@ fn load_tokenizer(p: &Path) -> TextTokenizer {
 
 /// The real model's tokenizer when `models/` has it (byte-level BPE with
 /// merges and a split regex: the hard case for cutting a prefix), else the
-/// tiny GGUF's byte-level one.
-fn bpe_tokenizer() -> (TextTokenizer, &'static str) {
+/// tiny GGUF's byte-level one (written in `scratch`).
+fn bpe_tokenizer(scratch: &Path) -> (TextTokenizer, &'static str) {
     let real =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if real.is_file() {
         let files = ModelFiles::open(&real).unwrap();
         return (files.tokenizer(None).unwrap(), "SmolLM2's");
     }
-    let dir = scratch("bpe");
+    let dir = scratch.join("bpe");
     let (base, _) = hostile::model_variants(&fixture(""), &dir);
     let files = ModelFiles::open(&base).unwrap();
     (files.tokenizer(None).unwrap(), "the tiny byte-level")
@@ -291,10 +295,11 @@ fn texts_are_tokenized_only_as_far_as_the_window_needs() {
         };
         text.push_str(&format!("w{w}{sep}"));
     }
-    let path = scratch("long.txt");
+    let tmp = scratch();
+    let path = tmp.path().join("long.txt");
     std::fs::write(&path, &text).unwrap();
-    let words = load_tokenizer(&hostile_tokenizer());
-    let (bpe, which) = bpe_tokenizer();
+    let words = load_tokenizer(&hostile_tokenizer(tmp.path()));
+    let (bpe, which) = bpe_tokenizer(tmp.path());
     let head: String = text.chars().take(400_000).collect();
     for (tk, name) in [(&words, "word-level"), (&bpe, which)] {
         let whole = tk.encode(&head).unwrap();
@@ -312,7 +317,7 @@ fn texts_are_tokenized_only_as_far_as_the_window_needs() {
         }
     }
     // A short text gives all its tokens; bad UTF-8 is named by offset.
-    let short = scratch("short.txt");
+    let short = tmp.path().join("short.txt");
     std::fs::write(&short, "w1 w2 w3").unwrap();
     assert_eq!(input::text_tokens(&short, &words, 64).unwrap(), [1, 2, 3]);
     std::fs::write(&short, b"w1 w2 caf\xe9 w3").unwrap();
@@ -326,11 +331,12 @@ fn texts_are_tokenized_only_as_far_as_the_window_needs() {
 
 #[test]
 fn prompts_over_the_cap_are_refused_naming_it() {
-    let words = load_tokenizer(&hostile_tokenizer());
+    let tmp = scratch();
+    let words = load_tokenizer(&hostile_tokenizer(tmp.path()));
     let prompt: String = (0..MAX_PROMPT_TOKENS + 10)
         .map(|i| format!("w{} ", i % 255))
         .collect();
-    let path = scratch("prompt.txt");
+    let path = tmp.path().join("prompt.txt");
     std::fs::write(&path, &prompt).unwrap();
     let start = Instant::now();
     let e = input::prompt_tokens(&words, Prompt::File(&path), None).unwrap_err();

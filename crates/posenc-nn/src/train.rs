@@ -151,9 +151,13 @@ mod tests {
             .collect();
         assert_eq!(back[1], m);
         assert_eq!(back[0].accuracy, None);
-        let d = std::env::temp_dir();
-        assert!(same_dir(&d, &d.join(".")));
-        assert!(!same_dir(&d, &d.join("posenc-no-such-dir")));
+        let tmp = tempfile::Builder::new()
+            .prefix("posenc-nn-train-")
+            .tempdir()
+            .unwrap();
+        let d = tmp.path();
+        assert!(same_dir(d, &d.join(".")));
+        assert!(!same_dir(d, &d.join("posenc-no-such-dir")));
         assert!(same_dir(Path::new("a/b"), Path::new("a/./b")));
     }
 }

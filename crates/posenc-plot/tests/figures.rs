@@ -341,8 +341,11 @@ fn binary_analogy_and_panels_errors() {
 
 #[test]
 fn files_are_written() {
-    let dir = std::env::temp_dir().join(format!("posenc-plot-figures-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("posenc-plot-figures-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path();
     let plot = lines();
     plot.to_png(dir.join("l.png"), 400, 300).unwrap();
     plot.to_svg(dir.join("l.svg"), 400, 300).unwrap();
@@ -350,5 +353,4 @@ fn files_are_written() {
     assert_eq!((w, h), (400, 300));
     let svg = std::fs::read_to_string(dir.join("l.svg")).unwrap();
     assert!(svg_texts(&svg, 400, 300).iter().any(|t| t == "Frequencies"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -65,8 +65,11 @@ fn title_text_is_drawn_with_the_embedded_font() {
 
 #[test]
 fn natural_size_render_png_and_svg_files() {
-    let dir = std::env::temp_dir().join(format!("posenc-plot-heatmap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("posenc-plot-heatmap-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path();
     let map = seeds_map().cell_size(20);
     let (w, h) = map.natural_size();
     // 32 columns of 20 px plus the margins, 16 rows of 20 px plus margins.
@@ -89,7 +92,6 @@ fn natural_size_render_png_and_svg_files() {
         svg_count(&svg, "rect") >= 32 * 16,
         "one rect per cell at least"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -219,7 +221,11 @@ fn bad_input_is_a_typed_error() {
     for e in [ok.to_rgb(10, 10).err(), ok.to_rgb(100_000, 300).err()] {
         assert!(matches!(e, Some(PlotError::InvalidSize { .. })), "{e:?}");
     }
-    let missing = std::env::temp_dir().join("posenc-plot-no-such-dir/x/y.png");
+    let tmp = tempfile::Builder::new()
+        .prefix("posenc-plot-heatmap-")
+        .tempdir()
+        .unwrap();
+    let missing = tmp.path().join("posenc-plot-no-such-dir/x/y.png");
     assert!(matches!(ok.render_png(&missing), Err(PlotError::Io { .. })));
 }
 

@@ -225,27 +225,17 @@ mod tests {
 
     /// A fresh directory under the system's temporary one, removed when
     /// dropped (a failed test leaves nothing behind either).
-    struct Scratch(PathBuf);
-
-    impl Scratch {
-        fn new(name: &str) -> Scratch {
-            let d =
-                std::env::temp_dir().join(format!("posenc-corpus-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&d);
-            Scratch(d)
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    fn scratch(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("posenc-corpus-{name}-"))
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
     fn the_default_text_is_pride_and_prejudice() {
-        let scratch = Scratch::new("default");
-        let cache = &scratch.0;
+        let tmp = scratch("default");
+        let cache = &tmp.path().join("cache");
         let c = TextCorpus::resolve(DEFAULT, None, cache).unwrap();
         assert_eq!(c.chars, 684_768);
         assert_eq!(c.distinct, 75);
@@ -265,8 +255,8 @@ mod tests {
 
     #[test]
     fn a_file_is_hashed_and_checked() {
-        let scratch = Scratch::new("file");
-        let cache = &scratch.0;
+        let tmp = scratch("file");
+        let cache = &tmp.path().join("cache");
         std::fs::create_dir_all(cache).unwrap();
         let ru = cache.join("ru.txt");
         std::fs::write(

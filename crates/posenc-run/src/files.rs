@@ -135,8 +135,11 @@ mod tests {
 
     #[test]
     fn output_directories_are_checked_first() {
-        let dir = std::env::temp_dir().join(format!("posenc-run-files-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("posenc-run-files-")
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path();
         check_out_dir(&dir.join("a/b/c"), "--out").unwrap();
         let file = dir.join("f");
         std::fs::write(&file, b"x").unwrap();
@@ -157,9 +160,8 @@ mod tests {
             check_log(status, "--log"),
             "--log /proc/self/status: is under /proc",
         );
-        let e = refused(check_log(&dir, "--log"), "--log: ");
+        let e = refused(check_log(dir, "--log"), "--log: ");
         assert!(e.contains("directory"), "{e}");
         refused(check_writable(&dir.join("none/x.svg"), "--out"), "--out ");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -15,7 +15,11 @@ fn pieces_give_the_whole_texts_held_out_window() {
     let mut s = Session::open(&model, &OpenOptions::default()).unwrap();
     let tk = s.read_tokenizer().unwrap();
     let text = posenc_run::PRIDE_AND_PREJUDICE;
-    let path = std::env::temp_dir().join(format!("posenc-run-held-{}.txt", std::process::id()));
+    let dir = tempfile::Builder::new()
+        .prefix("posenc-run-held-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join("text.txt");
     std::fs::write(&path, text).unwrap();
     let whole = tk.encode(text).unwrap();
     let tail = posenc_tune::data::held_out_tokens(&whole);
@@ -35,5 +39,4 @@ fn pieces_give_the_whole_texts_held_out_window() {
             .starts_with("--held-out: the text's last 10% is"),
         "{e}"
     );
-    let _ = std::fs::remove_file(&path);
 }

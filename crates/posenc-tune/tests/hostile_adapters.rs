@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use posenc_tune::peft::{safetensors_head, Adapter, CONFIG_FILE, WEIGHTS_FILE};
 use posenc_tune::TuneError;
 use serde_json::{json, Value};
+use tempfile::TempDir;
 
 use crate::common;
 
@@ -21,11 +22,12 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/peft-llama31")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-tune-hostile-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A new empty scratch directory, removed when dropped.
+fn scratch(name: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("posenc-tune-hostile-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// The fixture's safetensors as (header, data).
@@ -37,13 +39,15 @@ fn weights() -> (serde_json::Map<String, Value>, Vec<u8>) {
 }
 
 /// An adapter directory `name`: the fixture's config and weights, each
-/// edited (`config`; `tensors` on the header and the data).
+/// edited (`config`; `tensors` on the header and the data); removed when
+/// dropped.
 fn adapter(
     name: &str,
     config: impl Fn(&mut Value),
     tensors: impl Fn(&mut serde_json::Map<String, Value>, &mut Vec<u8>),
-) -> PathBuf {
-    let d = scratch(name);
+) -> TempDir {
+    let dir = scratch(name);
+    let d = dir.path();
     let mut c: Value =
         serde_json::from_str(&std::fs::read_to_string(fixture().join(CONFIG_FILE)).unwrap())
             .unwrap();
@@ -54,14 +58,14 @@ fn adapter(
     let mut b = safetensors_head(header);
     b.extend_from_slice(&data);
     std::fs::write(d.join(WEIGHTS_FILE), b).unwrap();
-    d
+    dir
 }
 
 fn no_edit(_: &mut serde_json::Map<String, Value>, _: &mut Vec<u8>) {}
 
 /// An adapter directory `name`: the fixture with its config's `key` set to
 /// `value`.
-fn with_key(name: &str, key: &str, value: Value) -> PathBuf {
+fn with_key(name: &str, key: &str, value: Value) -> TempDir {
     adapter(name, |c| c[key] = value.clone(), no_edit)
 }
 
@@ -79,9 +83,9 @@ fn fill(header: &serde_json::Map<String, Value>, data: &mut [u8], name: &str, v:
 
 /// The one-line refusal of the adapter in `dir`, checked free of control
 /// characters.
-fn refusal(dir: &Path) -> String {
+fn refusal(dir: impl AsRef<Path>) -> String {
     let base = load(&model_dir("tiny-llama31"));
-    let e = Adapter::read(dir, base.config()).unwrap_err();
+    let e = Adapter::read(dir.as_ref(), base.config()).unwrap_err();
     assert!(matches!(e, TuneError::Adapter { .. }), "{e}");
     let msg = e.to_string();
     assert!(
@@ -150,23 +154,23 @@ fn layers_to_transform_is_honoured_or_refused() {
         let dir = with_key(name, "layers_to_transform", v.clone());
         // The file rewritten without layer 1's factors (safetensors packs
         // its data without holes).
-        let bytes = std::fs::read(dir.join(WEIGHTS_FILE)).unwrap();
+        let bytes = std::fs::read(dir.path().join(WEIGHTS_FILE)).unwrap();
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let keep: Vec<(String, safetensors::tensor::TensorView)> = st
             .tensors()
             .into_iter()
             .filter(|(n, _)| !(n.contains(".layers.1.") && n.contains("lora_")))
             .collect();
-        let out = dir.join("w.tmp");
+        let out = dir.path().join("w.tmp");
         safetensors::serialize_to_file(keep, None, &out).unwrap();
-        std::fs::rename(&out, dir.join(WEIGHTS_FILE)).unwrap();
+        std::fs::rename(&out, dir.path().join(WEIGHTS_FILE)).unwrap();
         let base = load(&model_dir("tiny-llama31"));
-        let a = Adapter::read(&dir, base.config()).unwrap();
+        let a = Adapter::read(dir.path(), base.config()).unwrap();
         assert_eq!(a.layers, Some(vec![0]));
         assert!(a.factors.keys().all(|(l, _)| *l == 0));
         assert_eq!(a.config_json()["layers_to_transform"], json!([0]));
         let mut merged = load(&model_dir("tiny-llama31"));
-        a.merge_into(&mut merged, &dir).unwrap();
+        a.merge_into(&mut merged, dir.path()).unwrap();
         let weight = |d: &posenc_models::Decoder, n: &str| -> Vec<f32> {
             d.named_weights()
                 .into_iter()
@@ -224,9 +228,12 @@ fn implausible_scales_and_values_are_refused_before_the_run() {
         },
     );
     let base = load(&model_dir("tiny-llama31"));
-    let a = Adapter::read(&dir, base.config()).unwrap();
+    let a = Adapter::read(dir.path(), base.config()).unwrap();
     let mut merged = load(&model_dir("tiny-llama31"));
-    let msg = a.merge_into(&mut merged, &dir).unwrap_err().to_string();
+    let msg = a
+        .merge_into(&mut merged, dir.path())
+        .unwrap_err()
+        .to_string();
     assert!(
         msg.contains("merging layer 0's q_proj") && msg.contains("implausible"),
         "{msg}"
@@ -238,8 +245,8 @@ fn implausible_scales_and_values_are_refused_before_the_run() {
 fn a_config_that_is_not_a_file_or_not_an_object_is_said_for_what_it_is() {
     // A directory.
     let dir = adapter("cfg-dir", |_| {}, no_edit);
-    std::fs::remove_file(dir.join(CONFIG_FILE)).unwrap();
-    std::fs::create_dir(dir.join(CONFIG_FILE)).unwrap();
+    std::fs::remove_file(dir.path().join(CONFIG_FILE)).unwrap();
+    std::fs::create_dir(dir.path().join(CONFIG_FILE)).unwrap();
     let msg = refusal(&dir);
     assert!(
         msg.contains("adapter_config.json is a directory, not a regular file"),
@@ -247,24 +254,24 @@ fn a_config_that_is_not_a_file_or_not_an_object_is_said_for_what_it_is() {
     );
     // A FIFO: refused by type, without blocking.
     let dir = adapter("cfg-fifo", |_| {}, no_edit);
-    std::fs::remove_file(dir.join(CONFIG_FILE)).unwrap();
+    std::fs::remove_file(dir.path().join(CONFIG_FILE)).unwrap();
     let made = std::process::Command::new("mkfifo")
-        .arg(dir.join(CONFIG_FILE))
+        .arg(dir.path().join(CONFIG_FILE))
         .status()
         .unwrap();
     assert!(made.success());
     assert!(refusal(&dir).contains("adapter_config.json is a FIFO"));
     // A device.
     let dir = adapter("cfg-dev", |_| {}, no_edit);
-    std::fs::remove_file(dir.join(CONFIG_FILE)).unwrap();
-    std::os::unix::fs::symlink("/dev/zero", dir.join(CONFIG_FILE)).unwrap();
+    std::fs::remove_file(dir.path().join(CONFIG_FILE)).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join(CONFIG_FILE)).unwrap();
     assert!(refusal(&dir).contains("adapter_config.json is a character device"));
     // Missing.
     let dir = adapter("cfg-none", |_| {}, no_edit);
-    std::fs::remove_file(dir.join(CONFIG_FILE)).unwrap();
+    std::fs::remove_file(dir.path().join(CONFIG_FILE)).unwrap();
     assert!(refusal(&dir).contains("no adapter_config.json"));
     // The adapter path a file.
-    let msg = refusal(&fixture().join(CONFIG_FILE));
+    let msg = refusal(fixture().join(CONFIG_FILE));
     assert!(msg.contains("not a directory"), "{msg}");
     // Not an object.
     let dir = adapter("cfg-array", |c| *c = json!([]), no_edit);

@@ -5,7 +5,7 @@
 //! interleaved pairs) merges into its Hugging Face checkpoint; adapters
 //! that do not fit are refused.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::quantized::GgmlDType;
 use posenc_models::gguf::write_gguf;
@@ -23,11 +23,12 @@ use crate::common;
 
 use common::{ids, load, model_dir};
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-tune-peft-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A new empty scratch directory, removed when dropped.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("posenc-tune-peft-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 fn text(n: usize) -> TrainText {
@@ -81,14 +82,15 @@ fn a_merged_adapter_scores_as_the_trained_model() {
     };
     let ft = trained(&base, "linear:2", &Target::ALL, all);
     let want = trainable_loss(&ft, &tokens());
-    let dir = scratch("merge");
+    let tmp = scratch("merge");
+    let dir = tmp.path();
     let adapter = ft.adapter().unwrap();
-    adapter.write(&dir).unwrap();
-    let read = Adapter::read(&dir, base.config()).unwrap();
+    adapter.write(dir).unwrap();
+    let read = Adapter::read(dir, base.config()).unwrap();
     assert_eq!(read, adapter);
     let mut merged = load(&path);
     let before = merged_loss(&merged, "linear:2", &tokens());
-    read.merge_into(&mut merged, &dir).unwrap();
+    read.merge_into(&mut merged, dir).unwrap();
     let got = merged_loss(&merged, "linear:2", &tokens());
     println!("loss: base {before:.6}, trained {want:.6}, merged {got:.6}");
     assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
@@ -136,7 +138,8 @@ fn an_adapter_trained_on_a_gguf_fits_the_checkpoint() {
         .unwrap()
         .rope_config(&cfg)
         .unwrap();
-    let gguf = scratch("gguf").join("tiny.gguf");
+    let tmp = scratch("gguf");
+    let gguf = tmp.path().join("tiny.gguf");
     write_gguf(
         &cfg,
         &mut Safetensors::open_dir(&hf).unwrap(),
@@ -152,22 +155,23 @@ fn an_adapter_trained_on_a_gguf_fits_the_checkpoint() {
     let targets = [Target::QProj, Target::KProj, Target::VProj, Target::OProj];
     let ft = trained(&base, "linear:2", &targets, Trainable::default());
     let want = trainable_loss(&ft, &tokens());
-    let dir = scratch("gguf-adapter");
-    ft.adapter().unwrap().write(&dir).unwrap();
+    let tmp_adapter = scratch("gguf-adapter");
+    let dir = tmp_adapter.path();
+    ft.adapter().unwrap().write(dir).unwrap();
     // Onto the Hugging Face checkpoint (half-split pairs).
     let mut merged = load(&hf);
     let before = merged_loss(&merged, "linear:2", &tokens());
     assert!((before - want).abs() > 1e-3, "training changed nothing");
-    let adapter = Adapter::read(&dir, merged.config()).unwrap();
-    adapter.merge_into(&mut merged, &dir).unwrap();
+    let adapter = Adapter::read(dir, merged.config()).unwrap();
+    adapter.merge_into(&mut merged, dir).unwrap();
     let got = merged_loss(&merged, "linear:2", &tokens());
     println!("GGUF-trained {want:.6}, merged into the checkpoint {got:.6}");
     assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
     // Back onto the GGUF.
     let mut again = load(&gguf);
-    Adapter::read(&dir, again.config())
+    Adapter::read(dir, again.config())
         .unwrap()
-        .merge_into(&mut again, &dir)
+        .merge_into(&mut again, dir)
         .unwrap();
     let got = merged_loss(&again, "linear:2", &tokens());
     assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
@@ -177,9 +181,10 @@ fn an_adapter_trained_on_a_gguf_fits_the_checkpoint() {
     let sc: Scaling = "linear:2".parse().unwrap();
     let config = merged_config(again.config(), None, &sc).unwrap();
     assert_eq!(config["rope_scaling"]["rope_type"], "linear");
-    let out = scratch("gguf-merged");
-    write_merged(&out, &again, &config, &TokenizerFiles::Copy(Vec::new())).unwrap();
-    let reread = load(&out);
+    let tmp_merged = scratch("gguf-merged");
+    let out = tmp_merged.path();
+    write_merged(out, &again, &config, &TokenizerFiles::Copy(Vec::new())).unwrap();
+    let reread = load(out);
     assert_eq!(
         reread.config().pair_layout(),
         posenc::rope::PairLayout::HalfSplit
@@ -198,8 +203,9 @@ fn adapters_that_do_not_fit_are_refused() {
         &[Target::QProj, Target::VProj],
         Trainable::default(),
     );
-    let dir = scratch("misfit");
-    ft.adapter().unwrap().write(&dir).unwrap();
+    let tmp = scratch("misfit");
+    let dir = tmp.path();
+    ft.adapter().unwrap().write(dir).unwrap();
     let reason = |dir: &Path, cfg: &posenc_models::DecoderConfig| {
         let e = Adapter::read(dir, cfg).unwrap_err();
         assert!(matches!(e, TuneError::Adapter { .. }), "{e}");
@@ -208,10 +214,10 @@ fn adapters_that_do_not_fit_are_refused() {
     // Another model: one layer fewer, or a wider residual stream.
     let mut one_layer = base.config().clone();
     one_layer.num_layers = 1;
-    assert!(reason(&dir, &one_layer).contains("layer 1"));
+    assert!(reason(dir, &one_layer).contains("layer 1"));
     let mut wider = base.config().clone();
     wider.hidden_size = 128;
-    assert!(reason(&dir, &wider).contains("shape"));
+    assert!(reason(dir, &wider).contains("shape"));
     // A factor missing: drop lora_B of layer 0's v_proj from the file.
     let bytes = std::fs::read(dir.join(WEIGHTS_FILE)).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -220,10 +226,11 @@ fn adapters_that_do_not_fit_are_refused() {
         .into_iter()
         .filter(|(n, _)| n != "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight")
         .collect();
-    let broken = scratch("missing");
+    let tmp_broken = scratch("missing");
+    let broken = tmp_broken.path();
     std::fs::copy(dir.join(CONFIG_FILE), broken.join(CONFIG_FILE)).unwrap();
     safetensors::serialize_to_file(keep, None, &broken.join(WEIGHTS_FILE)).unwrap();
-    assert!(reason(&broken, base.config()).contains("only one of"));
+    assert!(reason(broken, base.config()).contains("only one of"));
     // A rank in the config that the tensors do not have.
     let cfg_text = std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap();
     std::fs::write(
@@ -232,9 +239,10 @@ fn adapters_that_do_not_fit_are_refused() {
     )
     .unwrap();
     std::fs::copy(dir.join(WEIGHTS_FILE), broken.join(WEIGHTS_FILE)).unwrap();
-    assert!(reason(&broken, base.config()).contains("r = 8"));
+    assert!(reason(broken, base.config()).contains("r = 8"));
     // Not an adapter directory.
-    assert!(reason(&scratch("empty"), base.config()).contains("adapter_config.json"));
+    let empty = scratch("empty");
+    assert!(reason(empty.path(), base.config()).contains("adapter_config.json"));
 }
 
 fn tiny_sources() -> Sources {

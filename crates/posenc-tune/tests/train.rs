@@ -21,10 +21,15 @@ fn tiny() -> Decoder {
     common::load(&common::model_dir("tiny-llama31"))
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("posenc-tune-train-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// The path `name` (not created) in a new scratch directory, and the
+/// guard that removes that directory when dropped.
+fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("posenc-tune-train-{name}-"))
+        .tempdir()
+        .unwrap();
+    let d = dir.path().join(name);
+    (dir, d)
 }
 
 /// A text of `n` tokens over the tiny model's 256 ids: a pseudo-random
@@ -89,7 +94,7 @@ fn losses(ft: &Finetune) -> Vec<(usize, u64, u64, u64)> {
 #[test]
 fn a_resumed_run_equals_an_uninterrupted_one_bit_for_bit() {
     let base = tiny();
-    let (a, b) = (scratch("whole"), scratch("paused"));
+    let ((_tmp_a, a), (_tmp_b, b)) = (scratch("whole"), scratch("paused"));
     let mut whole = Finetune::new(&base, text(2000), config(7), tiny_sources()).unwrap();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let s = whole
@@ -176,7 +181,7 @@ fn the_loss_falls_on_a_learnable_text() {
 #[test]
 fn torn_or_foreign_checkpoints_are_refused() {
     let base = tiny();
-    let dir = scratch("torn");
+    let (_tmp, dir) = scratch("torn");
     let mut ft = Finetune::new(&base, text(2000), config(4), tiny_sources()).unwrap();
     ft.run(&RunOptions {
         out: Some(&dir),
@@ -202,7 +207,8 @@ fn torn_or_foreign_checkpoints_are_refused() {
     std::fs::write(dir.join(RECORD_FILE), &record).unwrap();
     Finetune::resume(&dir, &base, text(2000)).unwrap();
     // No record at all.
-    let e = Finetune::resume(&scratch("none"), &base, text(2000)).unwrap_err();
+    let (_tmp_none, none) = scratch("none");
+    let e = Finetune::resume(&none, &base, text(2000)).unwrap_err();
     assert!(e.to_string().contains("not a posenc fine-tune"), "{e}");
 }
 

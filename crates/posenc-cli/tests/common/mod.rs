@@ -141,19 +141,29 @@ pub fn run_log(dir: &std::path::Path, files: &[&str]) -> String {
     std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap()
 }
 
-/// `posenc-{prefix}-{name}-{pid}` in the temp dir, removed (not created).
-pub fn scratch(prefix: &str, name: &str) -> std::path::PathBuf {
-    let pid = std::process::id();
-    let dir = std::env::temp_dir().join(format!("posenc-{prefix}-{name}-{pid}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A new empty directory `posenc-{prefix}-XXXXXX` in the temp dir, removed
+/// with everything in it when the guard returned is dropped: the test keeps
+/// it for as long as it uses the paths inside.
+pub fn tempdir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("posenc-{prefix}-"))
+        .tempdir()
+        .unwrap()
 }
 
-/// `posenc-{prefix}-{name}-{pid}` in the temp dir, emptied and created.
-pub fn fresh_dir(prefix: &str, name: &str) -> std::path::PathBuf {
-    let dir = scratch(prefix, name);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// The path `name` (not created) in a new [`tempdir`], and that directory's
+/// guard.
+pub fn scratch(prefix: &str, name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempdir(prefix);
+    let path = dir.path().join(name);
+    (dir, path)
+}
+
+/// [`scratch`], the directory `name` created (empty).
+pub fn fresh_dir(prefix: &str, name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let (dir, path) = scratch(prefix, name);
+    std::fs::create_dir(&path).unwrap();
+    (dir, path)
 }
 
 /// The whitespace-separated words of `line`: a command line's fixed flags
@@ -179,24 +189,29 @@ pub fn word_tokenizer_json() -> String {
     .to_string()
 }
 
-/// This test process's directory of shared input files, created once.
-fn shared_inputs_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("posenc-cli-inputs-{}", std::process::id()));
+/// `contents` as the file `name` in the directory of input files the tests
+/// share, `posenc-cli-inputs` in Cargo's scratch directory for integration
+/// tests (under `target/`, kept between runs, not in the system's temp
+/// dir). Written to a temporary file beside it, then renamed over it: a
+/// test of another process reading it at the same time sees the whole of
+/// the old file or the whole of the new one (the same bytes), never a part.
+fn shared_input_file(name: &str, contents: &[u8]) -> std::path::PathBuf {
+    use std::io::Write;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("posenc-cli-inputs");
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    let path = dir.join(name);
+    let mut tmp = tempfile::NamedTempFile::new_in(&dir).unwrap();
+    tmp.write_all(contents).unwrap();
+    tmp.persist(&path).unwrap();
+    path
 }
 
 /// [`word_tokenizer_json`] as a file, written once for every test of this
-/// process (the tests run side by side: a second write would truncate the
-/// file under another test's run).
+/// process (the tests run side by side; see [`shared_input_file`]).
 pub fn word_tokenizer_file() -> std::path::PathBuf {
     static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        let p = shared_inputs_dir().join("words-tokenizer.json");
-        std::fs::write(&p, word_tokenizer_json()).unwrap();
-        p
-    })
-    .clone()
+    PATH.get_or_init(|| shared_input_file("words-tokenizer.json", word_tokenizer_json().as_bytes()))
+        .clone()
 }
 
 /// A text of `words` of [`word_tokenizer_json`]'s words with period 97
@@ -213,9 +228,7 @@ pub fn word_text_file(words: usize) -> std::path::PathBuf {
             let text: Vec<String> = (0..words)
                 .map(|i| format!("w{}", ((i % 97) * 89 + 13) % 255))
                 .collect();
-            let p = shared_inputs_dir().join(format!("words-{words}.txt"));
-            std::fs::write(&p, text.join(" ")).unwrap();
-            p
+            shared_input_file(&format!("words-{words}.txt"), text.join(" ").as_bytes())
         })
         .clone()
 }

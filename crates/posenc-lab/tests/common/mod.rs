@@ -8,19 +8,24 @@ use posenc_lab::optim::AdamW;
 use posenc_lab::tasks::{Task, TaskKind};
 use posenc_lab::train::Lab;
 
-/// A fresh (removed) scratch directory `PREFIX-NAME-PID` under the system's
-/// temporary directory.
-pub fn tmp_dir(prefix: &str, name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("{prefix}-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// The path `NAME` (not created) in a new scratch directory
+/// `PREFIX-NAME-XXXXXX` under the system's temporary directory, and the
+/// guard that removes that directory with all it holds when dropped (keep
+/// it for as long as the path is used).
+pub fn tmp_dir(prefix: &str, name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("{prefix}-{name}-"))
+        .tempdir()
+        .unwrap();
+    let d = dir.path().join(name);
+    (dir, d)
 }
 
 /// [`tmp_dir`], created (empty).
-pub fn fresh_dir(prefix: &str, name: &str) -> PathBuf {
-    let d = tmp_dir(prefix, name);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+pub fn fresh_dir(prefix: &str, name: &str) -> (tempfile::TempDir, PathBuf) {
+    let (dir, d) = tmp_dir(prefix, name);
+    std::fs::create_dir(&d).unwrap();
+    (dir, d)
 }
 
 /// The tests' model: 2 layers, d_model 32, 4 heads, tied head.

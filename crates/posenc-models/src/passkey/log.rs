@@ -281,15 +281,20 @@ mod tests {
         }
     }
 
-    fn temp(name: &str) -> PathBuf {
-        let p = std::env::temp_dir().join(format!("posenc-log-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        p
+    /// The path `name` (not created) in a fresh directory, and the guard
+    /// that removes the directory when dropped.
+    fn temp(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::Builder::new()
+            .prefix("posenc-log-")
+            .tempdir()
+            .unwrap();
+        let p = dir.path().join(name);
+        (dir, p)
     }
 
     #[test]
     fn round_trip_and_resume() {
-        let p = temp("rt");
+        let (_dir, p) = temp("rt");
         let mut log = TrialLog::open(&p, &header()).unwrap();
         assert!(log.is_empty());
         log.append("none", 0, &result(2048, 0.25)).unwrap();
@@ -310,12 +315,11 @@ mod tests {
         assert_eq!(text.lines().count(), 4);
         assert!(text.ends_with('\n'));
         assert_eq!(TrialLog::open(&p, &header()).unwrap().len(), 3);
-        let _ = std::fs::remove_file(&p);
     }
 
     #[test]
     fn refuses_other_settings_and_garbage() {
-        let p = temp("other");
+        let (_dir, p) = temp("other");
         TrialLog::open(&p, &header()).unwrap();
         let other = LogHeader {
             seed: 8,
@@ -331,6 +335,5 @@ mod tests {
         std::fs::write(&p, text).unwrap();
         let e = TrialLog::open(&p, &header()).unwrap_err().to_string();
         assert!(e.contains("line 2"), "{e}");
-        let _ = std::fs::remove_file(&p);
     }
 }

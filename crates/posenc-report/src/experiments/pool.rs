@@ -650,8 +650,11 @@ mod tests {
     #[test]
     fn the_pool_trains_every_run_of_the_smoke_preset() {
         let preset = Preset::load("smoke").unwrap();
-        let dir = std::env::temp_dir().join(format!("posenc-pool-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let tmp = tempfile::Builder::new()
+            .prefix("posenc-pool-")
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path().join("cache");
         let corpus = TextCorpus::resolve(&preset.corpus, None, &dir).unwrap();
         let mut ctx = Ctx::new(&preset, corpus, dir.clone());
         ctx.jobs = Some(2);
@@ -669,6 +672,5 @@ mod tests {
             listed.len(),
             "runs in the cache against runs listed"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1053,15 +1053,16 @@ mod tests {
         let e = RopeConfig::from_hf_json_str(r#"{"head_dim": "sixty-four"}"#).unwrap_err();
         assert!(e.to_string().contains("at key \"head_dim\""), "{e}");
         // The file named.
-        let dir = std::env::temp_dir().join(format!("posenc-rope-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("config.json");
+        let dir = tempfile::Builder::new()
+            .prefix("posenc-rope-config-")
+            .tempdir()
+            .unwrap();
+        let p = dir.path().join("config.json");
         std::fs::write(&p, "[]").unwrap();
         let e = RopeConfig::from_hf_file(&p).unwrap_err().to_string();
         assert!(
             e.contains(&p.display().to_string()) && e.contains("an array"),
             "{e}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
