@@ -296,6 +296,13 @@ def test_perplexity_has_the_cli_json_shape_and_restores_the_model():
     assert torch.equal(logits(model, ids), base)  # each applied and removed in turn
     with pytest.raises(posenc.PosencError, match="fewer than the window"):
         ph.perplexity(model, tokenizer, "text", 41, ["none"])
+    # A RoPE without a trained length (transformers' own config classes
+    # always state one; a custom one may not): refused in words, where the
+    # bands inside and beyond it would have no border.
+    bare = posenc.RopeConfig.from_hf(dict(hidden_size=64, num_attention_heads=4, rope_theta=1e4))
+    assert bare.trained_length is None
+    with pytest.raises(posenc.PosencError, match=r"^llama: the config states no trained length"):
+        ph._trained_length(bare, model)
 
 
 @pytest.mark.parametrize("kind", ["yarn", "llama3", "linear"])

@@ -2,10 +2,35 @@
 ``crates/posenc-py`` with PyO3)."""
 
 from os import PathLike
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
+
+__all__ = [
+    "alibi_bias",
+    "alibi_slopes",
+    "cope_positions",
+    "fire_distances",
+    "shaw_indices",
+    "sinusoidal",
+    "t5_bias",
+    "t5_buckets",
+    "xpos_scales",
+    "finetune",
+    "Model",
+    "_alibi_slopes_f32",
+    "_attention_backward",
+    "_attention_forward",
+    "_method_forward",
+    "_rope_ptr",
+    "simd_level",
+    "PasskeyProbe",
+    "Frequencies",
+    "RopeConfig",
+    "__version__",
+    "PosencError",
+]
 
 __version__: str
 
@@ -14,6 +39,7 @@ class PosencError(ValueError):
     name or file, with the same one-line message the ``posenc`` command
     prints."""
 
+@final
 class Frequencies:
     """The frequencies of a RoPE at one sequence length."""
 
@@ -35,6 +61,7 @@ class Frequencies:
     def layout(self) -> str:
         """``"half-split"`` (transformers' ``rotate_half``) or ``"interleaved"``."""
 
+@final
 class RopeConfig:
     """A model's RoPE, read from its ``config.json`` exactly as transformers
     reads it, with any scaling or training-free method on top."""
@@ -197,6 +224,7 @@ _ModelPath = Union[str, "PathLike[str]"]
 _ModelText = Union[str, "PathLike[str]"]
 _Progress = Callable[[int, int, str], object]
 
+@final
 class Model:
     """A pretrained decoder (GGUF file or Hugging Face checkpoint directory),
     loaded once and probed as the ``posenc`` command probes it.
@@ -221,7 +249,7 @@ class Model:
         self,
         text: Optional[_ModelText] = None,
         length: Optional[int] = None,
-        scalings: Union[str, Sequence[str], None] = "none",
+        scalings: Union[str, Sequence[str], None] = None,
         adapter: Optional[_ModelPath] = None,
         band: int = 1024,
         held_out: bool = False,
@@ -236,8 +264,8 @@ class Model:
         as far as the window needs, unless ``held_out``); default: the
         built-in *Pride and Prejudice*. ``length``: the window (default twice
         the trained length). ``scalings``: one name (``"yarn:2"``,
-        ``"self-extend:4:1024+yarn:2"``; commas allowed) or a list.
-        ``adapter``: a LoRA adapter directory (PEFT layout) merged for this
+        ``"self-extend:4:1024+yarn:2"``; commas allowed) or a list (``None``:
+        ``"none"``). ``adapter``: a LoRA adapter directory (PEFT layout) merged for this
         call only (the loaded weights are restored after it). ``held_out``:
         score the text's last 10% of tokens (read in pieces: only the window's
         tokens are kept). ``per_position``: include ``"loss"``, the loss at
@@ -252,7 +280,7 @@ class Model:
         lengths: Sequence[int],
         depths: Sequence[float],
         trials: int = 1,
-        scalings: Union[str, Sequence[str], None] = "none",
+        scalings: Union[str, Sequence[str], None] = None,
         haystack: Optional[_ModelText] = None,
         seed: int = 0,
         progress: Optional[_Progress] = None,
@@ -339,6 +367,7 @@ def finetune(
     the step in progress with a checkpoint in ``out`` (continue it with
     ``resume=True``) and raises that exception."""
 
+@final
 class PasskeyProbe:
     """The prompts, keys and scoring of a ``posenc passkey`` grid for a model
     run elsewhere (``posenc.hf.passkey``): the grid and names checked as the
@@ -346,8 +375,8 @@ class PasskeyProbe:
     given as its ``tokenizer.json`` text, the keys drawn from ``seed``.
     Bad inputs raise ``PosencError`` with the command's one-line message."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         tokenizer_json: str,
         lengths: Sequence[int],
         depths: Sequence[float],
@@ -355,7 +384,7 @@ class PasskeyProbe:
         methods: Sequence[str],
         haystack: Optional[str] = None,
         seed: int = 0,
-    ) -> None: ...
+    ) -> "PasskeyProbe": ...
     @staticmethod
     def check(lengths: Sequence[int], depths: Sequence[float], trials: int, methods: Sequence[str]) -> None:
         """Checks a grid as the constructor does, without a tokenizer

@@ -89,6 +89,19 @@ def rope_of(model: Any) -> RopeConfig:
     return RopeConfig.from_hf(d)
 
 
+def _trained_length(rope: RopeConfig, model: Any) -> int:
+    """The length ``rope``'s model was trained at (``max_position_embeddings``,
+    or the scaling's ``original_max_position_embeddings``)."""
+    n = rope.trained_length
+    if n is None:
+        name = getattr(_text_config(model), "model_type", None) or type(model).__name__
+        raise PosencError(
+            f"{name}: the config states no trained length (max_position_embeddings), "
+            "which the bands inside and beyond it are measured from"
+        )
+    return n
+
+
 # ------------------------------------------------------------ rotary modules
 
 
@@ -443,7 +456,7 @@ def perplexity(
     if getattr(model, _STATE, None) is not None:
         raise PosencError("perplexity: the model already has posenc.hf.apply's change; call posenc.hf.remove first")
     base = rope_of(model)
-    trained = base.trained_length
+    trained = _trained_length(base, model)
     if length is None:
         length = 2 * trained
     if length < 2:
@@ -469,14 +482,14 @@ def perplexity(
         finally:
             if name != "model":
                 remove(model)
-        f = rope.frequencies(length)
-        inv = np.asarray(f.inv_freq, dtype=np.float32)
+        freqs = rope.frequencies(length)
+        inv = np.asarray(freqs.inv_freq, dtype=np.float32)
         o: Dict[str, Any] = {
             "bands": {f"{a}-{a + band}": _mean(loss, a, a + band) for a in range(0, len(loss), band)},
             "mean_inside": _mean(loss, 0, trained),
             "mean_beyond": _mean(loss, trained, len(loss)),
             "rope_type": rope.rope_type,
-            "attention_factor": float(f.attention_factor),
+            "attention_factor": float(freqs.attention_factor),
             "inv_freq_first": float(inv[0]) if inv.size else 0.0,
             "inv_freq_last": float(inv[-1]) if inv.size else 0.0,
             "forward_seconds": secs,
@@ -625,7 +638,7 @@ def passkey(
         raise PosencError(f"haystack: give None, a str or a pathlib.Path, not {type(haystack).__name__}")
     if getattr(model, _STATE, None) is not None:
         raise PosencError("passkey: the model already has posenc.hf.apply's change; call posenc.hf.remove first")
-    trained = rope_of(model).trained_length
+    trained = _trained_length(rope_of(model), model)
     probe = PasskeyProbe(
         _tokenizer_json(tokenizer), [int(x) for x in lengths], [float(x) for x in depths], int(trials), names,
         haystack, int(seed),

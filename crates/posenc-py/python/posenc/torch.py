@@ -529,8 +529,8 @@ def attention(
 
     ``backend``: ``None`` (fused on CPU float32/bfloat16, else torch),
     ``"fused"`` or ``"torch"``."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check4(name, t)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check4(name, x)
     b, h, t, d = q.shape
     if k.shape != v.shape:
         raise PosencError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
