@@ -441,6 +441,14 @@ def test_non_contiguous_inputs_are_made_contiguous_once():
         (lambda q, k, v, r: pt.attention(q, k, v, rope=r, method="rerope:8", causal=False), "causal only"),
         (lambda q, k, v, r: pt.attention(q, k, v, alibi=[1.0]), "slopes"),
         (lambda q, k, v, r: pt.attention(q, k, v, scale=float("nan")), "finite"),
+        (lambda q, k, v, r: pt.attention(q, k, v, scale="x"), "scale: expected a number"),
+        # the last key's position past an int64's, on each path
+        (lambda q, k, v, r: pt.apply_rope(q, k, r, offset=2**63 - 3), "past an int64"),
+        (lambda q, k, v, r: pt.apply_rope(q, k, r, offset=2**64), "past an int64"),
+        (lambda q, k, v, r: pt.apply_rope(q, k, r, offset=2**63 - 3, backend="torch"), "past an int64"),
+        (lambda q, k, v, r: pt.attention(q, k, v, rope=r, offset=2**63 - 3), "past an int64"),
+        (lambda q, k, v, r: pt.attention(q, k, v, alibi=True, offset=2**63 - 3), "past an int64"),
+        (lambda q, k, v, r: pt.attention(q, k, v, alibi=True, offset=2**63 - 3, backend="torch"), "past an int64"),
         (lambda q, k, v, r: pt.attention(q, k.to("meta"), v.to("meta")), "on cpu"),
         (lambda q, k, v, r: pt.attention(q, k, v, backend="gpu"), "backend"),
     ],
@@ -451,6 +459,33 @@ def test_bad_inputs_raise_posenc_error(call, words):
         call(q, k, v, base_rope())
     assert words in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_the_last_int64_position_is_served_and_the_kernel_checks_it_too():
+    q, k, v = inputs(grad=False)
+    t = q.shape[2]
+    a = pt.attention(q, k, v, alibi=True, offset=2**63 - t)
+    b = pt.attention(q, k, v, alibi=True, offset=2**63 - t, backend="torch")
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(a, pt.attention(q, k, v, alibi=True))  # ALiBi sees only differences
+    # Below the Python checks, the library refuses it in its own words.
+    with pytest.raises(posenc.PosencError, match="an i64"):
+        posenc._posenc._attention_forward(
+            (q.numpy(), k.numpy(), v.numpy()), np.empty(q.shape, np.float32), np.empty(q.shape[:3], np.float32),
+            (True, None, None, posenc._posenc._alibi_slopes_f32(4), 2**63 - 3, None),
+        )
+
+
+def test_empty_tensors_rotate_to_empty_tensors():
+    rope = base_rope()
+    for shape in [(0, 4, 24, 16), (2, 4, 0, 16), (2, 0, 24, 16)]:
+        q = torch.randn(shape)
+        k = torch.randn(shape[0], 2 if shape[1] else 0, shape[2], shape[3])
+        for backend in (None, "torch"):
+            qr, kr = pt.apply_rope(q, k, rope, backend=backend)
+            assert qr.shape == q.shape and kr.shape == k.shape
+    with pytest.raises(posenc.PosencError, match="offset"):
+        pt.apply_rope(torch.randn(2, 4, 0, 16), torch.randn(2, 2, 0, 16), rope, offset=-1)
 
 
 def test_kernel_errors_reach_python_with_the_library_words():

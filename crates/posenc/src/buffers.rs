@@ -49,7 +49,8 @@ pub const MAX_ELEMENTS: usize = 1 << 40;
 /// Positions of the keys of one call; the queries are at the last `T_q`.
 #[derive(Debug, Clone, Copy)]
 pub enum BufferPositions<'a> {
-    /// Key `j` of every batch entry at `offset + j`.
+    /// Key `j` of every batch entry at `offset + j` (the last at most
+    /// `i64::MAX`: [`Error::PositionOutOfRange`] past it).
     Offset(usize),
     /// Key `j` of batch entry `b` at `ids[b·T_k + j]` (non-negative).
     Ids(&'a [i64]),
@@ -136,6 +137,20 @@ fn id_tensors(ids: &[i64], batch: usize, q_len: usize, k_len: usize) -> Result<(
     Ok((qt, kt))
 }
 
+/// Checks that keys `o .. o + k_len` are positions an `i64` holds: the
+/// kernels take positions as `i64` (the relative biases subtract them).
+fn check_offset(o: usize, k_len: usize) -> Result<()> {
+    let limit = i64::MAX as u64 + 1;
+    match (o as u64).checked_add(k_len as u64) {
+        Some(end) if end <= limit => Ok(()),
+        _ => Err(Error::PositionOutOfRange {
+            position: (o as u64).saturating_add(k_len as u64 - 1),
+            limit,
+            what: "a position id (an i64)",
+        }),
+    }
+}
+
 /// The rotation tables of queries and keys at `pos` (see the module docs).
 ///
 /// # Errors
@@ -150,14 +165,8 @@ pub fn rotation_tables(
 ) -> Result<RotationTables> {
     match pos {
         BufferPositions::Offset(o) => {
-            let qo = o
-                .checked_add(k_len - q_len)
-                .ok_or(Error::PositionOutOfRange {
-                    position: o as u64,
-                    limit: usize::MAX as u64,
-                    what: "offset",
-                })?;
-            let (q, k) = (Positions::Offset(qo), Positions::Offset(o));
+            check_offset(o, k_len)?;
+            let (q, k) = (Positions::Offset(o + (k_len - q_len)), Positions::Offset(o));
             rope.attention_tables(q, k, batch, q_len, k_len)
         }
         BufferPositions::Ids(ids) => {
@@ -260,6 +269,9 @@ impl BufferAttention<'_> {
         f: impl FnOnce(&k::Problem) -> R,
     ) -> Result<R> {
         let scale = self.check(&s)?;
+        if let BufferPositions::Offset(o) = pos {
+            check_offset(o, s.k_len)?;
+        }
         check_len("queries", q.len(), s.q_elements())?;
         check_len("keys", kk.len(), s.kv_elements())?;
         check_len("values", v.len(), s.kv_elements())?;
@@ -314,7 +326,9 @@ impl BufferAttention<'_> {
     /// row `(B, H_q, T_q)` (what [`backward`](Self::backward) reads).
     ///
     /// # Errors
-    /// [`Error::Shape`] for buffers that do not hold `s`, the rope's errors.
+    /// [`Error::Shape`] for buffers that do not hold `s`,
+    /// [`Error::PositionOutOfRange`] for an offset whose last key is past
+    /// `i64::MAX`, the rope's errors.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -446,4 +460,80 @@ pub fn method_forward(
         OutLayout::Bthd => k::Rows::bthd(h, t, d),
     };
     attn.forward_buffers_into(q, kk, v, s, out, rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rope::{PairLayout, RopeFrequencies};
+
+    /// An offset whose last key is past `i64::MAX` (from Python: any int
+    /// below 2^64) is refused, with ALiBi (positions as `i64`) and with a
+    /// rope; the last key at `i64::MAX` itself is served.
+    #[test]
+    fn offsets_past_i64_are_refused_before_any_kernel() {
+        let rope =
+            Rope::new(RopeFrequencies::plain(10_000.0, 8, PairLayout::HalfSplit).unwrap()).unwrap();
+        let slopes = [0.5f32, 0.25];
+        let shape = AttentionShape {
+            batch: 1,
+            q_heads: 2,
+            kv_heads: 1,
+            q_len: 3,
+            k_len: 3,
+            head_dim: 8,
+        };
+        let q = vec![0.1f32; 48];
+        let kv = vec![0.2f32; 24];
+        let (mut out, mut lse) = (vec![0f32; 48], vec![0f32; 6]);
+        let last_ok = i64::MAX as usize - 2;
+        for attn in [
+            BufferAttention {
+                causal: true,
+                scale: None,
+                rope: None,
+                alibi: Some(&slopes),
+            },
+            BufferAttention {
+                causal: true,
+                scale: None,
+                rope: Some(&rope),
+                alibi: None,
+            },
+        ] {
+            for o in [last_ok + 1, usize::MAX - 1, usize::MAX] {
+                let e = attn
+                    .forward(
+                        &q,
+                        &kv,
+                        &kv,
+                        shape,
+                        BufferPositions::Offset(o),
+                        &mut out,
+                        &mut lse,
+                    )
+                    .unwrap_err();
+                assert!(matches!(e, Error::PositionOutOfRange { .. }), "{e}");
+                assert!(e.to_string().contains("an i64"), "{e}");
+            }
+        }
+        let alibi_only = BufferAttention {
+            causal: true,
+            scale: None,
+            rope: None,
+            alibi: Some(&slopes),
+        };
+        alibi_only
+            .forward(
+                &q,
+                &kv,
+                &kv,
+                shape,
+                BufferPositions::Offset(last_ok),
+                &mut out,
+                &mut lse,
+            )
+            .unwrap();
+        assert!(out.iter().all(|x| x.is_finite()));
+    }
 }

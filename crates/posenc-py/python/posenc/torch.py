@@ -113,15 +113,23 @@ def _check_rope(rope: Any) -> RopeConfig:
     return rope
 
 
+def _check_offset(offset: Any, s: int) -> None:
+    """Keys at ``offset .. offset + s``: positions an int64 holds."""
+    if type(offset) is not int or offset < 0:
+        raise PosencError(f"offset: expected an int >= 0, got {offset!r}")
+    if offset + s > 2**63:
+        raise PosencError(f"offset: the last key's position {offset + s - 1} is past an int64's {2**63 - 1}")
+
+
 def _key_ids(
     offset: int, position_ids: Any, batch: int, s: int, device: torch.device
 ) -> Tuple[Optional[np.ndarray], torch.Tensor]:
     """The keys' positions: the ids as a contiguous int64 (B, S) numpy array
     (None with an offset) and as a (B, S) tensor on `device`."""
     if position_ids is None:
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise PosencError(f"offset: expected an int >= 0, got {offset!r}")
-        pos = torch.arange(offset, offset + s, device=device, dtype=torch.int64)
+        _check_offset(offset, s)
+        # (arange's end, one past the last, may be past an int64's)
+        pos = torch.arange(s, device=device, dtype=torch.int64) + offset
         return None, pos.unsqueeze(0).expand(batch, s)
     if offset != 0:
         raise PosencError("offset and position_ids: give one of them")
@@ -255,10 +263,14 @@ def apply_rope(
         raise PosencError(
             f"apply_rope: the rope rotates {rope.rotary_dim} entries, more than head_dim {qs[3]}"
         )
+    if q.numel() == 0 or k.numel() == 0:
+        # Nothing to rotate (an empty batch, sequence or head): empty
+        # tensors back, as transformers' rotation gives.
+        _key_ids(offset, position_ids, qs[0], qs[2], q.device)
+        return q.clone(), k.clone()
     fused = not _forced_torch(backend) and fused_available(q, k)
     if fused and position_ids is None:
-        if type(offset) is not int or offset < 0:
-            raise PosencError(f"offset: expected an int >= 0, got {offset!r}")
+        _check_offset(offset, qs[2])
         ids_host = None
     else:
         ids_host, ids = _key_ids(offset, position_ids, qs[0], qs[2], q.device)
@@ -544,7 +556,10 @@ def attention(
     if not (q.device == k.device == v.device):
         raise PosencError(f"attention: q, k, v on {q.device}, {k.device}, {v.device}")
     if scale is not None:
-        scale = float(scale)
+        try:
+            scale = float(scale)
+        except (TypeError, ValueError):
+            raise PosencError(f"scale: expected a number, got {scale!r}") from None
         if not np.isfinite(scale):
             raise PosencError(f"scale must be finite, got {scale}")
     if rope is not None:
@@ -576,8 +591,7 @@ def attention(
 
     slopes = _alibi_slopes(alibi, h, q.device)
     if fused and position_ids is None:
-        if type(offset) is not int or offset < 0:
-            raise PosencError(f"offset: expected an int >= 0, got {offset!r}")
+        _check_offset(offset, s)
         ids_host = None
     else:
         ids_host, k_pos = _key_ids(offset, position_ids, b, s, q.device)
