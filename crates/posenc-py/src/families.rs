@@ -16,6 +16,7 @@ use posenc::AttentionBias;
 use pyo3::prelude::*;
 
 use crate::error::{err, IntoPy};
+use crate::model::count;
 
 /// Largest number of elements one function returns (2^28).
 pub const MAX_ELEMENTS: usize = 1 << 28;
@@ -100,13 +101,16 @@ fn bias_cube<'py>(
 #[pyo3(signature = (length, dim, base = 10000.0, offset = 0, layout = "interleaved", spacing = "paper"))]
 pub(crate) fn sinusoidal<'py>(
     py: Python<'py>,
-    length: usize,
-    dim: usize,
+    length: i64,
+    dim: i64,
     base: f64,
-    offset: u64,
+    offset: i64,
     layout: &str,
     spacing: &str,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let length: usize = count(length, "length")?;
+    let dim: usize = count(dim, "dim")?;
+    let offset: u64 = count(offset, "offset")?;
     bounded("sinusoidal", &[length, dim])?;
     let layout = match layout {
         "interleaved" => SinusoidalLayout::Interleaved,
@@ -138,8 +142,9 @@ pub(crate) fn sinusoidal<'py>(
 #[pyfunction]
 pub(crate) fn alibi_slopes<'py>(
     py: Python<'py>,
-    heads: usize,
+    heads: i64,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let heads: usize = count(heads, "heads")?;
     bounded("alibi_slopes", &[heads])?;
     Ok(PyArray1::from_vec(
         py,
@@ -154,13 +159,18 @@ pub(crate) fn alibi_slopes<'py>(
 #[pyo3(signature = (heads, q_len, k_len = None, causal = true, q_offset = None, k_offset = 0))]
 pub(crate) fn alibi_bias<'py>(
     py: Python<'py>,
-    heads: usize,
-    q_len: usize,
-    k_len: Option<usize>,
+    heads: i64,
+    q_len: i64,
+    k_len: Option<i64>,
     causal: bool,
-    q_offset: Option<u64>,
-    k_offset: u64,
+    q_offset: Option<i64>,
+    k_offset: i64,
 ) -> PyResult<Bound<'py, PyArray3<f64>>> {
+    let heads: usize = count(heads, "heads")?;
+    let q_len: usize = count(q_len, "q_len")?;
+    let k_len: Option<usize> = k_len.map(|v| count(v, "k_len")).transpose()?;
+    let q_offset: Option<u64> = q_offset.map(|v| count(v, "q_offset")).transpose()?;
+    let k_offset: u64 = count(k_offset, "k_offset")?;
     let k_len = k_len.unwrap_or(q_len);
     bounded("alibi_bias", &[heads, q_len, k_len])?;
     let mode = if causal {
@@ -182,14 +192,20 @@ pub(crate) fn alibi_bias<'py>(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn t5_buckets<'py>(
     py: Python<'py>,
-    q_len: usize,
-    k_len: Option<usize>,
-    num_buckets: usize,
-    max_distance: usize,
+    q_len: i64,
+    k_len: Option<i64>,
+    num_buckets: i64,
+    max_distance: i64,
     bidirectional: bool,
-    q_offset: u64,
-    k_offset: u64,
+    q_offset: i64,
+    k_offset: i64,
 ) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    let q_len: usize = count(q_len, "q_len")?;
+    let k_len: Option<usize> = k_len.map(|v| count(v, "k_len")).transpose()?;
+    let num_buckets: usize = count(num_buckets, "num_buckets")?;
+    let max_distance: usize = count(max_distance, "max_distance")?;
+    let q_offset: u64 = count(q_offset, "q_offset")?;
+    let k_offset: u64 = count(k_offset, "k_offset")?;
     pair_grid(py, "t5_buckets", q_len, k_len, |q_len, k_len| {
         let b = T5Buckets::new(num_buckets, max_distance, bidirectional)?;
         Ok(int64(b.bucket_matrix(q_len, k_len, q_offset, k_offset)?))
@@ -203,11 +219,14 @@ pub(crate) fn t5_buckets<'py>(
 pub(crate) fn t5_bias<'py>(
     py: Python<'py>,
     table: PyReadonlyArray2<'py, f64>,
-    q_len: usize,
-    k_len: Option<usize>,
-    max_distance: usize,
+    q_len: i64,
+    k_len: Option<i64>,
+    max_distance: i64,
     bidirectional: bool,
 ) -> PyResult<Bound<'py, PyArray3<f64>>> {
+    let q_len: usize = count(q_len, "q_len")?;
+    let k_len: Option<usize> = k_len.map(|v| count(v, "k_len")).transpose()?;
+    let max_distance: usize = count(max_distance, "max_distance")?;
     let k_len = k_len.unwrap_or(q_len);
     let (nb, heads) = (table.shape()[0], table.shape()[1]);
     bounded("t5_bias", &[heads, q_len, k_len])?;
@@ -229,12 +248,17 @@ pub(crate) fn t5_bias<'py>(
 #[pyo3(signature = (q_len, k_len = None, max_relative = 16, q_offset = 0, k_offset = 0))]
 pub(crate) fn shaw_indices<'py>(
     py: Python<'py>,
-    q_len: usize,
-    k_len: Option<usize>,
-    max_relative: usize,
-    q_offset: u64,
-    k_offset: u64,
+    q_len: i64,
+    k_len: Option<i64>,
+    max_relative: i64,
+    q_offset: i64,
+    k_offset: i64,
 ) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    let q_len: usize = count(q_len, "q_len")?;
+    let k_len: Option<usize> = k_len.map(|v| count(v, "k_len")).transpose()?;
+    let max_relative: usize = count(max_relative, "max_relative")?;
+    let q_offset: u64 = count(q_offset, "q_offset")?;
+    let k_offset: u64 = count(k_offset, "k_offset")?;
     pair_grid(py, "shaw_indices", q_len, k_len, |q_len, k_len| {
         // The index matrix does not read the learned tables (head_dim 2, seed 0).
         let s = Shaw::new(max_relative, 2, 0)?;
@@ -250,12 +274,17 @@ pub(crate) fn shaw_indices<'py>(
 #[pyo3(signature = (positions, head_dim, scale_base = 512.0, gamma = 0.4, key = false))]
 pub(crate) fn xpos_scales<'py>(
     py: Python<'py>,
-    positions: Vec<u64>,
-    head_dim: usize,
+    positions: Vec<i64>,
+    head_dim: i64,
     scale_base: f64,
     gamma: f64,
     key: bool,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let positions: Vec<u64> = positions
+        .into_iter()
+        .map(|v| count(v, "positions"))
+        .collect::<PyResult<_>>()?;
+    let head_dim: usize = count(head_dim, "head_dim")?;
     bounded("xpos_scales", &[positions.len(), head_dim / 2])?;
     let x = XPos::new(head_dim)
         .py()?
@@ -275,11 +304,13 @@ pub(crate) fn xpos_scales<'py>(
 #[pyo3(signature = (q_len, k_len = None, c = 0.1, threshold = 512.0))]
 pub(crate) fn fire_distances<'py>(
     py: Python<'py>,
-    q_len: usize,
-    k_len: Option<usize>,
+    q_len: i64,
+    k_len: Option<i64>,
     c: f64,
     threshold: f64,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let q_len: usize = count(q_len, "q_len")?;
+    let k_len: Option<usize> = k_len.map(|v| count(v, "k_len")).transpose()?;
     pair_grid(py, "fire_distances", q_len, k_len, |q_len, k_len| {
         let cfg = FireConfig::new(1)?.with_init(c, threshold)?;
         let f = Fire::random(cfg, 0)?;
@@ -303,9 +334,10 @@ pub(crate) fn cope_positions<'py>(
     py: Python<'py>,
     q: PyReadonlyArray2<'py, f64>,
     k: PyReadonlyArray2<'py, f64>,
-    npos_max: usize,
+    npos_max: i64,
     causal: bool,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let npos_max: usize = count(npos_max, "npos_max")?;
     let (tq, d) = (q.shape()[0], q.shape()[1]);
     let tk = k.shape()[0];
     if k.shape()[1] != d {

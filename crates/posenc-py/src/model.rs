@@ -61,9 +61,11 @@ fn scalings_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<String>> {
     ))
 }
 
-/// A count from Python: an int at least 0.
-pub(crate) fn count(v: i64, what: &str) -> PyResult<usize> {
-    usize::try_from(v).map_err(|_| err(format!("{what} must be at least 0, not {v}")))
+/// A count, size or position from Python: an int of at least 0 (a
+/// negative one is a `PosencError` naming the argument, where a Rust
+/// unsigned parameter would raise an `OverflowError` without its name).
+pub(crate) fn count<T: TryFrom<i64>>(v: i64, what: &str) -> PyResult<T> {
+    T::try_from(v).map_err(|_| err(format!("{what} must be at least 0, not {v}")))
 }
 
 /// Counts from Python, each as [`count`].

@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
 use crate::error::{detached, err, IntoPy};
+use crate::model::count;
 
 /// Largest number of positions one table call computes.
 pub const MAX_POSITIONS: usize = 1 << 24;
@@ -205,11 +206,16 @@ impl PyRopeConfig {
     #[pyo3(signature = (theta, rotary_dim, layout = "half-split", head_dim = None, max_position_embeddings = None))]
     fn plain(
         theta: f64,
-        rotary_dim: usize,
+        rotary_dim: i64,
         layout: &str,
-        head_dim: Option<usize>,
-        max_position_embeddings: Option<usize>,
+        head_dim: Option<i64>,
+        max_position_embeddings: Option<i64>,
     ) -> PyResult<Self> {
+        let rotary_dim = count(rotary_dim, "rotary_dim")?;
+        let head_dim = head_dim.map(|v| count(v, "head_dim")).transpose()?;
+        let max_position_embeddings = max_position_embeddings
+            .map(|v| count(v, "max_position_embeddings"))
+            .transpose()?;
         let layout = match layout {
             "half-split" | "half_split" | "neox" => PairLayout::HalfSplit,
             "interleaved" | "gptj" => PairLayout::Interleaved,
@@ -266,7 +272,8 @@ impl PyRopeConfig {
     /// transformers builds at load time; only `dynamic` and `longrope`
     /// depend on it), as transformers' `ROPE_INIT_FUNCTIONS`.
     #[pyo3(signature = (seq_len = None))]
-    fn frequencies(&self, seq_len: Option<usize>) -> PyResult<PyFrequencies> {
+    fn frequencies(&self, seq_len: Option<i64>) -> PyResult<PyFrequencies> {
+        let seq_len = seq_len.map(|v| count(v, "seq_len")).transpose()?;
         Ok(PyFrequencies {
             f: self.config.frequencies(seq_len).py()?,
         })
@@ -288,9 +295,10 @@ impl PyRopeConfig {
         py: Python<'py>,
         positions: Vec<i64>,
         dtype: &str,
-        seq_len: Option<usize>,
+        seq_len: Option<i64>,
         full: bool,
     ) -> PyResult<Bound<'py, PyTuple>> {
+        let seq_len = seq_len.map(|v| count(v, "seq_len")).transpose()?;
         if positions.len() > MAX_POSITIONS {
             return Err(err(format!(
                 "cos_sin: at most {MAX_POSITIONS} positions per call, got {}",
@@ -364,7 +372,10 @@ impl PyRopeConfig {
     /// M-RoPE and vision keys where the model has them); for a config
     /// with a scaling applied, the scaled RoPE's keys and `scaling`.
     #[pyo3(signature = (target_length = None))]
-    fn inspect(&self, py: Python<'_>, target_length: Option<usize>) -> PyResult<Py<PyAny>> {
+    fn inspect(&self, py: Python<'_>, target_length: Option<i64>) -> PyResult<Py<PyAny>> {
+        let target_length = target_length
+            .map(|v| count(v, "target_length"))
+            .transpose()?;
         let v = match (&self.hf, &self.scaling) {
             (Some(hf), None) => posenc_viz::json::inspect_json(hf, target_length).py()?,
             _ => {

@@ -204,6 +204,19 @@ def test_xpos_fire_cope_shapes_and_values():
         (lambda: posenc.sinusoidal(1 << 20, 1 << 10), "elements"),
         (lambda: posenc.alibi_slopes(0), "head"),
         (lambda: posenc.sinusoidal(4, 8, layout="diagonal"), "layout"),
+        # negative sizes and positions: named, not an OverflowError
+        (lambda: posenc.RopeConfig.plain(10000.0, -8), "rotary_dim must be at least 0, not -8"),
+        (lambda: posenc.RopeConfig.plain(10000.0, 8, max_position_embeddings=-1), "max_position_embeddings must"),
+        (lambda: posenc.RopeConfig.plain(10000.0, 8).frequencies(-1), "seq_len must be at least 0, not -1"),
+        (lambda: posenc.RopeConfig.plain(10000.0, 8).cos_sin([1], seq_len=-2), "seq_len must"),
+        (lambda: posenc.RopeConfig.plain(10000.0, 8).inspect(-5), "target_length must"),
+        (lambda: posenc.sinusoidal(4, 8, offset=-1), "offset must be at least 0, not -1"),
+        (lambda: posenc.alibi_slopes(-2), "heads must"),
+        (lambda: posenc.alibi_bias(2, 4, k_offset=-3), "k_offset must"),
+        (lambda: posenc.t5_buckets(4, num_buckets=-32), "num_buckets must"),
+        (lambda: posenc.shaw_indices(-4), "q_len must"),
+        (lambda: posenc.xpos_scales([0, -1], 8), "positions must"),
+        (lambda: posenc.fire_distances(4, k_len=-4), "k_len must"),
     ],
 )
 def test_bad_inputs_raise_posenc_error_in_one_line(call, words):
