@@ -18,6 +18,19 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 use crate::error::{detached, err, IntoPy};
 use crate::model::count;
 
+/// A Python value as an error names it: its type, and a numpy array's
+/// shape and dtype.
+fn describe(v: &Bound<'_, PyAny>) -> String {
+    let ty = v
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string());
+    match (v.getattr("shape"), v.getattr("dtype")) {
+        (Ok(shape), Ok(dtype)) => format!("{ty} of shape {shape} and dtype {dtype}"),
+        _ => ty,
+    }
+}
+
 /// Largest number of positions one table call computes.
 pub const MAX_POSITIONS: usize = 1 << 24;
 
@@ -293,11 +306,17 @@ impl PyRopeConfig {
     fn cos_sin<'py>(
         &self,
         py: Python<'py>,
-        positions: Vec<i64>,
+        positions: &Bound<'py, PyAny>,
         dtype: &str,
         seq_len: Option<i64>,
         full: bool,
     ) -> PyResult<Bound<'py, PyTuple>> {
+        let positions: Vec<i64> = positions.extract().map_err(|_| {
+            err(format!(
+                "cos_sin: positions: expected ints below 2^63 in a sequence or a 1-d integer array, got {}",
+                describe(positions)
+            ))
+        })?;
         let seq_len = seq_len.map(|v| count(v, "seq_len")).transpose()?;
         if positions.len() > MAX_POSITIONS {
             return Err(err(format!(

@@ -217,6 +217,9 @@ def test_xpos_fire_cope_shapes_and_values():
         (lambda: posenc.shaw_indices(-4), "q_len must"),
         (lambda: posenc.xpos_scales([0, -1], 8), "positions must"),
         (lambda: posenc.fire_distances(4, k_len=-4), "k_len must"),
+        (lambda: posenc.RopeConfig.plain(10000.0, 8).cos_sin([2**63]), "expected ints below 2^63"),
+        (lambda: posenc.RopeConfig.plain(10000.0, 8).cos_sin([1.5]), "expected ints below 2^63"),
+        (lambda: posenc.RopeConfig.plain(10000.0, 8).cos_sin(np.zeros((2, 3), np.int64)), "of shape (2, 3) and dtype int64"),
     ],
 )
 def test_bad_inputs_raise_posenc_error_in_one_line(call, words):
