@@ -113,7 +113,7 @@ fn watched(
     progress: Option<Py<PyAny>>,
     call: impl FnOnce(&mut ProgressFn<'_>) -> Result<Value, RunError> + Send,
 ) -> PyResult<Py<PyAny>> {
-    let watch = Watch::new(progress);
+    let watch = Watch::new(progress)?;
     let r = detached(py, || {
         Ok(call(&mut |p: Progress<'_>| {
             watch.tick(p.done, p.total, p.what)
@@ -219,10 +219,11 @@ impl Model {
         trials: i64,
         scalings: Option<&Bound<'_, PyAny>>,
         haystack: Option<&Bound<'_, PyAny>>,
-        seed: u64,
+        seed: i64,
         progress: Option<Py<PyAny>>,
         max_memory: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        let seed: u64 = count(seed, "seed")?;
         let haystack = match haystack {
             None => HaystackSource::Landmark,
             Some(h) => text_arg(h, "haystack", HaystackSource::String, HaystackSource::File)?,
@@ -254,9 +255,10 @@ impl Model {
         scaling: &str,
         temperature: f64,
         top_p: f64,
-        seed: u64,
+        seed: i64,
         max_memory: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<String> {
+        let seed: u64 = count(seed, "seed")?;
         let prompt = text_arg(prompt, "prompt", PromptSource::String, PromptSource::File)?;
         let request = GenerateRequest {
             prompt,
@@ -273,7 +275,7 @@ impl Model {
             .to_owned()
             .into_any()
             .unbind();
-        let watch = Watch::new(Some(quiet));
+        let watch = Watch::new(Some(quiet))?;
         let r = detached(py, || {
             Ok(self
                 .session()

@@ -58,8 +58,9 @@ impl PasskeyProbe {
         trials: i64,
         methods: Vec<String>,
         haystack: Option<String>,
-        seed: u64,
+        seed: i64,
     ) -> PyResult<Self> {
+        let seed: u64 = count(seed, "seed")?;
         let request = PasskeyRequest {
             haystack: haystack.map_or(HaystackSource::Landmark, HaystackSource::String),
             seed,

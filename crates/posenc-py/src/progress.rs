@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
+use crate::error::err;
+
 /// The default display, or `None` (no tqdm, or the module is missing).
 fn default_display(py: Python<'_>) -> Option<Py<PyAny>> {
     let f = py
@@ -38,25 +40,38 @@ impl Watch {
     /// A watch over `callback`: the user's callable; `None` for the
     /// default display (`posenc._progress.default()`: a tqdm bar when tqdm
     /// is installed); `False` for none (signals only).
-    pub fn new(callback: Option<Py<PyAny>>) -> Watch {
-        let callback = Python::attach(|py| match callback {
+    ///
+    /// # Errors
+    /// `PosencError` for anything else than a callable, a bool or `None`
+    /// (before the call starts, not at its first report).
+    pub fn new(callback: Option<Py<PyAny>>) -> PyResult<Watch> {
+        let callback = Python::attach(|py| {
+            match callback {
             Some(cb) if cb.bind(py).is_instance_of::<pyo3::types::PyBool>() => {
-                if cb.bind(py).is_truthy().unwrap_or(false) {
+                Ok(if cb.bind(py).is_truthy().unwrap_or(false) {
                     default_display(py)
                 } else {
                     None
-                }
+                })
             }
-            Some(cb) => Some(cb),
-            None => default_display(py),
-        });
-        Watch {
+            Some(cb) if cb.bind(py).is_callable() => Ok(Some(cb)),
+            Some(cb) => Err(err(format!(
+                "progress: give a callable progress(done, total, what), True, False or None, not {}",
+                cb.bind(py)
+                    .get_type()
+                    .name()
+                    .map_or_else(|_| "?".into(), |n| n.to_string())
+            ))),
+            None => Ok(default_display(py)),
+        }
+        })?;
+        Ok(Watch {
             callback,
             error: Mutex::new(None),
             stop: AtomicBool::new(false),
             last_signal_check: Mutex::new(Instant::now()),
             last_report: Mutex::new(None),
-        }
+        })
     }
 
     /// Whether the call should stop (an exception is pending).

@@ -197,6 +197,9 @@ def test_hostile_adapters_raise_one_line(tmp_path, model, files):
         (lambda m, t: m.generate("w1", temperature=-1.0), ["temperature -1", "0 (the default)"]),
         (lambda m, t: m.passkey([2048], [0.5], trials=2**63 - 1), ["trials must be in 1..=10000"]),
         (lambda m, t: m.passkey([2048], [0.5], scalings="self-extend:1e9:512"), ["out of range (1..=16777216)"]),
+        (lambda m, t: m.passkey([2048], [0.5], seed=-1), ["seed must be at least 0, not -1"]),
+        (lambda m, t: m.generate("w1", seed=-3), ["seed must be at least 0, not -3"]),
+        (lambda m, t: m.perplexity(text=t, length=16, progress=3), ["progress: give a callable", "not int"]),
     ],
 )
 def test_bad_arguments_raise_the_commands_line(model, files, call, words):
