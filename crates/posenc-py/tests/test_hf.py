@@ -296,6 +296,11 @@ def test_perplexity_has_the_cli_json_shape_and_restores_the_model():
     assert torch.equal(logits(model, ids), base)  # each applied and removed in turn
     with pytest.raises(posenc.PosencError, match="fewer than the window"):
         ph.perplexity(model, tokenizer, "text", 41, ["none"])
+    ticks = []
+    ph.perplexity(model, tokenizer, "text", 24, "model,rerope:4", band=8, progress=lambda *a: ticks.append(a))
+    assert [(d, t) for d, t, _ in ticks] == [(0, 2), (1, 2), (2, 2)] and ticks[-1][2] == "rerope:4"
+    with pytest.raises(posenc.PosencError, match="progress: give a callable"):
+        ph.perplexity(model, tokenizer, "text", 24, ["model"], progress=3)
     # A RoPE without a trained length (transformers' own config classes
     # always state one; a custom one may not): refused in words, where the
     # bands inside and beyond it would have no border.

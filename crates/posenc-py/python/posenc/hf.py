@@ -39,7 +39,7 @@ if __name__ == "__main__":  # python -m posenc.hf passkey|perplexity ...
 
 import itertools
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -423,6 +423,23 @@ def _mean(loss: List[float], a: int, b: int) -> Optional[float]:
     return float(sum(part) / len(part)) if part else None
 
 
+def _ticker(progress: Any) -> Optional[Callable[[int, int, str], None]]:
+    """``progress=`` as the package takes it: ``None`` or ``True`` (a tqdm
+    bar when tqdm is installed), ``False`` (none) or a callable ``(done,
+    total, what)``."""
+    from . import _progress
+
+    if progress is None or progress is True:
+        return _progress.default()
+    if progress is False:
+        return None
+    if callable(progress):
+        return progress
+    raise PosencError(
+        f"progress: give a callable progress(done, total, what), True, False or None, not {type(progress).__name__}"
+    )
+
+
 def perplexity(
     model: Any,
     tokenizer: Any,
@@ -433,13 +450,16 @@ def perplexity(
     band: int = 1024,
     per_position: bool = False,
     backend: Optional[str] = None,
+    progress: Any = None,
 ) -> Dict[str, Any]:
     """The loss at every position of the first ``length`` tokens of
     ``text`` (a ``str``, or a ``pathlib.Path`` to read) for each name of
     ``methods`` (a list or a comma-separated string; ``"model"`` runs the
     model as loaded), each applied and removed in turn: the dict ``posenc
     perplexity --json`` prints (``"model"`` is the model's class here).
-    ``length`` defaults to twice the trained length."""
+    ``length`` defaults to twice the trained length. ``progress``: as
+    ``passkey``'s, one step per name. Ctrl-C raises ``KeyboardInterrupt``
+    and leaves the model as loaded."""
     import os
     import time
 
@@ -455,6 +475,7 @@ def perplexity(
         raise PosencError("a band needs at least one position")
     if getattr(model, _STATE, None) is not None:
         raise PosencError("perplexity: the model already has posenc.hf.apply's change; call posenc.hf.remove first")
+    tick = _ticker(progress)
     base = rope_of(model)
     trained = _trained_length(base, model)
     if length is None:
@@ -469,7 +490,9 @@ def perplexity(
     ids = ids[:, :length].to(device)
     runs: Dict[str, Any] = {}
     total = 0.0
-    for name in names:
+    if tick is not None:
+        tick(0, len(names), f"{type(model).__name__}; {length} tokens; {len(names)} runs")
+    for done, name in enumerate(names, 1):
         rope = base if name == "model" else base.with_scaling(name)
         if name != "model":
             apply(model, name, backend=backend)
@@ -499,6 +522,8 @@ def perplexity(
             o["loss"] = loss
         runs[name] = o
         total += secs
+        if tick is not None:
+            tick(done, len(names), name)
     return {
         "model": type(model).__name__,
         "trained_length": trained,
@@ -625,7 +650,6 @@ def passkey(
     import time
 
     from ._posenc import PasskeyProbe
-    from . import _progress
 
     _transformers()
     names = [m for m in methods.split(",")] if isinstance(methods, str) else list(methods)
@@ -643,14 +667,7 @@ def passkey(
         _tokenizer_json(tokenizer), [int(x) for x in lengths], [float(x) for x in depths], int(trials), names,
         haystack, int(seed),
     )
-    if progress is None or progress is True:
-        tick = _progress.default()
-    elif progress is False:
-        tick = None
-    elif callable(progress):
-        tick = progress
-    else:
-        raise PosencError("progress: give None, False or a callable (done, total, what)")
+    tick = _ticker(progress)
     eos = _eos_ids(model, tokenizer)
     total = len(probe.methods) * len(probe.lengths) * len(probe.depths) * probe.trials
     if tick is not None:
