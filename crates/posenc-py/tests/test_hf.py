@@ -301,6 +301,20 @@ def test_perplexity_has_the_cli_json_shape_and_restores_the_model():
     assert [(d, t) for d, t, _ in ticks] == [(0, 2), (1, 2), (2, 2)] and ticks[-1][2] == "rerope:4"
     with pytest.raises(posenc.PosencError, match="progress: give a callable"):
         ph.perplexity(model, tokenizer, "text", 24, ["model"], progress=3)
+
+    # Ctrl-C inside a method's forward: the model is left as loaded.
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    layer = model.model.layers[1]
+    hook = layer.register_forward_pre_hook(lambda *a: interrupt() if getattr(model, ph._STATE, None) is not None else None)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ph.perplexity(model, tokenizer, "text", 24, "model,self-extend:2:4", band=8, progress=False)
+    finally:
+        hook.remove()
+    assert getattr(model, ph._STATE, None) is None
+    assert torch.equal(logits(model, ids), base)
     # A RoPE without a trained length (transformers' own config classes
     # always state one; a custom one may not): refused in words, where the
     # bands inside and beyond it would have no border.
