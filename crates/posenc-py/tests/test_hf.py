@@ -301,6 +301,11 @@ def test_perplexity_has_the_cli_json_shape_and_restores_the_model():
     assert [(d, t) for d, t, _ in ticks] == [(0, 2), (1, 2), (2, 2)] and ticks[-1][2] == "rerope:4"
     with pytest.raises(posenc.PosencError, match="progress: give a callable"):
         ph.perplexity(model, tokenizer, "text", 24, ["model"], progress=3)
+    with pytest.raises(posenc.PosencError, match="length: expected an int"):
+        ph.perplexity(model, tokenizer, "text", "24", ["model"])
+    for bad in (5, ["model", 3]):
+        with pytest.raises(posenc.PosencError, match="methods: give a name"):
+            ph.perplexity(model, tokenizer, "text", 24, bad)
 
     # Ctrl-C inside a method's forward: the model is left as loaded.
     def interrupt(*_):

@@ -423,6 +423,22 @@ def _mean(loss: List[float], a: int, b: int) -> Optional[float]:
     return float(sum(part) / len(part)) if part else None
 
 
+def _names(methods: Any) -> List[str]:
+    """``methods`` as the probes take it: a name, comma-separated names or a
+    list of names."""
+    if isinstance(methods, str):
+        return methods.split(",")
+    try:
+        names = list(methods)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise PosencError(
+            f"methods: give a name (\"self-extend:4:1024\"), comma-separated names or a list of names, not {methods!r}"
+        )
+    return names
+
+
 def _ticker(progress: Any) -> Optional[Callable[[int, int, str], None]]:
     """``progress=`` as the package takes it: ``None`` or ``True`` (a tqdm
     bar when tqdm is installed), ``False`` (none) or a callable ``(done,
@@ -468,7 +484,7 @@ def perplexity(
             text = f.read()
     if not isinstance(text, str):
         raise PosencError(f"text: expected a str or a pathlib.Path, got {type(text).__name__}")
-    names = [m for m in methods.split(",")] if isinstance(methods, str) else list(methods)
+    names = _names(methods)
     if not names:
         raise PosencError("methods: give at least one name")
     if not isinstance(band, int) or band < 1:
@@ -480,6 +496,8 @@ def perplexity(
     trained = _trained_length(base, model)
     if length is None:
         length = 2 * trained
+    if type(length) is not int:
+        raise PosencError(f"length: expected an int, got {length!r}")
     if length < 2:
         raise PosencError(f"a window of {length} tokens has no target to score: use a length of 2 or more")
     # the tokenizer's default encoding of the whole text, as the command's (a BOS where the tokenizer adds one)
@@ -652,7 +670,7 @@ def passkey(
     from ._posenc import PasskeyProbe
 
     _transformers()
-    names = [m for m in methods.split(",")] if isinstance(methods, str) else list(methods)
+    names = _names(methods)
     if isinstance(lengths, int) or isinstance(depths, (int, float)):
         raise PosencError("lengths and depths: give lists (one value is a list of one)")
     if isinstance(haystack, os.PathLike):
