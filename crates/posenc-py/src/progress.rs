@@ -13,18 +13,6 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
-use crate::error::err;
-
-/// The default display, or `None` (no tqdm, or the module is missing).
-fn default_display(py: Python<'_>) -> Option<Py<PyAny>> {
-    let f = py
-        .import("posenc._progress")
-        .ok()?
-        .call_method0("default")
-        .ok()?;
-    (!f.is_none()).then(|| f.unbind())
-}
-
 /// The user's progress callable and the first exception seen.
 pub struct Watch {
     callback: Option<Py<PyAny>>,
@@ -37,33 +25,20 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// A watch over `callback`: the user's callable; `None` for the
-    /// default display (`posenc._progress.default()`: a tqdm bar when tqdm
-    /// is installed); `False` for none (signals only).
+    /// A watch over `callback` as `posenc._progress.resolve` reads it (the
+    /// one reading of `progress=`, `posenc.hf`'s too): the user's callable;
+    /// `None` or `True` for the default display (a tqdm bar when tqdm is
+    /// installed); `False` for none (signals only).
     ///
     /// # Errors
     /// `PosencError` for anything else than a callable, a bool or `None`
     /// (before the call starts, not at its first report).
     pub fn new(callback: Option<Py<PyAny>>) -> PyResult<Watch> {
-        let callback = Python::attach(|py| {
-            match callback {
-            Some(cb) if cb.bind(py).is_instance_of::<pyo3::types::PyBool>() => {
-                Ok(if cb.bind(py).is_truthy().unwrap_or(false) {
-                    default_display(py)
-                } else {
-                    None
-                })
-            }
-            Some(cb) if cb.bind(py).is_callable() => Ok(Some(cb)),
-            Some(cb) => Err(err(format!(
-                "progress: give a callable progress(done, total, what), True, False or None, not {}",
-                cb.bind(py)
-                    .get_type()
-                    .name()
-                    .map_or_else(|_| "?".into(), |n| n.to_string())
-            ))),
-            None => Ok(default_display(py)),
-        }
+        let callback = Python::attach(|py| -> PyResult<Option<Py<PyAny>>> {
+            let f = py
+                .import("posenc._progress")?
+                .call_method1("resolve", (callback,))?;
+            Ok((!f.is_none()).then(|| f.unbind()))
         })?;
         Ok(Watch {
             callback,

@@ -6,7 +6,7 @@ what)`` to get the ticks yourself, or ``progress=False`` for none."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 
 def default() -> Optional[Callable[[int, int, str], None]]:
@@ -31,3 +31,21 @@ def default() -> Optional[Callable[[int, int, str], None]]:
             state["bar"] = None
 
     return tick
+
+
+def resolve(progress: Any) -> Optional[Callable[[int, int, str], None]]:
+    """``progress=`` as every long call takes it (``Model``'s, ``finetune``,
+    ``posenc.hf``'s probes): ``None`` or ``True`` for :func:`default`,
+    ``False`` for none, or the user's callable ``(done, total, what)``;
+    anything else raises ``PosencError`` before the call starts."""
+    from ._posenc import PosencError
+
+    if progress is None or progress is True:
+        return default()
+    if progress is False:
+        return None
+    if callable(progress):
+        return progress
+    raise PosencError(
+        f"progress: give a callable progress(done, total, what), True, False or None, not {type(progress).__name__}"
+    )

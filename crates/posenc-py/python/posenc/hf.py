@@ -39,12 +39,13 @@ if __name__ == "__main__":  # python -m posenc.hf passkey|perplexity ...
 
 import itertools
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
 from ._posenc import PosencError, RopeConfig
+from . import _progress
 from . import torch as _pt
 
 __all__ = ["apply", "remove", "rope_of", "perplexity", "passkey"]
@@ -439,23 +440,6 @@ def _names(methods: Any) -> List[str]:
     return names
 
 
-def _ticker(progress: Any) -> Optional[Callable[[int, int, str], None]]:
-    """``progress=`` as the package takes it: ``None`` or ``True`` (a tqdm
-    bar when tqdm is installed), ``False`` (none) or a callable ``(done,
-    total, what)``."""
-    from . import _progress
-
-    if progress is None or progress is True:
-        return _progress.default()
-    if progress is False:
-        return None
-    if callable(progress):
-        return progress
-    raise PosencError(
-        f"progress: give a callable progress(done, total, what), True, False or None, not {type(progress).__name__}"
-    )
-
-
 def perplexity(
     model: Any,
     tokenizer: Any,
@@ -491,7 +475,7 @@ def perplexity(
         raise PosencError("a band needs at least one position")
     if getattr(model, _STATE, None) is not None:
         raise PosencError("perplexity: the model already has posenc.hf.apply's change; call posenc.hf.remove first")
-    tick = _ticker(progress)
+    tick = _progress.resolve(progress)
     base = rope_of(model)
     trained = _trained_length(base, model)
     if length is None:
@@ -685,7 +669,7 @@ def passkey(
         _tokenizer_json(tokenizer), [int(x) for x in lengths], [float(x) for x in depths], int(trials), names,
         haystack, int(seed),
     )
-    tick = _ticker(progress)
+    tick = _progress.resolve(progress)
     eos = _eos_ids(model, tokenizer)
     total = len(probe.methods) * len(probe.lengths) * len(probe.depths) * probe.trials
     if tick is not None:
