@@ -52,21 +52,23 @@ use bf16_tiles::{bf16_forward, forward_bf16};
 pub use grad::backward;
 pub use reference::reference_forward;
 
-/// Queries per forward tile on short sequences. A causal tile computes its
-/// key range up to its last query's keys: with 32 rows, a 128-token causal
-/// head computes 10,240 of the logits matrix's entries (8,256 visible) where
-/// 64 rows computed 12,288. The hidden entries only ever added exact zeros,
-/// so the results keep their bits (a lab training run writes the same
-/// checkpoint with either).
+/// Queries per forward tile on short sequences. A causal tile spans the
+/// keys up to its last query's; where its first rows see only part of that
+/// span (the diagonal, a window's edges), its products run by groups of
+/// rows ([`tile::gemm_trimmed`]) on the keys each group sees, rounded up to
+/// whole registers. The hidden entries only ever added exact zeros, so the
+/// results keep their bits (a lab training run writes the same checkpoint
+/// with any tile).
 const BQ: usize = 32;
 /// Queries per tile of the backward pass (9,216 of the 128-token head's
 /// entries; its five products per tile, against the forward's two, make
 /// the smaller tile pay there). Same bits, for the same reason.
 const BQ_BWD: usize = 16;
 /// Queries per tile of the backward pass on long sequences (more than
-/// [`LONG_KEYS`] keys): the diagonal's hidden entries are a small share
-/// there, and the products' register tiles reload their accumulators a
-/// quarter as often as with [`BQ_BWD`]. Same bits.
+/// [`LONG_KEYS`] keys): the products' register tiles reload their
+/// accumulators a quarter as often as with [`BQ_BWD`], and on the diagonal
+/// they run by groups of rows on the keys each group sees
+/// ([`tile::gemm_trimmed`]). Same bits.
 const BQ_BWD_LONG: usize = 64;
 /// Keys per tile.
 const BK: usize = 128;
@@ -1011,10 +1013,31 @@ fn forward_task(
                     j0
                 };
                 let kb = unsafe { kt.as_ptr().add(at) };
+                // A tile that some of its rows see only in part (the causal
+                // diagonal, a window's edges) runs its products on the
+                // keys each group of rows sees (`seen`): the rest of a row
+                // is never read (its logits) or only added zeros (its
+                // probabilities), so the results keep their bits.
+                // (Both ends of a row's span are non-decreasing in the row.)
+                let trim = !crate_gemm && (p.span(i0 + rows - 1).0 > j0 || p.span(i0).1 < j0 + n);
+                let seen = |r0: usize, r1: usize| {
+                    let lo = p.span(i0 + r0).0.saturating_sub(j0).min(n);
+                    let hi = p.span(i0 + r1 - 1).1.saturating_sub(j0).min(n);
+                    (lo, hi)
+                };
                 // SAFETY: q holds rows × d, the key block d × n with
                 // leading dimension ldk, s rows × n.
                 let g = tile::Gemm::new(rows, n, d).a(q.as_ptr(), d).b(kb, ldk);
-                unsafe { block_product(crate_gemm, level, g.to(s.as_mut_ptr(), n)) };
+                if trim {
+                    // Whole registers of columns from a multiple of 16.
+                    let limit = |r0, r1| {
+                        let (lo, hi) = seen(r0, r1);
+                        ([lo / 16 * 16, hi.next_multiple_of(16)], [0, d])
+                    };
+                    unsafe { tile::gemm_trimmed(level, g.to(s.as_mut_ptr(), n), limit) };
+                } else {
+                    unsafe { block_product(crate_gemm, level, g.to(s.as_mut_ptr(), n)) };
+                }
                 for r in 0..rows {
                     let i = i0 + r;
                     let sr = &mut s[r * n..][..n];
@@ -1056,7 +1079,15 @@ fn forward_task(
                 let g = tile::Gemm::new(rows, d, n)
                     .a(s.as_ptr(), n)
                     .b(vb, p.v_rows.st);
-                unsafe { block_product(crate_gemm, level, g.add_to(acc.as_mut_ptr(), d)) };
+                if trim {
+                    let limit = |r0, r1| {
+                        let (lo, hi) = seen(r0, r1);
+                        ([0, d], [lo, hi])
+                    };
+                    unsafe { tile::gemm_trimmed(level, g.add_to(acc.as_mut_ptr(), d), limit) };
+                } else {
+                    unsafe { block_product(crate_gemm, level, g.add_to(acc.as_mut_ptr(), d)) };
+                }
             }
             for r in 0..rows {
                 let i = i0 + r;

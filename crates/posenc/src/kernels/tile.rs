@@ -200,7 +200,7 @@ impl<T: Copy> Gemm<T> {
     /// The block lies within the product, whose pointers address the
     /// operands.
     #[inline(always)]
-    unsafe fn block(self, [i0, j0, p0]: [usize; 3], [m, n, k]: [usize; 3]) -> Gemm<T> {
+    pub(crate) unsafe fn block(self, [i0, j0, p0]: [usize; 3], [m, n, k]: [usize; 3]) -> Gemm<T> {
         let a = self.a;
         Gemm {
             m,
@@ -296,6 +296,72 @@ pub unsafe fn gemm(level: SimdLevel, g: Gemm) {
     while j < n {
         panel::<1>(g.columns_from(j));
         j += 1;
+    }
+}
+
+/// Rows of `C` in one register tile of [`gemm`] at `level`: 8 with
+/// AVX-512, 6 with AVX2, 4 in the portable panels.
+#[inline(always)]
+pub fn row_tile(level: SimdLevel) -> usize {
+    match level {
+        SimdLevel::Avx512 => 8,
+        SimdLevel::Avx2 => 6,
+        _ => 4,
+    }
+}
+
+/// [`gemm`] with parts of `C` and of the sums left out: the rows of `C` in
+/// groups of [`row_tile`], the group of rows `r0..r1` restricted to the
+/// columns `c0..c1` and the steps `p0..p1` of `k` that
+/// `limit(r0, r1) = ([c0, c1], [p0, p1])` gives (within the product; a group
+/// with no column or no step is skipped). Consecutive groups with the same
+/// limits run as one product. For a product whose left-out
+/// terms are exact zeros (the hidden keys of a causal or windowed tile) and
+/// whose left-out entries of `C` nobody reads, this is [`gemm`]'s result
+/// with the same bits: each entry that is computed is the same chain of
+/// fused multiply-adds over `p` in increasing order, less terms that only
+/// added zeros. The steps from `p0 > 0` continue the sums in `C` (as
+/// [`Gemm::add_to`]).
+///
+/// # Safety
+/// As [`gemm`], for the whole product.
+#[inline(always)]
+pub unsafe fn gemm_trimmed(
+    level: SimdLevel,
+    g: Gemm,
+    limit: impl Fn(usize, usize) -> ([usize; 2], [usize; 2]),
+) {
+    if g.m == 0 {
+        return;
+    }
+    let step = row_tile(level);
+    let clipped = |r0: usize, r1: usize| {
+        let ([c0, c1], [p0, p1]) = limit(r0, r1);
+        [c0, c1.min(g.n), p0, p1.min(g.k)]
+    };
+    // The run of groups from row `start` with the limits `run`.
+    let (mut start, mut run) = (0, clipped(0, step.min(g.m)));
+    let mut r0 = 0;
+    while r0 < g.m {
+        let r1 = (r0 + step).min(g.m);
+        let next = if r1 < g.m {
+            Some(clipped(r1, (r1 + step).min(g.m)))
+        } else {
+            None
+        };
+        if next != Some(run) {
+            let [c0, c1, p0, p1] = run;
+            if c0 < c1 && p0 < p1 {
+                gemm(
+                    level,
+                    g.block([start, c0, p0], [r1 - start, c1 - c0, p1 - p0]),
+                );
+            }
+            if let Some(next) = next {
+                (start, run) = (r1, next);
+            }
+        }
+        r0 = r1;
     }
 }
 

@@ -305,17 +305,44 @@ fn backward_task(
                 }
                 let lse_h = &lse[bh * tq..][..tq];
                 for &(i0, rows, j0, n) in &tile_pairs {
+                    // A long tile on the causal diagonal runs its products
+                    // on the keys each group of rows sees: the rest of P
+                    // and dS is zeros, which only added zeros to the sums,
+                    // and the rest of S and dP is never read. Same bits.
+                    // (A short tile's hidden triangle, 16 rows, is too
+                    // small to pay for the extra calls.)
+                    let trim = bq > BQ_BWD && p.visible(i0) < j0 + n;
+                    // The keys the rows before r1 see, from j0.
+                    let seen = |r1: usize| p.visible(i0 + r1 - 1).saturating_sub(j0).min(n);
+                    // The first row that sees key j0 + c.
+                    let first = |c: usize| {
+                        (0..rows)
+                            .find(|&r| p.visible(i0 + r) > j0 + c)
+                            .unwrap_or(rows)
+                    };
+                    // S and dP: whole registers of the columns seen.
+                    let logits = |_, r1| ([0, seen(r1).next_multiple_of(16)], [0, d]);
                     unsafe {
                         // S (rows × n) = Q̃[i0..] · K̃ᵀ[:, j0..]
                         let g = tile::Gemm::new(rows, n, d)
                             .a(qs.as_ptr().add(i0 * ldq), ldq)
-                            .b(kt.as_ptr().add(j0 / BK * d * ldt), ldt);
-                        tile::gemm(level, g.to(pm.as_mut_ptr(), ldt));
+                            .b(kt.as_ptr().add(j0 / BK * d * ldt), ldt)
+                            .to(pm.as_mut_ptr(), ldt);
+                        if trim {
+                            tile::gemm_trimmed(level, g, logits);
+                        } else {
+                            tile::gemm(level, g);
+                        }
                         // dP (rows × n) = dO[i0..] · Vᵀ[:, j0..]
                         let g = tile::Gemm::new(rows, n, d)
                             .a(dos.as_ptr().add(i0 * ldq), ldq)
-                            .b(vt.as_ptr().add(j0 / BK * d * ldt), ldt);
-                        tile::gemm(level, g.to(dp.as_mut_ptr(), ldt));
+                            .b(vt.as_ptr().add(j0 / BK * d * ldt), ldt)
+                            .to(dp.as_mut_ptr(), ldt);
+                        if trim {
+                            tile::gemm_trimmed(level, g, logits);
+                        } else {
+                            tile::gemm(level, g);
+                        }
                     }
                     for r in 0..rows {
                         let i = i0 + r;
@@ -348,11 +375,13 @@ fn backward_task(
                                 w[idx] += pr[c];
                             }
                         }
-                        // dS = P ∘ (dP − D_i), in place of dP.
+                        // dS = P ∘ (dP − D_i), in place of dP (zeros where
+                        // P is: dP may not be computed there).
                         let di = dvec[i];
-                        for (dv_, pv) in dpr.iter_mut().zip(pr.iter()) {
+                        for (dv_, pv) in dpr[..vis].iter_mut().zip(pr.iter()) {
                             *dv_ = pv * (*dv_ - di);
                         }
+                        dpr[vis..].fill(0.0);
                         let dsr = &dpr[..vis];
                         if let (Some(t), true) = (p.scalar, want.0) {
                             for (c, v) in dsr.iter().enumerate() {
@@ -381,22 +410,41 @@ fn backward_task(
                             }
                         }
                     }
+                    // dV and dK̃: a group of keys from the first row that
+                    // sees it; dQ̃: a group of rows up to the keys it sees.
+                    let by_keys = |c0, _| ([0, d], [first(c0), rows]);
+                    let by_rows = |_, r1| ([0, d], [0, seen(r1)]);
                     unsafe {
                         // dV[j0..] += Pᵀ · dO[i0..]
                         let g = tile::Gemm::new(n, d, rows)
                             .a_t(pm.as_ptr(), ldt)
-                            .b(dos.as_ptr().add(i0 * ldq), ldq);
-                        tile::gemm(level, g.add_to(dv.as_mut_ptr().add(j0 * d), d));
+                            .b(dos.as_ptr().add(i0 * ldq), ldq)
+                            .add_to(dv.as_mut_ptr().add(j0 * d), d);
+                        if trim {
+                            tile::gemm_trimmed(level, g, by_keys);
+                        } else {
+                            tile::gemm(level, g);
+                        }
                         // dK̃[j0..] += dSᵀ · Q̃[i0..]
                         let g = tile::Gemm::new(n, d, rows)
                             .a_t(dp.as_ptr(), ldt)
-                            .b(qs.as_ptr().add(i0 * ldq), ldq);
-                        tile::gemm(level, g.add_to(dkr.as_mut_ptr().add(j0 * d), d));
+                            .b(qs.as_ptr().add(i0 * ldq), ldq)
+                            .add_to(dkr.as_mut_ptr().add(j0 * d), d);
+                        if trim {
+                            tile::gemm_trimmed(level, g, by_keys);
+                        } else {
+                            tile::gemm(level, g);
+                        }
                         // dQ̃[i0..] += dS · K̃[j0..]
                         let g = tile::Gemm::new(rows, d, n)
                             .a(dp.as_ptr(), ldt)
-                            .b(kr.as_ptr().add(j0 * ldr), ldr);
-                        tile::gemm(level, g.add_to(dqs.as_mut_ptr().add(i0 * d), d));
+                            .b(kr.as_ptr().add(j0 * ldr), ldr)
+                            .add_to(dqs.as_mut_ptr().add(i0 * d), d);
+                        if trim {
+                            tile::gemm_trimmed(level, g, by_rows);
+                        } else {
+                            tile::gemm(level, g);
+                        }
                     }
                 }
                 // Shaw's tables: dQ̃ += Wk·a^K, d a^K += Wkᵀ·Q̃, d a^V += Wvᵀ·dO.

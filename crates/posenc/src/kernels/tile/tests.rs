@@ -138,3 +138,99 @@ fn reductions() {
     let want: f32 = x.iter().zip(&y).map(|(a, b)| a * b).sum();
     assert!((dot(&x, &y) - want).abs() < 1e-4);
 }
+
+/// `gemm_trimmed` on a causal product (row `i` of `A` zero from step
+/// `i + 1 − shift` on, as the probabilities of a diagonal tile) gives
+/// `gemm`'s bits on every entry it computes, at every level: limits by
+/// columns (the logits: row groups up to the columns they see, rounded up to
+/// 16) leave the other entries of a dirty `C` as they were; limits by steps
+/// (`P·V`, from the first step and up to the last a group sees, and `Pᵀ·dO`
+/// from the first row that sees a key) give every entry.
+#[test]
+fn trimmed_gemm_keeps_the_bits_of_the_whole_product() {
+    for &(m, n, k, shift) in &[
+        (64usize, 128usize, 64usize, 0usize),
+        (64, 64, 64, 0),
+        (96, 200, 64, 37),
+        (13, 29, 7, 5),
+        (1, 16, 3, 0),
+    ] {
+        let seen = |i: usize| (i + 1 + shift).min(n);
+        // Logits: Q (m × k) · Kᵀ (k × n); only the columns each row sees
+        // are ever read.
+        let a: Vec<f32> = (0..m * k)
+            .map(|x| ((x * 7 % 11) as f32) * 0.37 - 1.9)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|x| ((x * 5 % 13) as f32) * 0.21 - 1.1)
+            .collect();
+        // P (m × n), zero past each row's keys, and V (n × k).
+        let p: Vec<f32> = (0..m * n)
+            .map(|x| {
+                let (i, j) = (x / n, x % n);
+                if j < seen(i) {
+                    ((x * 3 % 17) as f32) * 0.05
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        for level in SimdLevel::available() {
+            let mut whole = vec![f32::NAN; m * n];
+            let mut cut = vec![f32::NAN; m * n];
+            let g = Gemm::new(m, n, k).a(a.as_ptr(), k).b(b.as_ptr(), n);
+            unsafe {
+                gemm(level, g.to(whole.as_mut_ptr(), n));
+                gemm_trimmed(level, g.to(cut.as_mut_ptr(), n), |_, r1| {
+                    ([0, seen(r1 - 1).next_multiple_of(16)], [0, k])
+                });
+            }
+            for i in 0..m {
+                for j in 0..n {
+                    let (w, c) = (whole[i * n + j], cut[i * n + j]);
+                    if j < seen(i) {
+                        assert_eq!(w.to_bits(), c.to_bits(), "{level} {m}x{n}: ({i},{j})");
+                    } else if j >= seen(i + row_tile(level)).next_multiple_of(16).min(n) {
+                        assert!(c.is_nan(), "{level}: ({i},{j}) written");
+                    }
+                }
+            }
+            // P·V by steps, added to a C that already holds values.
+            let start: Vec<f32> = (0..m * k).map(|x| (x % 5) as f32 - 2.0).collect();
+            let (mut whole, mut cut) = (start.clone(), start.clone());
+            let g = Gemm::new(m, k, n).a(p.as_ptr(), n).b(b.as_ptr(), k);
+            unsafe {
+                gemm(level, g.add_to(whole.as_mut_ptr(), k));
+                gemm_trimmed(level, g.add_to(cut.as_mut_ptr(), k), |_, r1| {
+                    ([0, k], [0, seen(r1 - 1)])
+                });
+            }
+            assert!(
+                whole
+                    .iter()
+                    .zip(&cut)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{level} P·V"
+            );
+            // Pᵀ·V' (n × k, steps over the m rows) from the first row that
+            // sees each group's first key.
+            let first = |c: usize| (0..m).find(|&r| seen(r) > c).unwrap_or(m);
+            let start: Vec<f32> = (0..n * k).map(|x| (x % 7) as f32 - 3.0).collect();
+            let (mut whole, mut cut) = (start.clone(), start.clone());
+            let g = Gemm::new(n, k, m).a_t(p.as_ptr(), n).b(a.as_ptr(), k);
+            unsafe {
+                gemm(level, g.add_to(whole.as_mut_ptr(), k));
+                gemm_trimmed(level, g.add_to(cut.as_mut_ptr(), k), |c0, _| {
+                    ([0, k], [first(c0), m])
+                });
+            }
+            assert!(
+                whole
+                    .iter()
+                    .zip(&cut)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{level} Pᵀ·V"
+            );
+        }
+    }
+}
