@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""posenc.torch.attention in a steady loop, for comparing two builds of the
+package (run this script once per build, alternating; docs/speed.md).
+
+At python_ops.py's shape (`B=1, H=8, T=2048, D=64`, causal, Llama 3's RoPE
+inside, 2 threads): the forward alone (no gradient) and the forward +
+backward, `--calls` calls of each, best and median; and a hash of the bits of
+the output and of the three gradients, so that two builds that should give
+the same bits can be checked to.
+
+`--order` instead times, 8 times each, posenc's forward + backward right
+after a call of the PyTorch peer (transformers' `apply_rotary_pos_emb` and
+`scaled_dot_product_attention`) and right after one of its own, and the
+peer's the same way: whether one library's calls slow the next call of the
+other (on two cores, PyTorch's OpenMP workers keep spinning for a while
+after each parallel region).
+
+Usage (the package installed, or on PYTHONPATH):
+    python scripts/bench/attention_ab.py LABEL [--calls 12] [--seq 2048]
+    python scripts/bench/attention_ab.py LABEL --order
+"""
+
+import argparse
+import hashlib
+import os
+import statistics
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("label", help="a name for this build, printed first")
+    ap.add_argument("--calls", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--order", action="store_true")
+    args = ap.parse_args()
+    os.environ["RAYON_NUM_THREADS"] = str(args.threads)
+
+    import torch
+    import torch.nn.functional as F
+
+    import posenc
+    import posenc.torch as pt
+
+    torch.set_num_threads(args.threads)
+    B, H, T, D = 1, 8, args.seq, 64
+    rope = posenc.RopeConfig.plain(500000.0, D, max_position_embeddings=8192)
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(B, H, T, D, generator=g) for _ in range(4))
+
+    def fwd_bwd():
+        qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
+        out = pt.attention(qq, kk, vv, rope=rope)
+        out.backward(dout)
+        return out, qq.grad, kk.grad, vv.grad
+
+    def fwd():
+        with torch.no_grad():
+            return pt.attention(q, k, v, rope=rope)
+
+    def ms(fn):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    if args.order:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        c, s = (torch.from_numpy(x)[None] for x in rope.cos_sin(list(range(T))))
+
+        def peer():
+            qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
+            qr, kr = apply_rotary_pos_emb(qq, kk, c, s)
+            F.scaled_dot_product_attention(qr, kr, vv, is_causal=True).backward(dout)
+
+        fwd_bwd()
+        peer()
+        rows = {
+            "posenc after PyTorch": [],
+            "posenc after posenc": [],
+            "PyTorch after posenc": [],
+            "PyTorch after PyTorch": [],
+        }
+        for _ in range(8):
+            peer()
+            rows["posenc after PyTorch"].append(ms(fwd_bwd))
+            fwd_bwd()
+            rows["posenc after posenc"].append(ms(fwd_bwd))
+            fwd_bwd()
+            rows["PyTorch after posenc"].append(ms(peer))
+            peer()
+            rows["PyTorch after PyTorch"].append(ms(peer))
+        for name, xs in rows.items():
+            print(f"{args.label}: {name:22s} min {min(xs):7.2f} ms  median {statistics.median(xs):7.2f} ms")
+        return
+
+    digest = hashlib.sha256(b"".join(x.detach().numpy().tobytes() for x in fwd_bwd()))
+    tf, tb = [], []
+    for _ in range(args.calls):
+        tf.append(ms(fwd))
+        tb.append(ms(fwd_bwd))
+    print(
+        f"{args.label}: bits {digest.hexdigest()[:16]}  forward best {min(tf):.2f} median "
+        f"{statistics.median(tf):.2f} ms  forward + backward best {min(tb):.2f} median "
+        f"{statistics.median(tb):.2f} ms"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
