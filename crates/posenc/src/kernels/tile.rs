@@ -365,6 +365,24 @@ pub unsafe fn gemm_trimmed(
     }
 }
 
+/// [`gemm_trimmed`] when `trim`, else [`gemm`].
+///
+/// # Safety
+/// As [`gemm`].
+#[inline(always)]
+pub unsafe fn gemm_maybe_trimmed(
+    level: SimdLevel,
+    g: Gemm,
+    trim: bool,
+    limit: impl Fn(usize, usize) -> ([usize; 2], [usize; 2]),
+) {
+    if trim {
+        gemm_trimmed(level, g, limit)
+    } else {
+        gemm(level, g)
+    }
+}
+
 /// Rows of `C` per block of [`gemm_blocked`].
 const BLOCK_M: usize = 64;
 /// Columns of `C` per block of [`gemm_blocked`].

@@ -328,21 +328,13 @@ fn backward_task(
                             .a(qs.as_ptr().add(i0 * ldq), ldq)
                             .b(kt.as_ptr().add(j0 / BK * d * ldt), ldt)
                             .to(pm.as_mut_ptr(), ldt);
-                        if trim {
-                            tile::gemm_trimmed(level, g, logits);
-                        } else {
-                            tile::gemm(level, g);
-                        }
+                        tile::gemm_maybe_trimmed(level, g, trim, logits);
                         // dP (rows × n) = dO[i0..] · Vᵀ[:, j0..]
                         let g = tile::Gemm::new(rows, n, d)
                             .a(dos.as_ptr().add(i0 * ldq), ldq)
                             .b(vt.as_ptr().add(j0 / BK * d * ldt), ldt)
                             .to(dp.as_mut_ptr(), ldt);
-                        if trim {
-                            tile::gemm_trimmed(level, g, logits);
-                        } else {
-                            tile::gemm(level, g);
-                        }
+                        tile::gemm_maybe_trimmed(level, g, trim, logits);
                     }
                     for r in 0..rows {
                         let i = i0 + r;
@@ -420,31 +412,19 @@ fn backward_task(
                             .a_t(pm.as_ptr(), ldt)
                             .b(dos.as_ptr().add(i0 * ldq), ldq)
                             .add_to(dv.as_mut_ptr().add(j0 * d), d);
-                        if trim {
-                            tile::gemm_trimmed(level, g, by_keys);
-                        } else {
-                            tile::gemm(level, g);
-                        }
+                        tile::gemm_maybe_trimmed(level, g, trim, by_keys);
                         // dK̃[j0..] += dSᵀ · Q̃[i0..]
                         let g = tile::Gemm::new(n, d, rows)
                             .a_t(dp.as_ptr(), ldt)
                             .b(qs.as_ptr().add(i0 * ldq), ldq)
                             .add_to(dkr.as_mut_ptr().add(j0 * d), d);
-                        if trim {
-                            tile::gemm_trimmed(level, g, by_keys);
-                        } else {
-                            tile::gemm(level, g);
-                        }
+                        tile::gemm_maybe_trimmed(level, g, trim, by_keys);
                         // dQ̃[i0..] += dS · K̃[j0..]
                         let g = tile::Gemm::new(rows, d, n)
                             .a(dp.as_ptr(), ldt)
                             .b(kr.as_ptr().add(j0 * ldr), ldr)
                             .add_to(dqs.as_mut_ptr().add(i0 * d), d);
-                        if trim {
-                            tile::gemm_trimmed(level, g, by_rows);
-                        } else {
-                            tile::gemm(level, g);
-                        }
+                        tile::gemm_maybe_trimmed(level, g, trim, by_rows);
                     }
                 }
                 // Shaw's tables: dQ̃ += Wk·a^K, d a^K += Wkᵀ·Q̃, d a^V += Wvᵀ·dO.
