@@ -331,16 +331,30 @@ pub unsafe fn gemm_trimmed(
     g: Gemm,
     limit: impl Fn(usize, usize) -> ([usize; 2], [usize; 2]),
 ) {
+    trimmed(g, row_tile(level), limit, |g| gemm(level, g))
+}
+
+/// [`gemm_trimmed`]'s groups for any product `run` computes, `step` rows
+/// of `C` a group (its register tile's height).
+///
+/// # Safety
+/// `run` may be called on any block of `g` (a product within it).
+#[inline(always)]
+pub(crate) unsafe fn trimmed<T: Copy>(
+    g: Gemm<T>,
+    step: usize,
+    limit: impl Fn(usize, usize) -> ([usize; 2], [usize; 2]),
+    run: impl Fn(Gemm<T>),
+) {
     if g.m == 0 {
         return;
     }
-    let step = row_tile(level);
     let clipped = |r0: usize, r1: usize| {
         let ([c0, c1], [p0, p1]) = limit(r0, r1);
         [c0, c1.min(g.n), p0, p1.min(g.k)]
     };
-    // The run of groups from row `start` with the limits `run`.
-    let (mut start, mut run) = (0, clipped(0, step.min(g.m)));
+    // The run of groups from row `start` with the limits `lim`.
+    let (mut start, mut lim) = (0, clipped(0, step.min(g.m)));
     let mut r0 = 0;
     while r0 < g.m {
         let r1 = (r0 + step).min(g.m);
@@ -349,16 +363,13 @@ pub unsafe fn gemm_trimmed(
         } else {
             None
         };
-        if next != Some(run) {
-            let [c0, c1, p0, p1] = run;
+        if next != Some(lim) {
+            let [c0, c1, p0, p1] = lim;
             if c0 < c1 && p0 < p1 {
-                gemm(
-                    level,
-                    g.block([start, c0, p0], [r1 - start, c1 - c0, p1 - p0]),
-                );
+                run(g.block([start, c0, p0], [r1 - start, c1 - c0, p1 - p0]));
             }
             if let Some(next) = next {
-                (start, run) = (r1, next);
+                (start, lim) = (r1, next);
             }
         }
         r0 = r1;

@@ -153,13 +153,32 @@ fn forward_task_bf16(
         // multiple of WINDOW_ALIGN, every other tile of bk).
         let (jt, jc) = (j0 / bk, j0 % bk);
         debug_assert!(jc % 2 == 0);
+        // As in forward_task: a tile its first rows see only in part runs
+        // its products by groups of rows (8, the bf16 register tile's
+        // height) on the keys each group sees. Same bits.
+        let trim = p.span(i0 + rows - 1).0 > j0 || p.span(i0).1 < j0 + n;
+        let seen = |r0: usize, r1: usize| {
+            let lo = p.span(i0 + r0).0.saturating_sub(j0).min(n);
+            let hi = p.span(i0 + r1 - 1).1.saturating_sub(j0).min(n);
+            (lo, hi)
+        };
         // SAFETY: bf16_forward checked the CPU; qp holds rows × dp pairs,
         // the key tile dp × bk from column jc, s rows × n.
         unsafe {
             let g = tile::Gemm::new(rows, n, dp)
                 .a(qp.as_ptr(), dp)
-                .b(kp.as_ptr().add(jt * dp * bk + jc), bk);
-            crate::kernels::bf16::gemm(g.to(s.as_mut_ptr(), n))
+                .b(kp.as_ptr().add(jt * dp * bk + jc), bk)
+                .to(s.as_mut_ptr(), n);
+            let run = |g| crate::kernels::bf16::gemm(g);
+            if trim {
+                let limit = |r0, r1| {
+                    let (lo, hi) = seen(r0, r1);
+                    ([lo / 16 * 16, hi.next_multiple_of(16)], [0, dp])
+                };
+                tile::trimmed(g, 8, limit, run);
+            } else {
+                run(g);
+            }
         };
         for r in 0..rows {
             let sr = &mut s[r * n..][..n];
@@ -180,8 +199,19 @@ fn forward_task_bf16(
         unsafe {
             let g = tile::Gemm::new(rows, d, np)
                 .a(pp.as_ptr(), np)
-                .b(vp.as_ptr().add((jt * (bk / 2) + jc / 2) * d), d);
-            crate::kernels::bf16::gemm(g.add_to(acc.as_mut_ptr(), d))
+                .b(vp.as_ptr().add((jt * (bk / 2) + jc / 2) * d), d)
+                .add_to(acc.as_mut_ptr(), d);
+            let run = |g| crate::kernels::bf16::gemm(g);
+            if trim {
+                // The pairs of probabilities a group's keys fall in.
+                let limit = |r0, r1| {
+                    let (lo, hi) = seen(r0, r1);
+                    ([0, d], [lo / 2, hi.div_ceil(2)])
+                };
+                tile::trimmed(g, 8, limit, run);
+            } else {
+                run(g);
+            }
         };
     }
     for r in 0..rows {
