@@ -597,6 +597,25 @@ impl Problem<'_> {
         }
     }
 
+    /// Whether some of the queries `i0..i0 + rows` see only part of the keys
+    /// `j0..j0 + n` (the causal diagonal, a window's edges): such a tile
+    /// runs its products on [`Problem::seen`]'s keys
+    /// ([`tile::gemm_trimmed`]). Both ends of a query's span are
+    /// non-decreasing in the query, so the first and last queries decide.
+    #[inline(always)]
+    fn sees_part(&self, i0: usize, rows: usize, j0: usize, n: usize) -> bool {
+        self.span(i0 + rows - 1).0 > j0 || self.span(i0).1 < j0 + n
+    }
+
+    /// The keys of the tile `j0..j0 + n` that the queries `i0 + r0..i0 + r1`
+    /// see together, as `lo..hi` counted from `j0` (`r0 < r1`).
+    #[inline(always)]
+    fn seen(&self, i0: usize, j0: usize, n: usize, r0: usize, r1: usize) -> (usize, usize) {
+        let lo = self.span(i0 + r0).0.saturating_sub(j0).min(n);
+        let hi = self.span(i0 + r1 - 1).1.saturating_sub(j0).min(n);
+        (lo, hi)
+    }
+
     /// The first key and the end of the keys the queries `i0..i0 + rows`
     /// see together. The first key is a multiple of [`WINDOW_ALIGN`] (0
     /// without a window): the key tiles then run from it to the next
@@ -891,13 +910,22 @@ fn pack_kt(p: &Problem, b: usize, hk: usize, n: usize, kt: &mut [f32], rows: &mu
     unsafe { tile::transpose(n, d, rows.as_ptr(), d, kt.as_mut_ptr(), n) };
 }
 
-/// The product `g` for the long-sequence tiles: on the gemm crate's kernel
-/// (`crate_gemm`, one thread) or on [`tile::gemm`] at `level`.
+/// The product `g` of a forward tile: on the gemm crate's kernel
+/// (`crate_gemm`, one thread, the long tiles without AVX2), else on
+/// [`tile::gemm`] at `level`, on the parts `limit` gives when `trim`
+/// ([`tile::gemm_maybe_trimmed`]; never with `crate_gemm`).
 ///
 /// # Safety
 /// As [`tile::gemm`].
 #[inline(always)]
-unsafe fn block_product(crate_gemm: bool, level: SimdLevel, g: tile::Gemm) {
+unsafe fn block_product(
+    crate_gemm: bool,
+    level: SimdLevel,
+    g: tile::Gemm,
+    trim: bool,
+    limit: impl Fn(usize, usize) -> ([usize; 2], [usize; 2]),
+) {
+    debug_assert!(!(crate_gemm && trim));
     if crate_gemm {
         gemm::gemm(
             g.m,
@@ -921,7 +949,7 @@ unsafe fn block_product(crate_gemm: bool, level: SimdLevel, g: tile::Gemm) {
             gemm::Parallelism::None,
         )
     } else {
-        tile::gemm(level, g)
+        tile::gemm_maybe_trimmed(level, g, trim, limit)
     }
 }
 
@@ -1014,30 +1042,20 @@ fn forward_task(
                 };
                 let kb = unsafe { kt.as_ptr().add(at) };
                 // A tile that some of its rows see only in part (the causal
-                // diagonal, a window's edges) runs its products on the
-                // keys each group of rows sees (`seen`): the rest of a row
-                // is never read (its logits) or only added zeros (its
+                // diagonal, a window's edges) runs its products on the keys
+                // each group of rows sees (`Problem::seen`): the rest of a
+                // row is never read (its logits) or only added zeros (its
                 // probabilities), so the results keep their bits.
-                // (Both ends of a row's span are non-decreasing in the row.)
-                let trim = !crate_gemm && (p.span(i0 + rows - 1).0 > j0 || p.span(i0).1 < j0 + n);
-                let seen = |r0: usize, r1: usize| {
-                    let lo = p.span(i0 + r0).0.saturating_sub(j0).min(n);
-                    let hi = p.span(i0 + r1 - 1).1.saturating_sub(j0).min(n);
-                    (lo, hi)
+                let trim = !crate_gemm && p.sees_part(i0, rows, j0, n);
+                // S: whole registers of columns from a multiple of 16.
+                let logits = |r0, r1| {
+                    let (lo, hi) = p.seen(i0, j0, n, r0, r1);
+                    ([lo / 16 * 16, hi.next_multiple_of(16)], [0, d])
                 };
                 // SAFETY: q holds rows × d, the key block d × n with
                 // leading dimension ldk, s rows × n.
                 let g = tile::Gemm::new(rows, n, d).a(q.as_ptr(), d).b(kb, ldk);
-                if trim {
-                    // Whole registers of columns from a multiple of 16.
-                    let limit = |r0, r1| {
-                        let (lo, hi) = seen(r0, r1);
-                        ([lo / 16 * 16, hi.next_multiple_of(16)], [0, d])
-                    };
-                    unsafe { tile::gemm_trimmed(level, g.to(s.as_mut_ptr(), n), limit) };
-                } else {
-                    unsafe { block_product(crate_gemm, level, g.to(s.as_mut_ptr(), n)) };
-                }
+                unsafe { block_product(crate_gemm, level, g.to(s.as_mut_ptr(), n), trim, logits) };
                 for r in 0..rows {
                     let i = i0 + r;
                     let sr = &mut s[r * n..][..n];
@@ -1079,15 +1097,12 @@ fn forward_task(
                 let g = tile::Gemm::new(rows, d, n)
                     .a(s.as_ptr(), n)
                     .b(vb, p.v_rows.st);
-                if trim {
-                    let limit = |r0, r1| {
-                        let (lo, hi) = seen(r0, r1);
-                        ([0, d], [lo, hi])
-                    };
-                    unsafe { tile::gemm_trimmed(level, g.add_to(acc.as_mut_ptr(), d), limit) };
-                } else {
-                    unsafe { block_product(crate_gemm, level, g.add_to(acc.as_mut_ptr(), d)) };
-                }
+                let steps = |r0, r1| {
+                    let (lo, hi) = p.seen(i0, j0, n, r0, r1);
+                    ([0, d], [lo, hi])
+                };
+                let g = g.add_to(acc.as_mut_ptr(), d);
+                unsafe { block_product(crate_gemm, level, g, trim, steps) };
             }
             for r in 0..rows {
                 let i = i0 + r;

@@ -156,12 +156,8 @@ fn forward_task_bf16(
         // As in forward_task: a tile its first rows see only in part runs
         // its products by groups of rows (8, the bf16 register tile's
         // height) on the keys each group sees. Same bits.
-        let trim = p.span(i0 + rows - 1).0 > j0 || p.span(i0).1 < j0 + n;
-        let seen = |r0: usize, r1: usize| {
-            let lo = p.span(i0 + r0).0.saturating_sub(j0).min(n);
-            let hi = p.span(i0 + r1 - 1).1.saturating_sub(j0).min(n);
-            (lo, hi)
-        };
+        let trim = p.sees_part(i0, rows, j0, n);
+        let seen = |r0, r1| p.seen(i0, j0, n, r0, r1);
         // SAFETY: bf16_forward checked the CPU; qp holds rows × dp pairs,
         // the key tile dp × bk from column jc, s rows × n.
         unsafe {

@@ -311,9 +311,10 @@ fn backward_task(
                     // and the rest of S and dP is never read. Same bits.
                     // (A short tile's hidden triangle, 16 rows, is too
                     // small to pay for the extra calls.)
-                    let trim = bq > BQ_BWD && p.visible(i0) < j0 + n;
-                    // The keys the rows before r1 see, from j0.
-                    let seen = |r1: usize| p.visible(i0 + r1 - 1).saturating_sub(j0).min(n);
+                    let trim = bq > BQ_BWD && p.sees_part(i0, rows, j0, n);
+                    // The keys the rows before r1 see, from j0 (no window
+                    // here: they start at j0).
+                    let seen = |r1: usize| p.seen(i0, j0, n, 0, r1).1;
                     // The first row that sees key j0 + c.
                     let first = |c: usize| {
                         (0..rows)
