@@ -2,8 +2,8 @@
 """posenc.torch.attention in a steady loop, for comparing two builds of the
 package (run this script once per build, alternating; docs/speed.md).
 
-At python_ops.py's shape (`B=1, H=8, T=2048, D=64`, causal, Llama 3's RoPE
-inside, 2 threads): the forward alone (no gradient) and the forward +
+At python_ops.py's shape and inputs (its `setup`: `B=1, H=8, T=2048, D=64`,
+causal, Llama 3's RoPE inside, 2 threads): the forward alone (no gradient) and the forward +
 backward, `--calls` calls of each, best and median; and a hash of the bits of
 the output and of the three gradients, so that two builds that should give
 the same bits can be checked to.
@@ -22,10 +22,11 @@ Usage (the package installed, or on PYTHONPATH):
 
 import argparse
 import hashlib
-import os
 import statistics
 import sys
 import time
+
+from python_ops import setup
 
 
 def main():
@@ -36,25 +37,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--order", action="store_true")
     args = ap.parse_args()
-    os.environ["RAYON_NUM_THREADS"] = str(args.threads)
-
-    import torch
-    import torch.nn.functional as F
-
-    import posenc
-    import posenc.torch as pt
-
-    torch.set_num_threads(args.threads)
-    B, H, T, D = 1, 8, args.seq, 64
-    rope = posenc.RopeConfig.plain(500000.0, D, max_position_embeddings=8192)
-    g = torch.Generator().manual_seed(0)
-    q, k, v, dout = (torch.randn(B, H, T, D, generator=g) for _ in range(4))
-
-    def fwd_bwd():
-        qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
-        out = pt.attention(qq, kk, vv, rope=rope)
-        out.backward(dout)
-        return out, qq.grad, kk.grad, vv.grad
+    bench = setup(args.seq, args.threads)
+    torch, pt, rope, q, k, v = bench.torch, bench.pt, bench.rope, bench.q, bench.k, bench.v
+    fwd_bwd, peer = bench.posenc_attn, bench.torch_attn
 
     def fwd():
         with torch.no_grad():
@@ -66,15 +51,6 @@ def main():
         return (time.perf_counter() - t0) * 1e3
 
     if args.order:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        c, s = (torch.from_numpy(x)[None] for x in rope.cos_sin(list(range(T))))
-
-        def peer():
-            qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
-            qr, kr = apply_rotary_pos_emb(qq, kk, c, s)
-            F.scaled_dot_product_attention(qr, kr, vv, is_causal=True).backward(dout)
-
         fwd_bwd()
         peer()
         rows = {

@@ -34,6 +34,7 @@ import platform
 import statistics
 import sys
 import time
+import types
 
 
 def cpu_name():
@@ -47,14 +48,14 @@ def cpu_name():
     return platform.processor() or "unknown"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    os.environ["RAYON_NUM_THREADS"] = str(args.threads)
+def setup(seq, threads):
+    """The bench's inputs and both sides' attention calls, for this script
+    and `attention_ab.py`: `RAYON_NUM_THREADS` and torch's threads set
+    (before posenc is imported), Llama 3's RoPE, seeded `q, k, v` and an
+    output gradient of shape `(1, 8, seq, 64)`, the peer's cos/sin, and
+    `posenc_attn()` / `torch_attn()` (forward + backward, returning the
+    output and the three gradients)."""
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
 
     import torch
     import torch.nn.functional as F
@@ -62,7 +63,7 @@ def main():
     import posenc
     import posenc.torch as pt
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -79,7 +80,7 @@ def main():
 
         rope_source = "the two lines of transformers' apply_rotary_pos_emb"
 
-    B, H, T, D = 1, 8, args.seq, 64
+    B, H, T, D = 1, 8, seq, 64
     rope = posenc.RopeConfig.plain(500000.0, D, max_position_embeddings=8192)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(B, H, T, D, generator=g)
@@ -88,23 +89,46 @@ def main():
     dout = torch.randn(B, H, T, D, generator=g)
     c, s = (torch.from_numpy(x)[None] for x in rope.cos_sin(list(range(T))))  # (1, T, D)
 
-    def timed(fn, reps):
-        fn()  # warm
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t0) / reps
-
     def posenc_attn():
         qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
         out = pt.attention(qq, kk, vv, rope=rope)
         out.backward(dout)
+        return out, qq.grad, kk.grad, vv.grad
 
     def torch_attn():
         qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
         qr, kr = apply_rotary_pos_emb(qq, kk, c, s)
         out = F.scaled_dot_product_attention(qr, kr, vv, is_causal=True)
         out.backward(dout)
+        return out, qq.grad, kk.grad, vv.grad
+
+    return types.SimpleNamespace(
+        torch=torch, F=F, posenc=posenc, pt=pt, rope=rope, shape=(B, H, T, D), q=q, k=k, v=v, dout=dout,
+        c=c, s=s, apply_rotary_pos_emb=apply_rotary_pos_emb, rope_source=rope_source,
+        posenc_attn=posenc_attn, torch_attn=torch_attn,
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    bench = setup(args.seq, args.threads)
+    torch, F, posenc, pt, rope = bench.torch, bench.F, bench.posenc, bench.pt, bench.rope
+    q, k, v, c, s = bench.q, bench.k, bench.v, bench.c, bench.s
+    apply_rotary_pos_emb, rope_source = bench.apply_rotary_pos_emb, bench.rope_source
+    posenc_attn, torch_attn = bench.posenc_attn, bench.torch_attn
+    B, H, T, D = bench.shape
+
+    def timed(fn, reps):
+        fn()  # warm
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps
 
     def posenc_attn_fwd():
         with torch.no_grad():
