@@ -18,7 +18,12 @@ Two measurements (docs/speed.md, "posenc.hf beside transformers"):
   the rounds: unpatched ``sdpa``; posenc's fused path with
   ``self-extend:4:1024``; posenc's fused path with no change to the logits
   (``self-extend:2:65536``: a window covering the input, every pair at its
-  true position, the method's work done in posenc's kernels).
+  true position, the method's work done in posenc's kernels). With
+  ``--attention-time``, also the seconds inside each layer's attention
+  function (transformers' ``sdpa`` function, or the one posenc.hf
+  registered: the inverse rotation and the fused pass) per layer: the part
+  of the forward that differs between the configurations, with less of the
+  round-to-round spread of the whole forward.
 
 Every forward is ``model(ids, logits_to_keep=1)``: the whole prompt through
 every layer and the last position's logits (a prefill), so that the
@@ -103,6 +108,36 @@ def unconfigure(model, name: str):
 
     if name != "sdpa":
         ph.remove(model)
+
+
+def time_attention(model, sink: list):
+    """Wraps the attention function the model's layers call (transformers'
+    registry entry for the model's implementation: ``sdpa``, or the one
+    posenc.hf registered) so that each call's seconds add to ``sink[0]``;
+    returns the function that unwraps it."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    key = model.config._attn_implementation
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping
+    had = local.get(key)
+    inner = ALL_ATTENTION_FUNCTIONS[key]
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            sink[0] += time.perf_counter() - t0
+
+    ALL_ATTENTION_FUNCTIONS[key] = timed
+
+    def undo():
+        if had is None:
+            del ALL_ATTENTION_FUNCTIONS[key]
+        else:
+            ALL_ATTENTION_FUNCTIONS[key] = had
+
+    return undo
 
 
 def forward(model, ids) -> float:
@@ -268,21 +303,33 @@ def speed(a) -> None:
     for length in a.lengths:
         ids = tokens(tok, length)
         times = {c: [] for c in configs}
+        attn = {c: [] for c in configs}
+        layers = model.config.get_text_config().num_hidden_layers
         for r in range(a.rounds):
             for c in configs:
                 configure(model, c)
+                sink = [0.0]
+                undo = time_attention(model, sink) if a.attention_time else None
                 try:
                     times[c].append(forward(model, ids))
                 finally:
+                    if undo:
+                        undo()
                     unconfigure(model, c)
-                print(json.dumps({"length": length, "round": r, "config": c, "seconds": times[c][-1],
-                                  "load": open("/proc/loadavg").read().split()[0]}), flush=True)
+                attn[c].append(sink[0] / layers)
+                row = {"length": length, "round": r, "config": c, "seconds": times[c][-1],
+                       "load": open("/proc/loadavg").read().split()[0]}
+                if a.attention_time:
+                    row["attention_seconds_per_layer"] = attn[c][-1]
+                print(json.dumps(row), flush=True)
         base = statistics.median(times["sdpa"]) if "sdpa" in times else None
-        print(f"\n{length} tokens, median of {a.rounds} (forward seconds, tokens/s, sdpa / config):")
+        extra = ", attention ms per layer" if a.attention_time else ""
+        print(f"\n{length} tokens, median of {a.rounds} (forward seconds, tokens/s, sdpa / config{extra}):")
         for c in configs:
             m = statistics.median(times[c])
             rel = f"{base / m:.2f}" if base else ""
-            print(f"  {c:<34} {m:8.2f} s  {length / m:8.1f} tok/s  {rel}", flush=True)
+            at = f"  {statistics.median(attn[c]) * 1e3:8.1f} ms" if a.attention_time else ""
+            print(f"  {c:<34} {m:8.2f} s  {length / m:8.1f} tok/s  {rel:>4}{at}", flush=True)
     print(f"uptime: {open('/proc/loadavg').read().strip()}")
 
 
@@ -302,6 +349,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--warmup", type=int, default=256, help="tokens of the untimed first forward of each configuration")
     p.add_argument("--configs")
+    p.add_argument("--attention-time", action="store_true",
+                   help="speed: also time each layer's attention function inside the forward (ms per layer)")
     p.add_argument("--method", default="self-extend:4:1024", help="attention-memory: the method")
     a = p.parse_args()
     if a.configs is None:
