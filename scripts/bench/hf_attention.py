@@ -15,7 +15,9 @@ before posenc is imported), one call of each in turn per round:
   default `self-extend:4:1024`), on the same tensors.
 
 Prints, for each, the best and the median of `--rounds` calls, and sdpa's
-median over its median. The floating-point work of the causal products is
+median over its median; and the median of the calls' process CPU time
+beside `threads × wall − CPU`, the thread time left idle (a pass whose
+last tasks keep one thread busy while the others wait). The floating-point work of the causal products is
 `T(T+1)/2 · 9 heads · 64 · 2 products · 2` FLOP; the script prints the rate
 each median reaches.
 
@@ -69,21 +71,25 @@ def main():
             "method": lambda: ph._method_attention(q, k, v, method, None),
         }
         times = {name: [] for name in fns}
+        cpu = {name: [] for name in fns}
         with torch.no_grad():
             for fn in fns.values():
                 fn()  # warm
             for _ in range(args.rounds):
                 for name, fn in fns.items():
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     fn()
                     times[name].append(time.perf_counter() - t0)
+                    cpu[name].append(time.process_time() - c0)
         flop = t * (t + 1) / 2 * heads * d * 2 * 2
         base = statistics.median(times["sdpa"])
         print(f"{t} tokens ({flop / 1e9:.1f} GFLOP of products):")
         for name, ts in times.items():
             med = statistics.median(ts)
+            idle = statistics.median(args.threads * w - c for w, c in zip(ts, cpu[name]))
             print(f"  {name:8s} best {min(ts) * 1e3:8.1f} ms  median {med * 1e3:8.1f} ms  "
-                  f"{flop / med / 1e9:6.1f} GFLOP/s  sdpa / this {base / med:5.2f}")
+                  f"{flop / med / 1e9:6.1f} GFLOP/s  sdpa / this {base / med:5.2f}  "
+                  f"CPU {statistics.median(cpu[name]) * 1e3:7.1f} ms  idle {idle * 1e3:5.1f} ms")
     return 0
 
 
