@@ -146,6 +146,30 @@ fn reductions() {
 /// 16) leave the other entries of a dirty `C` as they were; limits by steps
 /// (`P·V`, from the first step and up to the last a group sees, and `Pᵀ·dO`
 /// from the first row that sees a key) give every entry.
+/// `g` added to a C holding `start` (leading dimension `ldc`), whole and
+/// trimmed by `limit`, gives the same bits.
+fn assert_trimmed_adds_the_same_bits(
+    level: SimdLevel,
+    g: Gemm,
+    start: &[f32],
+    ldc: usize,
+    limit: impl Fn(usize, usize) -> ([usize; 2], [usize; 2]),
+    what: &str,
+) {
+    let (mut whole, mut cut) = (start.to_vec(), start.to_vec());
+    unsafe {
+        gemm(level, g.add_to(whole.as_mut_ptr(), ldc));
+        gemm_trimmed(level, g.add_to(cut.as_mut_ptr(), ldc), limit);
+    }
+    assert!(
+        whole
+            .iter()
+            .zip(&cut)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "{level} {what}"
+    );
+}
+
 #[test]
 fn trimmed_gemm_keeps_the_bits_of_the_whole_product() {
     for &(m, n, k, shift) in &[
@@ -197,40 +221,16 @@ fn trimmed_gemm_keeps_the_bits_of_the_whole_product() {
             }
             // P·V by steps, added to a C that already holds values.
             let start: Vec<f32> = (0..m * k).map(|x| (x % 5) as f32 - 2.0).collect();
-            let (mut whole, mut cut) = (start.clone(), start.clone());
             let g = Gemm::new(m, k, n).a(p.as_ptr(), n).b(b.as_ptr(), k);
-            unsafe {
-                gemm(level, g.add_to(whole.as_mut_ptr(), k));
-                gemm_trimmed(level, g.add_to(cut.as_mut_ptr(), k), |_, r1| {
-                    ([0, k], [0, seen(r1 - 1)])
-                });
-            }
-            assert!(
-                whole
-                    .iter()
-                    .zip(&cut)
-                    .all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{level} P·V"
-            );
+            let limit = |_, r1: usize| ([0, k], [0, seen(r1 - 1)]);
+            assert_trimmed_adds_the_same_bits(level, g, &start, k, limit, "P·V");
             // Pᵀ·V' (n × k, steps over the m rows) from the first row that
             // sees each group's first key.
             let first = |c: usize| (0..m).find(|&r| seen(r) > c).unwrap_or(m);
             let start: Vec<f32> = (0..n * k).map(|x| (x % 7) as f32 - 3.0).collect();
-            let (mut whole, mut cut) = (start.clone(), start.clone());
             let g = Gemm::new(n, k, m).a_t(p.as_ptr(), n).b(a.as_ptr(), k);
-            unsafe {
-                gemm(level, g.add_to(whole.as_mut_ptr(), k));
-                gemm_trimmed(level, g.add_to(cut.as_mut_ptr(), k), |c0, _| {
-                    ([0, k], [first(c0), m])
-                });
-            }
-            assert!(
-                whole
-                    .iter()
-                    .zip(&cut)
-                    .all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{level} Pᵀ·V"
-            );
+            let limit = |c0: usize, _| ([0, k], [first(c0), m]);
+            assert_trimmed_adds_the_same_bits(level, g, &start, k, limit, "Pᵀ·V");
         }
     }
 }
