@@ -17,9 +17,9 @@ before posenc is imported), one call of each in turn per round:
 Prints, for each, the best and the median of `--rounds` calls, and sdpa's
 median over its median; and the median of the calls' process CPU time
 beside `threads × wall − CPU`, the thread time left idle (a pass whose
-last tasks keep one thread busy while the others wait). The floating-point work of the causal products is
-`T(T+1)/2 · 9 heads · 64 · 2 products · 2` FLOP; the script prints the rate
-each median reaches.
+last tasks keep one thread busy while the others wait). The
+floating-point work of the causal products is `T(T+1)/2 · 9 heads · 64 ·
+2 products · 2` FLOP; the script prints the rate each median reaches.
 
 Usage: python scripts/bench/hf_attention.py [--lengths 4096,16384] [--rounds 2] [--threads 2]
 """

@@ -300,11 +300,11 @@ def speed(a) -> None:
         finally:
             unconfigure(model, c)
     print(f"uptime: {open('/proc/loadavg').read().strip()}", flush=True)
+    layers = model.config.get_text_config().num_hidden_layers
     for length in a.lengths:
         ids = tokens(tok, length)
         times = {c: [] for c in configs}
         attn = {c: [] for c in configs}
-        layers = model.config.get_text_config().num_hidden_layers
         for r in range(a.rounds):
             for c in configs:
                 configure(model, c)
