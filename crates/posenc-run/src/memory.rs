@@ -430,7 +430,7 @@ pub fn passkey(
 /// trainable copy `8·P`, the activations the backward pass keeps and
 /// their gradients, the logits with their softmax and gradient, the
 /// largest frozen weight's gradient, the trained parameters with AdamW's
-/// two moments)
+/// two moments, the attention backward's partial query gradients)
 /// `+ runtime` (as above; the loader's copy of the embedding is within
 /// posenc-tune's largest-gradient term)
 /// `+ 6·H` (the text: its bytes, its token ids, and the tokenizer's work

@@ -330,7 +330,9 @@ pub struct RunOptions<'a> {
 /// q, k, v before and after the rotation, the attention output, the
 /// SwiGLU's four `I`-wide products), the logits with their softmax and
 /// gradient (four `V`-wide rows per token), and one weight-sized gradient
-/// of the largest frozen matrix (candle forms it; see the crate docs).
+/// of the largest frozen matrix (candle forms it; see the crate docs), and
+/// the attention backward's partial query gradients
+/// ([`posenc::kernels::attention::backward_extra_floats`]).
 /// Trained parameters and AdamW's moments are counted four times over
 /// (values, gradient, two moments) when `trainable` includes the
 /// embedding. With `checkpoint_layers`, the activations are one layer's
@@ -360,7 +362,17 @@ pub fn estimate_train_bytes(
     let logits = 4 * logit_rows * v;
     let largest = (v * d).max(i * d).max(q * d);
     let embed = if trainable.embed { 4 * v * d } else { 0 };
-    2 * posenc_models::llama::weight_bytes(cfg) + 4 * (activations + logits + largest + embed)
+    let dims = posenc::kernels::attention::Dims {
+        batch: 1,
+        q_heads: cfg.num_heads,
+        kv_heads: cfg.num_kv_heads,
+        q_len: window,
+        k_len: window,
+        head_dim: cfg.head_dim,
+    };
+    let backward = posenc::kernels::attention::backward_extra_floats(dims) as u64;
+    2 * posenc_models::llama::weight_bytes(cfg)
+        + 4 * (activations + logits + largest + embed + backward)
 }
 
 /// Refuses a training window whose estimated peak

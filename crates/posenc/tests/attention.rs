@@ -75,6 +75,7 @@ const KINDS: [Kind; 10] = [
     Kind::Cumulative,
 ];
 
+#[derive(Clone, Copy)]
 struct Case {
     b: usize,
     hq: usize,
@@ -534,6 +535,34 @@ fn kv_cache_offsets_and_position_ids() {
     }
 }
 
+/// With few (batch, key/value head) pairs the backward pass splits each
+/// pair's keys into runs and adds the runs' query gradients afterwards:
+/// the same values and gradients as the reference with a KV cache and
+/// with per-row position ids, every hook (bidirectional runs:
+/// [`long_sequence_tiles_match_the_reference`]).
+#[test]
+fn runs_of_keys_with_a_cache_and_position_ids() {
+    for kind in KINDS {
+        // 200 new queries after 300 cached keys: the runs' first queries
+        // differ, and the first run meets every query.
+        let c = Case {
+            tq: 200,
+            tk: 500,
+            q_off: 300,
+            ..one_batch(0, 4, 2, 8)
+        };
+        check(kind, &c, 93);
+        // Per-row position ids with gaps.
+        let c = Case {
+            ids: true,
+            q_off: 3,
+            k_off: 3,
+            ..one_batch(300, 2, 1, 8)
+        };
+        check(kind, &c, 94);
+    }
+}
+
 #[test]
 fn packed_qkv_matches_separate_tensors() {
     let (b, t, hq, hk, d) = (2, 11, 4, 2, 8);
@@ -645,53 +674,66 @@ fn kernel_writes_every_output_at_every_level() {
 
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
-    let c = Case {
+    // Shaw's tables on 16 (batch, head) pairs; RoPE on one pair of grouped
+    // heads, whose backward pass splits the keys into runs.
+    let shaw = Case {
         b: 4,
         hq: 4,
         hk: 4,
         d: 16,
         ..base(150)
     };
-    let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
+    let runs = one_batch(700, 4, 2, 16);
+    for (kind, c) in [(Kind::Shaw, shaw), (Kind::Rope, runs)] {
+        let run = |threads: usize| run_with_threads(kind, &c, threads);
+        let one = run(1);
+        let two = run(2);
+        let three = run(3);
+        assert!(
+            one.iter()
+                .zip(&two)
+                .chain(one.iter().zip(&three))
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{kind:?}: results differ between thread counts"
+        );
+    }
+}
+
+/// The output and every gradient of `sum(out²)`, flattened, computed on a
+/// pool of `threads` threads.
+fn run_with_threads(kind: Kind, c: &Case, threads: usize) -> Vec<f32> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let q = var(&shape(c, c.hq, c.tq), 1, 1.0);
+        let k = var(&shape(c, c.hk, c.tk), 2, 1.0);
+        let v = var(&shape(c, c.hk, c.tk), 3, 1.0);
+        let h = Hooked::new(kind, c, 4);
+        let out = Attention::new(true)
+            .forward(
+                q.as_tensor(),
+                k.as_tensor(),
+                v.as_tensor(),
+                &h.hooks(),
+                AttnPositions::default(),
+            )
             .unwrap();
-        pool.install(|| {
-            let q = var(&shape(&c, c.hq, c.tq), 1, 1.0);
-            let k = var(&shape(&c, c.hk, c.tk), 2, 1.0);
-            let v = var(&shape(&c, c.hk, c.tk), 3, 1.0);
-            let h = Hooked::new(Kind::Shaw, &c, 4);
-            let out = Attention::new(true)
-                .forward(
-                    q.as_tensor(),
-                    k.as_tensor(),
-                    v.as_tensor(),
-                    &h.hooks(),
-                    AttnPositions::default(),
-                )
-                .unwrap();
-            let g = out.sqr().unwrap().sum_all().unwrap().backward().unwrap();
-            let mut all = out.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            for x in [&q, &k, &v].into_iter().chain(&h.params) {
-                all.extend(
-                    g.get(x.as_tensor())
-                        .unwrap()
-                        .flatten_all()
-                        .unwrap()
-                        .to_vec1::<f32>()
-                        .unwrap(),
-                );
-            }
-            all
-        })
-    };
-    let one = run(1);
-    let two = run(2);
-    assert!(one
-        .iter()
-        .zip(&two)
-        .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let g = out.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+        let mut all = out.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for x in [&q, &k, &v].into_iter().chain(&h.params) {
+            all.extend(
+                g.get(x.as_tensor())
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap(),
+            );
+        }
+        all
+    })
 }
 
 #[test]

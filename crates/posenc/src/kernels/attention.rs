@@ -49,7 +49,7 @@ mod reference;
 
 #[cfg(target_arch = "x86_64")]
 use bf16_tiles::{bf16_forward, forward_bf16};
-pub use grad::backward;
+pub use grad::{backward, backward_extra_floats};
 pub use reference::reference_forward;
 
 /// Queries per forward tile on short sequences. A causal tile spans the
@@ -819,22 +819,24 @@ fn run_tasks<R: Send>(n: usize, parallel: bool, f: impl Fn(usize) -> R + Sync + 
     }
 }
 
-/// Runs `f` for the `q_tiles` query-tile tasks of each of `heads` (batch,
-/// head) pairs of a forward pass (task `bh · q_tiles + qt`), on rayon's
-/// threads if `parallel`: each thread takes the next task when it is free,
-/// head after head, and within a head from its last tile to its first.
+/// Runs `f` for the `per_group` tasks of each of `groups` groups (task
+/// `g · per_group + i`), on rayon's threads if `parallel`: each thread
+/// takes the next task when it is free, group after group, and within a
+/// group from its last task to its first.
 ///
-/// A causal pass's last tiles see every key, its first ones a few: handed
-/// out in task order by rayon's halves of the range (split only where a
-/// thread steals), one thread could be left with a run of long tiles while
-/// the other idled (15 of 125 ms at 4,096 tokens with 9 query heads on 2
-/// threads). Taken one at a time, longest first within a head, the pass
-/// ends on short tiles; a head's tiles stay together, so its keys and
-/// values stay in cache. Each task writes its own rows: the order changes
-/// no result.
-fn run_query_tiles(heads: usize, q_tiles: usize, parallel: bool, f: impl Fn(usize) + Sync + Send) {
+/// The forward pass's groups are its (batch, head) pairs and their tasks
+/// its query tiles. A causal pass's last tiles see every key, its first
+/// ones a few: handed out in task order by rayon's halves of the range
+/// (split only where a thread steals), one thread could be left with a run
+/// of long tiles while the other idled (15 of 125 ms at 4,096 tokens with 9
+/// query heads on 2 threads). Taken one at a time, longest first within a
+/// head, the pass ends on short tiles; a head's tiles stay together, so its
+/// keys and values stay in cache. The backward pass's groups are its
+/// (batch, key/value head) pairs and their tasks runs of key tiles. Each
+/// task writes its own elements: the order changes no result.
+fn run_in_turn(groups: usize, per_group: usize, parallel: bool, f: impl Fn(usize) + Sync + Send) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let n = heads * q_tiles;
+    let n = groups * per_group;
     let threads = super::threads();
     if !parallel || n < 2 || threads < 2 {
         (0..n).for_each(f);
@@ -846,8 +848,8 @@ fn run_query_tiles(heads: usize, q_tiles: usize, parallel: bool, f: impl Fn(usiz
         if i >= n {
             break;
         }
-        let (bh, r) = (i / q_tiles, i % q_tiles);
-        f(bh * q_tiles + q_tiles - 1 - r);
+        let (g, r) = (i / per_group, i % per_group);
+        f(g * per_group + per_group - 1 - r);
     });
 }
 
@@ -892,7 +894,7 @@ pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], le
     let shared = &shared[..];
     let out_ptr = SendPtr(out.as_mut_ptr());
     let lse_ptr = SendPtr(lse.as_mut_ptr());
-    run_query_tiles(dm.batch * dm.q_heads, q_tiles, parallel, |task| {
+    run_in_turn(dm.batch * dm.q_heads, q_tiles, parallel, |task| {
         let (out_ptr, lse_ptr) = (out_ptr, lse_ptr);
         forward_dispatch(
             level, p, task, q_tiles, shared, out_ptr, out_rows, lse_ptr, level,

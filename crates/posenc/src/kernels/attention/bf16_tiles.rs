@@ -54,7 +54,7 @@ pub(super) fn forward_bf16(
     let out_ptr = SendPtr(out.as_mut_ptr());
     let lse_ptr = SendPtr(lse.as_mut_ptr());
     let (kp, vp) = (&kp[..], &vp[..]);
-    run_query_tiles(dm.batch * dm.q_heads, q_tiles, parallel, |task| {
+    run_in_turn(dm.batch * dm.q_heads, q_tiles, parallel, |task| {
         let (out_ptr, lse_ptr) = (out_ptr, lse_ptr);
         let hk = (task / q_tiles) % dm.q_heads / p.group();
         let bh = task / (q_tiles * dm.q_heads) * dm.kv_heads + hk;

@@ -5,8 +5,44 @@
 use super::*;
 
 crate::multiversion!(fn backward_dispatch => backward_task(
-    p: &Problem, task: usize, o: &[f32], o_rows: Rows, d_o: &[f32], do_rows: Rows,
-    lse: &[f32], g: GradRows, ptrs: &BwdPtrs, want: (bool, bool, bool), level: SimdLevel) -> Partial);
+    p: &Problem, task: usize, chunk: &KeyChunk, o: &[f32], o_rows: Rows, d_o: &[f32],
+    do_rows: Rows, lse: &[f32], g: GradRows, ptrs: &BwdPtrs, want: (bool, bool, bool),
+    level: SimdLevel) -> Partial);
+
+/// (batch, key/value head) tasks the backward pass aims at: fewer, and each
+/// task's keys are split into runs ([`KeyChunk`]) so that there are about
+/// this many. A count fixed by the shape alone, never by the threads, so
+/// that the results do not depend on the thread count.
+const BWD_TASKS: usize = 24;
+
+/// Most runs of keys per task: each run's query gradients are a partial sum
+/// of its own (`B · H_q · T_q · D` floats at most), added afterwards.
+const MAX_KEY_CHUNKS: usize = 4;
+
+/// One task's run of keys: key tiles `keys.0..keys.1` (multiples of the
+/// key tile), which the queries from `first_query` on meet.
+///
+/// With its keys split into runs, a task writes its keys' and values'
+/// gradients whole (each key's terms still added over the group's heads and
+/// the query tiles in order) and its queries' gradients as a partial sum
+/// at `partial` (row `t` of head `bh` at `(bh · (T_q − first_query) + t −
+/// first_query) · D`), which [`backward`] adds over the runs in order.
+#[derive(Clone, Copy)]
+struct KeyChunk {
+    keys: (usize, usize),
+    first_query: usize,
+    partial: Option<SendPtr>,
+}
+
+/// Largest partial-sum buffer kept between calls, floats (32 MiB; 9 MiB at
+/// `(1, 8, 2048, 64)`). Past it the products' work, which grows with the
+/// square of the length, dwarfs the first touch of fresh pages.
+const KEEP_PARTIALS: usize = 8 << 20;
+
+thread_local! {
+    /// The runs' partial query gradients ([`KeyChunk`]), kept between calls.
+    static PARTIALS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Per-task partial gradients of the shared tables.
 #[derive(Default)]
@@ -79,12 +115,83 @@ pub fn backward(
         dk_rows: g.dk_rows,
         dv_rows: g.dv_rows,
     };
-    let parts = run_tasks(dm.batch * dm.kv_heads, parallel, |task| {
-        let ptrs = &ptrs;
-        backward_dispatch(
-            level, p, task, o, o_rows, d_o, do_rows, lse, rows, ptrs, want, level,
-        )
-    });
+    let bq = backward_query_tile(p);
+    // Runs of keys: only where every shared sum stays within its run (no
+    // Shaw tables, whose per-query weights sum over all keys, no cumulative
+    // query sums, no T5 table gradient, which keeps query tiles outermost).
+    let tasks = dm.batch * dm.kv_heads;
+    let splits = p.vector.is_none()
+        && ptrs.cq.is_none()
+        && !(want.0 && p.scalar.is_some())
+        && parallel
+        && tasks < BWD_TASKS;
+    let mut chunks = if splits {
+        key_chunks(p, bq, BWD_TASKS.div_ceil(tasks).min(MAX_KEY_CHUNKS))
+    } else {
+        Vec::new()
+    };
+    let parts = if chunks.len() > 1 {
+        // Each run's partial dQ̃ over the rows that meet it (zeros where a
+        // row meets none of its keys).
+        let per_run = |c: &KeyChunk| dm.batch * dm.q_heads * (dm.q_len - c.first_query) * d;
+        // Kept between calls on this thread: a fresh buffer's pages fault
+        // in on first touch (some 2,000 pages at 2,048 tokens). The tasks
+        // zero their rows.
+        let mut partials = PARTIALS.with(|c| {
+            c.try_borrow_mut()
+                .map(|mut b| std::mem::take(&mut *b))
+                .unwrap_or_default()
+        });
+        let need: usize = chunks.iter().map(per_run).sum();
+        assert!(need <= backward_extra_floats(dm), "the memory bound holds");
+        if partials.len() < need {
+            partials.resize(need, 0.0);
+        }
+        let mut at = 0;
+        for c in &mut chunks {
+            c.partial = Some(SendPtr(partials[at..].as_mut_ptr()));
+            at += per_run(c);
+        }
+        let n = chunks.len();
+        run_in_turn(tasks, n, parallel, |i| {
+            let part = backward_dispatch(
+                level,
+                p,
+                i / n,
+                &chunks[i % n],
+                o,
+                o_rows,
+                d_o,
+                do_rows,
+                lse,
+                rows,
+                &ptrs,
+                want,
+                level,
+            );
+            debug_assert!(part.scalar.is_empty() && part.keys.is_empty() && part.values.is_empty());
+        });
+        add_runs(p, &chunks, ptrs.dq, rows.dq_rows, parallel);
+        if partials.len() <= KEEP_PARTIALS {
+            PARTIALS.with(|c| {
+                if let Ok(mut b) = c.try_borrow_mut() {
+                    *b = partials;
+                }
+            });
+        }
+        Vec::new()
+    } else {
+        let whole = KeyChunk {
+            keys: (0, dm.k_len),
+            first_query: 0,
+            partial: None,
+        };
+        run_tasks(tasks, parallel, |task| {
+            backward_dispatch(
+                level, p, task, &whole, o, o_rows, d_o, do_rows, lse, rows, &ptrs, want, level,
+            )
+        })
+    };
     // Shared tables: add the partial sums in task order.
     let add = |dst: Option<&mut [f32]>, pick: fn(&Partial) -> &Vec<f32>, len: usize| {
         if let Some(dst) = dst {
@@ -99,6 +206,53 @@ pub fn backward(
     add(g.scalar, |x| &x.scalar, ns * dm.q_heads);
     add(g.keys, |x| &x.keys, nv * d);
     add(g.values, |x| &x.values, nv * d);
+}
+
+/// `dq = scale·Rᵀ·dQ̃` with `dQ̃` the runs' partial sums (see [`KeyChunk`]),
+/// added in run order, a (batch, query head) pair per task.
+fn add_runs(p: &Problem, chunks: &[KeyChunk], dq: SendPtr, dq_rows: Rows, parallel: bool) {
+    let dm = p.dims;
+    let d = dm.head_dim;
+    run_tasks(dm.batch * dm.q_heads, parallel, |bh| {
+        let (b, h) = (bh / dm.q_heads, bh % dm.q_heads);
+        // The whole pointer (a closure captures `dq.0` alone otherwise,
+        // which is not `Sync`).
+        let dq: SendPtr = dq;
+        let mut acc = vec![0f32; d];
+        for t in 0..dm.q_len {
+            acc.fill(0.0);
+            for c in chunks.iter().filter(|c| c.first_query <= t) {
+                let rows = dm.q_len - c.first_query;
+                let at = (bh * rows + t - c.first_query) * d;
+                let run: SendPtr = c.partial.expect("every run has its partial sum");
+                let part = unsafe { std::slice::from_raw_parts(run.0.add(at), d) };
+                for (a, x) in acc.iter_mut().zip(part) {
+                    *a += x;
+                }
+            }
+            let dst = unsafe { std::slice::from_raw_parts_mut(dq.0.add(dq_rows.at(b, h, t)), d) };
+            p.rotate(true, (b, t), &acc, dst, true, p.scale);
+        }
+    });
+}
+
+/// Most floats the backward pass on `dims` allocates besides its per-thread
+/// scratch: the runs' partial query gradients ([`KeyChunk`]), up to 4 times
+/// the queries' size where the keys may be split into runs (fewer than 24
+/// (batch, key/value head) pairs, more than one key tile), else none. The
+/// calling thread keeps a buffer of up to 32 MiB of them for its next call.
+/// For memory estimates (`posenc_tune`'s training estimate counts it).
+pub fn backward_extra_floats(dims: Dims) -> usize {
+    let tasks = dims.batch * dims.kv_heads;
+    let runs = BWD_TASKS
+        .div_ceil(tasks.max(1))
+        .min(MAX_KEY_CHUNKS)
+        .min(dims.k_len.div_ceil(BK));
+    if tasks < BWD_TASKS && runs > 1 {
+        runs * dims.batch * dims.q_heads * dims.q_len * dims.head_dim
+    } else {
+        0
+    }
 }
 
 /// Layouts of the q, k, v gradients.
@@ -116,6 +270,52 @@ struct BwdPtrs {
     dense: Option<SendPtr>,
     cq: Option<SendPtr>,
     ck: Option<SendPtr>,
+}
+
+/// Queries per tile of the backward pass: larger tiles on long sequences,
+/// where the products' register tiles reload their accumulators less often.
+fn backward_query_tile(p: &Problem) -> usize {
+    if p.dims.k_len > LONG_KEYS {
+        BQ_BWD_LONG
+    } else {
+        BQ_BWD
+    }
+}
+
+/// One head's key tiles split into at most `n` runs of about equal work
+/// (the query-key products of their tile pairs), in key order; fewer runs
+/// where there are fewer key tiles or some would be empty.
+fn key_chunks(p: &Problem, bq: usize, n: usize) -> Vec<KeyChunk> {
+    // (first key of the tile, its work, the first query tile meeting it),
+    // in key order: the pairs come key tile by key tile.
+    let mut tiles: Vec<(usize, usize, usize)> = Vec::new();
+    for (i0, rows, j0, width) in tile_pairs(p, bq, false) {
+        match tiles.last_mut() {
+            Some(t) if t.0 == j0 => {
+                t.1 += rows * width;
+                t.2 = t.2.min(i0);
+            }
+            _ => tiles.push((j0, rows * width, i0)),
+        }
+    }
+    let total: usize = tiles.iter().map(|t| t.1).sum();
+    let mut chunks: Vec<KeyChunk> = Vec::new();
+    let (mut done, mut start) = (0usize, 0usize);
+    for (k, t) in tiles.iter().enumerate() {
+        done += t.1;
+        let last = k + 1 == tiles.len();
+        // Close a run once it holds its share of the work.
+        if last || done * n >= total * (chunks.len() + 1) {
+            let end = tiles.get(k + 1).map_or(p.dims.k_len, |t| t.0);
+            chunks.push(KeyChunk {
+                keys: (tiles[start].0, end),
+                first_query: tiles[start..=k].iter().map(|t| t.2).min().unwrap_or(0),
+                partial: None,
+            });
+            start = k + 1;
+        }
+    }
+    chunks
 }
 
 /// The (query tile, key tile) pairs of one head's backward pass, as
@@ -166,6 +366,7 @@ fn tile_pairs(p: &Problem, bq: usize, queries_outer: bool) -> Vec<(usize, usize,
 fn backward_task(
     p: &Problem,
     task: usize,
+    chunk: &KeyChunk,
     o: &[f32],
     o_rows: Rows,
     d_o: &[f32],
@@ -193,9 +394,9 @@ fn backward_task(
     let nvv = if values.is_some() { tq * nv } else { 0 };
     let nakt = if keys.is_some() { d * nv } else { 0 };
     let navt = if values.is_some() { d * nv } else { 0 };
-    // Queries per tile: larger tiles on long sequences, where the
-    // products' register tiles reload their accumulators less often.
-    let bq = if tk > LONG_KEYS { BQ_BWD_LONG } else { BQ_BWD };
+    let bq = backward_query_tile(p);
+    let (k_lo, k_hi) = chunk.keys;
+    let i_lo = chunk.first_query;
     // Key tiles of the transposed keys and values are contiguous `(D, BK)`
     // blocks with leading dimension `packed_ld(BK)`: a leading dimension of
     // `T_k` (a power of two, often) mapped a tile's rows onto the same cache
@@ -233,16 +434,16 @@ fn backward_task(
         ]);
     {
         {
-            for t in 0..tk {
+            for t in k_lo..k_hi {
                 prefetch_kv(p, b, hk, t + PREFETCH_AHEAD);
                 load_k(p, b, hk, t, &mut kr[t * ldr..][..d]);
             }
-            dkr.fill(0.0);
-            dv.fill(0.0);
+            dkr[k_lo * d..k_hi * d].fill(0.0);
+            dv[k_lo * d..k_hi * d].fill(0.0);
             unsafe {
-                let mut j0 = 0;
-                while j0 < tk {
-                    let n = BK.min(tk - j0);
+                let mut j0 = k_lo;
+                while j0 < k_hi {
+                    let n = BK.min(k_hi - j0);
                     tile::transpose(
                         n,
                         d,
@@ -268,11 +469,12 @@ fn backward_task(
             if let Some(av) = values {
                 unsafe { tile::transpose(nv, d, av.as_ptr(), d, avt.as_mut_ptr(), nv) };
             }
-            let tile_pairs = tile_pairs(p, bq, want.0 && p.scalar.is_some());
+            let mut tile_pairs = tile_pairs(p, bq, want.0 && p.scalar.is_some());
+            tile_pairs.retain(|t| (k_lo..k_hi).contains(&t.2));
             for h in hk * p.group()..(hk + 1) * p.group() {
                 let bh = b * dm.q_heads + h;
                 let do0 = do_rows.at(b, h, 0);
-                for t in 0..tq {
+                for t in i_lo..tq {
                     let ahead = t + PREFETCH_AHEAD;
                     prefetch_q(p, b, h, ahead);
                     if ahead < tq {
@@ -284,7 +486,23 @@ fn backward_task(
                     dos[t * ldq..][..d].copy_from_slice(dor);
                     dvec[t] = tile::dot(dor, &o[o_rows.at(b, h, t)..][..d]);
                 }
-                dqs.fill(0.0);
+                // dQ̃'s rows: here, or this run's partial sum (zeros).
+                let (dq_acc, dq_row0) = match chunk.partial {
+                    Some(ptr) => {
+                        let rows = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                ptr.0.add(bh * (tq - i_lo) * d),
+                                (tq - i_lo) * d,
+                            )
+                        };
+                        rows.fill(0.0);
+                        (rows.as_mut_ptr(), i_lo)
+                    }
+                    None => {
+                        dqs.fill(0.0);
+                        (dqs.as_mut_ptr(), 0)
+                    }
+                };
                 if keys.is_some() {
                     unsafe {
                         let g = tile::Gemm::new(tq, nv, d)
@@ -424,7 +642,7 @@ fn backward_task(
                         let g = tile::Gemm::new(rows, d, n)
                             .a(dp.as_ptr(), ldt)
                             .b(kr.as_ptr().add(j0 * ldr), ldr)
-                            .add_to(dqs.as_mut_ptr().add(i0 * d), d);
+                            .add_to(dq_acc.add((i0 - dq_row0) * d), d);
                         tile::gemm_maybe_trimmed(level, g, trim, by_rows);
                     }
                 }
@@ -451,6 +669,10 @@ fn backward_task(
                         tile::gemm(level, g.add_to(part.values.as_mut_ptr(), d))
                     };
                 }
+                if chunk.partial.is_some() {
+                    // Added over the runs, then rotated, by `backward`.
+                    continue;
+                }
                 // dq = scale·Rᵀ·dQ̃.
                 for t in 0..tq {
                     let dst = unsafe {
@@ -459,7 +681,7 @@ fn backward_task(
                     p.rotate(true, (b, t), &dqs[t * d..][..d], dst, true, p.scale);
                 }
             }
-            for t in 0..tk {
+            for t in k_lo..k_hi {
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(ptrs.dk.0.add(g.dk_rows.at(b, hk, t)), d)
                 };
