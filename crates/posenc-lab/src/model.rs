@@ -765,16 +765,20 @@ mod tests {
                 let (factor, len) = (4.0, 32usize);
                 let family = posenc::rope::FactorScaling::from_name(kind).unwrap();
                 let typed = EvalScaling::new(&cfg, family.with_factor(factor), len).unwrap();
-                let orig = if kind == "dynamic" || kind == "yarn" {
-                    format!(r#", "original_max_position_embeddings": {len}"#)
-                } else {
-                    String::new()
-                };
                 let mpe = if kind == "dynamic" { len } else { 4 * len };
-                let json = format!(
-                    r#"{{"head_dim": 16, "num_attention_heads": 2, "rope_theta": {theta}, "partial_rotary_factor": {partial}, "max_position_embeddings": {mpe}, "rope_scaling": {{"rope_type": "{kind}", "factor": {factor}{orig}}}}}"#
-                );
-                let hf = RopeConfig::from_hf_json_str(&json).unwrap();
+                let mut scaling = serde_json::json!({"rope_type": kind, "factor": factor});
+                if kind == "dynamic" || kind == "yarn" {
+                    scaling["original_max_position_embeddings"] = len.into();
+                }
+                let json = serde_json::json!({
+                    "head_dim": 16,
+                    "num_attention_heads": 2,
+                    "rope_theta": theta,
+                    "partial_rotary_factor": partial,
+                    "max_position_embeddings": mpe,
+                    "rope_scaling": scaling,
+                });
+                let hf = RopeConfig::from_hf_json_str(&json.to_string()).unwrap();
                 assert_eq!(
                     typed.rope.frequencies(),
                     Rope::new(hf.clone()).unwrap().frequencies(),

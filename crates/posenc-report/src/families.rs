@@ -9,7 +9,9 @@ use posenc::analysis;
 use posenc::relative::alibi::{alibi_slopes, Alibi, AlibiMode};
 use posenc::relative::shaw::Shaw;
 use posenc::relative::t5::T5Buckets;
-use posenc::rope::{PairLayout, RopeConfig, RopeFrequencies};
+use posenc::rope::{
+    HfRopeConfig, HfRopeParameters, HfRopeParametersField, PairLayout, RopeConfig, RopeFrequencies,
+};
 use posenc::{AbsoluteEncoding, AttentionBias, PositionalEncoding};
 use posenc_viz::sources::{INTRO_RU, NOPE_ROPE_RU};
 use serde_json::json;
@@ -885,38 +887,41 @@ const LLAMA_31_8B: &str = r#"{
 fn rope_scalings() -> Result<Family> {
     // One Llama-like model (head_dim 128, base 10000, trained at 4096) under
     // every scaling, 4× longer context.
-    let base = r#""hidden_size": 1024, "num_attention_heads": 8, "rope_theta": 10000.0, "max_position_embeddings": 16384"#;
-    let cases: Vec<(&str, String)> = vec![
-        ("default", format!("{{{base}}}")),
-        (
-            "linear (PI)",
-            format!(r#"{{{base}, "rope_scaling": {{"rope_type": "linear", "factor": 4.0}}}}"#),
-        ),
-        (
-            "dynamic NTK",
-            format!(
-                r#"{{{base}, "rope_scaling": {{"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 4096}}}}"#
-            ),
-        ),
-        (
-            "YaRN",
-            format!(
-                r#"{{{base}, "rope_scaling": {{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}}}}"#
-            ),
-        ),
+    let model = |rope_scaling: Option<HfRopeParameters>| HfRopeConfig {
+        hidden_size: Some(1024),
+        num_attention_heads: Some(8),
+        rope_theta: Some(10000.0),
+        max_position_embeddings: Some(16384),
+        rope_scaling: rope_scaling.map(|p| HfRopeParametersField::Flat(Box::new(p))),
+        ..HfRopeConfig::default()
+    };
+    // `rope_type` with factor 4, trained at 4096 where the type reads it.
+    let scaled = |rope_type: &str, original: Option<usize>| HfRopeParameters {
+        rope_type: Some(rope_type.into()),
+        factor: Some(4.0),
+        original_max_position_embeddings: original,
+        ..HfRopeParameters::default()
+    };
+    let cases: Vec<(&str, HfRopeConfig)> = vec![
+        ("default", model(None)),
+        ("linear (PI)", model(Some(scaled("linear", None)))),
+        ("dynamic NTK", model(Some(scaled("dynamic", Some(4096))))),
+        ("YaRN", model(Some(scaled("yarn", Some(4096))))),
         (
             "Llama 3",
-            format!(
-                r#"{{{base}, "rope_scaling": {{"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 4096}}}}"#
-            ),
+            model(Some(HfRopeParameters {
+                low_freq_factor: Some(1.0),
+                high_freq_factor: Some(4.0),
+                ..scaled("llama3", Some(4096))
+            })),
         ),
     ];
     let pairs = [0usize, 16, 32, 48, 63];
-    let default = RopeConfig::from_hf_json_str(&cases[0].1)?.frequencies(None)?;
+    let default = RopeConfig::from_hf(&cases[0].1)?.frequencies(None)?;
     let mut rows = Vec::new();
     let mut props = Vec::new();
-    for (name, json_cfg) in &cases {
-        let cfg = RopeConfig::from_hf_json_str(json_cfg)?;
+    for (name, hf) in &cases {
+        let cfg = RopeConfig::from_hf(hf)?;
         let f = cfg.frequencies(Some(16384))?;
         let mut r = vec![name.to_string(), num(f.attention_factor, 4)];
         for &i in &pairs {

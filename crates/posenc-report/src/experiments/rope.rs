@@ -1,7 +1,7 @@
 //! Experiment 3: RoPE past its training length, with every scaling.
 
-use posenc::rope::RopeConfig;
 use posenc::rope::ScalingKind;
+use posenc::rope::{HfRopeConfig, HfRopeParameters, HfRopeParametersField, RopeConfig};
 use posenc::tensor::rope::Rope;
 use posenc_lab::model::EvalScaling;
 use posenc_lab::train::Lab;
@@ -54,14 +54,22 @@ type Curves = Vec<posenc_lab::PositionLoss>;
 /// `max_position_embeddings` = `max_pos` (the lab's `EvalScaling::new` sets
 /// it to L × factor, which leaves dynamic NTK switched off at every length
 /// up to L × factor; dynamic NTK needs it at L).
-fn scaling(lab: &Lab, name: String, max_pos: usize, rope_scaling: &str) -> Result<EvalScaling> {
+fn scaling(
+    lab: &Lab,
+    name: String,
+    max_pos: usize,
+    rope_scaling: HfRopeParameters,
+) -> Result<EvalScaling> {
     let m = &lab.meta.model;
-    let json = format!(
-        r#"{{"head_dim": {}, "num_attention_heads": {}, "rope_theta": 10000.0, "max_position_embeddings": {max_pos}, "rope_scaling": {rope_scaling}}}"#,
-        m.head_dim(),
-        m.n_heads,
-    );
-    let rc = RopeConfig::from_hf_json_str(&json)?;
+    let hf = HfRopeConfig {
+        head_dim: Some(m.head_dim()),
+        num_attention_heads: Some(m.n_heads),
+        rope_theta: Some(10000.0),
+        max_position_embeddings: Some(max_pos),
+        rope_scaling: Some(HfRopeParametersField::Flat(Box::new(rope_scaling))),
+        ..HfRopeConfig::default()
+    };
+    let rc = RopeConfig::from_hf(&hf)?;
     Ok(EvalScaling::from_rope(name, Rope::new(rc)?))
 }
 
@@ -70,9 +78,14 @@ fn yarn(lab: &Lab, factor: f64, l: usize, beta_fast: f64, beta_slow: f64) -> Res
         lab,
         format!("yarn ×{factor}"),
         (l as f64 * factor).ceil() as usize,
-        &format!(
-            r#"{{"rope_type": "yarn", "factor": {factor}, "original_max_position_embeddings": {l}, "beta_fast": {beta_fast}, "beta_slow": {beta_slow}}}"#
-        ),
+        HfRopeParameters {
+            rope_type: Some("yarn".into()),
+            factor: Some(factor),
+            original_max_position_embeddings: Some(l),
+            beta_fast: Some(beta_fast),
+            beta_slow: Some(beta_slow),
+            ..HfRopeParameters::default()
+        },
     )
 }
 
@@ -81,7 +94,11 @@ fn dynamic(lab: &Lab, factor: f64, l: usize) -> Result<EvalScaling> {
         lab,
         format!("dynamic ×{factor}"),
         l,
-        &format!(r#"{{"rope_type": "dynamic", "factor": {factor}}}"#),
+        HfRopeParameters {
+            rope_type: Some("dynamic".into()),
+            factor: Some(factor),
+            ..HfRopeParameters::default()
+        },
     )
 }
 
