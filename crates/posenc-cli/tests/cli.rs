@@ -247,7 +247,16 @@ fn inspect_fails(name: &str, json: &str) -> String {
 
 #[test]
 fn bad_rope_configs_are_one_line_errors() {
-    let base = r#""hidden_size": 512, "num_attention_heads": 8, "max_position_embeddings": 2048"#;
+    // A 512-wide, 8-head model trained at 2048 with `extra`'s keys added.
+    let with = |extra: serde_json::Value| {
+        let mut cfg = serde_json::json!({
+            "hidden_size": 512, "num_attention_heads": 8, "max_position_embeddings": 2048,
+        });
+        for (k, v) in extra.as_object().expect("an object") {
+            cfg[k] = v.clone();
+        }
+        cfg.to_string()
+    };
     let e = inspect_fails(
         "odd.json",
         r#"{"head_dim": 63, "num_attention_heads": 8, "rope_theta": 10000.0}"#,
@@ -255,26 +264,28 @@ fn bad_rope_configs_are_one_line_errors() {
     assert!(e.contains("63"), "{e}");
     let e = inspect_fails(
         "factor0.json",
-        &format!(r#"{{{base}, "rope_scaling": {{"rope_type": "linear", "factor": 0.0}}}}"#),
+        &with(serde_json::json!({"rope_scaling": {"rope_type": "linear", "factor": 0.0}})),
     );
     assert!(e.contains("factor"), "{e}");
     let e = inspect_fails(
         "factor-neg.json",
-        &format!(r#"{{{base}, "rope_scaling": {{"rope_type": "yarn", "factor": -2.0}}}}"#),
+        &with(serde_json::json!({"rope_scaling": {"rope_type": "yarn", "factor": -2.0}})),
     );
     assert!(e.contains("factor"), "{e}");
     let e = inspect_fails(
         "llama3.json",
-        &format!(
-            r#"{{{base}, "rope_scaling": {{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 1024}}}}"#
-        ),
+        &with(serde_json::json!({"rope_scaling": {
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+            "high_freq_factor": 1.0, "original_max_position_embeddings": 1024,
+        }})),
     );
     assert!(e.contains("low_freq_factor"), "{e}");
     let e = inspect_fails(
         "longrope.json",
-        &format!(
-            r#"{{{base}, "original_max_position_embeddings": 1024, "rope_scaling": {{"type": "longrope", "short_factor": [1.0, 1.0], "long_factor": [1.0, 1.0]}}}}"#
-        ),
+        &with(serde_json::json!({
+            "original_max_position_embeddings": 1024,
+            "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.0], "long_factor": [1.0, 1.0]},
+        })),
     );
     assert!(
         e.contains("short_factor") || e.contains("long_factor"),
@@ -282,7 +293,7 @@ fn bad_rope_configs_are_one_line_errors() {
     );
     let e = inspect_fails(
         "unknown.json",
-        &format!(r#"{{{base}, "rope_scaling": {{"rope_type": "bogus", "factor": 2.0}}}}"#),
+        &with(serde_json::json!({"rope_scaling": {"rope_type": "bogus", "factor": 2.0}})),
     );
     assert!(
         e.contains("bogus") && e.contains("yarn") && e.contains("llama3"),
@@ -290,14 +301,14 @@ fn bad_rope_configs_are_one_line_errors() {
     );
     let e = inspect_fails(
         "missing.json",
-        &format!(r#"{{{base}, "rope_scaling": {{"rope_type": "yarn"}}}}"#),
+        &with(serde_json::json!({"rope_scaling": {"rope_type": "yarn"}})),
     );
     assert!(e.contains("factor"), "{e}");
     let e = inspect_fails("nohead.json", r#"{"rope_theta": 10000.0}"#);
     assert!(e.contains("hidden_size") || e.contains("head_dim"), "{e}");
     let e = inspect_fails(
         "partial.json",
-        &format!(r#"{{{base}, "partial_rotary_factor": 1.5}}"#),
+        &with(serde_json::json!({"partial_rotary_factor": 1.5})),
     );
     assert!(e.contains("partial_rotary_factor"), "{e}");
     let e = inspect_fails(

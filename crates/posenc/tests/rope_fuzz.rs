@@ -186,7 +186,7 @@ fn the_issue_s_hostile_sizes_are_typed_errors() {
     // head_dim 2^31 used to abort ("memory allocation of 34359738368 bytes
     // failed"), 2^63 to panic with "capacity overflow"
     for hd in [1u64 << 31, 1 << 63, 1 << 17, u64::MAX] {
-        let text = format!(r#"{{"head_dim": {hd}, "rope_theta": 10000.0}}"#);
+        let text = serde_json::json!({"head_dim": hd, "rope_theta": 10000.0}).to_string();
         let e = RopeConfig::from_hf_json_str(&text).unwrap_err();
         assert!(
             matches!(
