@@ -506,60 +506,69 @@ fn lab_head_dims_cross_the_panels() {
     }
 }
 
+/// A KV cache, a slice of a sequence split across devices and per-row
+/// position ids, every hook. The last two cases have few (batch, key/value
+/// head) pairs and several key tiles: the backward pass splits each pair's
+/// keys into runs and adds the runs' query gradients afterwards
+/// (bidirectional runs: [`long_sequence_tiles_match_the_reference`]).
 #[test]
 fn kv_cache_offsets_and_position_ids() {
-    for kind in KINDS {
+    let cases = [
         // A KV cache: 5 new queries after 12 cached keys.
-        let c = Case {
-            tq: 5,
-            tk: 17,
-            q_off: 12,
-            ..base(0)
-        };
-        check(kind, &c, 90);
+        (
+            Case {
+                tq: 5,
+                tk: 17,
+                q_off: 12,
+                ..base(0)
+            },
+            90,
+        ),
         // A slice of a sequence split across devices: positions 300.. .
-        let c = Case {
-            q_off: 300,
-            k_off: 300,
-            ..base(10)
-        };
-        check(kind, &c, 91);
+        (
+            Case {
+                q_off: 300,
+                k_off: 300,
+                ..base(10)
+            },
+            91,
+        ),
         // Per-row position ids with gaps.
-        let c = Case {
-            ids: true,
-            q_off: 3,
-            k_off: 3,
-            ..base(12)
-        };
-        check(kind, &c, 92);
-    }
-}
-
-/// With few (batch, key/value head) pairs the backward pass splits each
-/// pair's keys into runs and adds the runs' query gradients afterwards:
-/// the same values and gradients as the reference with a KV cache and
-/// with per-row position ids, every hook (bidirectional runs:
-/// [`long_sequence_tiles_match_the_reference`]).
-#[test]
-fn runs_of_keys_with_a_cache_and_position_ids() {
+        (
+            Case {
+                ids: true,
+                q_off: 3,
+                k_off: 3,
+                ..base(12)
+            },
+            92,
+        ),
+        // Runs of keys: 200 new queries after 300 cached keys (the runs'
+        // first queries differ; the first run meets every query).
+        (
+            Case {
+                tq: 200,
+                tk: 500,
+                q_off: 300,
+                ..one_batch(0, 4, 2, 8)
+            },
+            93,
+        ),
+        // Runs of keys with per-row position ids.
+        (
+            Case {
+                ids: true,
+                q_off: 3,
+                k_off: 3,
+                ..one_batch(300, 2, 1, 8)
+            },
+            94,
+        ),
+    ];
     for kind in KINDS {
-        // 200 new queries after 300 cached keys: the runs' first queries
-        // differ, and the first run meets every query.
-        let c = Case {
-            tq: 200,
-            tk: 500,
-            q_off: 300,
-            ..one_batch(0, 4, 2, 8)
-        };
-        check(kind, &c, 93);
-        // Per-row position ids with gaps.
-        let c = Case {
-            ids: true,
-            q_off: 3,
-            k_off: 3,
-            ..one_batch(300, 2, 1, 8)
-        };
-        check(kind, &c, 94);
+        for (c, seed) in &cases {
+            check(kind, c, *seed);
+        }
     }
 }
 
