@@ -681,6 +681,146 @@ fn kernel_writes_every_output_at_every_level() {
     }
 }
 
+/// The backward kernel at every SIMD level, its gradient buffers filled with
+/// NaN first (every element must be written), against an `f64` reference of
+/// softmax attention's gradients, at a shape whose 2 (batch, key/value head)
+/// pairs and 2 key tiles take the runs of keys (and a longer one with 3 key
+/// tiles): grouped heads, an ALiBi bias, causal and bidirectional.
+#[test]
+fn backward_writes_every_gradient_at_every_level() {
+    for t in [129, 300] {
+        let dims = ka::Dims {
+            batch: 2,
+            q_heads: 2,
+            kv_heads: 1,
+            q_len: t,
+            k_len: t,
+            head_dim: 5,
+        };
+        let (nq, nk) = (2 * 2 * t * 5, 2 * t * 5);
+        let rows = ka::Rows::bhtd(2, t, 5);
+        let kv_rows = ka::Rows::bhtd(1, t, 5);
+        let (q, k, v, d_o) = (data(nq, 11), data(nk, 12), data(nk, 13), data(nq, 14));
+        let slopes = [0.5f32, 0.25];
+        for causal in [true, false] {
+            let p = ka::Problem {
+                dims,
+                scale: 0.4,
+                causal,
+                q: &q,
+                q_rows: rows,
+                k: &k,
+                k_rows: kv_rows,
+                v: &v,
+                v_rows: kv_rows,
+                rotation: None,
+                q_pos: ka::Pos::Offset(0),
+                k_pos: ka::Pos::Offset(0),
+                alibi: Some(ka::AlibiBias {
+                    slopes: &slopes,
+                    symmetric: !causal,
+                }),
+                scalar: None,
+                vector: None,
+                dense: None,
+                cumulative: None,
+                products: ka::Products::F32,
+                window: None,
+            };
+            let [want_q, want_k, want_v] =
+                reference_grads(dims, causal, &slopes, [&q, &k, &v, &d_o]);
+            let largest = |g: &[f64]| g.iter().fold(0f64, |m, x| m.max(x.abs()));
+            for level in SimdLevel::available() {
+                let mut out = vec![f32::NAN; nq];
+                let mut lse = vec![f32::NAN; 2 * 2 * t];
+                ka::forward(&p, &mut out, rows, &mut lse, level);
+                let (mut dq, mut dk, mut dv) =
+                    (vec![f32::NAN; nq], vec![f32::NAN; nk], vec![f32::NAN; nk]);
+                let g = ka::Grads {
+                    dq: dq.as_mut_ptr(),
+                    dq_rows: rows,
+                    dk: dk.as_mut_ptr(),
+                    dk_rows: kv_rows,
+                    dv: dv.as_mut_ptr(),
+                    dv_rows: kv_rows,
+                    scalar: None,
+                    keys: None,
+                    values: None,
+                    dense: None,
+                    cumulative_q: None,
+                    cumulative_k: None,
+                };
+                ka::backward(&p, &out, rows, &d_o, rows, &lse, g, level);
+                for (name, got, want) in [
+                    ("q", &dq, &want_q),
+                    ("k", &dk, &want_k),
+                    ("v", &dv, &want_v),
+                ] {
+                    let tol = 1e-5 * largest(want).max(1.0);
+                    for (a, b) in got.iter().zip(want) {
+                        assert!(
+                            (*a as f64 - b).abs() <= tol,
+                            "T {t}, causal {causal}, {level}: d{name} {a} against {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `∂L/∂q`, `∂L/∂k`, `∂L/∂v` of `L = Σ d_o · softmax(scale·q·kᵀ + ALiBi)·v`
+/// in `f64`, for `(B, H_q, T, D)` queries and `(B, 1, T, D)` keys and
+/// values (every query head shares the one key/value head).
+fn reference_grads(
+    dims: ka::Dims,
+    causal: bool,
+    slopes: &[f32],
+    [q, k, v, d_o]: [&[f32]; 4],
+) -> [Vec<f64>; 3] {
+    let (t, d, hq) = (dims.q_len, dims.head_dim, dims.q_heads);
+    let (mut dq, mut dk, mut dv) = (
+        vec![0f64; q.len()],
+        vec![0f64; k.len()],
+        vec![0f64; v.len()],
+    );
+    let at = |x: &[f32], row: usize, c: usize| x[row * d + c] as f64;
+    for b in 0..dims.batch {
+        for (h, &slope) in slopes.iter().enumerate().take(hq) {
+            let qr = (b * hq + h) * t;
+            let kr = b * t;
+            for i in 0..t {
+                let seen = if causal { i + 1 } else { t };
+                let logits: Vec<f64> = (0..seen)
+                    .map(|j| {
+                        let dot: f64 = (0..d).map(|c| at(q, qr + i, c) * at(k, kr + j, c)).sum();
+                        let r = j as f64 - i as f64;
+                        let m = slope as f64;
+                        0.4 * dot + if causal { m * r } else { -m * r.abs() }
+                    })
+                    .collect();
+                let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = logits.iter().map(|x| (x - mx).exp()).collect();
+                let z: f64 = e.iter().sum();
+                let p: Vec<f64> = e.iter().map(|x| x / z).collect();
+                let dp: Vec<f64> = (0..seen)
+                    .map(|j| (0..d).map(|c| at(d_o, qr + i, c) * at(v, kr + j, c)).sum())
+                    .collect();
+                let mean: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..seen {
+                    let ds = p[j] * (dp[j] - mean);
+                    for c in 0..d {
+                        dv[(kr + j) * d + c] += p[j] * at(d_o, qr + i, c);
+                        dq[(qr + i) * d + c] += 0.4 * ds * at(k, kr + j, c);
+                        dk[(kr + j) * d + c] += 0.4 * ds * at(q, qr + i, c);
+                    }
+                }
+            }
+        }
+    }
+    [dq, dk, dv]
+}
+
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     // Shaw's tables on 16 (batch, head) pairs; RoPE on one pair of grouped
