@@ -306,9 +306,12 @@ fn key_chunks(p: &Problem, bq: usize, n: usize) -> Vec<KeyChunk> {
         let last = k + 1 == tiles.len();
         // Close a run once it holds its share of the work.
         if last || done * n >= total * (chunks.len() + 1) {
+            // The runs cover every key (a key no query sees gets zero
+            // gradients from its run, as from a whole task).
+            let first = if chunks.is_empty() { 0 } else { tiles[start].0 };
             let end = tiles.get(k + 1).map_or(p.dims.k_len, |t| t.0);
             chunks.push(KeyChunk {
-                keys: (tiles[start].0, end),
+                keys: (first, end),
                 first_query: tiles[start..=k].iter().map(|t| t.2).min().unwrap_or(0),
                 partial: None,
             });
