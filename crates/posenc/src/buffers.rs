@@ -380,20 +380,11 @@ impl BufferAttention<'_> {
         let qr = k::Rows::bhtd(s.q_heads, s.q_len, s.head_dim);
         let kr = k::Rows::bhtd(s.kv_heads, s.k_len, s.head_dim);
         self.with_problem([q, kk, v], s, pos, |p| {
-            let g = k::Grads {
-                dq: dq.as_mut_ptr(),
-                dq_rows: qr,
-                dk: dk.as_mut_ptr(),
-                dk_rows: kr,
-                dv: dv.as_mut_ptr(),
-                dv_rows: kr,
-                scalar: None,
-                keys: None,
-                values: None,
-                dense: None,
-                cumulative_q: None,
-                cumulative_k: None,
-            };
+            let g = k::Grads::qkv(
+                (dq.as_mut_ptr(), qr),
+                (dk.as_mut_ptr(), kr),
+                (dv.as_mut_ptr(), kr),
+            );
             k::backward(p, o, qr, d_o, qr, lse, g, level)
         })
     }

@@ -625,49 +625,61 @@ fn packed_qkv_matches_separate_tensors() {
     }
 }
 
+/// The kernel tests' problem: `B = 2`, 2 query heads sharing one key/value
+/// head, `T` queries and keys of dimension 5 laid out `(B, H, T, D)`, scale
+/// 0.4, ALiBi slopes 0.5 and 0.25 (symmetric when bidirectional), no
+/// rotation.
+fn alibi_problem<'a>(
+    t: usize,
+    causal: bool,
+    [q, k, v]: [&'a [f32]; 3],
+    slopes: &'a [f32],
+) -> ka::Problem<'a> {
+    let kv_rows = ka::Rows::bhtd(1, t, 5);
+    ka::Problem {
+        dims: ka::Dims {
+            batch: 2,
+            q_heads: 2,
+            kv_heads: 1,
+            q_len: t,
+            k_len: t,
+            head_dim: 5,
+        },
+        scale: 0.4,
+        causal,
+        q,
+        q_rows: ka::Rows::bhtd(2, t, 5),
+        k,
+        k_rows: kv_rows,
+        v,
+        v_rows: kv_rows,
+        rotation: None,
+        q_pos: ka::Pos::Offset(0),
+        k_pos: ka::Pos::Offset(0),
+        alibi: Some(ka::AlibiBias {
+            slopes,
+            symmetric: !causal,
+        }),
+        scalar: None,
+        vector: None,
+        dense: None,
+        cumulative: None,
+        products: ka::Products::F32,
+        window: None,
+    }
+}
+
 /// The kernel alone: dirty output buffers, every SIMD level, against the
 /// `f64` triple loop.
 #[test]
 fn kernel_writes_every_output_at_every_level() {
-    let dims = ka::Dims {
-        batch: 2,
-        q_heads: 2,
-        kv_heads: 1,
-        q_len: 129,
-        k_len: 129,
-        head_dim: 5,
-    };
     let rows = ka::Rows::bhtd(2, 129, 5);
-    let kv_rows = ka::Rows::bhtd(1, 129, 5);
     let q = data(2 * 2 * 129 * 5, 1);
     let k = data(2 * 129 * 5, 2);
     let v = data(2 * 129 * 5, 3);
     let slopes = [0.5f32, 0.25];
     for causal in [true, false] {
-        let p = ka::Problem {
-            dims,
-            scale: 0.4,
-            causal,
-            q: &q,
-            q_rows: rows,
-            k: &k,
-            k_rows: kv_rows,
-            v: &v,
-            v_rows: kv_rows,
-            rotation: None,
-            q_pos: ka::Pos::Offset(0),
-            k_pos: ka::Pos::Offset(0),
-            alibi: Some(ka::AlibiBias {
-                slopes: &slopes,
-                symmetric: !causal,
-            }),
-            scalar: None,
-            vector: None,
-            dense: None,
-            cumulative: None,
-            products: ka::Products::F32,
-            window: None,
-        };
+        let p = alibi_problem(129, causal, [&q, &k, &v], &slopes);
         let want = ka::reference_forward(&p);
         for level in SimdLevel::available() {
             let mut out = vec![f32::NAN; q.len()];
@@ -689,44 +701,14 @@ fn kernel_writes_every_output_at_every_level() {
 #[test]
 fn backward_writes_every_gradient_at_every_level() {
     for t in [129, 300] {
-        let dims = ka::Dims {
-            batch: 2,
-            q_heads: 2,
-            kv_heads: 1,
-            q_len: t,
-            k_len: t,
-            head_dim: 5,
-        };
         let (nq, nk) = (2 * 2 * t * 5, 2 * t * 5);
         let rows = ka::Rows::bhtd(2, t, 5);
         let kv_rows = ka::Rows::bhtd(1, t, 5);
         let (q, k, v, d_o) = (data(nq, 11), data(nk, 12), data(nk, 13), data(nq, 14));
         let slopes = [0.5f32, 0.25];
         for causal in [true, false] {
-            let p = ka::Problem {
-                dims,
-                scale: 0.4,
-                causal,
-                q: &q,
-                q_rows: rows,
-                k: &k,
-                k_rows: kv_rows,
-                v: &v,
-                v_rows: kv_rows,
-                rotation: None,
-                q_pos: ka::Pos::Offset(0),
-                k_pos: ka::Pos::Offset(0),
-                alibi: Some(ka::AlibiBias {
-                    slopes: &slopes,
-                    symmetric: !causal,
-                }),
-                scalar: None,
-                vector: None,
-                dense: None,
-                cumulative: None,
-                products: ka::Products::F32,
-                window: None,
-            };
+            let p = alibi_problem(t, causal, [&q, &k, &v], &slopes);
+            let dims = p.dims;
             let [want_q, want_k, want_v] =
                 reference_grads(dims, causal, &slopes, [&q, &k, &v, &d_o]);
             let largest = |g: &[f64]| g.iter().fold(0f64, |m, x| m.max(x.abs()));
@@ -736,20 +718,11 @@ fn backward_writes_every_gradient_at_every_level() {
                 ka::forward(&p, &mut out, rows, &mut lse, level);
                 let (mut dq, mut dk, mut dv) =
                     (vec![f32::NAN; nq], vec![f32::NAN; nk], vec![f32::NAN; nk]);
-                let g = ka::Grads {
-                    dq: dq.as_mut_ptr(),
-                    dq_rows: rows,
-                    dk: dk.as_mut_ptr(),
-                    dk_rows: kv_rows,
-                    dv: dv.as_mut_ptr(),
-                    dv_rows: kv_rows,
-                    scalar: None,
-                    keys: None,
-                    values: None,
-                    dense: None,
-                    cumulative_q: None,
-                    cumulative_k: None,
-                };
+                let g = ka::Grads::qkv(
+                    (dq.as_mut_ptr(), rows),
+                    (dk.as_mut_ptr(), kv_rows),
+                    (dv.as_mut_ptr(), kv_rows),
+                );
                 ka::backward(&p, &out, rows, &d_o, rows, &lse, g, level);
                 for (name, got, want) in [
                     ("q", &dq, &want_q),

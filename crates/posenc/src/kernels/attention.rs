@@ -533,6 +533,30 @@ pub struct Grads<'a> {
     pub cumulative_k: Option<&'a mut [f32]>,
 }
 
+impl Grads<'_> {
+    /// The gradients of `q`, `k` and `v` alone (no bias table's).
+    pub fn qkv(
+        (dq, dq_rows): (*mut f32, Rows),
+        (dk, dk_rows): (*mut f32, Rows),
+        (dv, dv_rows): (*mut f32, Rows),
+    ) -> Self {
+        Grads {
+            dq,
+            dq_rows,
+            dk,
+            dk_rows,
+            dv,
+            dv_rows,
+            scalar: None,
+            keys: None,
+            values: None,
+            dense: None,
+            cumulative_q: None,
+            cumulative_k: None,
+        }
+    }
+}
+
 impl Problem<'_> {
     /// Writes `scale·R·src` (`scale·Rᵀ·src` with `inverse`) into `dst`, `R`
     /// the rotation of time step `(b, t)` of the queries (`query`) or the
