@@ -120,15 +120,11 @@ pub fn backward(
     // Shaw tables, whose per-query weights sum over all keys, no cumulative
     // query sums, no T5 table gradient, which keeps query tiles outermost).
     let tasks = dm.batch * dm.kv_heads;
-    let splits = p.vector.is_none()
-        && ptrs.cq.is_none()
-        && !(want.0 && p.scalar.is_some())
-        && parallel
-        && tasks < BWD_TASKS;
-    let mut chunks = if splits {
-        key_chunks(p, bq, BWD_TASKS.div_ceil(tasks).min(MAX_KEY_CHUNKS))
-    } else {
-        Vec::new()
+    let splits =
+        p.vector.is_none() && ptrs.cq.is_none() && !(want.0 && p.scalar.is_some()) && parallel;
+    let mut chunks = match key_runs(dm) {
+        runs if splits && runs > 1 => key_chunks(p, bq, runs),
+        _ => Vec::new(),
     };
     let parts = if chunks.len() > 1 {
         // Each run's partial dQ̃ over the rows that meet it (zeros where a
@@ -136,7 +132,8 @@ pub fn backward(
         let per_run = |c: &KeyChunk| dm.batch * dm.q_heads * (dm.q_len - c.first_query) * d;
         // Kept between calls on this thread: a fresh buffer's pages fault
         // in on first touch (some 2,000 pages at 2,048 tokens). The tasks
-        // zero their rows.
+        // zero their rows. (Not `tile::Scratch`: the tasks take that one,
+        // on this thread too when they run here.)
         let mut partials = PARTIALS.with(|c| {
             c.try_borrow_mut()
                 .map(|mut b| std::mem::take(&mut *b))
@@ -243,15 +240,24 @@ fn add_runs(p: &Problem, chunks: &[KeyChunk], dq: SendPtr, dq_rows: Rows, parall
 /// calling thread keeps a buffer of up to 32 MiB of them for its next call.
 /// For memory estimates (`posenc_tune`'s training estimate counts it).
 pub fn backward_extra_floats(dims: Dims) -> usize {
-    let tasks = dims.batch * dims.kv_heads;
-    let runs = BWD_TASKS
-        .div_ceil(tasks.max(1))
-        .min(MAX_KEY_CHUNKS)
-        .min(dims.k_len.div_ceil(BK));
-    if tasks < BWD_TASKS && runs > 1 {
+    // Runs hold whole key tiles.
+    let runs = key_runs(dims).min(dims.k_len.div_ceil(BK));
+    if runs > 1 {
         runs * dims.batch * dims.q_heads * dims.q_len * dims.head_dim
     } else {
         0
+    }
+}
+
+/// The runs of keys each (batch, key/value head) task is split into on
+/// `dims` by its shape: enough for about [`BWD_TASKS`] tasks, at most
+/// [`MAX_KEY_CHUNKS`]; 1 (whole tasks) from [`BWD_TASKS`] pairs on.
+fn key_runs(dims: Dims) -> usize {
+    let tasks = dims.batch * dims.kv_heads;
+    if tasks >= BWD_TASKS {
+        1
+    } else {
+        BWD_TASKS.div_ceil(tasks.max(1)).min(MAX_KEY_CHUNKS)
     }
 }
 

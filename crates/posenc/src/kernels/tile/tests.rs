@@ -139,13 +139,6 @@ fn reductions() {
     assert!((dot(&x, &y) - want).abs() < 1e-4);
 }
 
-/// `gemm_trimmed` on a causal product (row `i` of `A` zero from step
-/// `i + 1 − shift` on, as the probabilities of a diagonal tile) gives
-/// `gemm`'s bits on every entry it computes, at every level: limits by
-/// columns (the logits: row groups up to the columns they see, rounded up to
-/// 16) leave the other entries of a dirty `C` as they were; limits by steps
-/// (`P·V`, from the first step and up to the last a group sees, and `Pᵀ·dO`
-/// from the first row that sees a key) give every entry.
 /// `g` added to a C holding `start` (leading dimension `ldc`), whole and
 /// trimmed by `limit`, gives the same bits.
 fn assert_trimmed_adds_the_same_bits(
@@ -170,6 +163,13 @@ fn assert_trimmed_adds_the_same_bits(
     );
 }
 
+/// `gemm_trimmed` on a causal product (row `i` of `A` zero from step
+/// `i + 1 − shift` on, as the probabilities of a diagonal tile) gives
+/// `gemm`'s bits on every entry it computes, at every level: limits by
+/// columns (the logits: row groups up to the columns they see, rounded up to
+/// 16) leave the other entries of a dirty `C` as they were; limits by steps
+/// (`P·V`, from the first step and up to the last a group sees, and `Pᵀ·dO`
+/// from the first row that sees a key) give every entry.
 #[test]
 fn trimmed_gemm_keeps_the_bits_of_the_whole_product() {
     for &(m, n, k, shift) in &[
