@@ -11,7 +11,9 @@ before posenc is imported):
    transformers' `apply_rotary_pos_emb` followed by
    `torch.nn.functional.scaled_dot_product_attention(is_causal=True)`
    (the rotation and the attention of a transformers Llama layer);
-   and the same forward alone (no gradient);
+   posenc as called by default (its forward keeps the logits for the
+   backward: 71 MB at this shape) and with `keep_logits=False` (memory
+   linear in T, as the peer's); and the same forward alone (no gradient);
 2. the rotation alone, forward, same shape for q and k:
    `posenc.torch.apply_rope` against `apply_rotary_pos_emb` (with the
    cos/sin it needs computed once outside the timing, as a model caches
@@ -89,9 +91,9 @@ def setup(seq, threads):
     dout = torch.randn(B, H, T, D, generator=g)
     c, s = (torch.from_numpy(x)[None] for x in rope.cos_sin(list(range(T))))  # (1, T, D)
 
-    def posenc_attn():
+    def posenc_attn(keep_logits=None):
         qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
-        out = pt.attention(qq, kk, vv, rope=rope)
+        out = pt.attention(qq, kk, vv, rope=rope, keep_logits=keep_logits)
         out.backward(dout)
         return out, qq.grad, kk.grad, vv.grad
 
@@ -161,6 +163,7 @@ def main():
     load_before = os.getloadavg()
     rows = {
         "attention_fwd_bwd": ([], []),
+        "attention_fwd_bwd_recomputed": ([], []),
         "attention_fwd": ([], []),
         "apply_rope_fwd": ([], []),
         "call_overhead_1x1x1x64": ([], []),
@@ -168,6 +171,8 @@ def main():
     for _ in range(args.rounds):
         rows["attention_fwd_bwd"][0].append(timed(posenc_attn, 2))
         rows["attention_fwd_bwd"][1].append(timed(torch_attn, 2))
+        rows["attention_fwd_bwd_recomputed"][0].append(timed(lambda: posenc_attn(False), 2))
+        rows["attention_fwd_bwd_recomputed"][1].append(timed(torch_attn, 2))
         rows["attention_fwd"][0].append(timed(posenc_attn_fwd, 2))
         rows["attention_fwd"][1].append(timed(torch_attn_fwd, 2))
         rows["apply_rope_fwd"][0].append(timed(posenc_rope, 20))

@@ -28,8 +28,8 @@ mod _posenc {
     use crate::model::{finetune, Model};
     #[pymodule_export]
     use crate::ops::{
-        _alibi_slopes_f32, _attention_backward, _attention_forward, _method_forward, _rope_ptr,
-        simd_level,
+        _alibi_slopes_f32, _attention_backward, _attention_forward, _kept_pool_bytes,
+        _method_forward, _rope_ptr, simd_level, KeptLogits,
     };
     #[pymodule_export]
     use crate::passkey::PasskeyProbe;

@@ -217,29 +217,68 @@ impl AttentionArgs<'_> {
     }
 }
 
-/// Fused attention forward on `qkv` (`[q, k, v]`): writes `out`
-/// `(B, H_q, T_q, D)` and `lse` `(B, H_q, T_q)`.
+/// The logits a fused forward kept for its backward
+/// ([`BufferAttention::forward_keeping`]): an opaque buffer, given back to
+/// posenc's pool of idle ones when Python drops it.
+#[pyclass(module = "posenc._posenc", name = "_KeptLogits", frozen)]
+pub(crate) struct KeptLogits(buffers::KeptBuffer);
+
+#[pymethods]
+impl KeptLogits {
+    /// Bytes held.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.0.bytes()
+    }
+}
+
+/// Bytes of the live kept-logit buffers and of the idle ones posenc holds
+/// for reuse (together at most [`buffers::KEPT_POOL_BYTES`] once dropped).
 #[pyfunction]
+pub(crate) fn _kept_pool_bytes() -> (usize, usize) {
+    buffers::KeptBuffer::pool_bytes()
+}
+
+/// Fused attention forward on `qkv` (`[q, k, v]`): writes `out`
+/// `(B, H_q, T_q, D)` and `lse` `(B, H_q, T_q)`. Where the call's logits
+/// fit in `keep_bytes` with those every live call keeps, it keeps them and
+/// returns them for [`_attention_backward`]; else `None`.
+#[pyfunction]
+#[pyo3(signature = (qkv, out, lse, attention, keep_bytes=0))]
 pub(crate) fn _attention_forward(
     py: Python<'_>,
     qkv: Qkv<'_>,
     mut out: PyReadwriteArrayDyn<'_, f32>,
     mut lse: PyReadwriteArrayDyn<'_, f32>,
     attention: AttentionArgs<'_>,
-) -> PyResult<()> {
+    keep_bytes: usize,
+) -> PyResult<Option<KeptLogits>> {
     let (s, [qs, ks, vs]) = inputs(&qkv)?;
     let (ids, attn) = attention.setup()?;
     let (o, l) = (slice_mut("out", &mut out)?, slice_mut("lse", &mut lse)?);
+    let floats = attn.kept_logits_len(s).py()?;
     detached(py, || {
-        attn.forward(qs, ks, vs, s, positions(attention.offset, &ids), o, l)
-            .py()
+        let pos = positions(attention.offset, &ids);
+        match buffers::KeptBuffer::take(floats, keep_bytes) {
+            Some(mut kept) => {
+                attn.forward_keeping([qs, ks, vs], s, pos, [o, l], kept.as_mut_slice())
+                    .py()?;
+                Ok(Some(KeptLogits(kept)))
+            }
+            None => {
+                attn.forward(qs, ks, vs, s, pos, o, l).py()?;
+                Ok(None)
+            }
+        }
     })
 }
 
 /// Fused attention backward on `qkv` (`[q, k, v]`): writes `grads`
-/// (`[dq, dk, dv]`) from the forward's `out` and `lse` and the output
-/// gradient `dout`.
+/// (`[dq, dk, dv]`) from the forward's `out`, `lse` and `kept` logits (if
+/// it kept them) and the output gradient `dout`.
 #[pyfunction]
+#[pyo3(signature = (qkv, out, lse, dout, grads, attention, kept=None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn _attention_backward(
     py: Python<'_>,
     qkv: Qkv<'_>,
@@ -248,6 +287,7 @@ pub(crate) fn _attention_backward(
     dout: PyReadonlyArrayDyn<'_, f32>,
     grads: [PyReadwriteArrayDyn<'_, f32>; 3],
     attention: AttentionArgs<'_>,
+    kept: Option<PyRef<'_, KeptLogits>>,
 ) -> PyResult<()> {
     let (s, inputs) = inputs(&qkv)?;
     let (ids, attn) = attention.setup()?;
@@ -262,9 +302,10 @@ pub(crate) fn _attention_backward(
         slice_mut("dk", &mut dk)?,
         slice_mut("dv", &mut dv)?,
     ];
+    let kept = kept.as_ref().map(|k| k.0.as_slice());
     detached(py, || {
         let pos = positions(attention.offset, &ids);
-        attn.backward(inputs, os, ls, dos, s, pos, grads).py()
+        attn.backward(inputs, os, ls, kept, dos, s, pos, grads).py()
     })
 }
 

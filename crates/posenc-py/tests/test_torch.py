@@ -418,6 +418,77 @@ def test_non_contiguous_inputs_are_made_contiguous_once():
     assert torch.equal(a, b)
 
 
+# ---------------------------------------------------------------- kept logits
+
+
+def live_kept():
+    return posenc._posenc._kept_pool_bytes()[0]
+
+
+KEPT_CASES = {
+    "rope-yarn": dict(kw=lambda: dict(rope=base_rope().with_scaling("yarn:2")), shape=dict(t=40)),
+    "alibi-gqa-offset-causal": dict(kw=lambda: dict(alibi=True, offset=100), shape=dict(b=2, h=6, hk=2, t=9, s=30)),
+    "alibi-bidirectional": dict(kw=lambda: dict(alibi=True, causal=False), shape=dict(b=2, h=6, hk=3, t=20, s=33)),
+    "rope-position-ids": dict(
+        kw=lambda: dict(rope=base_rope(mpe=64), position_ids=torch.stack([torch.arange(12) * 3, torch.arange(12) + 50])),
+        shape=dict(b=2, h=4, hk=1, t=12, s=12),
+    ),
+    # more than 1,024 keys: the forward's long tiles
+    "rope-long": dict(kw=lambda: dict(rope=base_rope(dim=8, mpe=2048)), shape=dict(b=1, h=2, hk=1, t=1100, d=8)),
+}
+
+
+@pytest.mark.parametrize("case", list(KEPT_CASES))
+def test_kept_logits_give_the_recomputed_gradients_bit_for_bit(case):
+    c = KEPT_CASES[case]
+    q, k, v = inputs(**c["shape"])
+    before = live_kept()
+    kept = pt.attention(q, k, v, keep_logits=True, **c["kw"]())
+    assert live_kept() > before  # held from the forward ...
+    gk = grads(kept, (q, k, v))
+    assert live_kept() == before  # ... to the backward, then given back
+    recomputed = pt.attention(q, k, v, keep_logits=False, **c["kw"]())
+    assert live_kept() == before
+    assert torch.equal(kept, recomputed)
+    for a, b in zip(gk, grads(recomputed, (q, k, v))):
+        assert torch.equal(a, b)
+
+
+def test_kept_logits_stay_within_their_budget():
+    q, k, v = inputs(b=1, h=2, hk=1, t=64)
+    budget = pt.KEEP_LOGITS_BYTES
+    try:
+        pt.KEEP_LOGITS_BYTES = 0
+        out = pt.attention(q, k, v)
+        assert live_kept() == 0
+        grads(out, (q, k, v))
+        # one call's logits: (B, H) pairs × rows × 128-key tiles × 4 bytes
+        one = 2 * 64 * 128 * 4
+        x = pt.attention(q, k, v, keep_logits=True)
+        assert live_kept() >= one  # (an idle buffer may be larger)
+        del x
+        assert live_kept() == 0  # dropped with the graph
+        # room for one call's logits: the first keeps, the second recomputes
+        pt.KEEP_LOGITS_BYTES = one + one // 2
+        a = pt.attention(q, k, v)
+        one = live_kept()
+        assert 0 < one <= pt.KEEP_LOGITS_BYTES
+        b = pt.attention(q, k, v)
+        assert live_kept() == one
+        ga, gb = grads(a, (q, k, v)), grads(b, (q, k, v))
+        assert live_kept() == 0
+        for x, y in zip(ga, gb):
+            assert torch.equal(x, y)
+        # without a gradient nothing is kept
+        with torch.no_grad():
+            pt.attention(q, k, v, keep_logits=True)
+        assert live_kept() == 0
+    finally:
+        pt.KEEP_LOGITS_BYTES = budget
+    live, idle = posenc._posenc._kept_pool_bytes()
+    assert live + idle <= 256 << 20
+
+
 # ---------------------------------------------------------------- errors
 
 
@@ -451,6 +522,7 @@ def test_non_contiguous_inputs_are_made_contiguous_once():
         (lambda q, k, v, r: pt.attention(q, k, v, alibi=True, offset=2**63 - 3, backend="torch"), "past an int64"),
         (lambda q, k, v, r: pt.attention(q, k.to("meta"), v.to("meta")), "on cpu"),
         (lambda q, k, v, r: pt.attention(q, k, v, backend="gpu"), "backend"),
+        (lambda q, k, v, r: pt.attention(q, k, v, keep_logits="yes"), "keep_logits"),
     ],
 )
 def test_bad_inputs_raise_posenc_error(call, words):

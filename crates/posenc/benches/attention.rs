@@ -1,9 +1,12 @@
-//! `cargo bench -p posenc --bench attention [-- T ROUNDS [H_Q H_KV]]`: the
-//! fused attention with RoPE inside on `(B, H, T, D) = (1, 8, T, 64)`
-//! buffers (by default; `9 3` is SmolLM2's grouped heads), causal, forward
-//! alone and backward alone (the shape of `scripts/bench/python_ops.py`,
-//! without Python around it), median of the rounds, with the CPU time of
-//! both passes. Threads as rayon's (`RAYON_NUM_THREADS`).
+//! `cargo bench -p posenc --bench attention [-- T ROUNDS [H_Q H_KV]]
+//! [keep|keep-fresh]`: the fused attention with RoPE inside on `(B, H, T, D)
+//! = (1, 8, T, 64)` buffers (by default; `9 3` is SmolLM2's grouped heads),
+//! causal, forward alone and backward alone (the shape of
+//! `scripts/bench/python_ops.py`, without Python around it), median of the
+//! rounds, with the CPU time of both passes. With `keep` the forward keeps
+//! the logits for the backward in one buffer reused by every round; with
+//! `keep-fresh` in a fresh buffer each round (whose pages fault in). Threads
+//! as rayon's (`RAYON_NUM_THREADS`).
 
 use posenc::buffers::{AttentionShape, BufferAttention, BufferPositions};
 use posenc::rope::{PairLayout, RopeFrequencies};
@@ -28,10 +31,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let words: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<usize> = words.iter().filter_map(|a| a.parse().ok()).collect();
+    let keep = words.iter().find(|w| w.starts_with("keep")).cloned();
     let t = args.first().copied().unwrap_or(2048);
     let rounds = args.get(1).copied().unwrap_or(7);
     let (b, h, d) = (1, args.get(2).copied().unwrap_or(8), 64);
@@ -70,15 +72,27 @@ fn main() {
     let (mut dq, mut dk, mut dv) = (vec![0f32; n], vec![0f32; nkv], vec![0f32; nkv]);
     let pos = BufferPositions::Offset(0);
     let (mut fwd, mut bwd, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let kept_len = attn.kept_logits_len(s).unwrap();
+    let mut kept = Vec::new();
     for _ in 0..rounds + 1 {
         let c0 = cpu_ms();
         let t0 = Instant::now();
-        attn.forward(&q, &k, &v, s, pos, &mut o, &mut lse).unwrap();
+        match keep.as_deref() {
+            None => attn.forward(&q, &k, &v, s, pos, &mut o, &mut lse).unwrap(),
+            Some(mode) => {
+                if mode == "keep-fresh" || kept.is_empty() {
+                    kept = vec![0f32; kept_len];
+                }
+                attn.forward_keeping([&q, &k, &v], s, pos, [&mut o, &mut lse], &mut kept)
+                    .unwrap()
+            }
+        }
         let t1 = Instant::now();
         attn.backward(
             [&q, &k, &v],
             &o,
             &lse,
+            keep.as_ref().map(|_| &kept[..]),
             &d_o,
             s,
             pos,
@@ -113,9 +127,10 @@ fn main() {
             (h ^ x.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
         });
     println!(
-        "(B, H, H_kv, T, D) = ({b}, {h}, {kv}, {t}, {d}), causal, RoPE inside, {} threads, median of {rounds}: \
+        "(B, H, H_kv, T, D) = ({b}, {h}, {kv}, {t}, {d}), causal, RoPE inside, {} threads, {}, median of {rounds}: \
          forward {:.2} ms, backward {:.2} ms, total {:.2} ms, CPU {cpu:.2} ms (checksum {checksum:.6e}, bits {bits:016x})",
         rayon::current_num_threads(),
+        keep.as_deref().unwrap_or("logits recomputed"),
         fwd,
         bwd,
         fwd + bwd,

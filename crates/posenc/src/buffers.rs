@@ -340,31 +340,78 @@ impl BufferAttention<'_> {
         out: &mut [f32],
         lse: &mut [f32],
     ) -> Result<()> {
+        self.forward_into([q, kk, v], s, pos, out, lse, None)
+    }
+
+    /// [`forward`](Self::forward), or with `kept`
+    /// [`forward_keeping`](Self::forward_keeping).
+    fn forward_into(
+        &self,
+        qkv: [&[f32]; 3],
+        s: AttentionShape,
+        pos: BufferPositions<'_>,
+        out: &mut [f32],
+        lse: &mut [f32],
+        kept: Option<&mut [f32]>,
+    ) -> Result<()> {
         check_len("output", out.len(), s.q_elements())?;
         check_len("log-sum-exp", lse.len(), s.lse_elements())?;
+        if let Some(kept) = &kept {
+            check_len("kept logits", kept.len(), self.kept_logits_len(s)?)?;
+        }
         let level = SimdLevel::detect();
-        self.with_problem([q, kk, v], s, pos, |p| {
-            k::forward(
-                p,
-                out,
-                k::Rows::bhtd(s.q_heads, s.q_len, s.head_dim),
-                lse,
-                level,
-            )
+        self.with_problem(qkv, s, pos, |p| {
+            let rows = k::Rows::bhtd(s.q_heads, s.q_len, s.head_dim);
+            match kept {
+                Some(kept) => k::forward_keeping(p, out, rows, lse, kept, level),
+                None => k::forward(p, out, rows, lse, level),
+            }
         })
     }
 
-    /// The gradients of queries, keys and values from the forward's output
-    /// `o`, its log-sum-exp and the output's gradient `d_o`.
+    /// Floats of the logits [`forward_keeping`](Self::forward_keeping)
+    /// keeps for a call of sizes `s` (saturating at `usize::MAX`): about
+    /// `B·H_q·T_q·T_k`, half that with the causal mask.
     ///
     /// # Errors
-    /// As [`forward`](Self::forward).
+    /// As [`forward`](Self::forward), for the sizes.
+    pub fn kept_logits_len(&self, s: AttentionShape) -> Result<usize> {
+        s.check()?;
+        Ok(k::KeptLogits::masked(s, self.causal).floats())
+    }
+
+    /// [`forward`](Self::forward) (the same bits), keeping every logit in
+    /// `kept` ([`kept_logits_len`](Self::kept_logits_len) floats) for
+    /// [`backward`](Self::backward), which then skips one of its five
+    /// products.
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward); [`Error::Shape`] for a short `kept`.
+    pub fn forward_keeping(
+        &self,
+        qkv: [&[f32]; 3],
+        s: AttentionShape,
+        pos: BufferPositions<'_>,
+        [out, lse]: [&mut [f32]; 2],
+        kept: &mut [f32],
+    ) -> Result<()> {
+        self.forward_into(qkv, s, pos, out, lse, Some(kept))
+    }
+
+    /// The gradients of queries, keys and values from the forward's output
+    /// `o`, its log-sum-exp, the output's gradient `d_o` and, where
+    /// [`forward_keeping`](Self::forward_keeping) kept them for the same
+    /// inputs, the logits.
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward); [`Error::Shape`] for a short `kept`.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         [q, kk, v]: [&[f32]; 3],
         o: &[f32],
         lse: &[f32],
+        kept: Option<&[f32]>,
         d_o: &[f32],
         s: AttentionShape,
         pos: BufferPositions<'_>,
@@ -373,6 +420,9 @@ impl BufferAttention<'_> {
         check_len("output", o.len(), s.q_elements())?;
         check_len("output gradient", d_o.len(), s.q_elements())?;
         check_len("log-sum-exp", lse.len(), s.lse_elements())?;
+        if let Some(kept) = kept {
+            check_len("kept logits", kept.len(), self.kept_logits_len(s)?)?;
+        }
         check_len("query gradient", dq.len(), s.q_elements())?;
         check_len("key gradient", dk.len(), s.kv_elements())?;
         check_len("value gradient", dv.len(), s.kv_elements())?;
@@ -385,8 +435,105 @@ impl BufferAttention<'_> {
                 (dk.as_mut_ptr(), kr),
                 (dv.as_mut_ptr(), kr),
             );
-            k::backward(p, o, qr, d_o, qr, lse, g, level)
+            k::backward(p, o, qr, d_o, qr, lse, kept, g, level)
         })
+    }
+}
+
+/// Bytes of kept-logit buffers, live and idle together, beyond which a
+/// dropped one is freed rather than kept for reuse (256 MiB). A fresh
+/// buffer's pages fault in on first touch: 71 MB at `(1, 8, 2048, 64)`,
+/// causal, cost about 20 ms, against the 7 ms the kept logits save the
+/// backward pass.
+pub const KEPT_POOL_BYTES: usize = 256 << 20;
+
+/// The kept-logit buffers: the idle ones, and the bytes of the live ones.
+struct KeptPool {
+    idle: Vec<Vec<f32>>,
+    live: usize,
+}
+
+static KEPT_POOL: std::sync::Mutex<KeptPool> = std::sync::Mutex::new(KeptPool {
+    idle: Vec::new(),
+    live: 0,
+});
+
+impl KeptPool {
+    fn idle_bytes(&self) -> usize {
+        self.idle.iter().map(bytes_of).sum()
+    }
+}
+
+/// Bytes a buffer holds.
+fn bytes_of(v: &Vec<f32>) -> usize {
+    v.capacity() * std::mem::size_of::<f32>()
+}
+
+/// A buffer for the logits [`BufferAttention::forward_keeping`] keeps,
+/// drawn from a pool of idle ones and given back to it when dropped (while
+/// live and idle buffers take at most [`KEPT_POOL_BYTES`]; past that,
+/// freed).
+#[derive(Debug)]
+pub struct KeptBuffer(Vec<f32>);
+
+impl KeptBuffer {
+    /// A buffer of `floats` floats (contents unspecified), where the live
+    /// buffers, this one included, then hold at most `budget` bytes; else
+    /// `None`. The smallest idle buffer that holds them, else a new one.
+    pub fn take(floats: usize, budget: usize) -> Option<KeptBuffer> {
+        let need = floats.checked_mul(std::mem::size_of::<f32>())?;
+        let mut v = {
+            let mut pool = KEPT_POOL.lock().ok()?;
+            let room = budget.saturating_sub(pool.live);
+            let best = (0..pool.idle.len())
+                .filter(|&i| pool.idle[i].capacity() >= floats && bytes_of(&pool.idle[i]) <= room)
+                .min_by_key(|&i| pool.idle[i].capacity());
+            let v = match best {
+                Some(i) => pool.idle.swap_remove(i),
+                None if need > room => return None,
+                // Reserved, not touched: its pages fault in below.
+                None => crate::kernels::mem::with_capacity_huge(floats),
+            };
+            pool.live += bytes_of(&v);
+            v
+        };
+        v.resize(floats, 0.0);
+        Some(KeptBuffer(v))
+    }
+
+    /// The floats.
+    pub fn as_slice(&self) -> &[f32] {
+        &self.0
+    }
+
+    /// The floats, to write.
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.0
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        bytes_of(&self.0)
+    }
+
+    /// Bytes of the live buffers and of the idle ones the pool holds now.
+    pub fn pool_bytes() -> (usize, usize) {
+        KEPT_POOL
+            .lock()
+            .map_or((0, 0), |pool| (pool.live, pool.idle_bytes()))
+    }
+}
+
+impl Drop for KeptBuffer {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        let bytes = bytes_of(&v);
+        if let Ok(mut pool) = KEPT_POOL.lock() {
+            pool.live = pool.live.saturating_sub(bytes);
+            if pool.live + pool.idle_bytes() + bytes <= KEPT_POOL_BYTES {
+                pool.idle.push(v);
+            }
+        }
     }
 }
 
@@ -526,5 +673,90 @@ mod tests {
             )
             .unwrap();
         assert!(out.iter().all(|x| x.is_finite()));
+    }
+
+    /// Kept logits through the buffer API: the same output and gradients
+    /// bit for bit (RoPE, per-row position ids, grouped heads); a kept
+    /// buffer of the wrong length is a shape error, before any kernel.
+    #[test]
+    fn kept_logits_on_buffers() {
+        let rope =
+            Rope::new(RopeFrequencies::plain(10_000.0, 8, PairLayout::HalfSplit).unwrap()).unwrap();
+        let s = AttentionShape::new(2, 4, 2, 40, 50, 8);
+        let fill = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
+        let (q, kk, v, d_o) = (
+            fill(s.q_elements(), 0.37),
+            fill(s.kv_elements(), 0.11),
+            fill(s.kv_elements(), 0.23),
+            fill(s.q_elements(), 0.05),
+        );
+        let ids: Vec<i64> = (0..2 * 50).map(|i| (i % 50) * 2 + i / 50).collect();
+        let pos = BufferPositions::Ids(&ids);
+        let attn = BufferAttention {
+            causal: true,
+            scale: None,
+            rope: Some(&rope),
+            alibi: None,
+        };
+        let run = |kept: Option<&mut Vec<f32>>| {
+            let (mut out, mut lse) = (vec![0f32; s.q_elements()], vec![0f32; s.lse_elements()]);
+            let mut kept = kept;
+            match kept.as_deref_mut() {
+                Some(k) => attn.forward_keeping([&q, &kk, &v], s, pos, [&mut out, &mut lse], k),
+                None => attn.forward(&q, &kk, &v, s, pos, &mut out, &mut lse),
+            }
+            .unwrap();
+            let mut g = [s.q_elements(), s.kv_elements(), s.kv_elements()].map(|n| vec![0f32; n]);
+            let [dq, dk, dv] = &mut g;
+            let kept = kept.as_deref().map(|k| &k[..]);
+            attn.backward([&q, &kk, &v], &out, &lse, kept, &d_o, s, pos, [dq, dk, dv])
+                .unwrap();
+            (out, g)
+        };
+        let mut kept = vec![f32::NAN; attn.kept_logits_len(s).unwrap()];
+        assert_eq!(run(Some(&mut kept)), run(None));
+        let (mut out, mut lse) = (vec![0f32; s.q_elements()], vec![0f32; s.lse_elements()]);
+        let mut short = vec![0f32; kept.len() - 1];
+        let e = attn
+            .forward_keeping([&q, &kk, &v], s, pos, [&mut out, &mut lse], &mut short)
+            .unwrap_err();
+        assert!(matches!(e, Error::Shape { .. }), "{e}");
+        let mut g = [s.q_elements(), s.kv_elements(), s.kv_elements()].map(|n| vec![0f32; n]);
+        let [dq, dk, dv] = &mut g;
+        let e = attn
+            .backward(
+                [&q, &kk, &v],
+                &out,
+                &lse,
+                Some(&short),
+                &d_o,
+                s,
+                pos,
+                [dq, dk, dv],
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("kept logits"), "{e}");
+    }
+
+    /// The pool holds a buffer from its take to its drop within the budget,
+    /// and a dropped one is reused.
+    #[test]
+    fn kept_buffers_stay_within_their_budget() {
+        // The only test of this crate that takes from the pool.
+        let a = KeptBuffer::take(1000, usize::MAX).unwrap();
+        assert_eq!(a.as_slice().len(), 1000);
+        assert_eq!(KeptBuffer::pool_bytes(), (a.bytes(), 0));
+        assert!(KeptBuffer::take(1000, a.bytes() + 3999).is_none());
+        let ptr = a.as_slice().as_ptr();
+        drop(a);
+        let (live, idle) = KeptBuffer::pool_bytes();
+        assert_eq!(live, 0);
+        assert!(idle >= 4000);
+        // The smallest idle buffer that holds 900 floats: the one dropped.
+        let b = KeptBuffer::take(900, usize::MAX).unwrap();
+        assert_eq!(b.as_slice().len(), 900);
+        assert_eq!(ptr, b.as_slice().as_ptr());
+        assert_eq!(KeptBuffer::pool_bytes(), (b.bytes(), 0));
+        assert!(KeptBuffer::take(usize::MAX, usize::MAX).is_none());
     }
 }

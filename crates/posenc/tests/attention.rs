@@ -702,8 +702,6 @@ fn kernel_writes_every_output_at_every_level() {
 fn backward_writes_every_gradient_at_every_level() {
     for t in [129, 300] {
         let (nq, nk) = (2 * 2 * t * 5, 2 * t * 5);
-        let rows = ka::Rows::bhtd(2, t, 5);
-        let kv_rows = ka::Rows::bhtd(1, t, 5);
         let (q, k, v, d_o) = (data(nq, 11), data(nk, 12), data(nk, 13), data(nq, 14));
         let slopes = [0.5f32, 0.25];
         for causal in [true, false] {
@@ -713,17 +711,16 @@ fn backward_writes_every_gradient_at_every_level() {
                 reference_grads(dims, causal, &slopes, [&q, &k, &v, &d_o]);
             let largest = |g: &[f64]| g.iter().fold(0f64, |m, x| m.max(x.abs()));
             for level in SimdLevel::available() {
-                let mut out = vec![f32::NAN; nq];
-                let mut lse = vec![f32::NAN; 2 * 2 * t];
-                ka::forward(&p, &mut out, rows, &mut lse, level);
-                let (mut dq, mut dk, mut dv) =
-                    (vec![f32::NAN; nq], vec![f32::NAN; nk], vec![f32::NAN; nk]);
-                let g = ka::Grads::qkv(
-                    (dq.as_mut_ptr(), rows),
-                    (dk.as_mut_ptr(), kv_rows),
-                    (dv.as_mut_ptr(), kv_rows),
+                let recomputed = passes(&p, &d_o, level, None);
+                // With the logits kept by the forward (their buffer NaN
+                // first), the same output and gradients, bit for bit.
+                let kept = passes(&p, &d_o, level, Some(|_| ()));
+                assert_eq!(
+                    bits(&kept),
+                    bits(&recomputed),
+                    "T {t}, causal {causal}, {level}"
                 );
-                ka::backward(&p, &out, rows, &d_o, rows, &lse, g, level);
+                let [_, _, dq, dk, dv] = recomputed;
                 for (name, got, want) in [
                     ("q", &dq, &want_q),
                     ("k", &dk, &want_k),
@@ -736,6 +733,88 @@ fn backward_writes_every_gradient_at_every_level() {
                             "T {t}, causal {causal}, {level}: d{name} {a} against {b}"
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The forward and backward passes of `p` at `level` with the output's
+/// gradient `d_o`, every buffer NaN first: `[out, lse, dq, dk, dv]`. With
+/// `keep`, the forward keeps the logits, `keep` edits each of them (or
+/// leaves it), and the backward reads them.
+fn passes(
+    p: &ka::Problem,
+    d_o: &[f32],
+    level: SimdLevel,
+    keep: Option<fn(&mut f32)>,
+) -> [Vec<f32>; 5] {
+    let dm = p.dims;
+    let (nq, nk) = (
+        dm.batch * dm.q_heads * dm.q_len * dm.head_dim,
+        dm.batch * dm.kv_heads * dm.k_len * dm.head_dim,
+    );
+    let rows = ka::Rows::bhtd(dm.q_heads, dm.q_len, dm.head_dim);
+    let kv_rows = ka::Rows::bhtd(dm.kv_heads, dm.k_len, dm.head_dim);
+    let mut out = vec![f32::NAN; nq];
+    let mut lse = vec![f32::NAN; dm.batch * dm.q_heads * dm.q_len];
+    let mut kept = Vec::new();
+    if let Some(edit) = keep {
+        let layout = ka::KeptLogits::new(p, level).expect("no window, f32 products");
+        kept = vec![f32::NAN; layout.floats()];
+        ka::forward_keeping(p, &mut out, rows, &mut lse, &mut kept, level);
+        kept.iter_mut().for_each(edit);
+    } else {
+        ka::forward(p, &mut out, rows, &mut lse, level);
+    }
+    let (mut dq, mut dk, mut dv) = (vec![f32::NAN; nq], vec![f32::NAN; nk], vec![f32::NAN; nk]);
+    let g = ka::Grads::qkv(
+        (dq.as_mut_ptr(), rows),
+        (dk.as_mut_ptr(), kv_rows),
+        (dv.as_mut_ptr(), kv_rows),
+    );
+    let kept = keep.map(|_| &kept[..]);
+    ka::backward(p, &out, rows, d_o, rows, &lse, kept, g, level);
+    [out, lse, dq, dk, dv]
+}
+
+/// The bits of each buffer.
+fn bits(xs: &[Vec<f32>; 5]) -> Vec<Vec<u32>> {
+    xs.iter()
+        .map(|x| x.iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+/// The logits kept by the forward on the long-sequence tiles (more than
+/// 1,024 keys: 512-key forward tiles against the backward's 128) give the
+/// recomputed gradients: bit for bit where both passes' products run on
+/// posenc's tile kernels (AVX2, AVX-512), within 1e-5 of the largest
+/// elsewhere (the forward's long tiles run on the `gemm` crate).
+#[test]
+fn kept_logits_give_the_recomputed_gradients_on_long_tiles() {
+    let t = 1100;
+    let (nq, nk) = (2 * 2 * t * 5, 2 * t * 5);
+    let (q, k, v, d_o) = (data(nq, 21), data(nk, 22), data(nk, 23), data(nq, 24));
+    let slopes = [0.5f32, 0.25];
+    for causal in [true, false] {
+        let p = alibi_problem(t, causal, [&q, &k, &v], &slopes);
+        for level in SimdLevel::available() {
+            let recomputed = passes(&p, &d_o, level, None);
+            let kept = passes(&p, &d_o, level, Some(|_| ()));
+            // The backward reads the kept logits: halved, they change
+            // every gradient (the output, the forward's, stays).
+            let halved = passes(&p, &d_o, level, Some(|x| *x *= 0.5));
+            assert_eq!(bits(&halved)[..2], bits(&kept)[..2]);
+            for g in 2..5 {
+                assert_ne!(bits(&halved)[g], bits(&kept)[g], "{level}: gradient {g}");
+            }
+            if matches!(level, SimdLevel::Avx2 | SimdLevel::Avx512) {
+                assert_eq!(bits(&kept), bits(&recomputed), "causal {causal}, {level}");
+            }
+            for (a, b) in kept.iter().zip(&recomputed) {
+                let tol = 1e-5 * b.iter().fold(1f32, |m, x| m.max(x.abs()));
+                for (x, y) in a.iter().zip(b) {
+                    assert!((x - y).abs() <= tol, "causal {causal}, {level}: {x} vs {y}");
                 }
             }
         }

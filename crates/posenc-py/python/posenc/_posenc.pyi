@@ -22,6 +22,8 @@ __all__ = [
     "_alibi_slopes_f32",
     "_attention_backward",
     "_attention_forward",
+    "_kept_pool_bytes",
+    "_KeptLogits",
     "_method_forward",
     "_rope_ptr",
     "simd_level",
@@ -210,8 +212,22 @@ _Qkv = Tuple[Any, Any, Any]
 # The attention of a fused call: (causal, scale, rope, alibi slopes, offset, position ids).
 _Attention = Tuple[bool, Optional[float], Optional[RopeConfig], Any, int, Any]
 
-def _attention_forward(qkv: _Qkv, out: Any, lse: Any, attention: _Attention) -> None: ...
-def _attention_backward(qkv: _Qkv, out: Any, lse: Any, dout: Any, grads: _Qkv, attention: _Attention) -> None: ...
+@final
+class _KeptLogits:
+    """The logits a fused forward kept for its backward (opaque; its buffer
+    returns to posenc's pool of idle ones when dropped)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+
+def _kept_pool_bytes() -> Tuple[int, int]: ...
+def _attention_forward(
+    qkv: _Qkv, out: Any, lse: Any, attention: _Attention, keep_bytes: int = 0
+) -> Optional[_KeptLogits]: ...
+def _attention_backward(
+    qkv: _Qkv, out: Any, lse: Any, dout: Any, grads: _Qkv, attention: _Attention, kept: Optional[_KeptLogits] = None
+) -> None: ...
 def _method_forward(rope: RopeConfig, qkv: _Qkv, out: Any, bthd: bool = False) -> None: ...
 def _alibi_slopes_f32(heads: int) -> npt.NDArray[np.float32]: ...
 

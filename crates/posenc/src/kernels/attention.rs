@@ -600,11 +600,7 @@ impl Problem<'_> {
     /// Keys visible to query `i`: `0..visible(i)`.
     #[inline(always)]
     fn visible(&self, i: usize) -> usize {
-        if self.causal {
-            (i as i64 + self.shift() + 1).clamp(0, self.dims.k_len as i64) as usize
-        } else {
-            self.dims.k_len
-        }
+        visible_keys(self.dims, self.causal, i)
     }
 
     /// The keys `lo..hi` query `i` may see (the causal mask and the window).
@@ -709,6 +705,19 @@ impl Problem<'_> {
                 *v += cq - k;
             }
         }
+    }
+}
+
+/// Keys visible to query `i` of a problem of sizes `dims`: `0..` this many
+/// (all of them without the causal mask, whose queries are the last `T_q`
+/// keys).
+#[inline(always)]
+fn visible_keys(dims: Dims, causal: bool, i: usize) -> usize {
+    if causal {
+        let shift = dims.k_len as i64 - dims.q_len as i64;
+        (i as i64 + shift + 1).clamp(0, dims.k_len as i64) as usize
+    } else {
+        dims.k_len
     }
 }
 
@@ -885,11 +894,149 @@ fn run_in_turn(groups: usize, per_group: usize, parallel: bool, f: impl Fn(usize
 /// On buffers too short for their layouts (the tensor API checks them
 /// before calling).
 pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], level: SimdLevel) {
+    forward_impl(p, out, out_rows, lse, None, level)
+}
+
+/// The forward pass of [`forward`] (the same bits) that also writes every
+/// logit a query sees, biases added, into `kept` ([`KeptLogits`]'s layout),
+/// so that [`backward`] reads them instead of multiplying the queries by the
+/// keys a second time: one of the backward's five products, some 14% of a
+/// causal pass's work, for `4·kept.floats()` bytes held from the forward to
+/// the backward.
+///
+/// # Panics
+/// On buffers too short for their layouts, and where
+/// [`KeptLogits::new`] gives none for `p` at `level`.
+pub fn forward_keeping(
+    p: &Problem,
+    out: &mut [f32],
+    out_rows: Rows,
+    lse: &mut [f32],
+    kept: &mut [f32],
+    level: SimdLevel,
+) {
+    let layout = KeptLogits::new(p, level).expect("the logits can be kept for this problem");
+    assert!(kept.len() >= layout.floats());
+    forward_impl(
+        p,
+        out,
+        out_rows,
+        lse,
+        Some((SendPtr(kept.as_mut_ptr()), &layout)),
+        level,
+    )
+}
+
+/// Where the logits kept by [`forward_keeping`] lie: for each `(b, h)` pair
+/// in order, for each tile of [`BK`] keys, the rows of the queries that see
+/// some of its keys, [`BK`] floats each (a causal pass's diagonal tiles
+/// padded). The backward pass reads a tile pair's logits as one run of
+/// memory, and the forward writes whole rows of a tile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptLogits {
+    /// For each key tile, the first query that sees it and where its rows
+    /// start within a pair's block; the block's length last.
+    tiles: Vec<(usize, usize)>,
+    /// `(b, h)` pairs.
+    pairs: usize,
+}
+
+impl KeptLogits {
+    /// The layout for `p`'s logits, or `None` where they are not kept:
+    /// key windows (a forward-only context method) and the forward's
+    /// bfloat16 products ([`Products::Bf16`] where the CPU takes them),
+    /// whose logits are not the backward's.
+    pub fn new(p: &Problem, level: SimdLevel) -> Option<KeptLogits> {
+        #[cfg(target_arch = "x86_64")]
+        if bf16_forward(p, level) {
+            return None;
+        }
+        let _ = level;
+        if p.window.is_some() {
+            return None;
+        }
+        Some(Self::masked(p.dims, p.causal))
+    }
+
+    /// The layout for a problem of sizes `dims` without a key window, with
+    /// or without the causal mask.
+    pub fn masked(dims: Dims, causal: bool) -> KeptLogits {
+        let tq = dims.q_len;
+        let mut tiles = Vec::with_capacity(dims.k_len.div_ceil(BK) + 1);
+        let mut at = 0usize;
+        for j0 in (0..dims.k_len).step_by(BK) {
+            // Visible keys grow with the query.
+            let (mut first, mut past) = (0, tq);
+            while first < past {
+                let mid = (first + past) / 2;
+                if visible_keys(dims, causal, mid) <= j0 {
+                    first = mid + 1;
+                } else {
+                    past = mid;
+                }
+            }
+            tiles.push((first, at));
+            at = at.saturating_add((tq - first).saturating_mul(BK));
+        }
+        tiles.push((tq, at));
+        KeptLogits {
+            tiles,
+            pairs: dims.batch * dims.q_heads,
+        }
+    }
+
+    /// Floats of the whole buffer (saturating at `usize::MAX`).
+    pub fn floats(&self) -> usize {
+        self.pairs.saturating_mul(self.per_pair())
+    }
+
+    fn per_pair(&self) -> usize {
+        self.tiles[self.tiles.len() - 1].1
+    }
+
+    /// Where the logit of query `i` and key `j` of pair `bh` lies (`j`
+    /// visible to `i`); the keys after it up to the end of its tile follow.
+    #[inline(always)]
+    fn at(&self, bh: usize, i: usize, j: usize) -> usize {
+        let (first, start) = self.tiles[j / BK];
+        debug_assert!(i >= first);
+        bh * self.per_pair() + start + (i - first) * BK + j % BK
+    }
+
+    /// Writes query `i`'s logits `s` of keys `j0..` (pair `bh`) at `base`.
+    ///
+    /// # Safety
+    /// `base` holds [`floats`](Self::floats) floats; the keys are visible
+    /// to `i`; no other thread writes these elements.
+    #[inline(always)]
+    unsafe fn store(&self, base: SendPtr, bh: usize, i: usize, j0: usize, s: &[f32]) {
+        let mut c = 0;
+        while c < s.len() {
+            let j = j0 + c;
+            let n = (BK - j % BK).min(s.len() - c);
+            std::ptr::copy_nonoverlapping(s.as_ptr().add(c), base.0.add(self.at(bh, i, j)), n);
+            c += n;
+        }
+    }
+}
+
+/// The logits kept by a forward pass: where they are, and their layout.
+type Kept<'a> = Option<(SendPtr, &'a KeptLogits)>;
+
+fn forward_impl(
+    p: &Problem,
+    out: &mut [f32],
+    out_rows: Rows,
+    lse: &mut [f32],
+    kept: Kept,
+    level: SimdLevel,
+) {
     let dm = p.dims;
     assert!(out.len() >= out_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
     assert!(lse.len() >= dm.batch * dm.q_heads * dm.q_len);
     #[cfg(target_arch = "x86_64")]
     if bf16_forward(p, level) {
+        assert!(kept.is_none(), "bfloat16 products keep no logits");
         forward_bf16(p, out, out_rows, lse, level);
         return;
     }
@@ -921,14 +1068,14 @@ pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], le
     run_in_turn(dm.batch * dm.q_heads, q_tiles, parallel, |task| {
         let (out_ptr, lse_ptr) = (out_ptr, lse_ptr);
         forward_dispatch(
-            level, p, task, q_tiles, shared, out_ptr, out_rows, lse_ptr, level,
+            level, p, task, q_tiles, shared, out_ptr, out_rows, lse_ptr, kept, level,
         )
     });
 }
 
 crate::multiversion!(fn forward_dispatch => forward_task(
     p: &Problem, task: usize, q_tiles: usize, shared: &[f32], out: SendPtr, out_rows: Rows, lse: SendPtr,
-    level: SimdLevel) -> ());
+    kept: Kept, level: SimdLevel) -> ());
 
 crate::multiversion!(fn pack_dispatch => pack_all_keys(
     p: &Problem, b: usize, hk: usize, dst: &mut [f32]) -> ());
@@ -1021,6 +1168,7 @@ fn forward_task(
     out: SendPtr,
     out_rows: Rows,
     lse: SendPtr,
+    kept: Kept,
     level: SimdLevel,
 ) {
     let dm = p.dims;
@@ -1127,6 +1275,7 @@ fn forward_task(
                     } else {
                         &mut wv[r * nv..][..nv]
                     };
+                    let keep = kept.map(|(ptr, at)| (ptr, at, b * dm.q_heads + h));
                     let vis = softmax_step(
                         p,
                         (b, h, i, j0),
@@ -1135,6 +1284,7 @@ fn forward_task(
                         (&mut m[r], &mut l[r]),
                         &mut acc[r * d..][..d],
                         wvr,
+                        keep,
                     );
                     if vis == 0 {
                         continue;
@@ -1188,8 +1338,11 @@ fn forward_task(
 /// zeros), updates `m` and the running sum `l`, and rescales the row's
 /// accumulators `acc` and `wv` (Shaw's value weights, or empty) when the
 /// maximum moved. Returns the number of visible keys; 0 when the row adds
-/// nothing (no key visible, or every one masked by a −∞ bias).
+/// nothing (no key visible, or every one masked by a −∞ bias). With `keep`
+/// (where and the row's `(b, h)` pair; no window) it keeps the logits,
+/// biases added.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn softmax_step(
     p: &Problem,
     (b, h, i, j0): (usize, usize, usize, usize),
@@ -1198,6 +1351,7 @@ fn softmax_step(
     (m, l): (&mut f32, &mut f32),
     acc: &mut [f32],
     wv: &mut [f32],
+    keep: Option<(SendPtr, &KeptLogits, usize)>,
 ) -> usize {
     let (lo, hi) = p.span(i);
     let vis = hi.saturating_sub(j0).min(sr.len());
@@ -1206,6 +1360,10 @@ fn softmax_step(
         return 0;
     }
     p.add_bias(b, h, i, j0, &mut sr[..vis], qar);
+    if let Some((ptr, at, bh)) = keep {
+        // SAFETY: the forward's buffer; the row's task alone writes it.
+        unsafe { at.store(ptr, bh, i, j0, &sr[..vis]) };
+    }
     // Keys before the window's start (a context method's range).
     sr[..lo.saturating_sub(j0)].fill(f32::NEG_INFINITY);
     let mx = tile::max(&sr[..vis]);

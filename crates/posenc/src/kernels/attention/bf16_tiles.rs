@@ -187,6 +187,7 @@ fn forward_task_bf16(
                 (&mut m[r], &mut l[r]),
                 acc_r,
                 &mut [],
+                None,
             );
             pack_pairs(sr, &mut pp[r * np..][..np]);
         }

@@ -1,12 +1,12 @@
 //! The backward pass: the probabilities recomputed tile by tile from the
-//! forward pass's log-sum-exp, the gradients of queries, keys, values and
-//! every bias parameter.
+//! forward pass's log-sum-exp (and the logits, where it kept them), the
+//! gradients of queries, keys, values and every bias parameter.
 
 use super::*;
 
 crate::multiversion!(fn backward_dispatch => backward_task(
     p: &Problem, task: usize, chunk: &KeyChunk, o: &[f32], o_rows: Rows, d_o: &[f32],
-    do_rows: Rows, lse: &[f32], g: GradRows, ptrs: &BwdPtrs, want: (bool, bool, bool),
+    do_rows: Rows, lse: &[f32], kept: Kept, g: GradRows, ptrs: &BwdPtrs, want: (bool, bool, bool),
     level: SimdLevel) -> Partial);
 
 /// (batch, key/value head) tasks the backward pass aims at: fewer, and each
@@ -54,7 +54,9 @@ struct Partial {
 
 /// The backward pass: from the output `o`, its gradient `d_o` (both laid out
 /// as their `Rows`) and the forward pass's `lse`, writes every gradient in
-/// `g`.
+/// `g`. With `kept`, the logits [`forward_keeping`] wrote for the same
+/// problem, it reads them rather than recomputing them (the same bits where
+/// the forward's products are the backward's, as on AVX2 and AVX-512).
 ///
 /// # Panics
 /// On buffers too short for their layouts (the tensor API checks them
@@ -67,6 +69,7 @@ pub fn backward(
     d_o: &[f32],
     do_rows: Rows,
     lse: &[f32],
+    kept: Option<&[f32]>,
     g: Grads,
     level: SimdLevel,
 ) {
@@ -75,6 +78,12 @@ pub fn backward(
         p.window.is_none(),
         "the backward pass has no key windows (context methods are forward-only)"
     );
+    let layout = kept.map(|k| {
+        let at = KeptLogits::new(p, level).expect("the logits can be kept for this problem");
+        assert!(k.len() >= at.floats());
+        (SendPtr(k.as_ptr() as *mut f32), at)
+    });
+    let kept: Kept = layout.as_ref().map(|(ptr, at)| (*ptr, at));
     assert!(o.len() >= o_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
     assert!(d_o.len() >= do_rows.extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim));
     assert!(lse.len() >= dm.batch * dm.q_heads * dm.q_len);
@@ -161,6 +170,7 @@ pub fn backward(
                 d_o,
                 do_rows,
                 lse,
+                kept,
                 rows,
                 &ptrs,
                 want,
@@ -185,7 +195,8 @@ pub fn backward(
         };
         run_tasks(tasks, parallel, |task| {
             backward_dispatch(
-                level, p, task, &whole, o, o_rows, d_o, do_rows, lse, rows, &ptrs, want, level,
+                level, p, task, &whole, o, o_rows, d_o, do_rows, lse, kept, rows, &ptrs, want,
+                level,
             )
         })
     };
@@ -381,6 +392,7 @@ fn backward_task(
     d_o: &[f32],
     do_rows: Rows,
     lse: &[f32],
+    kept: Kept,
     g: GradRows,
     ptrs: &BwdPtrs,
     want: (bool, bool, bool),
@@ -424,7 +436,8 @@ fn backward_task(
     let [kr, kt, vt, dkr, dv, qs, dos, dqs, dvec, pm, dp, qa, doa, wk, wv, akt, avt] = scratch
         .split([
             tk * ldr, // kr: rotated keys (T_k, D), leading dimension ldr
-            d * tkp,  // kt: their transpose, per key tile
+            // kt: their transpose, per key tile (for the logits' product)
+            if kept.is_none() { d * tkp } else { 0 },
             d * tkp,  // vt: values transposed, per key tile
             tk * d,   // dkr
             tk * d,   // dv
@@ -453,14 +466,17 @@ fn backward_task(
                 let mut j0 = k_lo;
                 while j0 < k_hi {
                     let n = BK.min(k_hi - j0);
-                    tile::transpose(
-                        n,
-                        d,
-                        kr.as_ptr().add(j0 * ldr),
-                        ldr,
-                        kt.as_mut_ptr().add(j0 / BK * d * ldt),
-                        ldt,
-                    );
+                    // The transposed keys serve the logits' product alone.
+                    if kept.is_none() {
+                        tile::transpose(
+                            n,
+                            d,
+                            kr.as_ptr().add(j0 * ldr),
+                            ldr,
+                            kt.as_mut_ptr().add(j0 / BK * d * ldt),
+                            ldt,
+                        );
+                    }
                     tile::transpose(
                         n,
                         d,
@@ -551,12 +567,14 @@ fn backward_task(
                     // S and dP: whole registers of the columns seen.
                     let logits = |_, r1| ([0, seen(r1).next_multiple_of(16)], [0, d]);
                     unsafe {
-                        // S (rows × n) = Q̃[i0..] · K̃ᵀ[:, j0..]
-                        let g = tile::Gemm::new(rows, n, d)
-                            .a(qs.as_ptr().add(i0 * ldq), ldq)
-                            .b(kt.as_ptr().add(j0 / BK * d * ldt), ldt)
-                            .to(pm.as_mut_ptr(), ldt);
-                        tile::gemm_maybe_trimmed(level, g, trim, logits);
+                        // S (rows × n) = Q̃[i0..] · K̃ᵀ[:, j0..], unless kept.
+                        if kept.is_none() {
+                            let g = tile::Gemm::new(rows, n, d)
+                                .a(qs.as_ptr().add(i0 * ldq), ldq)
+                                .b(kt.as_ptr().add(j0 / BK * d * ldt), ldt)
+                                .to(pm.as_mut_ptr(), ldt);
+                            tile::gemm_maybe_trimmed(level, g, trim, logits);
+                        }
                         // dP (rows × n) = dO[i0..] · Vᵀ[:, j0..]
                         let g = tile::Gemm::new(rows, n, d)
                             .a(dos.as_ptr().add(i0 * ldq), ldq)
@@ -579,10 +597,20 @@ fn backward_task(
                         } else {
                             &qa[i * nv..][..nv]
                         };
-                        p.add_bias(b, h, i, j0, &mut pr[..vis], qar);
                         let li = lse_h[i];
-                        for v in pr[..vis].iter_mut() {
-                            *v = tile::exp(*v - li);
+                        if let Some((ptr, at)) = kept {
+                            // The forward's logits, biases added.
+                            let s = unsafe {
+                                std::slice::from_raw_parts(ptr.0.add(at.at(bh, i, j0)), vis)
+                            };
+                            for (v, s) in pr[..vis].iter_mut().zip(s) {
+                                *v = tile::exp(*s - li);
+                            }
+                        } else {
+                            p.add_bias(b, h, i, j0, &mut pr[..vis], qar);
+                            for v in pr[..vis].iter_mut() {
+                                *v = tile::exp(*v - li);
+                            }
                         }
                         pr[vis..].fill(0.0);
                         let qp = p.q_pos.at(b, i, tq);

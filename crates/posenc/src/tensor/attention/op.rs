@@ -240,7 +240,17 @@ fn backward(sh: &Shared, out: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tenso
         cumulative_k: (!g_ck.is_empty()).then_some(&mut g_ck[..]),
     };
     let out_rows = sh.g.out_rows;
-    k::backward(&prob, o, out_rows, go, out_rows, &lse, grads, sh.plan.level);
+    k::backward(
+        &prob,
+        o,
+        out_rows,
+        go,
+        out_rows,
+        &lse,
+        None,
+        grads,
+        sh.plan.level,
+    );
     let _ = (&mut gq, &mut gk, &mut gv, &mut gqkv);
     // Assemble in input order.
     let mut res: Vec<Option<Tensor>> = Vec::new();
