@@ -20,6 +20,11 @@ before posenc is imported):
    them);
 3. the overhead of one `apply_rope` call on `(1, 1, 1, 64)` tensors.
 
+Each round times a block of calls per measurement: 2 attention calls, 200
+rotations (about 50–300 ms a block; blocks of 20, some 5 ms, moved by
+several times from run to run on a shared 2-core machine), 2,000 small
+calls.
+
 `apply_rotary_pos_emb` is transformers' own function when transformers is
 installed, else the same two lines (`q·cos + rotate_half(q)·sin`).
 The RoPE is Llama 3's (θ = 500000, head_dim 64, no scaling).
@@ -175,8 +180,8 @@ def main():
         rows["attention_fwd_bwd_recomputed"][1].append(timed(torch_attn, 2))
         rows["attention_fwd"][0].append(timed(posenc_attn_fwd, 2))
         rows["attention_fwd"][1].append(timed(torch_attn_fwd, 2))
-        rows["apply_rope_fwd"][0].append(timed(posenc_rope, 20))
-        rows["apply_rope_fwd"][1].append(timed(torch_rope, 20))
+        rows["apply_rope_fwd"][0].append(timed(posenc_rope, 200))
+        rows["apply_rope_fwd"][1].append(timed(torch_rope, 200))
         rows["call_overhead_1x1x1x64"][0].append(timed(posenc_small, 2000))
         rows["call_overhead_1x1x1x64"][1].append(float("nan"))
 
