@@ -454,6 +454,17 @@ def test_kept_logits_give_the_recomputed_gradients_bit_for_bit(case):
         assert torch.equal(a, b)
 
 
+def test_a_second_backward_recomputes_the_logits_it_gave_back():
+    q, k, v = inputs(t=40)
+    out = pt.attention(q, k, v, rope=base_rope(), keep_logits=True)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    first = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
+    assert live_kept() == 0
+    second = torch.autograd.grad(out, (q, k, v), g)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
 def test_kept_logits_stay_within_their_budget():
     q, k, v = inputs(b=1, h=2, hk=1, t=64)
     budget = pt.KEEP_LOGITS_BYTES
