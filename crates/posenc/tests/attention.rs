@@ -821,6 +821,69 @@ fn kept_logits_give_the_recomputed_gradients_on_long_tiles() {
     }
 }
 
+/// The last range's pass merging the earlier ranges' outputs
+/// (`forward_merging`): the same bits as merging every range's output
+/// afterwards with the same arithmetic, and within 2e-6 of one causal pass
+/// over all keys (the two ranges split them: `Far(w)` and `Near(w)`; the
+/// first `w` queries have no far key, a `−∞` log-sum-exp), at every SIMD
+/// level, short and long tiles, the output buffer NaN first.
+#[test]
+fn the_last_range_merges_the_earlier_ones() {
+    use posenc::extend::KeyRange;
+    let slopes = [0.5f32, 0.25];
+    for (t, w) in [(300, 100), (1100, 700)] {
+        let (nq, nk) = (2 * 2 * t * 5, 2 * t * 5);
+        let (q, k, v) = (data(nq, 31), data(nk, 32), data(nk, 33));
+        let rows = ka::Rows::bhtd(2, t, 5);
+        let whole = alibi_problem(t, true, [&q, &k, &v], &slopes);
+        let far = ka::Problem {
+            window: Some(KeyRange::Far(w)),
+            ..alibi_problem(t, true, [&q, &k, &v], &slopes)
+        };
+        let near = ka::Problem {
+            window: Some(KeyRange::Near(w)),
+            ..alibi_problem(t, true, [&q, &k, &v], &slopes)
+        };
+        for level in SimdLevel::available() {
+            let pass = |p: &ka::Problem| {
+                let (mut out, mut lse) = (vec![f32::NAN; nq], vec![f32::NAN; 2 * 2 * t]);
+                ka::forward(p, &mut out, rows, &mut lse, level);
+                (out, lse)
+            };
+            let (all, _) = pass(&whole);
+            let (o1, l1) = pass(&far);
+            let (o2, l2) = pass(&near);
+            assert!(l1[..w].iter().all(|l| *l == f32::NEG_INFINITY));
+            let (mut merged, mut lse) = (vec![f32::NAN; nq], vec![f32::NAN; 2 * 2 * t]);
+            let parts = ka::Parts {
+                parts: &[(&o1, &l1)],
+                rows,
+            };
+            ka::forward_merging(&near, &mut merged, rows, &mut lse, parts, level);
+            assert_eq!(lse, l2, "{level}: the pass's own log-sum-exp");
+            // Merged afterwards: weights e^{lse − m} over their sum.
+            let mut after = vec![0f32; nq];
+            for (row, li) in after.chunks_mut(5).zip(0..) {
+                let m = f32::NEG_INFINITY.max(l1[li]).max(l2[li]);
+                let z = (l1[li] - m).exp() + (l2[li] - m).exp();
+                for (o, l) in [(&o1, l1[li]), (&o2, l2[li])] {
+                    let f = (l - m).exp() / z;
+                    if f != 0.0 {
+                        for (x, y) in row.iter_mut().zip(&o[li * 5..li * 5 + 5]) {
+                            *x += f * y;
+                        }
+                    }
+                }
+            }
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&merged), bits(&after), "T {t}, {level}");
+            for (a, b) in merged.iter().zip(&all) {
+                assert!((a - b).abs() <= 2e-6, "T {t}, {level}: {a} vs {b}");
+            }
+        }
+    }
+}
+
 /// `∂L/∂q`, `∂L/∂k`, `∂L/∂v` of `L = Σ d_o · softmax(scale·q·kᵀ + ALiBi)·v`
 /// in `f64`, for `(B, H_q, T, D)` queries and `(B, 1, T, D)` keys and
 /// values (every query head shares the one key/value head).

@@ -894,7 +894,7 @@ fn run_in_turn(groups: usize, per_group: usize, parallel: bool, f: impl Fn(usize
 /// On buffers too short for their layouts (the tensor API checks them
 /// before calling).
 pub fn forward(p: &Problem, out: &mut [f32], out_rows: Rows, lse: &mut [f32], level: SimdLevel) {
-    forward_impl(p, out, out_rows, lse, None, level)
+    forward_impl(p, out, out_rows, lse, Extra::None, level)
 }
 
 /// The forward pass of [`forward`] (the same bits) that also writes every
@@ -917,14 +917,56 @@ pub fn forward_keeping(
 ) {
     let layout = KeptLogits::new(p, level).expect("the logits can be kept for this problem");
     assert!(kept.len() >= layout.floats());
-    forward_impl(
-        p,
-        out,
-        out_rows,
-        lse,
-        Some((SendPtr(kept.as_mut_ptr()), &layout)),
-        level,
-    )
+    let kept = Extra::Keep(SendPtr(kept.as_mut_ptr()), &layout);
+    forward_impl(p, out, out_rows, lse, kept, level)
+}
+
+/// The outputs of earlier passes over other key ranges of the same queries
+/// (a training-free method's ranges, [`crate::extend`]), which
+/// [`forward_merging`] merges with its own.
+#[derive(Debug, Clone, Copy)]
+pub struct Parts<'a> {
+    /// Each earlier pass's output (laid out as `rows`) and log-sum-exp
+    /// (contiguous `(B, H_q, T_q)`), in range order.
+    pub parts: &'a [(&'a [f32], &'a [f32])],
+    /// The layout of their outputs.
+    pub rows: Rows,
+}
+
+/// The forward pass of the last of several ranges (`p.window`) over the
+/// same queries, merged with the earlier ones' `parts` as one softmax over
+/// all of them: row by row, each range's output weighed by `exp(lse − m)`
+/// over the ranges' sum (`m` their largest log-sum-exp; zeros where no
+/// range has a key), written into `out`; `lse` gets this pass's own. The
+/// same numbers as merging every pass's output afterwards, with no buffer
+/// and no memory pass for the last one.
+///
+/// # Panics
+/// On buffers too short for their layouts; with Shaw's value tables.
+pub fn forward_merging(
+    p: &Problem,
+    out: &mut [f32],
+    out_rows: Rows,
+    lse: &mut [f32],
+    parts: Parts,
+    level: SimdLevel,
+) {
+    let dm = p.dims;
+    let n = dm.batch * dm.q_heads * dm.q_len;
+    for (o, l) in parts.parts {
+        assert!(
+            o.len()
+                >= parts
+                    .rows
+                    .extent(dm.batch, dm.q_heads, dm.q_len, dm.head_dim)
+        );
+        assert!(l.len() >= n);
+    }
+    assert!(
+        p.vector.is_none(),
+        "Shaw's value tables are added after the merge"
+    );
+    forward_impl(p, out, out_rows, lse, Extra::Parts(parts), level)
 }
 
 /// Where the logits kept by [`forward_keeping`] lie: for each `(b, h)` pair
@@ -1023,12 +1065,82 @@ impl KeptLogits {
 /// The logits kept by a forward pass: where they are, and their layout.
 type Kept<'a> = Option<(SendPtr, &'a KeptLogits)>;
 
+/// What a forward pass does besides its output: keep its logits, or merge
+/// its output with earlier ranges'.
+#[derive(Clone, Copy)]
+enum Extra<'a> {
+    None,
+    Keep(SendPtr, &'a KeptLogits),
+    Parts(Parts<'a>),
+}
+
+impl<'a> Extra<'a> {
+    fn kept(self) -> Kept<'a> {
+        match self {
+            Extra::Keep(ptr, at) => Some((ptr, at)),
+            _ => None,
+        }
+    }
+}
+
+// SAFETY: the pointer is to a buffer whose tasks write disjoint elements;
+// the rest is shared read-only.
+unsafe impl Send for Extra<'_> {}
+unsafe impl Sync for Extra<'_> {}
+
+/// Merges row `(b, h, i)`'s output `o` of the last range (log-sum-exp
+/// `lse`) with the earlier ranges' (see [`forward_merging`]), in place: the
+/// arithmetic of a merge of every range's output afterwards.
+#[inline(always)]
+fn merge_row(
+    parts: &Parts,
+    (b, h, i): (usize, usize, usize),
+    dims: Dims,
+    o: &mut [f32],
+    lse: f32,
+    cur: &mut [f32],
+) {
+    let li = (b * dims.q_heads + h) * dims.q_len + i;
+    let at = parts.rows.at(b, h, i);
+    let m = parts
+        .parts
+        .iter()
+        .map(|(_, l)| l[li])
+        .chain([lse])
+        .fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        o.fill(0.0);
+        return;
+    }
+    let z: f32 = parts
+        .parts
+        .iter()
+        .map(|(_, l)| l[li])
+        .chain([lse])
+        .map(|l| (l - m).exp())
+        .sum();
+    cur.copy_from_slice(o);
+    o.fill(0.0);
+    let d = o.len();
+    let rows = parts.parts.iter().map(|(po, l)| (&po[at..at + d], l[li]));
+    for (row, l) in rows.chain([(&cur[..], lse)]) {
+        let w = (l - m).exp();
+        if w == 0.0 {
+            continue;
+        }
+        let f = w / z;
+        for (x, y) in o.iter_mut().zip(row) {
+            *x += f * y;
+        }
+    }
+}
+
 fn forward_impl(
     p: &Problem,
     out: &mut [f32],
     out_rows: Rows,
     lse: &mut [f32],
-    kept: Kept,
+    extra: Extra,
     level: SimdLevel,
 ) {
     let dm = p.dims;
@@ -1036,8 +1148,12 @@ fn forward_impl(
     assert!(lse.len() >= dm.batch * dm.q_heads * dm.q_len);
     #[cfg(target_arch = "x86_64")]
     if bf16_forward(p, level) {
-        assert!(kept.is_none(), "bfloat16 products keep no logits");
-        forward_bf16(p, out, out_rows, lse, level);
+        let parts = match extra {
+            Extra::None => None,
+            Extra::Parts(parts) => Some(parts),
+            Extra::Keep(..) => panic!("bfloat16 products keep no logits"),
+        };
+        forward_bf16(p, out, out_rows, lse, parts, level);
         return;
     }
     let parallel = p.work() >= PARALLEL_WORK;
@@ -1068,14 +1184,14 @@ fn forward_impl(
     run_in_turn(dm.batch * dm.q_heads, q_tiles, parallel, |task| {
         let (out_ptr, lse_ptr) = (out_ptr, lse_ptr);
         forward_dispatch(
-            level, p, task, q_tiles, shared, out_ptr, out_rows, lse_ptr, kept, level,
+            level, p, task, q_tiles, shared, out_ptr, out_rows, lse_ptr, extra, level,
         )
     });
 }
 
 crate::multiversion!(fn forward_dispatch => forward_task(
     p: &Problem, task: usize, q_tiles: usize, shared: &[f32], out: SendPtr, out_rows: Rows, lse: SendPtr,
-    kept: Kept, level: SimdLevel) -> ());
+    extra: Extra, level: SimdLevel) -> ());
 
 crate::multiversion!(fn pack_dispatch => pack_all_keys(
     p: &Problem, b: usize, hk: usize, dst: &mut [f32]) -> ());
@@ -1168,9 +1284,10 @@ fn forward_task(
     out: SendPtr,
     out_rows: Rows,
     lse: SendPtr,
-    kept: Kept,
+    extra: Extra,
     level: SimdLevel,
 ) {
+    let kept = extra.kept();
     let dm = p.dims;
     let d = dm.head_dim;
     let qt = task % q_tiles;
@@ -1317,15 +1434,19 @@ fn forward_task(
                 let o =
                     unsafe { std::slice::from_raw_parts_mut(out.0.add(out_rows.at(b, h, i)), d) };
                 let lse_i = unsafe { &mut *lse.0.add((b * dm.q_heads + h) * dm.q_len + i) };
-                let Some(inv) = finish_row(o, &acc[r * d..][..d], m[r], l[r], lse_i) else {
-                    continue;
-                };
-                if let Some(av) = values {
+                let inv = finish_row(o, &acc[r * d..][..d], m[r], l[r], lse_i);
+                if let (Some(inv), Some(av)) = (inv, values) {
                     for (t, w) in wv[r * nv..][..nv].iter().enumerate() {
                         if *w != 0.0 {
                             tile::axpy(w * inv, &av[t * d..][..d], o);
                         }
                     }
+                }
+                if let Extra::Parts(parts) = &extra {
+                    // This row's own output, copied aside (the first row of
+                    // the accumulators, finished with).
+                    let cur = &mut acc[..d];
+                    merge_row(parts, (b, h, i), dm, o, *lse_i, cur);
                 }
             }
         }

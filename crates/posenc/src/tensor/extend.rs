@@ -485,10 +485,21 @@ impl<'r> MethodAttention<'r> {
             .collect();
         // One range: its pass is the output (the merge of one part would
         // multiply each row by exactly 1: the same bits).
-        let direct = views.len() == 1;
+        let Some(last) = views.len().checked_sub(1) else {
+            // No query sees a key (no method's ranges leave the diagonal
+            // out; kept for safety): every row is zeros.
+            for (b, h, t) in (0..dm.batch).flat_map(|b| {
+                (0..dm.q_heads).flat_map(move |h| (0..dm.q_len).map(move |t| (b, h, t)))
+            }) {
+                let at = out_rows.offset + b * out_rows.sb + h * out_rows.sh + t * out_rows.st;
+                out[at..at + dm.head_dim].fill(0.0);
+            }
+            return Ok(());
+        };
+        let direct = last == 0;
         let part_rows = k::Rows::bthd(dm.q_heads, dm.q_len, dm.head_dim);
-        let mut parts: Vec<(Vec<f32>, Vec<f32>)> = Vec::with_capacity(views.len());
-        for view in views {
+        let mut parts: Vec<(Vec<f32>, Vec<f32>)> = Vec::with_capacity(last);
+        for (index, view) in views.into_iter().enumerate() {
             let tables = self.view_tables(view, dm.batch, dm.q_len, dm.k_len)?;
             let prob = k::Problem {
                 dims: dm,
@@ -516,11 +527,22 @@ impl<'r> MethodAttention<'r> {
                 k::forward(&prob, out, out_rows, &mut lse, self.level);
                 return Ok(());
             }
+            if index == last {
+                // The last range's pass merges every range's output into
+                // `out` as it finishes each row.
+                let earlier: Vec<(&[f32], &[f32])> =
+                    parts.iter().map(|(o, l)| (&o[..], &l[..])).collect();
+                let earlier = k::Parts {
+                    parts: &earlier,
+                    rows: part_rows,
+                };
+                k::forward_merging(&prob, out, out_rows, &mut lse, earlier, self.level);
+                return Ok(());
+            }
             let mut part = vec![0f32; n_out * dm.head_dim];
             k::forward(&prob, &mut part, part_rows, &mut lse, self.level);
             parts.push((part, lse));
         }
-        merge(&parts, dm, out, out_rows);
         Ok(())
     }
 
@@ -618,56 +640,6 @@ pub struct MethodPlan {
     pub query_scale: Vec<f32>,
     /// Factor of every logit besides the `1/√D` scale.
     pub logit_scale: f64,
-}
-
-/// Merges per-view outputs `(B, T_q, H_q, D)` and log-sum-exps `(B, H_q,
-/// T_q)` into one softmax's output, written into `out` (laid out as
-/// `out_rows`; every row written), rows in parallel.
-fn merge(parts: &[(Vec<f32>, Vec<f32>)], dm: k::Dims, out: &mut [f32], out_rows: k::Rows) {
-    use rayon::prelude::*;
-    let d = dm.head_dim;
-    assert!(out.len() >= out_rows.extent(dm.batch, dm.q_heads, dm.q_len, d));
-    let dst_ptr = k::SendPtr(out.as_mut_ptr());
-    let row = |li: usize| {
-        // The whole SendPtr moves in (not its raw pointer field alone).
-        let base = dst_ptr;
-        // li = (b · H_q + h) · T_q + t, the log-sum-exps' order.
-        let (t, bh) = (li % dm.q_len, li / dm.q_len);
-        let (b, h) = (bh / dm.q_heads, bh % dm.q_heads);
-        let at = out_rows.offset + b * out_rows.sb + h * out_rows.sh + t * out_rows.st;
-        // SAFETY: each row (b, h, t) is its own d elements of `out`, in
-        // bounds by the assert above.
-        let dst = unsafe { std::slice::from_raw_parts_mut(base.0.add(at), d) };
-        dst.fill(0.0);
-        let m = parts
-            .iter()
-            .map(|(_, l)| l[li])
-            .fold(f32::NEG_INFINITY, f32::max);
-        if m == f32::NEG_INFINITY {
-            return;
-        }
-        // Each part's weight e^{lse − m} (computed again below: the same
-        // values, no buffer per row).
-        let weight = |l: &[f32]| (l[li] - m).exp();
-        let z: f32 = parts.iter().map(|(_, l)| weight(l)).sum();
-        let oi = ((b * dm.q_len + t) * dm.q_heads + h) * d;
-        for (o, l) in parts {
-            let wv = weight(l);
-            if wv == 0.0 {
-                continue;
-            }
-            let f = wv / z;
-            for (x, y) in dst.iter_mut().zip(&o[oi..oi + d]) {
-                *x += f * y;
-            }
-        }
-    };
-    let rows = dm.batch * dm.q_heads * dm.q_len;
-    if crate::kernels::threads() > 1 && rows * d >= 1 << 16 {
-        (0..rows).into_par_iter().with_min_len(256).for_each(row);
-    } else {
-        (0..rows).for_each(row);
-    }
 }
 
 fn to_u32(p: usize) -> Result<u32> {

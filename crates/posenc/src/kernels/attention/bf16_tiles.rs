@@ -26,6 +26,7 @@ pub(super) fn forward_bf16(
     out: &mut [f32],
     out_rows: Rows,
     lse: &mut [f32],
+    parts: Option<Parts>,
     level: SimdLevel,
 ) {
     let dm = p.dims;
@@ -68,6 +69,7 @@ pub(super) fn forward_bf16(
             out_ptr,
             out_rows,
             lse_ptr,
+            parts,
         )
     });
 }
@@ -79,7 +81,7 @@ crate::multiversion!(fn pack_bf16_dispatch => pack_bf16(
 #[cfg(target_arch = "x86_64")]
 crate::multiversion!(fn forward_bf16_dispatch => forward_task_bf16(
     p: &Problem, task: usize, q_tiles: usize, kp: &[u32], vp: &[u32], out: SendPtr, out_rows: Rows,
-    lse: SendPtr) -> ());
+    lse: SendPtr, parts: Option<Parts>) -> ());
 
 /// Packs the keys of `(b, hk)`, rotated, into `kd` (per tile of
 /// [`BK_LONG`] keys, `(⌈D/2⌉, BK_LONG)` pairs along the head dimension) and
@@ -124,6 +126,7 @@ fn forward_task_bf16(
     out: SendPtr,
     out_rows: Rows,
     lse: SendPtr,
+    parts: Option<Parts>,
 ) {
     use crate::kernels::bf16::pack_pairs;
     let dm = p.dims;
@@ -217,5 +220,9 @@ fn forward_task_bf16(
         let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(out_rows.at(b, h, i)), d) };
         let lse_i = unsafe { &mut *lse.0.add((b * dm.q_heads + h) * dm.q_len + i) };
         finish_row(o, &acc[r * d..][..d], m[r], l[r], lse_i);
+        if let Some(parts) = &parts {
+            // (The first row of the accumulators is finished with.)
+            merge_row(parts, (b, h, i), dm, o, *lse_i, &mut acc[..d]);
+        }
     }
 }
