@@ -1083,11 +1083,6 @@ impl<'a> Extra<'a> {
     }
 }
 
-// SAFETY: the pointer is to a buffer whose tasks write disjoint elements;
-// the rest is shared read-only.
-unsafe impl Send for Extra<'_> {}
-unsafe impl Sync for Extra<'_> {}
-
 /// Merges row `(b, h, i)`'s output `o` of the last range (log-sum-exp
 /// `lse`) with the earlier ranges' (see [`forward_merging`]), in place: the
 /// arithmetic of a merge of every range's output afterwards.
