@@ -256,10 +256,16 @@ pub(crate) fn _attention_forward(
     let (s, [qs, ks, vs]) = inputs(&qkv)?;
     let (ids, attn) = attention.setup()?;
     let (o, l) = (slice_mut("out", &mut out)?, slice_mut("lse", &mut lse)?);
-    let floats = attn.kept_logits_len(s).py()?;
+    // The layout's size only where logits may be kept (not on the
+    // inference calls, which keep none).
+    let floats = match keep_bytes {
+        0 => None,
+        _ => Some(attn.kept_logits_len(s).py()?),
+    };
     detached(py, || {
         let pos = positions(attention.offset, &ids);
-        match buffers::KeptBuffer::take(floats, keep_bytes) {
+        // (A fresh buffer's pages fault in here, without the GIL.)
+        match floats.and_then(|n| buffers::KeptBuffer::take(n, keep_bytes)) {
             Some(mut kept) => {
                 attn.forward_keeping([qs, ks, vs], s, pos, [o, l], kept.as_mut_slice())
                     .py()?;
